@@ -1,0 +1,14 @@
+"""nsa: Native Sparse Attention for PyTorch (reference ops, Triton kernels, module with KV cache).
+
+See ``NSA_SPEC.md`` semantics in the README. Public API::
+
+    NSAConfig, nsa_attention, ops, NSAAttention, NSACache
+"""
+
+from nsa import ops
+from nsa.config import NSAConfig
+from nsa.ops import nsa_attention
+
+__version__ = "0.1.0"
+
+__all__ = ["NSAConfig", "nsa_attention", "ops", "__version__"]

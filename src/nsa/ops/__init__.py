@@ -1,0 +1,22 @@
+"""NSA ops. Each takes ``backend=`` (``None``/``"auto"``, ``"reference"``, ``"triton"``).
+
+Layout of every op: ``[B, T, heads, dim]``. Queries sit at positions
+``q_offset, q_offset + 1, ...`` (0 for a prefill).
+"""
+
+from nsa.ops.combine import combine_branches, nsa_attention
+from nsa.ops.compress import mean_compress
+from nsa.ops.compressed import compressed_attention
+from nsa.ops.select import select_blocks
+from nsa.ops.selected import selected_attention
+from nsa.ops.window import sliding_window_attention
+
+__all__ = [
+    "combine_branches",
+    "compressed_attention",
+    "mean_compress",
+    "nsa_attention",
+    "select_blocks",
+    "selected_attention",
+    "sliding_window_attention",
+]

@@ -1,0 +1,24 @@
+"""Public op -> implementation: asks the router, then imports the chosen module.
+
+Each op folder holds ``reference.py`` and, once it exists, ``kernel.py``; both
+expose the implementation under the same function name, so the public op names
+one function and the router picks the module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Optional
+
+import torch
+
+from nsa import routing
+
+_MODULE_OF_BACKEND = {"reference": "reference", "triton": "kernel"}
+
+
+def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str]) -> Callable:
+    """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and dtype."""
+    route = routing.resolve(op, like.device, like.dtype, backend)
+    module = importlib.import_module(f"nsa.ops.{op}.{_MODULE_OF_BACKEND[route.backend]}")
+    return getattr(module, fn)

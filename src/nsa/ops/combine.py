@@ -1,0 +1,76 @@
+"""``nsa_attention``: the three branches and their gated sum (spec: "Gates and output")."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from nsa.config import NSAConfig
+from nsa.ops import _guards
+from nsa.ops.compress import mean_compress
+from nsa.ops.compressed import compressed_attention
+from nsa.ops.select import select_blocks
+from nsa.ops.selected import selected_attention
+from nsa.ops.window import sliding_window_attention
+
+KVPair = Tuple[torch.Tensor, torch.Tensor]
+
+
+def _check_pair(name: str, pair: object) -> KVPair:
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise TypeError(f"{name} must be a (k, v) pair of tensors, got {type(pair).__name__}")
+    return pair[0], pair[1]
+
+
+def combine_branches(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor) -> torch.Tensor:
+    """``g_cmp*o_cmp + g_slc*o_slc + g_win*o_win`` with gates ``[B, T, HQ, 3]``."""
+    g = gates.to(o_cmp.dtype)
+    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
+
+
+def nsa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: torch.Tensor,
+    config: NSAConfig,
+    *,
+    kv_cmp: Optional[KVPair] = None,
+    kv_win: Optional[KVPair] = None,
+    q_offset: int = 0,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Native Sparse Attention: ``o = g_cmp*o_cmp + g_slc*o_slc + g_win*o_win``.
+
+    Blocks are selected from the compressed branch's attention probabilities
+    (:func:`nsa.ops.select_blocks`); the selected branch reads raw ``(k, v)``.
+
+    Args:
+        q: ``[B, T, HQ, Dk]``.
+        k: ``[B, Tk, H, Dk]`` raw keys of the selected branch, ``Tk >= q_offset + T``.
+        v: ``[B, Tk, H, Dv]``.
+        gates: ``[B, T, HQ, 3]`` in ``[0, 1]``, order (cmp, slc, win).
+        config: block geometry and scale.
+        kv_cmp: ``(k_cmp [B, Nc, H, Dk], v_cmp [B, Nc, H, Dv])`` already compressed;
+            default: :func:`nsa.ops.mean_compress` of ``(k, v)``.
+        kv_win: raw ``(k, v)`` of the sliding branch; default ``(k, v)``.
+        q_offset: position of the first query (see the ops).
+        backend: passed to every op: ``None``/``"auto"``, ``"reference"`` or ``"triton"``.
+
+    Returns:
+        ``[B, T, HQ, Dv]`` in q's dtype.
+    """
+    _guards.check_config(config)
+    _guards.check_attention_inputs(q, k, v)
+    _guards.check_gates(gates, q)
+    k_cmp, v_cmp = _check_pair("kv_cmp", kv_cmp) if kv_cmp is not None else (
+        mean_compress(k, config, backend=backend),
+        mean_compress(v, config, backend=backend),
+    )
+    k_win, v_win = _check_pair("kv_win", kv_win) if kv_win is not None else (k, v)
+    o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, config, q_offset=q_offset, backend=backend)
+    block_idx = select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
+    o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
+    o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
+    return combine_branches(gates, o_cmp, o_slc, o_win)

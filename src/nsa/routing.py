@@ -1,0 +1,174 @@
+"""Routing: which backend runs each op, and why.
+
+Every public op asks :func:`resolve` for a :class:`Route` (backend + reason)
+before it runs. The decision, in order of precedence:
+
+1. ``backend=`` passed to the op (anything but ``"auto"``);
+2. the op's flag ``NSA_BACKEND_<OP>``, then ``NSA_BACKEND`` (see :mod:`nsa.flags`);
+3. ``auto``: Triton on a CUDA device of SM >= 8.0 when the op has a Triton
+   kernel and the dtype is float16/bfloat16/float32; the reference otherwise.
+
+An explicit choice (1 or 2) that cannot run here raises
+:class:`BackendUnavailableError` with the reason: asking for Triton and silently
+getting the reference would make every parity test meaningless. The automatic
+choice never fails; it falls back to the reference and says why.
+
+Kernels never read flags: the router is the only place that turns flags into
+decisions. ``python -m nsa.routing [--device cuda] [--dtype bfloat16]`` prints
+the decision for every op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Set, Tuple, Union
+
+import torch
+
+from nsa import flags
+
+log = logging.getLogger("nsa.routing")
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_CUDA_CAPABILITY = (8, 0)
+
+DeviceLike = Union[torch.device, str]
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend was asked for explicitly (argument or flag) but cannot run here."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """The outcome of routing one op: ``backend`` is ``"reference"`` or ``"triton"``."""
+
+    op: str
+    backend: str
+    reason: str
+
+
+@lru_cache(maxsize=None)
+def has_kernel(op: str) -> bool:
+    """Whether ``nsa.ops.<op>.kernel`` exists (found without importing it or Triton)."""
+    try:
+        return importlib.util.find_spec(f"nsa.ops.{op}.kernel") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreter_on() -> bool:
+    """Whether Triton's own ``TRITON_INTERPRET`` switch is on (Triton reads it when a
+    kernel is defined, so it must be set before the kernel modules are imported)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def triton_status(op: str, device: DeviceLike, dtype: torch.dtype) -> Tuple[bool, str]:
+    """``(ok, reason)``: can the Triton kernel of ``op`` run on ``device`` with ``dtype``?"""
+    device = torch.device(device)
+    if not has_kernel(op):
+        return False, f"no Triton kernel for '{op}' yet"
+    if not triton_installed():
+        return False, "triton is not installed (pip install 'nsa[triton]')"
+    if dtype not in TRITON_DTYPES:
+        return False, f"Triton kernels take float16/bfloat16/float32, not {str(dtype).replace('torch.', '')}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        cap = torch.cuda.get_device_capability(device)
+        if cap < MIN_CUDA_CAPABILITY:
+            return False, f"needs SM >= {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}, have {cap[0]}.{cap[1]}"
+        return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
+    if device.type == "cpu":
+        if triton_interpreter_on():
+            return True, "Triton kernel through the interpreter (TRITON_INTERPRET=1)"
+        return False, "tensors on CPU: Triton runs there only under TRITON_INTERPRET=1"
+    return False, f"device type '{device.type}' has no Triton backend here"
+
+
+_logged: Set[Route] = set()
+
+
+def _log_once(route: Route) -> Route:
+    if route not in _logged and flags.get("NSA_LOG_ROUTING"):
+        _logged.add(route)
+        log.info("nsa route %s -> %s (%s)", route.op, route.backend, route.reason)
+    return route
+
+
+def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None) -> Route:
+    """Decide the backend of ``op`` for tensors on ``device`` of ``dtype``.
+
+    Args:
+        op: one of :data:`nsa.flags.OPS`.
+        backend: ``None``/``"auto"`` to let flags and the device decide, or
+            ``"reference"``/``"triton"`` to insist.
+
+    Raises:
+        ValueError: unknown ``op`` or ``backend``.
+        BackendUnavailableError: an explicitly requested backend cannot run here.
+    """
+    if op not in flags.OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {', '.join(flags.OPS)}")
+    if backend is not None and backend not in flags.BACKEND_CHOICES:
+        raise ValueError(f"backend must be one of {', '.join(flags.BACKEND_CHOICES)}, got {backend!r}")
+
+    source = "argument backend="
+    choice = backend or "auto"
+    if choice == "auto":
+        for name in (f"NSA_BACKEND_{op.upper()}", "NSA_BACKEND"):
+            value = flags.get(name)
+            if value != "auto":
+                choice, source = value, f"flag {name}"
+                break
+
+    if choice == "reference":
+        return _log_once(Route(op, "reference", f"requested by {source}"))
+    ok, why = triton_status(op, device, dtype)
+    if choice == "triton":
+        if not ok:
+            raise BackendUnavailableError(f"'{op}': triton requested by {source} but unavailable: {why}")
+        return _log_once(Route(op, "triton", f"requested by {source}; {why}"))
+    if ok and torch.device(device).type == "cuda":
+        return _log_once(Route(op, "triton", f"auto: {why}"))
+    if ok:
+        why = "auto keeps CPU tensors on the reference (the interpreter is for tests)"
+    return _log_once(Route(op, "reference", f"auto: {why}"))
+
+
+def explain(device: DeviceLike, dtype: torch.dtype) -> str:
+    """A table of every op's route for ``device``/``dtype`` (errors shown, not raised)."""
+    lines = [f"nsa routing for device={torch.device(device)} dtype={str(dtype).replace('torch.', '')}"]
+    for op in flags.OPS:
+        try:
+            route = resolve(op, device, dtype)
+            lines.append(f"  {op:<11} {route.backend:<10} {route.reason}")
+        except (BackendUnavailableError, flags.FlagError) as err:
+            lines.append(f"  {op:<11} {'ERROR':<10} {err}")
+    overrides = {k: v for k, (v, src) in flags.current().items() if src == "environment"}
+    lines.append("flags set: " + (", ".join(f"{k}={v}" for k, v in overrides.items()) or "none"))
+    for key, best in flags.unknown_flags():
+        lines.append(f"warning: unknown {key} is ignored" + (f" (did you mean {best}?)" if best else ""))
+    return "\n".join(lines)
+
+
+def _main(argv: Optional[list] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m nsa.routing", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32", "float64"])
+    args = parser.parse_args(argv)
+    print(explain(args.device, getattr(torch, args.dtype)))
+
+
+if __name__ == "__main__":
+    _main()
