@@ -45,6 +45,9 @@ def masked_softmax(scores: torch.Tensor, visible: torch.Tensor) -> Tuple[torch.T
     A row with nothing visible gets probabilities 0 and ``lse = -inf``; neither the
     forward nor the backward of such a row produces NaN.
     """
+    if scores.shape[-1] == 0:
+        # No key at all (e.g. no compressed token complete yet): amax would reject the empty axis.
+        return scores, scores.new_full(scores.shape[:-1], float("-inf"))
     scores = scores.masked_fill(~visible, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
     # Softmax is shift-invariant, so the shift carries no gradient; empty rows shift by 0.
