@@ -7,8 +7,9 @@ See ``NSA_SPEC.md`` semantics in the README. Public API::
 
 from nsa import ops
 from nsa.config import NSAConfig
+from nsa.modules import NSAAttention, NSACache
 from nsa.ops import nsa_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["NSAConfig", "nsa_attention", "ops", "__version__"]
+__all__ = ["NSAAttention", "NSACache", "NSAConfig", "nsa_attention", "ops", "__version__"]

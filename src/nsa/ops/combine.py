@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -40,7 +40,8 @@ def nsa_attention(
     kv_win: Optional[KVPair] = None,
     q_offset: int = 0,
     backend: Optional[str] = None,
-) -> torch.Tensor:
+    return_block_idx: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Native Sparse Attention: ``o = g_cmp*o_cmp + g_slc*o_slc + g_win*o_win``.
 
     Blocks are selected from the compressed branch's attention probabilities
@@ -57,9 +58,11 @@ def nsa_attention(
         kv_win: raw ``(k, v)`` of the sliding branch; default ``(k, v)``.
         q_offset: position of the first query (see the ops).
         backend: passed to every op: ``None``/``"auto"``, ``"reference"`` or ``"triton"``.
+        return_block_idx: also return the selected blocks.
 
     Returns:
-        ``[B, T, HQ, Dv]`` in q's dtype.
+        ``o [B, T, HQ, Dv]`` in q's dtype; with ``return_block_idx``, the pair
+        ``(o, block_idx)`` with int32 ``block_idx [B, T, H, sel_count]``.
     """
     _guards.check_config(config)
     _guards.check_attention_inputs(q, k, v)
@@ -73,4 +76,5 @@ def nsa_attention(
     block_idx = select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
-    return combine_branches(gates, o_cmp, o_slc, o_win)
+    o = combine_branches(gates, o_cmp, o_slc, o_win)
+    return (o, block_idx) if return_block_idx else o

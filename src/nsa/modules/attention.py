@@ -1,0 +1,130 @@
+"""NSAAttention: a Native Sparse Attention layer (projections, RoPE, phi, gates, cache)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from nsa.config import NSAConfig
+from nsa.modules.cache import NSACache
+from nsa.modules.compression import MeanCompression, MLPCompression
+from nsa.modules.rotary import RotaryEmbedding
+from nsa.ops import nsa_attention
+
+BRANCHES = ("cmp", "slc", "win")
+
+
+class NSAAttention(nn.Module):
+    """Hidden states ``[B, T, hidden]`` -> ``[B, T, hidden]`` through NSA.
+
+    One query projection serves the three branches; each branch has its own key
+    and value projections (paper section 3.3.3). RoPE rotates queries and every
+    branch's raw keys at their absolute positions before compression. The gate
+    projection gives one sigmoid gate per query head and branch.
+
+    Args:
+        hidden_size: model width.
+        num_heads: query heads HQ.
+        num_kv_heads: key/value heads H (``num_heads % num_kv_heads == 0``).
+        head_dim: Dk (even, for RoPE).
+        v_head_dim: Dv (default Dk).
+        config: :class:`NSAConfig` (default: paper defaults).
+        compression: ``"mlp"`` (learnable phi, default) or ``"mean"``.
+        rope_theta: RoPE base (default 10000).
+        backend: passed to :func:`nsa.nsa_attention` (default: routing decides).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: Optional[int] = None,
+        config: Optional[NSAConfig] = None,
+        *,
+        compression: str = "mlp",
+        rope_theta: float = 10000.0,
+        backend: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
+        if compression not in ("mlp", "mean"):
+            raise ValueError(f"compression must be 'mlp' or 'mean', got {compression!r}")
+        self.config = config or NSAConfig()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim, self.v_head_dim = head_dim, v_head_dim or head_dim
+        self.backend = backend
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.ModuleDict({b: nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False) for b in BRANCHES})
+        self.v_proj = nn.ModuleDict({b: nn.Linear(hidden_size, num_kv_heads * self.v_head_dim, bias=False) for b in BRANCHES})
+        self.gate_proj = nn.Linear(hidden_size, num_heads * 3)
+        self.o_proj = nn.Linear(num_heads * self.v_head_dim, hidden_size, bias=False)
+        self.rotary = RotaryEmbedding(head_dim, rope_theta)
+        if compression == "mlp":
+            self.compress_k: nn.Module = MLPCompression(head_dim, self.config)
+            self.compress_v: nn.Module = MLPCompression(self.v_head_dim, self.config)
+        else:
+            self.compress_k, self.compress_v = MeanCompression(self.config), MeanCompression(self.config)
+
+    def new_cache(
+        self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096
+    ) -> NSACache:
+        """An empty :class:`NSACache` shaped for this layer (device/dtype of its weights by default)."""
+        weight = self.q_proj.weight
+        return NSACache(
+            self.config, batch_size, self.num_kv_heads, self.head_dim, self.v_head_dim,
+            device=device or weight.device, dtype=dtype or weight.dtype, capacity=capacity, chunk=chunk,
+        )  # fmt: skip
+
+    def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        B, T, _ = x.shape
+        H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
+        q = self.rotary(self.q_proj(x).view(B, T, self.num_heads, Dk), positions)
+        keys = {b: self.rotary(self.k_proj[b](x).view(B, T, H, Dk), positions) for b in BRANCHES}
+        values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
+        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
+        return q, keys, values, gates
+
+    def _kv_from_cache(self, cache: NSACache, keys: dict, values: dict) -> Tuple[dict, dict]:
+        cache.append(**{f"k_{b}" if b != "cmp" else "k_cmp_raw": keys[b] for b in BRANCHES},
+                     **{f"v_{b}" if b != "cmp" else "v_cmp_raw": values[b] for b in BRANCHES})  # fmt: skip
+        pending = cache.pending_cmp()
+        if pending > 0:
+            first = cache.num_cmp
+            cache.append_compressed(
+                self.compress_k(cache.view("k_cmp_raw"), first, pending),
+                self.compress_v(cache.view("v_cmp_raw"), first, pending),
+            )
+        keys = {"slc": cache.view("k_slc"), "win": cache.view("k_win"), "cmp": cache.view("k_cmp")}
+        values = {"slc": cache.view("v_slc"), "win": cache.view("v_win"), "cmp": cache.view("v_cmp")}
+        return keys, values
+
+    def forward(self, x: torch.Tensor, cache: Optional[NSACache] = None) -> torch.Tensor:
+        """``x [B, T, hidden]`` -> ``[B, T, hidden]``.
+
+        Without a cache, ``x`` is a whole sequence from position 0. With a
+        cache, ``x`` continues the cached sequence (a prefill of any length when
+        the cache is empty, then one or more tokens per call); the cache is
+        updated in place and records the selected blocks and tokens read.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
+            raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
+        start = cache.length if cache is not None else 0
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        q, keys, values, gates = self._project(x, positions)
+        if cache is None:
+            keys["cmp"], values["cmp"] = self.compress_k(keys["cmp"]), self.compress_v(values["cmp"])
+        else:
+            keys, values = self._kv_from_cache(cache, keys, values)
+        o, block_idx = nsa_attention(
+            q, keys["slc"], values["slc"], gates, self.config,
+            kv_cmp=(keys["cmp"], values["cmp"]), kv_win=(keys["win"], values["win"]),
+            q_offset=start, backend=self.backend, return_block_idx=True,
+        )  # fmt: skip
+        if cache is not None:
+            cache.record(block_idx, start)
+        return self.o_proj(o.flatten(2))

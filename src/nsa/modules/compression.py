@@ -1,0 +1,78 @@
+"""The compression function phi: raw key/value blocks -> compressed tokens.
+
+``MLPCompression`` is the learnable phi of the paper (Eq. 7): an MLP over the
+flattened block of ``cmp_block`` tokens plus an intra-block position embedding,
+shared by all KV heads. ``MeanCompression`` is the parameter-free mean pooling
+(it goes through :func:`nsa.ops.mean_compress`, so it uses the Triton kernel on CUDA).
+
+Both compute the compressed tokens ``[first, first + count)`` from the raw
+tokens, which is what the cache needs to emit new tokens during decode.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from nsa.config import NSAConfig
+from nsa.ops import mean_compress
+
+
+def _token_span(config: NSAConfig, first: int, count: int) -> slice:
+    """Raw positions that compressed tokens ``[first, first + count)`` cover."""
+    start = first * config.cmp_stride
+    return slice(start, start + (count - 1) * config.cmp_stride + config.cmp_block)
+
+
+class MeanCompression(nn.Module):
+    """Parameter-free phi: the mean of each block."""
+
+    def __init__(self, config: NSAConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def forward(self, x: torch.Tensor, first: int = 0, count: Optional[int] = None) -> torch.Tensor:
+        """``x [B, T, H, D]`` -> compressed tokens ``[first, first+count)`` as ``[B, count, H, D]``.
+
+        ``count`` defaults to every complete token from ``first`` on.
+        """
+        if count is None:
+            count = self.config.num_cmp(x.shape[1]) - first
+        if count <= 0:
+            return x.new_zeros(x.shape[0], 0, x.shape[2], x.shape[3])
+        return mean_compress(x[:, _token_span(self.config, first, count)], self.config)
+
+
+class MLPCompression(nn.Module):
+    """Learnable phi (paper Eq. 7): ``MLP(flatten(block + pos_emb))``, shared across heads.
+
+    Args:
+        head_dim: D of the tokens it compresses.
+        config: block geometry (``cmp_block``, ``cmp_stride``).
+        hidden: width of the MLP's hidden layer; default ``2 * head_dim``.
+    """
+
+    def __init__(self, head_dim: int, config: NSAConfig, hidden: Optional[int] = None) -> None:
+        super().__init__()
+        self.config = config
+        hidden = hidden or 2 * head_dim
+        self.pos_emb = nn.Parameter(torch.randn(config.cmp_block, head_dim) * head_dim**-0.5)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.cmp_block * head_dim, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, head_dim),
+        )
+
+    def forward(self, x: torch.Tensor, first: int = 0, count: Optional[int] = None) -> torch.Tensor:
+        """``x [B, T, H, D]`` -> compressed tokens ``[first, first+count)`` as ``[B, count, H, D]``."""
+        cfg = self.config
+        if count is None:
+            count = cfg.num_cmp(x.shape[1]) - first
+        B, _, H, D = x.shape
+        if count <= 0:
+            return x.new_zeros(B, 0, H, D)
+        blocks = x[:, _token_span(cfg, first, count)].unfold(1, cfg.cmp_block, cfg.cmp_stride)  # [B, N, H, D, l]
+        blocks = blocks.permute(0, 1, 2, 4, 3) + self.pos_emb.to(x.dtype)  # [B, N, H, l, D]
+        return self.mlp(blocks.flatten(-2))  # [B, N, H, D]

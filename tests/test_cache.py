@@ -1,0 +1,77 @@
+"""NSACache: chunked growth in place, the emission schedule, token-read counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa import NSACache, NSAConfig
+from nsa.modules.cache import count_reads
+
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+
+def _raw(B: int, T: int, H: int = 2, D: int = 4):
+    return {name: torch.randn(B, T, H, D) for name in ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}
+
+
+def test_grows_by_whole_chunks_and_keeps_data() -> None:
+    cache = NSACache(SMALL, 2, 2, 4, chunk=8)
+    assert cache.capacity == 8
+    written = []
+    for step in (3, 1, 5, 1, 1, 9):
+        raw = _raw(2, step)
+        written.append(raw["k_slc"])
+        cache.append(**raw)
+        assert cache.capacity % 8 == 0 and cache.capacity >= cache.length
+    assert cache.length == 20 and cache.capacity == 24
+    assert torch.equal(cache.view("k_slc"), torch.cat(written, 1))
+
+
+def test_append_in_place_without_reallocation_within_capacity() -> None:
+    cache = NSACache(SMALL, 1, 2, 4, capacity=64, chunk=8)
+    cache.append(**_raw(1, 1))
+    pointer = cache.view("k_slc").data_ptr()
+    for _ in range(63):
+        cache.append(**_raw(1, 1))
+    assert cache.view("k_slc").data_ptr() == pointer and cache.capacity == 64
+
+
+def test_pending_compressed_tokens_follow_absolute_schedule() -> None:
+    cache = NSACache(SMALL, 1, 2, 4, chunk=8)
+    emitted = []
+    for step in (5, 2, 1, 3, 1, 4):
+        cache.append(**_raw(1, step))
+        emitted.append(cache.pending_cmp())
+        cache.append_compressed(torch.randn(1, emitted[-1], 2, 4), torch.randn(1, emitted[-1], 2, 4))
+    # token i covers positions [4i, 4i + 8): it is complete once length >= 4i + 8, i.e. at
+    # lengths 8, 12, 16; the cache lengths after each append are 5, 7, 8, 11, 12, 16
+    assert emitted == [0, 0, 1, 0, 1, 1]
+    assert cache.num_cmp == SMALL.num_cmp(16)
+
+
+def test_cache_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        NSACache(SMALL, 0, 2, 4)
+    cache = NSACache(SMALL, 1, 2, 4)
+    with pytest.raises(ValueError, match="needs exactly"):
+        cache.append(k_slc=torch.randn(1, 1, 2, 4))
+
+
+def test_token_reads_from_real_blocks() -> None:
+    # query at t = 21 (block 2 holds positions 16..21 so far): blocks 0 and 2 -> 8 + 6 reads
+    block_idx = torch.tensor([[[[0, 2, -1, -1], [0, 1, 2, -1]]]], dtype=torch.int32)  # [B=1, T=1, H=2, 4]
+    reads = count_reads(block_idx, 21, SMALL)
+    assert reads.slc.tolist() == [[[14, 22]]]
+    assert reads.cmp.tolist() == [SMALL.num_cmp(22)] and reads.win.tolist() == [16]
+    assert reads.last_step() == {"cmp": 4.0, "slc": 18.0, "win": 16.0, "total": 38.0}
+
+
+@pytest.mark.parametrize("context, expected", [(8192, 2047), (16384, 2559), (32768, 3583), (65536, 5631)])
+def test_paper_table4_read_counts(context: int, expected: int) -> None:
+    config = NSAConfig()
+    assert config.decode_reads(context) == expected
+    # the same figure from a real selection: n full blocks for the last query at context - 1
+    blocks = torch.arange(context // config.sel_block - config.sel_count, context // config.sel_block)
+    reads = count_reads(blocks.view(1, 1, 1, -1).to(torch.int32), context - 1, config)
+    assert int(reads.cmp[0] + reads.slc[0, 0, 0] + reads.win[0]) == expected

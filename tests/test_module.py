@@ -1,0 +1,103 @@
+"""NSAAttention: decode == prefill through the cache, gradients of every parameter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from nsa import NSAAttention, NSAConfig, nsa_attention
+from nsa.modules import MLPCompression
+
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+
+def _layer(compression: str = "mlp", heads=(4, 2), dims=(8, 6)) -> NSAAttention:
+    return NSAAttention(24, heads[0], heads[1], dims[0], dims[1], SMALL, compression=compression).double()
+
+
+def _decode_all(layer: NSAAttention, x: torch.Tensor, prefill: int, step: int, chunk: int):
+    """Prefill ``prefill`` tokens, then feed the rest ``step`` tokens at a time."""
+    cache = layer.new_cache(x.shape[0], chunk=chunk)
+    outs, blocks = [], []
+    bounds = ([prefill] if prefill else []) + list(range(prefill + step, x.shape[1], step)) + [x.shape[1]]
+    start = 0
+    for end in bounds:
+        outs.append(layer(x[:, start:end], cache))
+        blocks.append(cache.last_block_idx)
+        start = end
+    return torch.cat(outs, 1), torch.cat(blocks, 1), cache
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("compression", ["mlp", "mean"])
+@pytest.mark.parametrize(
+    "prefill, step",
+    [
+        pytest.param(0, 1, id="decode-only"),
+        pytest.param(1, 1, id="prefill1"),
+        pytest.param(4, 1, id="prefill-stride"),
+        pytest.param(7, 1, id="prefill7"),
+        pytest.param(8, 1, id="prefill-selblock"),
+        pytest.param(13, 3, id="prefill13-step3"),
+        pytest.param(32, 1, id="prefill32"),
+        pytest.param(45, 5, id="prefill45-step5"),
+    ],
+)
+def test_decode_equals_prefill(compression: str, prefill: int, step: int) -> None:
+    layer = _layer(compression)
+    x = torch.randn(2, 77, 24, dtype=torch.float64)
+    prefill_cache = layer.new_cache(2)
+    full = layer(x, prefill_cache)
+    assert torch.equal(layer(x), full), "a whole-sequence forward must not depend on the cache"
+    out, blocks, cache = _decode_all(layer, x, prefill, step, chunk=16)
+    assert (out - full).abs().max() < 1e-12
+    assert torch.equal(blocks, prefill_cache.last_block_idx)
+    assert cache.length == 77 and cache.num_cmp == SMALL.num_cmp(77)
+
+
+@pytest.mark.gradcheck
+def test_gradcheck_compression_weights(nsa_gradcheck_tolerance) -> None:
+    """float64 gradcheck through the learnable phi into every NSA branch."""
+    B, T, HQ, H, D = 1, 30, 2, 1, 4
+    phi_k, phi_v = MLPCompression(D, SMALL, hidden=6).double(), MLPCompression(D, SMALL, hidden=6).double()
+    q, k, v = (torch.randn(B, T, h, D, dtype=torch.float64) for h in (HQ, H, H))
+    gates = torch.rand(B, T, HQ, 3, dtype=torch.float64)
+    names_k = [n for n, _ in phi_k.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in (*phi_k.parameters(), *phi_v.parameters())]
+
+    def run(*flat):
+        pk = dict(zip(names_k, flat[: len(names_k)]))
+        pv = dict(zip(names_k, flat[len(names_k) :]))
+        kv_cmp = (functional_call(phi_k, pk, (k,)), functional_call(phi_v, pv, (v,)))
+        return nsa_attention(q, k, v, gates, SMALL, kv_cmp=kv_cmp, backend="reference")
+
+    assert torch.autograd.gradcheck(run, params, **nsa_gradcheck_tolerance)
+
+
+@pytest.mark.parametrize("compression", ["mlp", "mean"])
+def test_every_parameter_gets_gradient(compression: str) -> None:
+    layer = _layer(compression)
+    x = torch.randn(2, 70, 24, dtype=torch.float64)
+    layer(x).square().sum().backward()
+    for name, param in layer.named_parameters():
+        assert param.grad is not None, f"{name} received no gradient"
+        assert param.grad.abs().sum() > 0, f"{name} received an all-zero gradient"
+
+
+def test_gqa_group_sizes_and_dk_ne_dv() -> None:
+    for heads in [(4, 4), (4, 2), (4, 1), (16, 1)]:
+        layer = _layer(heads=heads, dims=(8, 4))
+        out = layer(torch.randn(2, 41, 24, dtype=torch.float64))
+        assert out.shape == (2, 41, 24) and torch.isfinite(out).all()
+
+
+def test_bad_arguments_name_themselves() -> None:
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        NSAAttention(24, 4, 3, 8, config=SMALL)
+    with pytest.raises(ValueError, match="compression"):
+        NSAAttention(24, 4, 2, 8, config=SMALL, compression="max")
+    with pytest.raises(ValueError, match="even head_dim"):
+        NSAAttention(24, 4, 2, 7, config=SMALL)
+    with pytest.raises(ValueError, match=r"x must be \[B, T, 24\]"):
+        _layer()(torch.randn(2, 5, 23, dtype=torch.float64))
