@@ -51,7 +51,9 @@ def selected_attention(
         positions, counted = gather_positions(block_idx[:, start:end], config.sel_block)  # [B, C, H, S]
         t = torch.arange(q_offset + start, q_offset + end, device=q.device)[None, :, None, None]
         counted = counted & (positions <= t) & (positions < Tk)
-        positions = positions.clamp(0, Tk - 1)
+        # Masked slots read position 0, never s > t: a cache buffer's unwritten tail may hold
+        # NaN, and a zero probability times NaN would still poison the row.
+        positions = torch.where(counted, positions, torch.zeros_like(positions))
         k_sel = k_heads[b_ix, h_ix, positions]  # [B, C, H, S, Dk]
         v_sel = v_heads[b_ix, h_ix, positions]  # [B, C, H, S, Dv]
         scores = torch.einsum("bchgd,bchsd->bchgs", qg[:, start:end], k_sel) * scale
