@@ -1,0 +1,135 @@
+"""Tile-level attention math shared by the selected and sliding-window kernels.
+
+Every kernel of those two branches is the same loop: a tile of query rows meets
+a tile of keys. A query row is one (position, query head) pair; the kernels pack
+the ``G`` heads of a KV group (padded to ``GP``) into the rows, so each key tile
+loaded from memory serves the whole group. The helpers below are that tile
+step, written once:
+
+- :func:`attn_fwd_step`: one key tile of the online softmax (forward);
+- :func:`attn_bwd_dq_step`: one key tile's contribution to ``dQ``;
+- :func:`attn_bwd_dkdv_step`: one query tile's contribution to ``dK``/``dV``.
+
+Conventions: scores live in the log2 domain (``qk_scale = scale * log2(e)``, so
+``exp2`` replaces ``exp``), and the saved ``lse`` is ``log2(sum(exp2(s)))`` in
+float32 (``-inf`` for a row that sees nothing). Accumulators are float32; the
+second operand of each dot is cast to the input dtype, as flash attention does.
+A ``MASK`` constexpr specialises each step: tiles known to be fully visible skip
+the mask, only edge tiles pay for it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
+LOG2E = 1.4426950408889634
+
+
+def next_pow2(n: int, minimum: int = 16) -> int:
+    """Smallest power of two >= ``max(n, minimum)``: tile sizes must be powers of
+    two and ``tl.dot`` needs every dimension >= 16."""
+    return max(minimum, triton.next_power_of_2(n))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of ``tl.dot``: exact ``ieee`` for float32 inputs (tf32 would
+    cost about 1e-3 relative error), irrelevant for 16-bit inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim has stride 1 (kernels take the other strides as
+    arguments), else a contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@triton.jit
+def row_offsets(i_b, o_i, o_head, stride_b, stride_t, stride_h):
+    """int64 element offsets of rows ``(batch i_b, position o_i, head o_head)`` of a
+    ``[B, T, heads, D]`` tensor; 64-bit so that 128k+ tokens never overflow."""
+    return i_b.to(tl.int64) * stride_b + o_i.to(tl.int64) * stride_t + o_head.to(tl.int64) * stride_h
+
+
+@triton.jit
+def attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
+    """Online-softmax update with one key tile.
+
+    Args:
+        b_q: ``[BM, BK]`` query rows; b_k: ``[BN, BK]``; b_v: ``[BN, BV]``.
+        b_acc: ``[BM, BV]`` float32 unnormalised output; b_m, b_l: ``[BM]`` running
+            max (log2 domain, ``-inf`` while nothing is seen) and sum.
+        m_qk: ``[BM, BN]`` visibility, read only when ``MASK``.
+
+    Returns:
+        the updated ``(b_acc, b_m, b_l)``.
+    """
+    # -- scores, log2 domain --
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BM, BN]
+    if MASK:
+        b_s = tl.where(m_qk, b_s, float("-inf"))
+    # -- online softmax; a row that has seen nothing shifts by 0 so exp2 never sees -inf - -inf --
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
+    b_alpha = tl.exp2(b_m - b_shift)  # [BM]
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BM, BV]
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def attn_fwd_finish(b_acc, b_m, b_l):
+    """``(o [BM, BV], lse [BM])`` from the accumulators: a row that saw nothing gets
+    ``o = 0`` and ``lse = -inf``."""
+    m_any = b_l > 0
+    b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
+    b_lse = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
+    return b_o, b_lse
+
+
+@triton.jit
+def attn_bwd_dq_step(
+    b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr
+):
+    """``dQ`` (unscaled) += one key tile's share.
+
+    Args:
+        b_q: ``[BM, BK]``; b_do: ``[BM, BV]``; b_lse, b_delta: ``[BM]`` (log2-domain
+            lse and ``rowsum(o * do)``); b_k: ``[BN, BK]``; b_v: ``[BN, BV]``;
+        b_dq: ``[BM, BK]`` float32; m_qk: ``[BM, BN]`` visibility when ``MASK``.
+    """
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BM, BN]
+    b_p = tl.exp2(b_s - b_lse[:, None])
+    if MASK:
+        # where() rather than -inf scores: a row with lse = -inf must give 0, not inf * 0
+        b_p = tl.where(m_qk, b_p, 0.0)
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)  # [BM, BN]
+    b_ds = b_p * (b_dp - b_delta[:, None])
+    b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
+    return b_dq
+
+
+@triton.jit
+def attn_bwd_dkdv_step(
+    b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr
+):
+    """``dK`` (unscaled) and ``dV`` += one query tile's share, in transposed form.
+
+    Args:
+        b_k: ``[BN, BK]``; b_v: ``[BN, BV]``; b_q: ``[BM, BK]``; b_do: ``[BM, BV]``;
+        b_lse, b_delta: ``[BM]``; b_dk: ``[BN, BK]`` and b_dv: ``[BN, BV]`` float32;
+        m_kq: ``[BN, BM]`` visibility when ``MASK``. Padding rows must carry
+        ``q = do = 0`` and a finite lse so that they add exactly zero.
+    """
+    b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale  # [BN, BM]
+    b_pt = tl.exp2(b_st - b_lse[None, :])
+    if MASK:
+        b_pt = tl.where(m_kq, b_pt, 0.0)
+    b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)  # [BN, BV]
+    b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
+    b_dst = b_pt * (b_dpt - b_delta[None, :])
+    b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
+    return b_dk, b_dv

@@ -1,0 +1,393 @@
+"""Sliding-window attention in Triton: a banded flash attention, forward and backward.
+
+Query ``i`` sits at position ``t = q_offset + i`` and attends to keys ``s`` with
+``t - W < s <= t`` (spec: "Sliding branch")::
+
+    key s ->      0 1 2 3 4 5 6 7        (W = 3)
+    query t = 0   x . . . . . . .
+          t = 1   x x . . . . . .
+          t = 2   x x x . . . . .
+          t = 3   . x x x . . . .
+          t = 4   . . x x x . . .
+
+Tiles: a program owns ``BT`` consecutive positions times the ``G`` query heads of
+one KV head (``GP`` >= G rows per position, padding masked), so each K/V tile is
+loaded once for the whole group. Key tiles are walked in three ranges: the lower
+band edge and the diagonal are masked, the tiles between run unmasked.
+
+Backward: ``dQ`` walks the same band as the forward; ``dK``/``dV`` are computed by
+one program per key tile walking the query tiles that see it, all heads of the
+group included, so each output element has exactly one writer (deterministic,
+no atomics).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.config import NSAConfig
+from nsa.ops._triton.attention import (
+    LOG2E,
+    attn_bwd_dkdv_step,
+    attn_bwd_dq_step,
+    attn_fwd_finish,
+    attn_fwd_step,
+    dot_precision,
+    last_dim_contiguous,
+    next_pow2,
+    row_offsets,
+)
+
+
+@triton.jit
+def _band(lo, hi, first, end, STEP: tl.constexpr):
+    """Split ``[first, end)`` (``first`` a multiple of STEP) into a masked head, an
+    unmasked middle ``[mid_lo, mid_hi)`` and a masked tail, where ``[lo, hi)`` are the
+    STEP-aligned starts of tiles that need no mask."""
+    mid_lo = tl.minimum(tl.maximum(lo, first), end)
+    mid_hi = tl.minimum(tl.maximum(hi, mid_lo), end)
+    return mid_lo, mid_hi
+
+
+@triton.jit
+def _fwd_keys(
+    b_q, b_acc, b_m, b_l,  #
+    p_k, p_v, stride_kt, stride_vt,  #
+    o_pos, t_hi, W, s_lo, s_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """Online softmax over key tiles starting at ``s_lo, s_lo + BN, ... < s_hi``."""
+    for s0 in range(s_lo, s_hi, BN):
+        o_s = s0 + tl.arange(0, BN)
+        m_s = o_s <= t_hi  # keys past the last query are never read
+        if MASK:
+            m_kk = m_s[:, None] & m_dk[None, :]
+            m_vv = m_s[:, None] & m_dv[None, :]
+            m_qk = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W)
+        else:
+            m_kk = m_dk[None, :]
+            m_vv = m_dv[None, :]
+            m_qk = None
+        b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * stride_kt + o_dk[None, :], mask=m_kk, other=0.0)  # [BN, BK]
+        b_v = tl.load(p_v + o_s.to(tl.int64)[:, None] * stride_vt + o_dv[None, :], mask=m_vv, other=0.0)  # [BN, BV]
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
+    return b_acc, b_m, b_l
+
+
+@triton.jit(do_not_specialize=["T", "q_offset", "W"])
+def window_fwd_kernel(
+    q, k, v, o, lse,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
+    T, q_offset, W, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(cdiv(T, BT), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    BM: tl.constexpr = BT * GP
+    o_r = tl.arange(0, BM)
+    o_i = i_t * BT + o_r // GP  # [BM] query index of each row
+    o_hq = i_h * G + o_r % GP  # [BM] query head of each row
+    m_r = (o_i < T) & (o_r % GP < G)
+    o_pos = q_offset + o_i  # [BM] absolute positions
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+
+    p_q = q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :]
+    b_q = tl.load(p_q, mask=m_r[:, None] & m_dk[None, :], other=0.0)  # [BM, BK]
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+
+    # -- key range of the tile, split into masked edges and an unmasked middle --
+    t_lo = q_offset + i_t * BT
+    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
+    first = tl.maximum(t_lo - W + 1, 0) // BN * BN
+    full_lo = tl.cdiv(tl.maximum(t_hi - W + 1, 0), BN) * BN  # no row's lower edge cuts these tiles
+    full_hi = (t_lo + 1) // BN * BN  # tiles wholly at or before every row's diagonal
+    mid_lo, mid_hi = _band(full_lo, full_hi, first, t_hi + 1, BN)
+
+    b_acc = tl.zeros([BM, BV], dtype=tl.float32)
+    b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BM], dtype=tl.float32)
+    b_acc, b_m, b_l = _fwd_keys(
+        b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+    )
+    b_acc, b_m, b_l = _fwd_keys(
+        b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_lo, mid_hi,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, PREC,
+    )
+    b_acc, b_m, b_l = _fwd_keys(
+        b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+    )
+    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
+
+    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_dv[None, :])
+    tl.store(lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1), b_lse, mask=m_r)
+
+
+@triton.jit
+def _dq_keys(
+    b_q, b_do, b_lse, b_delta, b_dq,  #
+    p_k, p_v, stride_kt, stride_vt,  #
+    o_pos, t_hi, W, s_lo, s_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+):
+    for s0 in range(s_lo, s_hi, BN):
+        o_s = s0 + tl.arange(0, BN)
+        m_s = o_s <= t_hi
+        if MASK:
+            m_kk = m_s[:, None] & m_dk[None, :]
+            m_vv = m_s[:, None] & m_dv[None, :]
+            m_qk = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W)
+        else:
+            m_kk = m_dk[None, :]
+            m_vv = m_dv[None, :]
+            m_qk = None
+        b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * stride_kt + o_dk[None, :], mask=m_kk, other=0.0)  # [BN, BK]
+        b_v = tl.load(p_v + o_s.to(tl.int64)[:, None] * stride_vt + o_dv[None, :], mask=m_vv, other=0.0)  # [BN, BV]
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK, PREC)
+    return b_dq
+
+
+@triton.jit(do_not_specialize=["T", "q_offset", "W"])
+def window_bwd_dq_kernel(
+    q, k, v, do, lse, delta, dq,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
+    T, q_offset, W, qk_scale, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(cdiv(T, BT), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    BM: tl.constexpr = BT * GP
+    o_r = tl.arange(0, BM)
+    o_i = i_t * BT + o_r // GP
+    o_hq = i_h * G + o_r % GP
+    m_r = (o_i < T) & (o_r % GP < G)
+    o_pos = q_offset + o_i
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+    b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)  # [BM]
+    b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)  # [BM]
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+
+    t_lo = q_offset + i_t * BT
+    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
+    first = tl.maximum(t_lo - W + 1, 0) // BN * BN
+    full_lo = tl.cdiv(tl.maximum(t_hi - W + 1, 0), BN) * BN
+    full_hi = (t_lo + 1) // BN * BN
+    mid_lo, mid_hi = _band(full_lo, full_hi, first, t_hi + 1, BN)
+
+    b_dq = tl.zeros([BM, BK], dtype=tl.float32)
+    b_dq = _dq_keys(
+        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+    )
+    b_dq = _dq_keys(
+        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_lo, mid_hi,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, PREC,
+    )
+    b_dq = _dq_keys(
+        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+    )
+
+    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
+    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
+
+
+@triton.jit
+def _dkdv_queries(
+    b_k, b_v, b_dk, b_dv,  #
+    q, do, lse, delta, i_b, i_h,  #
+    sqb, sqt, sqh, sdb, sdt, sdh,  #
+    o_s, T, q_offset, W, i_lo, i_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    BT: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``."""
+    HQ: tl.constexpr = H * G
+    BM: tl.constexpr = BT * GP
+    o_r = tl.arange(0, BM)
+    o_hq = i_h * G + o_r % GP
+    for i0 in range(i_lo, i_hi, BT):
+        o_i = i0 + o_r // GP
+        m_r = (o_i < T) & (o_r % GP < G)
+        b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+        b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
+        b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+        if MASK:
+            o_pos = q_offset + o_i
+            m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]
+        else:
+            m_kq = None
+        b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK, PREC)
+    return b_dk, b_dv
+
+
+@triton.jit(do_not_specialize=["T", "TK", "q_offset", "W"])
+def window_bwd_dkdv_kernel(
+    q, k, v, do, lse, delta, dk, dv,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
+    T, TK, q_offset, W, qk_scale, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``.
+
+    Keys no query sees (past the last query, or before ``q_offset - W + 1``) get zeros.
+    """
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    s0 = i_n * BN
+    o_s = s0 + tl.arange(0, BN)
+    m_s = o_s < TK
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_ks = row_offsets(i_b, o_s, i_h, skb, skt, skh)
+    o_vs = row_offsets(i_b, o_s, i_h, svb, svt, svh)
+    b_k = tl.load(k + o_ks[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BN, BK]
+    b_v = tl.load(v + o_vs[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BN, BV]
+
+    # -- query indices seeing this key tile: t in [s0, s0 + BN - 1 + W - 1] --
+    i_first = tl.maximum(s0 - q_offset, 0) // BT * BT
+    i_end = tl.minimum(s0 + BN - 1 + W - 1 - q_offset, T - 1) + 1
+    full_lo = tl.cdiv(tl.maximum(s0 + BN - 1 - q_offset, 0), BT) * BT  # every row is past the tile's last key
+    full_hi = tl.maximum(s0 + W - q_offset, 0) // BT * BT  # every row's window still holds key s0
+    mid_lo, mid_hi = _band(full_lo, full_hi, i_first, i_end, BT)
+
+    b_dk = tl.zeros([BN, BK], dtype=tl.float32)
+    b_dv = tl.zeros([BN, BV], dtype=tl.float32)
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, PREC,
+    )
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, mid_lo, mid_hi, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, PREC,
+    )
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, PREC,
+    )
+
+    o_out = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
+    tl.store(dk + o_out[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & m_dk[None, :])
+    o_out = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
+    tl.store(dv + o_out[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_dv[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
+    """Tile sizes: ``BT`` positions of ``GP`` head rows make about ``rows`` rows."""
+    GP = triton.next_power_of_2(G)
+    return dict(GP=GP, BK=next_pow2(DK), BV=next_pow2(DV), BT=max(1, rows // GP), BN=64)
+
+
+def window_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float, q_offset: int,
+    tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
+
+    ``tiles`` overrides the launch parameters (``BT``, ``BN``, ``num_warps``, ``num_stages``).
+    """
+    B, T, HQ, DK = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    G = HQ // H
+    # 128 rows x 128 dims needs 8 warps to keep the fp32 accumulator in registers (sm_90, no spills)
+    cfg = dict(_tiles(G, DK, DV, 128 if max(DK, DV) <= 128 else 64), num_warps=8, num_stages=2)
+    cfg.update(tiles or {})
+    o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(T, cfg["BT"]), B * H)
+    window_fwd_kernel[grid](
+        q, k, v, o, lse,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
+        T, q_offset, window, scale * LOG2E,  #
+        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg,
+    )
+    return o, lse
+
+
+def window_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+    window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic."""
+    B, T, HQ, DK = q.shape
+    TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
+    G = HQ // H
+    do = last_dim_contiguous(do)
+    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    cfg = dict(_tiles(G, DK, DV, 64), num_warps=8, num_stages=2)
+    cfg.update(tiles or {})
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
+    dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
+    common = dict(H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
+        q, k, v, do, lse, delta, dq, *strides, T, q_offset, window, scale * LOG2E, scale, **common
+    )
+    window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv, *strides, T, TK, q_offset, window, scale * LOG2E, scale, **common
+    )
+    return dq, dk, dv
+
+
+class WindowAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: saves ``q, k, v, o, lse`` for the kernels' backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, window: int, scale: float, q_offset: int):
+        o, lse = window_fwd(q, k, v, window, scale, q_offset)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.window, ctx.scale, ctx.q_offset = window, scale, q_offset
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = window_bwd(q, k, v, o, lse, do, ctx.window, ctx.scale, ctx.q_offset)
+        return dq, dk, dv, None, None, None
+
+
+def sliding_window_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: NSAConfig, scale: float, q_offset: int
+) -> torch.Tensor:
+    """``[B, Tq, HQ, Dv]``: query ``t`` attends to positions ``t - w < s <= t`` (Triton).
+
+    Same contract as :func:`nsa.ops.window.reference.sliding_window_attention`;
+    inputs are float16/bfloat16/float32 with stride 1 in the last dim (copied otherwise).
+    Tensors are saved for backward only when a gradient is needed.
+    """
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    if q.shape[1] == 0:
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return WindowAttentionFunction.apply(q, k, v, config.window, scale, q_offset)
+    return window_fwd(q, k, v, config.window, scale, q_offset)[0]
