@@ -1,0 +1,250 @@
+"""Attention over compressed tokens: Triton kernels (forward, backward, fused selection).
+
+Same function as :mod:`nsa.ops.compressed.reference`. The forward lives in
+:mod:`nsa.ops._triton.compressed_fwd` because block selection shares it;
+:func:`compressed_attention_select` is the fused entry point that returns the
+selected blocks from the same launch.
+
+Backward, deterministic (no atomics):
+
+- ``compressed_bwd_dq_kernel``: one program per (query tile, KV head) computes
+  ``delta = rowsum(o * do) - dlse`` for its rows (saved for the next kernel)
+  and ``dq`` over the visible compressed tokens;
+- ``compressed_bwd_dkdv_kernel``: one program per (compressed-token tile, KV
+  head) owns its ``dk``/``dv`` rows and walks every query tile that sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.config import NSAConfig
+from nsa.ops._triton.attention import LOG2E, attn_bwd_dkdv_step, attn_bwd_dq_step, dot_precision, next_pow2
+from nsa.ops._triton.compressed_fwd import compressed_fwd, visible_cmp
+
+
+@triton.jit
+def _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+              BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+              HDK: tl.constexpr, HDV: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+    """``dq`` += tokens ``[i_n, i_n + BN)``; p_k/p_v point at token 0 of the (batch, KV head)."""
+    o_n = i_n + tl.arange(0, BN)
+    o_dk = tl.arange(0, BDK)
+    o_dv = tl.arange(0, BDV)
+    m_n = o_n < n_hi
+    b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
+                  mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
+    b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
+                  mask=m_n[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BN, BDV]
+    m_qk = o_n[None, :] < nv[:, None]  # [M, BN]
+    return attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK, PREC)
+
+
+@triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
+def compressed_bwd_dq_kernel(
+    q, k, v, o, do,  # q/o/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
+    lse,  # [B, TQ, HQ] float32, natural log
+    dlse,  # [B, TQ, HQ] float32, read when HAS_DLSE
+    delta,  # [B, TQ, HQ] float32, written
+    dq,  # [B, TQ, HQ, DK]
+    TQ, NC, q_offset, qk_scale, scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, PREC: tl.constexpr,
+):
+    M: tl.constexpr = BT * GP
+    HQ: tl.constexpr = H * G
+    i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_m = tl.arange(0, M)
+    o_tq = i_t * BT + o_m // GP
+    m_row = (o_tq < TQ) & (o_m % GP < G)
+    o_q = (i_b.to(tl.int64) * TQ + o_tq) * HQ + i_h * G + o_m % GP  # [M]
+    o_dk = tl.arange(0, BDK)
+    o_dv = tl.arange(0, BDV)
+    m_qk_d = m_row[:, None] & (o_dk < DK)[None, :]
+    m_qv_d = m_row[:, None] & (o_dv < DV)[None, :]
+    b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_qk_d, other=0.0)  # [M, BDK]
+    b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)  # [M, BDV]
+    b_o = tl.load(o + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)
+    # -- delta = rowsum(o * do) - dlse: d(lse)/ds = p enters ds like -delta --
+    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [M]
+    if HAS_DLSE:
+        b_delta -= tl.load(dlse + o_q, mask=m_row, other=0.0)
+    tl.store(delta + o_q, b_delta, mask=m_row)
+    # padding rows get lse 0 (finite); real rows that see nothing are masked in every chunk they meet
+    b_lse = tl.load(lse + o_q, mask=m_row, other=0.0) * 1.4426950408889634
+    nv = visible_cmp(q_offset + o_tq, NC, L, S)
+    n_lo = visible_cmp(q_offset + i_t * BT, NC, L, S)
+    n_hi = visible_cmp(q_offset + tl.minimum(i_t * BT + BT, TQ) - 1, NC, L, S)
+    p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
+    p_v = v + (i_b.to(tl.int64) * NC * H + i_h) * DV
+    b_dq = tl.zeros([M, BDK], dtype=tl.float32)
+    n_full = (n_lo // BN) * BN
+    for i_n in range(0, n_full, BN):
+        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, PREC)
+    for i_n in range(n_full, n_hi, BN):
+        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, PREC)
+    tl.store(dq + (o_q * DK)[:, None] + o_dk[None, :], (b_dq * scale).to(dq.dtype.element_ty), mask=m_qk_d)
+
+
+@triton.jit
+def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
+               H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
+               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+               L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+    """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group)."""
+    M: tl.constexpr = BT * GP
+    o_m = tl.arange(0, M)
+    o_tq = i_t * BT + o_m // GP
+    m_row = (o_tq < TQ) & (o_m % GP < G)
+    o_q = (i_b.to(tl.int64) * TQ + o_tq) * (H * G) + i_h * G + o_m % GP  # [M]
+    o_dk = tl.arange(0, BDK)
+    o_dv = tl.arange(0, BDV)
+    b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
+    b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :], other=0.0)
+    b_lse = tl.load(lse + o_q, mask=m_row, other=0.0) * 1.4426950408889634
+    b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
+    m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
+    return attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK, PREC)
+
+
+@triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
+def compressed_bwd_dkdv_kernel(
+    q, k, v, do,  # q/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
+    lse, delta,  # [B, TQ, HQ] float32
+    dk, dv,  # [B, NC, H, D*]
+    TQ, NC, q_offset, qk_scale, scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < NC
+    o_dk = tl.arange(0, BDK)
+    o_dv = tl.arange(0, BDV)
+    o_kv = (i_b.to(tl.int64) * NC + o_n) * H + i_h  # [BN]
+    m_nk = m_n[:, None] & (o_dk < DK)[None, :]
+    m_nv = m_n[:, None] & (o_dv < DV)[None, :]
+    b_k = tl.load(k + (o_kv * DK)[:, None] + o_dk[None, :], mask=m_nk, other=0.0)  # [BN, BDK]
+    b_v = tl.load(v + (o_kv * DV)[:, None] + o_dv[None, :], mask=m_nv, other=0.0)  # [BN, BDV]
+    b_dk = tl.zeros([BN, BDK], dtype=tl.float32)
+    b_dv = tl.zeros([BN, BDV], dtype=tl.float32)
+    # queries that see the first token, and those that see the whole tile
+    tq_lo = tl.maximum(i_n * BN * S + L - 1 - q_offset, 0)
+    tq_full = tl.maximum((i_n * BN + BN - 1) * S + L - 1 - q_offset, 0)
+    i_lo = tq_lo // BT
+    i_full = tl.minimum(tl.cdiv(tq_full, BT), tl.cdiv(TQ, BT))
+    for i_t in range(i_lo, i_full):
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
+                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, PREC)
+    for i_t in range(i_full, tl.cdiv(TQ, BT)):
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
+                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, PREC)
+    tl.store(dk + (o_kv * DK)[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
+    tl.store(dv + (o_kv * DV)[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
+
+
+def _rows_per_program(q: torch.Tensor, G: int, rows: Optional[int]) -> Tuple[int, int]:
+    """``(GP, BT)``: heads padded to a power of two, and query positions per program."""
+    GP = triton.next_power_of_2(G)
+    if rows is None:
+        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32) else 128
+    return GP, max(1, rows // GP)
+
+
+def compressed_bwd(
+    q: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+    config: NSAConfig,
+    scale: float,
+    q_offset: int,
+    *,
+    rows: Optional[int] = None,
+    block_n: int = 64,
+    num_warps: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous."""
+    B, TQ, HQ, DK = q.shape
+    NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
+    G = HQ // H
+    GP, BT = _rows_per_program(q, G, rows)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k_cmp)
+    dv = torch.empty_like(v_cmp)
+    delta = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
+    common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
+                  L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
+                  num_warps=num_warps or (4 if BT * GP <= 64 else 8))
+    if B * TQ * HQ:
+        compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
+            q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
+            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
+    if B * NC * H:
+        compressed_bwd_dkdv_kernel[(triton.cdiv(NC, block_n), B * H)](
+            q, k_cmp, v_cmp, do, lse, delta, dk, dv, TQ, NC, q_offset, scale * LOG2E, scale, **common)
+    return dq, dk, dv
+
+
+class CompressedAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k_cmp, v_cmp, config: NSAConfig, scale: float, q_offset: int, select: bool):
+        q, k_cmp, v_cmp = q.contiguous(), k_cmp.contiguous(), v_cmp.contiguous()
+        o, lse, idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, q_offset, store_o=True, select=select)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            ctx.save_for_backward(q, k_cmp, v_cmp, o, lse)
+        ctx.config, ctx.scale, ctx.q_offset = config, scale, q_offset
+        ctx.set_materialize_grads(False)
+        if idx is None:
+            return o, lse
+        ctx.mark_non_differentiable(idx)
+        return o, lse, idx
+
+    @staticmethod
+    def backward(ctx, do, dlse, *_):
+        q, k_cmp, v_cmp, o, lse = ctx.saved_tensors
+        if do is None and dlse is None:
+            return None, None, None, None, None, None, None
+        do = torch.zeros_like(o) if do is None else do.contiguous()
+        dlse = None if dlse is None else dlse.contiguous().float()
+        dq, dk, dv = compressed_bwd(q, k_cmp, v_cmp, o, lse, do, dlse, ctx.config, ctx.scale, ctx.q_offset)
+        return dq, dk, dv, None, None, None, None
+
+
+def compressed_attention(
+    q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig, scale: float, q_offset: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``o [B, Tq, HQ, Dv]`` (q's dtype) and ``lse [B, Tq, HQ]`` (float32, natural log)
+    over visible compressed tokens; same signature as the reference, differentiable in
+    ``q``, ``k_cmp``, ``v_cmp`` (through ``o`` and ``lse``)."""
+    return CompressedAttentionFunction.apply(q, k_cmp, v_cmp, config, scale, q_offset, False)
+
+
+def compressed_attention_select(
+    q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig, scale: float, q_offset: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Compressed attention and block selection from one launch.
+
+    Equals ``(*compressed_attention(...), select_blocks(q, k_cmp, config, scale,
+    q_offset))``: the second pass that scores blocks also produces ``o``, so the
+    selection costs one extra ``q @ k_cmp`` instead of a separate kernel.
+
+    Returns:
+        ``(o [B, Tq, HQ, Dv], lse [B, Tq, HQ] float32, block_idx [B, Tq, H, sel_count]
+        int32)``; ``o`` and ``lse`` are differentiable, ``block_idx`` is not.
+    """
+    return CompressedAttentionFunction.apply(q, k_cmp, v_cmp, config, scale, q_offset, True)
