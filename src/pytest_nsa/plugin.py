@@ -1,0 +1,133 @@
+"""pytest_nsa: does NSA work on this GPU and software stack? (``pytest11`` entry point)
+
+Wiring only: options, hook registration and the calls into the modules that
+decide (:mod:`~pytest_nsa.lifecycle`), judge markers (:mod:`~pytest_nsa.markers`)
+and write text (:mod:`~pytest_nsa.summary`). State lives in ``config.stash``
+(:mod:`~pytest_nsa.state`). Options::
+
+    --gpu-profile NAME|auto|PATH|none   --gpu-profile-list   --gpu-profile-mismatch=error|skip
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import pytest
+
+from pytest_nsa import hookspecs, lifecycle, summary, versions
+from pytest_nsa.fixtures import nsa_device, nsa_gradcheck_tolerance, nsa_hardware, nsa_profile, nsa_tolerance
+from pytest_nsa.hardware import HardwareInfo
+from pytest_nsa.markers import MARKERS, RequirementError, skip_reason
+from pytest_nsa.state import SessionResults, get_state
+from pytest_nsa.xdist import XdistHooks
+
+HELP_PROFILE = (
+    "GPU profile: a name from gpu_profiles/ (e.g. rtx4090), 'auto' (match the device; cpu "
+    "without a GPU), a path to a profile YAML, or 'none' (default: no flags applied, values "
+    "of the matching profile still used by the fixtures)."
+)
+HELP_LIST = "List the known GPU profiles, one line each, and exit."
+HELP_MISMATCH = (
+    "When the named profile does not match the device: 'error' (default) stops the run; "
+    "'skip' runs anyway with the GPU tests skipped and says why."
+)
+
+__all__ = ["nsa_device", "nsa_gradcheck_tolerance", "nsa_hardware", "nsa_profile", "nsa_tolerance"]
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
+    group.addoption("--gpu-profile", dest="gpu_profile", default=None, metavar="NAME|auto|PATH", help=HELP_PROFILE)
+    group.addoption("--gpu-profile-list", dest="gpu_profile_list", action="store_true", help=HELP_LIST)
+    group.addoption("--gpu-profile-mismatch", dest="gpu_profile_mismatch", default="error",
+                    choices=("error", "skip"), help=HELP_MISMATCH)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    lifecycle.early(early_config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_nsa_detect_hardware(config: pytest.Config) -> HardwareInfo:
+    return lifecycle.real_hardware(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_nsa_detect_software(config: pytest.Config) -> versions.SoftwareInfo:
+    return versions.detect()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
+    if not config.option.gpu_profile_list:
+        return None
+    for line in summary.profile_list(lifecycle.catalog_for(config)):
+        print(line)
+    return 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for text in MARKERS.values():
+        config.addinivalue_line("markers", text)
+    if config.option.help or config.option.version:
+        return
+    lifecycle.configure(config)
+    state = get_state(config)
+    config.pluginmanager.register(_Recorder(state.results), "pytest_nsa_recorder")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(state.workers), "pytest_nsa_xdist")
+
+
+def pytest_report_header(config: pytest.Config) -> List[str]:
+    return summary.header(get_state(config))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    ctx = get_state(config).context
+    if ctx is None:
+        return
+    for item in items:
+        marks = [(m.name, m.args, m.kwargs) for m in item.iter_markers() if m.name in MARKERS]
+        try:
+            reason = skip_reason(marks, ctx)
+        except RequirementError as err:
+            raise pytest.UsageError(f"{item.nodeid}: {err}") from None
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # an xdist worker: tell the controller where it ran
+        state = get_state(session.config)
+        pin = state.pin.describe() if state.pin is not None else "not pinned"
+        output["pytest_nsa"] = f"{pin}; {state.hardware.describe() if state.hardware else 'no hardware record'}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    state = get_state(config)
+    lines = summary.skip_summary(state)
+    if lines:
+        terminalreporter.section("nsa: skipped tests by reason", sep="-")
+        for line in lines:
+            terminalreporter.line(line)
+    workers = summary.worker_summary(state)
+    if workers:
+        terminalreporter.section("nsa: xdist workers", sep="-")
+        for line in workers:
+            terminalreporter.line(line)
+
+
+class _Recorder:
+    """Feeds every test report (workers' too, on the xdist controller) into the results."""
+
+    def __init__(self, results: SessionResults) -> None:
+        self.results = results
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.results.record(report)

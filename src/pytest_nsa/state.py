@@ -1,0 +1,140 @@
+"""The plugin's per-run state in ``config.stash``, and the session's test results.
+
+Other parts of the plugin (benchmarks, report) read :func:`get_state`:
+``state.selection.profile`` is the active profile, ``state.hardware`` and
+``state.software`` what was detected, ``state.results`` the outcome of every test
+(on the xdist controller too, since worker reports reach it through
+``pytest_runtest_logreport``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from pytest_nsa.env import AppliedEnv
+from pytest_nsa.hardware import HardwareInfo
+from pytest_nsa.markers import MARKERS, Context
+from pytest_nsa.profiles import Catalog
+from pytest_nsa.selection import Selection
+from pytest_nsa.versions import SoftwareInfo, Verdict
+from pytest_nsa.xdist import Pin
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """The final outcome of one test.
+
+    Attributes:
+        outcome: ``passed``, ``failed``, ``error`` (setup/teardown failed),
+            ``skipped``, ``xfailed`` or ``xpassed``.
+        markers: the pytest_nsa markers on the test (see :data:`pytest_nsa.markers.MARKERS`).
+        skip_reason: the reason of a skip, without pytest's ``"Skipped: "`` prefix.
+        duration: seconds over setup, call and teardown.
+        worker: the xdist worker that ran it, ``None`` without xdist.
+    """
+
+    __test__ = False  # not a test class, whatever pytest's collection thinks of the name
+
+    nodeid: str
+    outcome: str
+    markers: Tuple[str, ...] = ()
+    skip_reason: Optional[str] = None
+    duration: float = 0.0
+    worker: Optional[str] = None
+
+
+def _skip_reason(longrepr: Any) -> str:
+    if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
+        text = str(longrepr[2])
+    else:
+        text = str(longrepr)
+    return text[len("Skipped: "):] if text.startswith("Skipped: ") else text
+
+
+def _worker_of(report: pytest.TestReport) -> Optional[str]:
+    # xdist's controller attaches the WorkerController that sent the report as ``node``.
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    return getattr(gateway, "id", None)
+
+
+@dataclass
+class SessionResults:
+    """Outcomes by node id, filled from test reports in the order pytest delivers them."""
+
+    outcomes: Dict[str, TestOutcome] = field(default_factory=dict)
+
+    def record(self, report: pytest.TestReport) -> None:
+        """Fold one setup/call/teardown report into the test's outcome (the first
+        non-pass wins, except that a teardown error follows a pass)."""
+        prev = self.outcomes.get(report.nodeid)
+        duration = (prev.duration if prev else 0.0) + getattr(report, "duration", 0.0)
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.skipped else "xpassed"
+        elif report.skipped:
+            outcome = "skipped"
+        elif report.failed:
+            outcome = "failed" if report.when == "call" else "error"
+        else:
+            outcome = "passed"
+        if prev is not None and (prev.outcome != "passed" or outcome == "passed"):
+            outcome = prev.outcome
+        reason = _skip_reason(report.longrepr) if outcome == "skipped" and report.skipped else None
+        self.outcomes[report.nodeid] = TestOutcome(
+            nodeid=report.nodeid,
+            outcome=outcome,
+            markers=tuple(sorted(k for k in report.keywords if k in MARKERS)),
+            skip_reason=reason if reason is not None else (prev.skip_reason if prev else None),
+            duration=duration,
+            worker=_worker_of(report),
+        )
+
+    def counts(self) -> Dict[str, int]:
+        return dict(Counter(o.outcome for o in self.outcomes.values()))
+
+    def skips_by_reason(self) -> List[Tuple[str, int]]:
+        """``(reason, count)`` pairs, most frequent first, then by reason."""
+        counter = Counter(o.skip_reason or "(no reason given)" for o in self.outcomes.values() if o.outcome == "skipped")
+        return sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+
+
+@dataclass
+class NSAState:
+    """Everything the plugin decided for this run.
+
+    Attributes:
+        request: ``--gpu-profile`` as given (``None`` when absent).
+        on_mismatch: ``--gpu-profile-mismatch`` (``error`` or ``skip``).
+        catalog: where profiles are looked up by name.
+        real_hardware: the real detection, cached (it initialises CUDA once).
+        context: what requirement markers are judged against (set in ``pytest_configure``).
+        warnings: problems worth a line in the report header (unknown ``NSA_``
+            variables, kernels imported too early, ...).
+        workers: ``{worker id: note}`` reported back by xdist workers.
+    """
+
+    request: Optional[str]
+    on_mismatch: str
+    catalog: Catalog
+    hardware: Optional[HardwareInfo] = None
+    real_hardware: Optional[HardwareInfo] = None
+    software: Optional[SoftwareInfo] = None
+    selection: Optional[Selection] = None
+    verdicts: Tuple[Verdict, ...] = ()
+    env: Optional[AppliedEnv] = None
+    pin: Optional[Pin] = None
+    warnings: List[str] = field(default_factory=list)
+    context: Optional[Context] = None
+    workers: Dict[str, str] = field(default_factory=dict)
+    results: SessionResults = field(default_factory=SessionResults)
+
+
+STATE_KEY = pytest.StashKey[NSAState]()
+
+
+def get_state(config: pytest.Config) -> NSAState:
+    """The run's :class:`NSAState` (created when the plugin starts)."""
+    return config.stash[STATE_KEY]
