@@ -47,7 +47,9 @@ class NSAConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "scale":
-                if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                if value is not None and (
+                    isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0)
+                ):
                     raise ValueError(f"NSAConfig.scale must be a positive finite number or None, got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
