@@ -17,9 +17,13 @@ from nsa.ops.window import sliding_window_attention
 KVPair = Tuple[torch.Tensor, torch.Tensor]
 
 
-def _check_pair(name: str, pair: object) -> KVPair:
+def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KVPair:
+    """A branch's own ``(k, v)``: checked here so that errors name ``kv_cmp``/``kv_win``."""
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
         raise TypeError(f"{name} must be a (k, v) pair of tensors, got {type(pair).__name__}")
+    _guards.check_attention_inputs(q, pair[0], pair[1], ("q", f"{name}[0]", f"{name}[1]"))
+    if pair[1].shape[-1] != v.shape[-1]:
+        raise ValueError(f"{name}[1] has Dv={pair[1].shape[-1]} but v has Dv={v.shape[-1]}; the branches are summed")
     return pair[0], pair[1]
 
 
@@ -67,11 +71,11 @@ def nsa_attention(
     _guards.check_config(config)
     _guards.check_attention_inputs(q, k, v)
     _guards.check_gates(gates, q)
-    k_cmp, v_cmp = _check_pair("kv_cmp", kv_cmp) if kv_cmp is not None else (
+    k_cmp, v_cmp = _check_pair("kv_cmp", kv_cmp, q, v) if kv_cmp is not None else (
         mean_compress(k, config, backend=backend),
         mean_compress(v, config, backend=backend),
     )
-    k_win, v_win = _check_pair("kv_win", kv_win) if kv_win is not None else (k, v)
+    k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
     o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, config, q_offset=q_offset, backend=backend)
     block_idx = select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
