@@ -1,0 +1,205 @@
+"""Routing: which backend runs each op and why; precedence argument > op flag > NSA_BACKEND > auto.
+
+CUDA and Triton availability are monkeypatched, so every branch of the decision is
+exercised on a CPU-only machine without running a kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nsa
+from nsa import flags, ops, routing
+from nsa.routing import BackendUnavailableError, resolve
+
+OPS_DIR = pathlib.Path(routing.__file__).parent / "ops"
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    """No NSA_* flag and no interpreter unless a test sets them; routing logs afresh."""
+    for key in [k for k in os.environ if k.startswith(flags.PREFIX)]:
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(routing, "_logged", set())
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """Every op has a kernel and the interpreter is on: Triton can run on CPU tensors."""
+    monkeypatch.setattr(routing, "has_kernel", lambda op: True)
+    monkeypatch.setattr(routing, "triton_installed", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A fake CUDA device of a chosen capability (default SM 9.0), every op with a kernel."""
+    cap = [(9, 0)]
+    monkeypatch.setattr(routing, "has_kernel", lambda op: True)
+    monkeypatch.setattr(routing, "triton_installed", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
+    return cap
+
+
+def test_has_kernel_matches_the_files():
+    for op in flags.OPS:
+        assert routing.has_kernel(op) == (OPS_DIR / op / "kernel.py").is_file(), op
+
+
+def test_unknown_op_or_backend():
+    with pytest.raises(ValueError, match=r"unknown op 'attention'; ops are compress, compressed, select"):
+        resolve("attention", "cpu", torch.float32)
+    with pytest.raises(ValueError, match=r"backend must be one of auto, reference, triton, got 'cuda'"):
+        resolve("window", "cpu", torch.float32, backend="cuda")
+
+
+# ---------------------------------------------------------------- precedence
+
+
+def test_auto_keeps_cpu_tensors_on_the_reference(triton_on_cpu):
+    route = resolve("window", "cpu", torch.float32)
+    assert (route.backend, route.op) == ("reference", "window")
+    assert "auto keeps CPU tensors on the reference" in route.reason
+
+
+def test_flags_then_argument(triton_on_cpu, monkeypatch):
+    monkeypatch.setenv("NSA_BACKEND", "triton")
+    assert resolve("compress", "cpu", torch.float32) == routing.Route(
+        "compress", "triton", "requested by flag NSA_BACKEND; Triton kernel through the interpreter (TRITON_INTERPRET=1)"
+    )
+    monkeypatch.setenv("NSA_BACKEND_WINDOW", "reference")  # the op's flag beats NSA_BACKEND
+    route = resolve("window", "cpu", torch.float32)
+    assert route.backend == "reference" and route.reason == "requested by flag NSA_BACKEND_WINDOW"
+    assert resolve("select", "cpu", torch.float32).backend == "triton"  # other ops still follow NSA_BACKEND
+    route = resolve("window", "cpu", torch.float32, backend="triton")  # the argument beats both flags
+    assert route.backend == "triton" and route.reason.startswith("requested by argument backend=")
+    monkeypatch.setenv("NSA_BACKEND_WINDOW", "auto")  # 'auto' defers to NSA_BACKEND
+    assert resolve("window", "cpu", torch.float32, backend="auto").reason.startswith("requested by flag NSA_BACKEND;")
+
+
+def test_explicit_triton_that_cannot_run_raises(monkeypatch):
+    monkeypatch.setattr(routing, "has_kernel", lambda op: True)
+    with pytest.raises(BackendUnavailableError, match=(
+        r"'window': triton requested by argument backend= but unavailable: tensors on CPU: "
+        r"Triton runs there only under TRITON_INTERPRET=1"
+    )):
+        resolve("window", "cpu", torch.float32, backend="triton")
+    monkeypatch.setenv("NSA_BACKEND_SELECTED", "triton")
+    with pytest.raises(BackendUnavailableError, match=r"'selected': triton requested by flag NSA_BACKEND_SELECTED"):
+        resolve("selected", "cpu", torch.float32)
+    assert resolve("selected", "cpu", torch.float32, backend="reference").backend == "reference"
+
+
+@pytest.mark.parametrize(
+    "patch, device, dtype, reason",
+    [
+        ("no-kernel", "cpu", torch.float32, "no Triton kernel for 'window' yet"),
+        ("no-triton", "cpu", torch.float32, "triton is not installed (pip install 'nsa[triton]')"),
+        ("kernel", "cpu", torch.float64, "Triton kernels take float16/bfloat16/float32, not float64"),
+        ("kernel", "meta", torch.float32, "device type 'meta' has no Triton backend here"),
+        ("kernel", "cuda", torch.bfloat16, "CUDA is not available"),
+    ],
+    ids=["no-kernel", "no-triton", "float64", "meta", "no-cuda"],
+)
+def test_auto_falls_back_and_says_why(monkeypatch, patch, device, dtype, reason):
+    monkeypatch.setattr(routing, "has_kernel", lambda op: patch != "no-kernel")
+    monkeypatch.setattr(routing, "triton_installed", lambda: patch != "no-triton")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    route = resolve("window", device, dtype)
+    assert route.backend == "reference" and route.reason == f"auto: {reason}"
+    with pytest.raises(BackendUnavailableError, match=re.escape(reason)):
+        resolve("window", device, dtype, backend="triton")
+
+
+def test_cuda_capability(gpu):
+    route = resolve("compressed", "cuda", torch.bfloat16)
+    assert route.backend == "triton" and route.reason == "auto: Triton kernel on SM 9.0"
+    assert resolve("compressed", "cuda:0", torch.float64).backend == "reference"
+    gpu[0] = (7, 5)
+    route = resolve("compressed", "cuda", torch.float16)
+    assert route.backend == "reference" and route.reason == "auto: needs SM >= 8.0, have 7.5"
+
+
+def test_bad_flag_value_raises_from_resolve(monkeypatch):
+    monkeypatch.setenv("NSA_BACKEND_WINDOW", "fast")
+    with pytest.raises(flags.FlagError, match=r"NSA_BACKEND_WINDOW='fast' \(from environment\)"):
+        resolve("window", "cpu", torch.float32)
+
+
+# ---------------------------------------------------------------- the public ops follow routing
+
+
+def test_public_ops_follow_flags_and_arguments(monkeypatch):
+    q, k, v = torch.randn(1, 20, 2, 4), torch.randn(1, 20, 1, 4), torch.randn(1, 20, 1, 3)
+    cfg = nsa.NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=8)
+    monkeypatch.setattr(routing, "has_kernel", lambda op: True)
+    with pytest.raises(BackendUnavailableError, match="'window': triton requested by argument"):
+        ops.sliding_window_attention(q, k, v, cfg, backend="triton")
+    monkeypatch.setenv("NSA_BACKEND", "triton")
+    with pytest.raises(BackendUnavailableError, match="'compress': triton requested by flag NSA_BACKEND"):
+        ops.mean_compress(k, cfg)
+    with pytest.raises(BackendUnavailableError, match="requested by flag NSA_BACKEND"):
+        ops.nsa_attention(q, k, v, torch.rand(1, 20, 2, 3), cfg)
+    out = ops.nsa_attention(q, k, v, torch.rand(1, 20, 2, 3), cfg, backend="reference")
+    assert out.shape == (1, 20, 2, 3) and torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------- explaining
+
+
+def test_routing_is_logged_once_when_asked(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="nsa.routing")
+    resolve("window", "cpu", torch.float32)
+    assert not caplog.records
+    monkeypatch.setenv("NSA_LOG_ROUTING", "1")
+    for _ in range(3):
+        resolve("window", "cpu", torch.float32)
+    resolve("window", "cpu", torch.float32, backend="reference")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("nsa route window -> reference (auto: ")
+    assert messages[1] == "nsa route window -> reference (requested by argument backend=)"
+
+
+def test_explain_lists_every_op_and_reports_errors(monkeypatch):
+    monkeypatch.setattr(routing, "has_kernel", lambda op: op != "decode")
+    monkeypatch.setenv("NSA_BACKEND", "triton")
+    monkeypatch.setenv("NSA_BACKEND_WINDOW", "reference")
+    monkeypatch.setenv("NSA_BACKEND_SELCT", "reference")
+    lines = routing.explain("cpu", torch.float32).splitlines()
+    assert lines[0] == "nsa routing for device=cpu dtype=float32"
+    rows = {line.split()[0]: line for line in lines[1 : 1 + len(flags.OPS)]}
+    assert list(rows) == list(flags.OPS)
+    assert rows["window"].split()[1] == "reference" and "requested by flag NSA_BACKEND_WINDOW" in rows["window"]
+    assert rows["compress"].split()[1] == "ERROR" and "TRITON_INTERPRET=1" in rows["compress"]
+    assert rows["decode"].split()[1] == "ERROR" and "no Triton kernel for 'decode' yet" in rows["decode"]
+    assert "flags set: NSA_BACKEND=triton, NSA_BACKEND_WINDOW=reference" in lines
+    assert "warning: unknown NSA_BACKEND_SELCT is ignored (did you mean NSA_BACKEND_SELECT?)" in lines
+
+
+def test_cli_prints_the_route_of_every_branch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(flags.PREFIX) and k != "TRITON_INTERPRET"}
+    env.update(NSA_BACKEND_SELECT="reference", NSA_BACKEND_COMPRES="triton")
+    cmd = [sys.executable, "-m", "nsa.routing", "--device", "cpu", "--dtype", "float32"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "nsa routing for device=cpu dtype=float32"
+    for op, line in zip(flags.OPS, lines[1:]):
+        name, backend, reason = line.split(maxsplit=2)
+        assert name == op and backend == "reference", line
+        want = "requested by flag NSA_BACKEND_SELECT" if op == "select" else "auto: "
+        assert reason.startswith(want), line
+    assert "flags set: NSA_BACKEND_SELECT=reference" in lines
+    assert "warning: unknown NSA_BACKEND_COMPRES is ignored (did you mean NSA_BACKEND_COMPRESS?)" in lines
