@@ -32,6 +32,8 @@ HELP_MISMATCH = (
     "'skip' runs anyway with the GPU tests skipped and says why."
 )
 
+pytest_plugins = ["pytest_nsa.report"]  # --nsa-report: a plugin of its own, options and hooks in that module
+
 __all__ = ["nsa_device", "nsa_gradcheck_tolerance", "nsa_hardware", "nsa_profile", "nsa_tolerance"]
 
 

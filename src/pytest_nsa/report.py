@@ -1,0 +1,215 @@
+"""``--nsa-report DIR``: the hardware validation report as a by-product of the test run.
+
+``pytest --gpu-profile auto --nsa-report reports/`` writes
+``reports/<device>_<commit>_<YYYYMMDD-HHMMSS>/`` with ``report.md`` (for people),
+``env.json`` and ``results.json`` (schemas in ``pytest_nsa/schemas/``), the
+pytest-benchmark JSON of the run (``benchmarks.json``) and PNG plots when
+benchmarks ran. The report is written at session end whatever happened: tests
+failing, ``-x``/``--maxfail`` stopping the run, a ``KeyboardInterrupt`` (the
+report then says it is partial, and why). Under pytest-xdist only the controller
+writes it, from the reports every worker sent it.
+
+Wiring only: the documents are built by :mod:`~pytest_nsa.report_data`,
+:mod:`~pytest_nsa.report_bench` and :mod:`~pytest_nsa.report_md`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Set
+
+import pytest
+
+from pytest_nsa import report_bench, report_data, report_md
+from pytest_nsa.report_data import Failure, RunInfo
+from pytest_nsa.state import get_state
+
+HELP_REPORT = (
+    "Write the validation report (report.md, env.json, results.json, benchmark JSON and plots) "
+    "into a new folder DIR/<device>_<commit>_<date>/ at the end of the run, also when tests fail "
+    "or the run is interrupted (the report then says it is partial)."
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
+    group.addoption("--nsa-report", dest="nsa_report", default=None, metavar="DIR", help=HELP_REPORT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    target = config.option.nsa_report
+    # xdist workers receive the same options; only the controller writes.
+    if not target or config.option.help or config.option.version or hasattr(config, "workerinput"):
+        return
+    reporter = Reporter(config, Path(config.invocation_params.dir, target))
+    config.pluginmanager.register(reporter, "pytest_nsa_report_writer")
+    if config.pluginmanager.hasplugin("benchmark"):
+        config.pluginmanager.register(_BenchmarkCapture(reporter), "pytest_nsa_report_benchmarks")
+        if getattr(config.option, "benchmark_json", None) is None:
+            config.option.benchmark_json = _DeferredFile(reporter, report_bench.JSON_FILE)
+
+
+def first_error_line(longrepr: Any) -> str:
+    """The line that says what went wrong: the crash message of a traceback
+    (``"AssertionError: assert 1 == 2"``), else the first ``E`` line, else the last line."""
+    crash = getattr(longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if message and message.strip():
+        return message.strip().splitlines()[0]
+    lines = [line.rstrip() for line in str(longrepr).splitlines() if line.strip()]
+    marked = [line[1:].strip() for line in lines if line.startswith("E ")]
+    return marked[0] if marked else (lines[-1].strip() if lines else "(no error text)")
+
+
+class Reporter:
+    """Collects what the report needs during the run and writes it at session end."""
+
+    def __init__(self, config: pytest.Config, root: Path) -> None:
+        self.config = config
+        self.root = root
+        self.started = datetime.now().astimezone()
+        self.failures: List[Failure] = []
+        self._seen: Set[tuple] = set()
+        #: Tests whose protocol ended (teardown reported); an interrupted test has no teardown report.
+        self.finished: Set[str] = set()
+        self.interrupted: Optional[str] = None
+        self.benchmark_json: Optional[Dict[str, Any]] = None
+        self.benchmark_json_written = False
+        self.written: Optional[Path] = None
+        self.partial_reasons: List[str] = []
+        self.error: Optional[str] = None
+        self._folder: Optional[Path] = None
+        self._commit: Optional[tuple] = None
+
+    def commit(self) -> tuple:
+        if self._commit is None:
+            self._commit = report_data.git_commit(Path(self.config.rootpath))
+        return self._commit
+
+    def folder(self) -> Path:
+        """The report folder, named and created on first use (the device is known by then)."""
+        if self._folder is None:
+            hw = get_state(self.config).hardware
+            base = f"{report_data.device_slug(hw)}_{self.commit()[0]}_{self.started:%Y%m%d-%H%M%S}"
+            folder, n = self.root / base, 1
+            while folder.exists():  # two runs in the same second
+                n += 1
+                folder = self.root / f"{base}-{n}"
+            folder.mkdir(parents=True)
+            self._folder = folder
+        return self._folder
+
+    def _add(self, failure: Failure) -> None:
+        key = (failure.nodeid, failure.when)
+        if key not in self._seen:  # xdist workers each report the same collection error
+            self._seen.add(key)
+            self.failures.append(failure)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            self.finished.add(report.nodeid)
+        if report.failed:
+            outcome = "failed" if report.when == "call" else "error"
+            self._add(Failure(report.nodeid, outcome, report.when, first_error_line(report.longrepr)))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self._add(Failure(report.nodeid or "(session)", "error", "collect", first_error_line(report.longrepr)))
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        text = str(getattr(excinfo.value, "msg", None) or excinfo.value or "").strip()
+        self.interrupted = f"interrupted by {excinfo.typename}" + (f": {text}" if text else "")
+
+    def _partial(self, session: pytest.Session, exitstatus: int, ran: int) -> List[str]:
+        reasons = [self.interrupted] if self.interrupted else []
+        for stop in (session.shouldfail, session.shouldstop):
+            if isinstance(stop, str) and stop and f"stopped early: {stop}" not in reasons:
+                reasons.append(f"stopped early: {stop}")
+        if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+            reasons.append("pytest hit an internal error")
+        collected = session.testscollected
+        if ran < collected:
+            reasons.append(f"{collected - ran} of {collected} collected tests did not run to the end")
+        return reasons
+
+    @pytest.hookimpl(trylast=True)  # after other plugins' session end (benchmark baselines saved)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        state = get_state(self.config)
+        # A test interrupted mid-call has only its setup report: it counts as not run, not as passed.
+        outcomes = [o for o in state.results.outcomes.values() if o.nodeid in self.finished]
+        run = RunInfo(self.started, datetime.now().astimezone(), int(exitstatus), self.config.invocation_params.args,
+                      session.testscollected, _workers(self.config))
+        run.unfinished = [n for n in state.results.outcomes if n not in self.finished]
+        run.partial_reasons = self.partial_reasons = self._partial(session, int(exitstatus), len(outcomes))
+        try:
+            self.written = self._write(state, run, outcomes)
+        except OSError as err:  # a full disk or a read-only DIR must not hide the test results
+            self.error = f"could not write the report under {self.root}: {err}"
+
+    def _write(self, state: Any, run: RunInfo, outcomes: List[Any]) -> Path:
+        folder = self.folder()
+        uses_gpu = state.context is not None and state.context.uses_gpu
+        device, dtype = ("cuda", "bfloat16") if uses_gpu else ("cpu", "float32")
+        routing = {"device": device, "dtype": dtype, "ops": report_data.routing_rows(device, dtype)}
+        env = report_data.env_document(state, self.commit(), self.started, routing)
+        if self.benchmark_json is not None and not self.benchmark_json_written:
+            _dump(folder / report_bench.JSON_FILE, self.benchmark_json)
+        bench = report_bench.section(self.benchmark_json, outcomes, state, folder, run.workers)
+        results = report_data.results_document(folder.name, run, outcomes, self.failures, bench)
+        _dump(folder / "env.json", env)
+        _dump(folder / "results.json", results)
+        (folder / "report.md").write_text(report_md.render(env, results), encoding="utf-8")
+        return folder
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.section("nsa: validation report", sep="-")
+        if self.error is not None:
+            terminalreporter.line(self.error, red=True)
+        elif self.written is not None:
+            terminalreporter.line(f"written to {self.written}")
+            for reason in self.partial_reasons:
+                terminalreporter.line(f"PARTIAL: {reason}", yellow=True)
+
+
+def _workers(config: pytest.Config) -> int:
+    """xdist workers of this run (0 without xdist); ``-n auto`` is resolved into ``tx`` by then."""
+    if getattr(config.option, "dist", "no") == "no":
+        return 0
+    return len(getattr(config.option, "tx", None) or ())
+
+
+def _dump(path: Path, document: Any) -> None:
+    path.write_text(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+
+
+class _BenchmarkCapture:
+    """Registered only when pytest-benchmark is loaded (its hook names are unknown otherwise)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    @pytest.hookimpl(trylast=True)  # see the JSON after every other plugin added to it
+    def pytest_benchmark_update_json(self, config: pytest.Config, benchmarks: Any, output_json: Dict[str, Any]) -> None:
+        self.reporter.benchmark_json = output_json
+
+
+class _DeferredFile:
+    """Stands in for the file object ``--benchmark-json`` would open, so that pytest-benchmark
+    writes its JSON into the report folder; the file is created only when it writes."""
+
+    def __init__(self, reporter: Reporter, name: str) -> None:
+        self.reporter, self.name = reporter, name
+        self._handle: Any = None
+
+    def __enter__(self) -> Any:
+        self._handle = (self.reporter.folder() / self.name).open("wb")
+        self.reporter.benchmark_json_written = True
+        return self._handle
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()
+
+    def __str__(self) -> str:
+        return str(self.reporter.folder() / self.name)

@@ -1,0 +1,164 @@
+"""``report.md``: the validation report a person reads, rendered from ``env.json`` and ``results.json``.
+
+No pytest import here. :func:`render` takes the two documents (as built by
+:mod:`pytest_nsa.report_data`) and returns Markdown; it reads nothing else, so
+the report says exactly what the machine-readable files say.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from pytest_nsa.report_data import MATRIX_ROWS, OUTCOMES
+
+#: pytest's exit codes, for the summary line.
+EXIT_NAMES: Dict[int, str] = {0: "all passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
+                              4: "usage error", 5: "no tests collected"}
+#: Section titles, in order; the report's tests look for these.
+SECTIONS = ("Environment", "Software checks", "Profile and flags", "Backends", "Results by marker",
+            "Skipped tests by reason", "Failures", "Benchmarks")
+
+
+def cell(value: Any) -> str:
+    """One Markdown table cell: ``None`` as ``-``, ``|`` escaped, newlines folded."""
+    if value is None:
+        return "-"
+    return " ".join(str(value).split()).replace("|", "\\|") or "-"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
+    """A Markdown table (numbers right-aligned by the header row's ``---:``)."""
+    numeric = [bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+               for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _title(env: Mapping[str, Any], results: Mapping[str, Any]) -> List[str]:
+    run = results["run"]
+    commit = env["commit"]["short"] + (" (uncommitted changes)" if env["commit"]["dirty"] else "")
+    status = run["exit_status"]
+    lines = [f"# NSA validation report: {env['device']['description']}", ""]
+    if run["partial"]:
+        lines += ["> **PARTIAL REPORT**: the run did not finish every collected test.", ">"]
+        lines += [f"> - {reason}" for reason in run["partial_reasons"]]
+        lines += [f"> - did not finish (not counted below): `{nodeid}`" for nodeid in run["unfinished"]]
+        lines.append("")
+    lines += [
+        f"- report `{results['report_id']}`, commit `{commit}`",
+        f"- started {run['started']}, finished {run['finished']} ({run['duration_s']:.1f} s)",
+        f"- exit status {status} ({EXIT_NAMES.get(status, 'unknown')}); {run['collected']} tests collected"
+        + (f", {run['xdist_workers']} xdist workers" if run["xdist_workers"] else ""),
+        f"- command: `{' '.join(['pytest', *run['args']])}`",
+        "",
+    ]
+    return lines
+
+
+def _environment(env: Mapping[str, Any]) -> List[str]:
+    dev, sw, plat = env["device"], env["software"], env["platform"]
+    gpus = "; ".join(f"{g['index']}: {g['name']} (SM {g['capability']}, {g['memory_gib']:.1f} GiB)"
+                     for g in dev["gpus"]) or "none"
+    triton = sw["triton"] and f"{sw['triton']} ({sw['triton_dist']})"
+    rows = [
+        ("GPUs", gpus), ("driver", dev["driver"]), ("CUDA (torch build)", dev["cuda"]),
+        ("CUDA_VISIBLE_DEVICES", dev["visible_devices"]), ("device record", dev["source"]),
+        ("Python", sw["python"]), ("torch", sw["torch"]), ("triton", triton or "not installed"),
+        ("torch's triton pin", sw["torch_triton_pin"] or "none declared"),
+        ("flash-attn", sw["flash_attn"] or "not installed"), ("software record", sw["source"]),
+        ("platform", f"{plat['system']} {plat['release']} {plat['machine']}"),
+    ]
+    return ["## Environment", "", *table(("item", "value"), rows), ""]
+
+
+def _checks(env: Mapping[str, Any]) -> List[str]:
+    rows = [(c["check"], c["level"].upper(), c["message"], c["fix"]) for c in env["checks"]]
+    body = table(("check", "verdict", "message", "fix"), rows) if rows else ["No software check ran."]
+    return ["## Software checks", "", "The torch/triton pairing verdict and the profile's version checks.", "",
+            *body, ""]
+
+
+def _profile(env: Mapping[str, Any]) -> List[str]:
+    prof, flags = env["profile"], env["flags"]
+    lines = ["## Profile and flags", ""]
+    if prof is None:
+        return lines + ["No profile was selected.", ""]
+    lines.append(f"- profile `{prof['name']}` ({prof['path']}): {prof['description']}")
+    lines.append(f"- chosen by: {prof['note']}" + ("" if prof["applied"] else " (flags not applied)"))
+    if prof["mismatch"]:
+        lines.append(f"- **mismatch**: {prof['mismatch']}; GPU tests skipped")
+    applied = ", ".join(f"`{k}={v}`" for k, v in flags["applied"].items()) or "none"
+    lines.append(f"- flags the profile applied: {applied}")
+    if flags["kept"]:
+        kept = ", ".join(f"`{k}={v['yours']}` (profile: `{v['profile']}`)" for k, v in flags["kept"].items())
+        lines.append(f"- your settings kept over the profile's: {kept}")
+    off = [(name, f["reason"]) for name, f in env["features"].items() if not f["enabled"]]
+    lines.append("- features off: " + ("; ".join(f"{n} ({r})" for n, r in off) or "none"))
+    lines += [f"- warning: {w}" for w in env["warnings"]]
+    return lines + [""]
+
+
+def _routing(env: Mapping[str, Any]) -> List[str]:
+    route = env["routing"]
+    head = f"Backend `nsa.routing` picks for each op on device `{route['device']}` with `{route['dtype']}`."
+    rows = [(r["op"], r["backend"], r["reason"]) for r in route["ops"]]
+    return ["## Backends", "", head, "", *table(("op", "backend", "reason"), rows), ""]
+
+
+def _matrix(results: Mapping[str, Any]) -> List[str]:
+    by = results["by_marker"]
+    rows = [(f"`{m}`" if not m.startswith("(") else m, *(by[m][o] for o in OUTCOMES), by[m]["total"])
+            for m in MATRIX_ROWS if by[m]["total"]]
+    rows.append(("**all**", *(results["totals"][o] for o in OUTCOMES), results["totals"]["total"]))
+    note = ("A test with several markers counts in each of their rows; **all** counts every test once "
+            "(collection errors included under error).")
+    return ["## Results by marker", "", note, "", *table(("marker", *OUTCOMES, "total"), rows), ""]
+
+
+def _skips(results: Mapping[str, Any]) -> List[str]:
+    rows = [(s["count"], s["reason"], ", ".join(s["markers"]) or "-") for s in results["skips"]]
+    body = table(("count", "reason", "markers"), rows) if rows else ["No test was skipped."]
+    return ["## Skipped tests by reason", "", *body, ""]
+
+
+def _failures(results: Mapping[str, Any]) -> List[str]:
+    rows = [(f"`{f['nodeid']}`", f["when"], f["message"]) for f in results["failures"]]
+    body = table(("test", "phase", "first error line"), rows) if rows else ["No failure."]
+    return ["## Failures", "", *body, ""]
+
+
+def _bench_table(title: str, rows: Sequence[Mapping[str, Any]], unit: str) -> List[str]:
+    def value(v: Optional[float]) -> Optional[str]:
+        return None if v is None else f"{v:.4g}"
+
+    def change(v: Optional[float]) -> Optional[str]:
+        return None if v is None else f"{v:+.1f}%"
+
+    body = [(r["name"], value(r["baseline"]), value(r["now"]), change(r["change_pct"]), r["verdict"]) for r in rows]
+    return [f"### {title}", "", *table(("benchmark", f"baseline ({unit})", f"now ({unit})", "change", "verdict"),
+                                       body), ""]
+
+
+def _benchmarks(bench: Mapping[str, Any]) -> List[str]:
+    lines = ["## Benchmarks", "", bench["note"], ""]
+    unit = bench.get("unit", "s")
+    for key, title in (("decode", "Decode"), ("prefill", "Prefill"), ("other", "Other benchmarks")):
+        rows = bench["tables"].get(key, [])
+        if rows:
+            lines += _bench_table(title, rows, unit)
+    for plot in bench["plots"]:
+        lines += [f"![{plot['title']}]({plot['file']})", ""]
+    lines += [f"- plots not drawn: {why}" for why in bench.get("plots_missing", [])]
+    if bench["json_file"]:
+        lines.append(f"- pytest-benchmark data of this run: [`{bench['json_file']}`]({bench['json_file']})")
+    return lines + [""]
+
+
+def render(env: Mapping[str, Any], results: Mapping[str, Any]) -> str:
+    """The whole ``report.md``: title and run summary, then every section of :data:`SECTIONS`."""
+    parts = [_title(env, results), _environment(env), _checks(env), _profile(env), _routing(env),
+             _matrix(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
+    files = ["## Files", "", "- `env.json`, `results.json`: the facts above, machine-readable "
+             f"(schema version {results['schema_version']}; see `docs/reports/README.md`)", ""]
+    return "\n".join(line for part in [*parts, files] for line in part).rstrip("\n") + "\n"
