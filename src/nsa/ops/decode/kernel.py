@@ -1,0 +1,429 @@
+"""Triton decode: one (or a few) new tokens per sequence over a KV cache, four launches.
+
+Every program works on one query row (sequence ``b``, new token ``i``) and one KV
+group, so each key/value tile it loads serves the group's ``G`` query heads in
+one ``tl.dot``. Positions come from the device tensor ``seq_lens``; grids and
+buffers depend only on shapes, so a captured CUDA graph replays at any length.
+
+1. ``decode_cmp_win_fwd_kernel``: grid ``(S_CMP + S_WIN, rows * H)``. Split-K
+   over the visible compressed tokens (the split size follows the length at run
+   time) and over the window; each split writes a partial ``(acc, max, sum)``,
+   and the compressed splits also write their log2-scaled logits.
+2. ``decode_score_kernel``: grid ``(block tiles, rows * H)``. Merges the
+   compressed splits into each head's log-sum-exp, turns the logits into
+   probabilities, sums them over the group and maps them onto selection blocks
+   with the mass-conserving overlap weights (spec Eqs. 8-10).
+3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``. Every program
+   finds the n-th largest block key (forced blocks first, ties to the lower
+   index: spec Eq. 11), attends over its share of the selected blocks, and the
+   first one writes ``block_idx``.
+4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
+   branch and applies the gates.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.config import NSAConfig
+
+LOG2E = 1.4426950408889634
+# Block keys pack (score bits, reversed index) into one int64: the bits of a
+# non-negative float32 order like the floats, and the reversed index makes the
+# lower block win a tie. Forced blocks take the bits of +inf.
+KEY_SHIFT = 4294967296  # 2**32
+KEY_INDEX_MAX = 4294967295
+INF_BITS = 0x7F800000
+
+
+@triton.jit
+def _row_position(seq_lens, i_r, TQ: tl.constexpr):
+    """Sequence index and absolute position of query row ``i_r``."""
+    i_b = i_r // TQ
+    pos = tl.load(seq_lens + i_b).to(tl.int64) - TQ + i_r % TQ
+    return i_b.to(tl.int64), pos
+
+
+@triton.jit
+def _visible_cmp(pos, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr):
+    """Spec ``Nc(t)``: compressed tokens whose whole block lies at or before ``pos``."""
+    return tl.where(pos + 1 >= CMP_BLOCK, (tl.maximum(pos + 1 - CMP_BLOCK, 0)) // CMP_STRIDE + 1, 0)
+
+
+@triton.jit
+def _load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr):
+    o_g = tl.arange(0, BG)
+    o_k = tl.arange(0, BK)
+    p_q = q + i_r.to(tl.int64) * s_qr + (i_h * G + o_g[:, None]).to(tl.int64) * s_qh + o_k[None, :]
+    return tl.load(p_q, mask=(o_g[:, None] < G) & (o_k[None, :] < K), other=0.0)  # [BG, BK]
+
+
+@triton.jit
+def _attend_range(
+    b_q, p_k, p_v, s_kt, s_vt, lo, hi,  #
+    b_m, b_l, b_acc, qk_scale,  #
+    p_s, s_sg,  #
+    G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
+    STORE_S: tl.constexpr, PREC: tl.constexpr,
+):
+    """Online softmax of the group's queries over tokens ``[lo, hi)`` (log2 units).
+
+    ``b_m [BG]`` running max, ``b_l [BG]`` running sum, ``b_acc [BG, BV]``; with
+    ``STORE_S`` the scaled logits of every token are written to ``p_s`` (head stride ``s_sg``).
+    """
+    o_g = tl.arange(0, BG)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    for i0 in range(lo, hi, BC):
+        o_t = i0 + tl.arange(0, BC)
+        m_t = o_t < hi
+        b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)  # [BC, BK]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
+        b_s = tl.where(m_t[None, :], b_s, float("-inf"))
+        if STORE_S:
+            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :])
+        # every processed tile holds a visible token, so the new max is finite
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_alpha = tl.exp2(b_m - b_mn)
+        b_p = tl.exp2(b_s - b_mn[:, None])  # [BG, BC]
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)  # [BC, BV]
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
+        b_m = b_mn
+    return b_m, b_l, b_acc
+
+
+@triton.jit
+def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, b_m, b_l, b_acc, HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, S: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr):
+    """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads."""
+    o_g = tl.arange(0, BG)
+    o_v = tl.arange(0, BV)
+    m_g = o_g < G
+    i_rq = (i_r * HQ + i_h * G + o_g).to(tl.int64)  # [BG] global head rows
+    tl.store(m_part + i_rq * S + slot, b_m, mask=m_g)
+    tl.store(l_part + i_rq * S + slot, b_l, mask=m_g)
+    p_o = o_part + (i_rq[:, None] * S + slot) * V + o_v[None, :]
+    tl.store(p_o, b_acc, mask=m_g[:, None] & (o_v[None, :] < V))
+
+
+@triton.jit
+def decode_cmp_win_fwd_kernel(
+    q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
+    logits, o_part, m_part, l_part,  #
+    s_qr, s_qh,  #
+    s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
+    s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
+    qk_scale,  #
+    TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
+    NC_CAP: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
+    S_CMP: tl.constexpr, S_WIN: tl.constexpr, S: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+):
+    i_s, i_rh = tl.program_id(0), tl.program_id(1)
+    i_r, i_h = i_rh // H, i_rh % H
+    i_b, pos = _row_position(seq_lens, i_r, TQ)
+    b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    b_m = tl.full([BG], float("-inf"), tl.float32)
+    b_l = tl.zeros([BG], tl.float32)
+    b_acc = tl.zeros([BG, BV], tl.float32)
+    if i_s < S_CMP:
+        # -- compressed tokens 0 .. nc-1, split evenly at run time --
+        nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
+        chunk = tl.cdiv(tl.cdiv(nc, S_CMP), BC) * BC
+        lo = i_s * chunk
+        hi = tl.minimum(lo + chunk, nc)
+        p_k = k_cmp + i_b * s_kcb + i_h * s_kch
+        p_v = v_cmp + i_b * s_vcb + i_h * s_vch
+        p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * NC_CAP
+        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
+                                        G, K, V, BG, BK, BV, BC, True, PREC)  # fmt: skip
+    else:
+        # -- window positions pos - w < s <= pos, split in S_WIN equal parts --
+        w_chunk = (WINDOW + S_WIN - 1) // S_WIN
+        lo = tl.maximum(pos + 1 - WINDOW, 0) + (i_s - S_CMP) * w_chunk
+        hi = tl.minimum(lo + w_chunk, pos + 1)
+        p_k = k_win + i_b * s_kwb + i_h * s_kwh
+        p_v = v_win + i_b * s_vwb + i_h * s_vwh
+        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
+                                        G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
+    _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, b_m, b_l, b_acc, H * G, G, V, S, BG, BV)
+
+
+@triton.jit
+def decode_score_kernel(
+    seq_lens, logits, m_part, l_part, scores,  #
+    TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,  #
+    NC_CAP: tl.constexpr, NBLK_CAP: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
+    S_CMP: tl.constexpr, S: tl.constexpr,  #
+    BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+):
+    i_j, i_rh = tl.program_id(0), tl.program_id(1)
+    i_r, i_h = i_rh // H, i_rh % H
+    _, pos = _row_position(seq_lens, i_r, TQ)
+    j0 = i_j * BJ
+    if j0 <= pos // SEL_BLOCK:
+        nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
+        o_g = tl.arange(0, BG)
+        m_g = o_g < G
+        i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
+        # -- log2-sum-exp of each head over all compressed splits --
+        o_sp = tl.arange(0, BSC)
+        m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
+        b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
+        b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
+        b_mx = tl.max(b_ms, 1)
+        b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+        b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
+        b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
+        # -- compressed tokens overlapping blocks [j0, j0 + BJ) --
+        i_lo = tl.maximum(j0 * SEL_BLOCK - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE
+        i_hi = tl.minimum(((j0 + BJ) * SEL_BLOCK - 1) // CMP_STRIDE + 1, nc)
+        o_j = j0 + tl.arange(0, BJ)
+        b_score = tl.zeros([BJ], tl.float32)
+        for i0 in range(i_lo, i_hi, BT):
+            o_i = i0 + tl.arange(0, BT)
+            m_i = o_i < i_hi
+            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BT] group probability (Eq. 10)
+            # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
+            c_lo = o_i[:, None] * CMP_STRIDE
+            j_lo = o_j[None, :] * SEL_BLOCK
+            b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)  # [BT, BJ]
+            b_w = tl.maximum(b_w, 0).to(tl.float32) / CMP_BLOCK
+            b_score += tl.sum(b_pg[:, None] * b_w, 0)
+        tl.store(scores + i_rh.to(tl.int64) * NBLK_CAP + o_j, b_score, mask=o_j <= pos // SEL_BLOCK)
+
+
+@triton.jit
+def _block_keys(p_sc, j0, own, INIT: tl.constexpr, LOCAL: tl.constexpr, TJ: tl.constexpr):
+    """Keys of blocks ``[j0, j0 + TJ)`` (-1 past the query's own block)."""
+    o_j = j0 + tl.arange(0, TJ)
+    m_j = o_j <= own
+    b_sc = tl.load(p_sc + o_j, mask=m_j, other=0.0)
+    forced = (o_j < INIT) | (o_j > own - LOCAL)
+    b_bits = tl.where(forced, INF_BITS, b_sc.to(tl.int32, bitcast=True)).to(tl.int64)
+    b_key = b_bits * KEY_SHIFT + (KEY_INDEX_MAX - o_j.to(tl.int64))
+    return o_j, tl.where(m_j, b_key, -1)
+
+
+@triton.jit
+def _top_n_threshold(p_sc, own, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr):
+    """The smallest of the ``N`` largest visible block keys (0 when all visible blocks fit).
+
+    Keys are distinct, so the n-th largest is found by ``N`` rounds of "largest key
+    below the last one"; with ``ONE_TILE`` every key stays in registers."""
+    thr = tl.full([], 0, tl.int64)
+    if own + 1 > N:
+        thr = tl.full([], 9223372036854775807, tl.int64)
+        if ONE_TILE:
+            _, b_key = _block_keys(p_sc, 0, own, INIT, LOCAL, TJ)
+            for _ in range(N):
+                thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
+        else:
+            for _ in range(N):
+                best = tl.full([], -1, tl.int64)
+                for j0 in range(0, own + 1, TJ):
+                    _, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
+                    best = tl.maximum(best, tl.max(tl.where(b_key < thr, b_key, -1), 0))
+                thr = best
+    return thr
+
+
+@triton.jit
+def decode_selected_fwd_kernel(
+    q, k, v, seq_lens, scores, block_idx,  #
+    o_part, m_part, l_part,  #
+    s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
+    qk_scale,  #
+    TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
+    NBLK_CAP: tl.constexpr, SEL_BLOCK: tl.constexpr, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    NP: tl.constexpr, SB: tl.constexpr, SLOT0: tl.constexpr, S: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,  #
+    PREC: tl.constexpr,
+):
+    i_s, i_rh = tl.program_id(0), tl.program_id(1)
+    i_r, i_h = i_rh // H, i_rh % H
+    i_b, pos = _row_position(seq_lens, i_r, TQ)
+    own = pos // SEL_BLOCK
+    p_sc = scores + i_rh.to(tl.int64) * NBLK_CAP
+    thr = _top_n_threshold(p_sc, own, N, INIT, LOCAL, TJ, ONE_TILE)
+    # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
+    o_sb = i_s * SB + tl.arange(0, SB)
+    b_j = tl.full([SB], -1, tl.int64)
+    p_idx = block_idx + i_rh.to(tl.int64) * N
+    count = tl.full([], 0, tl.int32)
+    for j0 in range(0, own + 1, TJ):
+        o_j, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
+        b_sel = b_key >= thr
+        b_rank = tl.cumsum(b_sel.to(tl.int32), 0) + count  # [TJ] 1-based among the selected
+        b_hit = b_sel[None, :] & (b_rank[None, :] == o_sb[:, None] + 1)  # [SB, TJ]
+        b_j = tl.maximum(b_j, tl.max(tl.where(b_hit, o_j[None, :], -1), 1))
+        if i_s == 0:
+            tl.store(p_idx + b_rank - 1, o_j.to(tl.int32), mask=b_sel)
+        count += tl.sum(b_sel.to(tl.int32), 0)
+    o_n = tl.arange(0, NP)
+    if i_s == 0:
+        tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
+    # -- attention over this program's blocks, positions <= pos --
+    b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    b_m = tl.full([BG], float("-inf"), tl.float32)
+    b_l = tl.zeros([BG], tl.float32)
+    b_acc = tl.zeros([BG, BV], tl.float32)
+    p_k = k + i_b * s_kb + i_h * s_kh
+    p_v = v + i_b * s_vb + i_h * s_vh
+    for r in tl.static_range(SB):
+        j = tl.sum(tl.where(tl.arange(0, SB) == r, b_j, 0), 0)
+        lo = tl.maximum(j, 0) * SEL_BLOCK
+        hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
+        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
+                                        G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
+    _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, b_m, b_l, b_acc, H * G, G, V, S, BG, BV)
+
+
+@triton.jit
+def decode_combine_kernel(
+    o_part, m_part, l_part, gates, o,  #
+    HQ: tl.constexpr, V: tl.constexpr, S_CMP: tl.constexpr, S_WIN: tl.constexpr, S: tl.constexpr,  #
+    HB: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+):
+    """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
+    splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``."""
+    o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
+    o_s = tl.arange(0, BS)
+    o_v = tl.arange(0, BV)
+    m_s = o_s < S
+    p_ml = o_h[:, None] * S + o_s[None, :]  # [HB, BS]
+    b_m = tl.load(m_part + p_ml, mask=m_s[None, :], other=float("-inf"))
+    b_l = tl.load(l_part + p_ml, mask=m_s[None, :], other=0.0)
+    # slots: compressed [0, S_CMP), window [S_CMP, S_CMP + S_WIN), selected after; gates (cmp, slc, win)
+    branch = tl.where(o_s < S_CMP, 0, tl.where(o_s < S_CMP + S_WIN, 2, 1))  # [BS]
+    b_g = tl.load(gates + o_h[:, None] * 3 + branch[None, :], mask=m_s[None, :], other=0.0).to(tl.float32)
+    b_coef = tl.zeros([HB, BS], tl.float32)
+    for c in tl.static_range(3):
+        m_c = m_s[None, :] & (branch[None, :] == c)
+        b_mx = tl.max(tl.where(m_c, b_m, float("-inf")), 1)
+        b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+        b_w = tl.where(m_c, tl.exp2(b_m - b_mx[:, None]), 0.0)
+        b_sum = tl.sum(b_w * b_l, 1)[:, None]
+        # a branch with nothing visible (no compressed token yet) contributes 0
+        b_coef += tl.where(b_sum > 0, b_w / tl.where(b_sum > 0, b_sum, 1.0), 0.0)
+    p_acc = o_part + (o_h[:, None, None] * S + o_s[None, :, None]) * V + o_v[None, None, :]
+    b_acc = tl.load(p_acc, mask=m_s[None, :, None] & (o_v[None, None, :] < V), other=0.0)  # [HB, BS, BV]
+    b_o = tl.sum((b_coef * b_g)[:, :, None] * b_acc, 1)  # [HB, BV]
+    tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
+    """``(compressed splits, window splits, selected blocks per program)``: enough programs
+    to cover the GPU about twice at small batch, no split under ~128 tokens, one split
+    per branch once the batch alone fills the GPU."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = triton.cdiv(2 * sms, rows_groups)  # programs per (row, group) to fill the GPU twice
+    s_win = max(1, min(triton.cdiv(config.window, 128), want))
+    s_cmp = max(1, min(triton.cdiv(nc_cap, 128), want - s_win))
+    per_program = 1 if rows_groups * config.sel_count <= 2 * sms else 4
+    return s_cmp, s_win, per_program
+
+
+def decode_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    k_win: torch.Tensor,
+    v_win: torch.Tensor,
+    config: NSAConfig,
+    scale: float,
+    *,
+    splits: Optional[Tuple[int, int, int]] = None,
+    block_tile: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Launch the four decode kernels; returns ``(o, block_idx)``.
+
+    ``splits = (compressed, window, selected blocks per program)`` and ``block_tile``
+    (blocks scanned at once by top-n, a power of two) override the automatic choices."""
+    B, TQ, HQ, K = q.shape
+    H, V = k.shape[2], v.shape[3]
+    G, rows = HQ // H, B * TQ
+    q = _last_dim_contiguous(q).reshape(rows, HQ, K)
+    gates = gates.reshape(rows, HQ, 3).contiguous()
+    k, v, k_cmp, v_cmp, k_win, v_win = (_last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
+    nc_cap, nblk_cap, n = max(k_cmp.shape[1], 1), config.num_sel_blocks(k.shape[1]), config.sel_count
+    s_cmp, s_win, sb = splits if splits is not None else default_splits(rows * H, nc_cap, config, q.device)
+    s_slc = triton.cdiv(n, sb)
+    S = s_cmp + s_win + s_slc
+    BG, BK, BV = _pow2(G), _pow2(K), _pow2(V)
+    BC = 64 if max(BK, BV) <= 128 else 32
+    PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    f32 = dict(device=q.device, dtype=torch.float32)
+    logits = torch.empty(rows * HQ, nc_cap, **f32)
+    scores = torch.empty(rows * H, nblk_cap, **f32)
+    o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
+    block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
+    o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
+    qk_scale = scale * LOG2E
+    common = dict(TQ=TQ, H=H, G=G, BG=BG)
+    decode_cmp_win_fwd_kernel[(s_cmp + s_win, rows * H)](
+        q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
+        logits, o_part, m_part, l_part,  #
+        q.stride(0), q.stride(1),  #
+        k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
+        k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
+        qk_scale, K=K, V=V, NC_CAP=nc_cap, CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride,
+        WINDOW=config.window, S_CMP=s_cmp, S_WIN=s_win, S=S, BK=BK, BV=BV, BC=BC, PREC=PREC, **common,
+    )  # fmt: skip
+    BJ = 64
+    decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
+        seq_lens, logits, m_part, l_part, scores,  #
+        NC_CAP=nc_cap, NBLK_CAP=nblk_cap, CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride,
+        SEL_BLOCK=config.sel_block, S_CMP=s_cmp, S=S, BSC=_pow2(s_cmp, 2), BJ=BJ, BT=64, **common,
+    )  # fmt: skip
+    tj = block_tile or min(1024, _pow2(nblk_cap))
+    decode_selected_fwd_kernel[(s_slc, rows * H)](
+        q, k, v, seq_lens, scores, block_idx,  #
+        o_part, m_part, l_part,  #
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
+        qk_scale, K=K, V=V, NBLK_CAP=nblk_cap, SEL_BLOCK=config.sel_block, N=n, INIT=config.init_blocks,
+        LOCAL=config.local_blocks, NP=_pow2(n, 2), SB=sb, SLOT0=s_cmp + s_win, S=S, BK=BK, BV=BV, BC=BC,
+        TJ=tj, ONE_TILE=nblk_cap <= tj, PREC=PREC, **common,
+    )  # fmt: skip
+    # one head per program fills the GPU; the interpreter prefers fewer, larger programs
+    hb = 1 if q.device.type == "cuda" else G
+    decode_combine_kernel[(rows * HQ // hb,)](
+        o_part, m_part, l_part, gates, o,  #
+        HQ=HQ, V=V, S_CMP=s_cmp, S_WIN=s_win, S=S, HB=hb, BS=_pow2(S, 2), BV=_pow2(V, 2),
+    )  # fmt: skip
+    return o, block_idx
+
+
+def nsa_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: torch.Tensor,
+    seq_lens: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    k_win: torch.Tensor,
+    v_win: torch.Tensor,
+    config: NSAConfig,
+    scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`nsa.ops.decode.reference.nsa_decode` (no backward)."""
+    return decode_fwd(q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, config, scale)
