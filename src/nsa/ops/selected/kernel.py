@@ -1,0 +1,400 @@
+"""Selected-block attention in Triton: group-centric forward and deterministic backward.
+
+Query ``i`` (position ``t = q_offset + i``) of KV group ``h`` attends to every
+position ``s <= t`` of the blocks ``block_idx[b, i, h, :]`` (spec: "Selected
+branch"); entries -1, blocks past ``t`` and repeats of an earlier entry are
+skipped, so ``block_idx`` may come in any order.
+
+Forward and ``dQ``: one program per (query position, KV head). The ``G`` query
+heads of the group form the rows of one ``[GP, DK]`` tile (``GP`` = G padded to
+at least 16 for the tensor cores), so every selected ``[BS, DK]`` key block is
+fetched once for the whole group and met with one dot.
+
+``dK``/``dV`` invert the selection instead of scattering with atomics: the host
+sorts the (query, block) pairs by block on the device (no sync), and one program
+per segment of at most ``QSEG`` queries of a (batch, KV head, block) walks those
+queries, ``BQ`` at a time with all their heads as rows. A block chosen by more
+than ``QSEG`` queries (the initial block is chosen by all of them) spreads over
+several programs, whose float32 partials a second kernel sums in a fixed order.
+Every output element thus has one writer: the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.config import NSAConfig
+from nsa.ops._triton.attention import (
+    LOG2E,
+    attn_bwd_dkdv_step,
+    attn_bwd_dq_step,
+    attn_fwd_finish,
+    attn_fwd_step,
+    dot_precision,
+    last_dim_contiguous,
+    next_pow2,
+    row_offsets,
+)
+
+
+@triton.jit
+def _selection(p_idx, t, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr):
+    """A query's ``N`` block indices as ``[NP]`` int32, with -1 in place of every entry
+    that does not count: negative, past position ``t``, or a repeat of an earlier entry."""
+    o_n = tl.arange(0, NP)
+    b_idx = tl.load(p_idx + o_n, mask=o_n < N, other=-1).to(tl.int32)  # [NP]
+    b_rep = tl.max(((b_idx[:, None] == b_idx[None, :]) & (o_n[None, :] < o_n[:, None])).to(tl.int32), 1)  # [NP]
+    b_ok = (b_idx >= 0) & (b_idx.to(tl.int64) * BS <= t) & (b_rep == 0)
+    return o_n, tl.where(b_ok, b_idx, -1)
+
+
+@triton.jit(do_not_specialize=["T", "q_offset"])
+def selected_fwd_kernel(
+    q, k, v, block_idx, o, lse,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
+    T, q_offset, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(T, B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    t = q_offset + i_t
+    o_g = tl.arange(0, GP)
+    m_g = o_g < G
+    o_hq = i_h * G + o_g
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+
+    b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
+    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS)
+    o_c = tl.arange(0, BSP)
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+
+    b_acc = tl.zeros([GP, BV], dtype=tl.float32)
+    b_m = tl.full([GP], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([GP], dtype=tl.float32)
+    for i in range(N):
+        # -- entry i's key positions; a skipped entry (-1) has negative positions, all masked --
+        o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c  # [BSP]
+        m_s = (o_c < BS) & (o_s >= 0) & (o_s <= t)
+        # a skipped entry loads nothing (fully masked) and adds nothing
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_s[None, :], qk_scale, True, PREC)
+    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
+
+    p_o = o + row_offsets(i_b, i_t, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
+    tl.store(lse + row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1), b_lse, mask=m_g)
+
+
+@triton.jit(do_not_specialize=["T", "q_offset"])
+def selected_bwd_dq_kernel(
+    q, k, v, block_idx, do, lse, delta, dq,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
+    T, q_offset, qk_scale, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    t = q_offset + i_t
+    o_g = tl.arange(0, GP)
+    m_g = o_g < G
+    o_hq = i_h * G + o_g
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+
+    b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
+    b_do = tl.load(do + row_offsets(i_b, i_t, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [GP, BV]
+    o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
+    b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
+    b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
+    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS)
+    o_c = tl.arange(0, BSP)
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+
+    b_dq = tl.zeros([GP, BK], dtype=tl.float32)
+    for i in range(N):
+        # -- entry i's key positions; a skipped entry (-1) has negative positions, all masked --
+        o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c  # [BSP]
+        m_s = (o_c < BS) & (o_s >= 0) & (o_s <= t)
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s[None, :], qk_scale, True, PREC)
+
+    p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
+    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_g[:, None] & m_dk[None, :])
+
+
+@triton.jit
+def _store_rows(p, b_x, o_c, o_d, m_c, m_d, D: tl.constexpr):
+    """Store a ``[BSP, BD]`` tile into rows ``o_c`` of a ``[.., D]``-strided slice."""
+    tl.store(p + o_c.to(tl.int64)[:, None] * D + o_d[None, :], b_x, mask=m_c[:, None] & m_d[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "TK", "q_offset", "NB", "NBHJ"])
+def selected_bwd_dkdv_kernel(
+    q, k, v, do, lse, delta, dk, dv, dk_part, dv_part,  #
+    t_sorted, starts, counts, seg_first, seg_count, seg_owner,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
+    T, TK, q_offset, NB, NBHJ, qk_scale, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
+    BQ: tl.constexpr, QSEG: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
+
+    An owner with one segment writes ``dk``/``dv`` directly; otherwise each segment
+    writes float32 partials to ``dk_part``/``dv_part [S, BSP, BK|BV]`` for
+    :func:`selected_bwd_reduce_kernel`. Programs past the last segment do nothing.
+    """
+    i_p = tl.program_id(0)
+    i_o = tl.load(seg_owner + i_p)
+    if i_o < NBHJ:
+        i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB
+        HQ: tl.constexpr = H * G
+        BM: tl.constexpr = BQ * GP
+        i_start = tl.load(starts + i_o)
+        e_lo = i_start + (i_p - tl.load(seg_first + i_o)) * QSEG
+        e_hi = tl.minimum(e_lo + QSEG, i_start + tl.load(counts + i_o))
+        o_c = tl.arange(0, BSP)
+        o_s = i_j * BS + o_c  # [BSP] key positions of the block
+        m_s = (o_c < BS) & (o_s < TK)
+        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+        m_dk, m_dv = o_dk < DK, o_dv < DV
+        b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
+        b_v = tl.load(v + row_offsets(i_b, o_s, i_h, svb, svt, svh)[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+
+        o_r = tl.arange(0, BM)
+        o_hq = i_h * G + o_r % GP
+        b_dk = tl.zeros([BSP, BK], dtype=tl.float32)
+        b_dv = tl.zeros([BSP, BV], dtype=tl.float32)
+        for e in range(e_lo, e_hi, BQ):
+            # -- BQ queries of the list, G head rows each --
+            m_r = (e + o_r // GP < e_hi) & (o_r % GP < G)
+            o_i = tl.load(t_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] query index of each row
+            b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+            b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+            o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+            b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
+            b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+            m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
+            b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, True, PREC)
+
+        if tl.load(seg_count + i_o) == 1:
+            o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
+            tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & m_dk[None, :])
+            o_vd = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
+            tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_dv[None, :])
+        else:
+            m_all = o_c < BSP
+            _store_rows(dk_part + i_p.to(tl.int64) * BSP * BK, b_dk, o_c, o_dk, m_all, o_dk < BK, BK)
+            _store_rows(dv_part + i_p.to(tl.int64) * BSP * BV, b_dv, o_c, o_dv, m_all, o_dv < BV, BV)
+
+
+@triton.jit(do_not_specialize=["TK", "NB"])
+def selected_bwd_reduce_kernel(
+    dk, dv, dk_part, dv_part, seg_first, seg_count,  #
+    TK, NB, scale,  #
+    H: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """Grid ``(B * H * NB,)``: owners with 0 or several segments; sums partials in order
+    (zeros for a block no query chose). Owners with one segment are already written."""
+    i_o = tl.program_id(0)
+    n_seg = tl.load(seg_count + i_o)
+    if n_seg != 1:
+        i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB
+        i_first = tl.load(seg_first + i_o)
+        o_c = tl.arange(0, BSP)
+        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+        b_dk = tl.zeros([BSP, BK], dtype=tl.float32)
+        b_dv = tl.zeros([BSP, BV], dtype=tl.float32)
+        p_dk = dk_part + i_first.to(tl.int64) * BSP * BK + o_c[:, None] * BK + o_dk[None, :]
+        p_dv = dv_part + i_first.to(tl.int64) * BSP * BV + o_c[:, None] * BV + o_dv[None, :]
+        for _ in range(n_seg):  # segments in order: a fixed summation order
+            b_dk += tl.load(p_dk)
+            b_dv += tl.load(p_dv)
+            p_dk += BSP * BK
+            p_dv += BSP * BV
+        o_s = i_j * BS + o_c
+        m_s = (o_c < BS) & (o_s < TK)
+        o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
+        tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & (o_dk < DK)[None, :])
+        o_vd = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
+        tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & (o_dv < DV)[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _group_rows(G: int) -> int:
+    """Rows of the per-position tile: G padded to a power of two, at least 16 (MMA tile)."""
+    return next_pow2(G, 16)
+
+
+def selected_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
+    scale: float, q_offset: int, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
+
+    ``block_idx`` must be contiguous ``[B, T, H, N]``; ``tiles`` overrides ``num_warps``/``num_stages``.
+    """
+    B, T, HQ, DK = q.shape
+    H, DV, N = k.shape[2], v.shape[-1], block_idx.shape[-1]
+    G = HQ // H
+    cfg = dict(num_warps=4, num_stages=3)
+    cfg.update(tiles or {})
+    o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
+    selected_fwd_kernel[(T, B * H)](
+        q, k, v, block_idx, o, lse,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
+        T, q_offset, scale * LOG2E,  #
+        H=H, G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block, BSP=next_pow2(sel_block),
+        DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV), PREC=dot_precision(q.dtype), **cfg,
+    )
+    return o, lse
+
+
+def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num_blocks: int, qseg: int) -> dict:
+    """For every (batch, KV head, block) owner, the ascending list of queries that chose it.
+
+    Entries that do not count (-1, past the query, repeats) are dropped. Everything
+    runs on the device without a host sync: sizes come from shapes only.
+
+    Returns:
+        ``t_sorted`` int32 ``[E]`` query indices grouped by owner; ``starts``/``counts``
+        ``[B*H*NB]`` int32 of each owner's slice; ``seg_first``/``seg_count`` int32
+        segments of at most ``qseg`` queries per owner; ``seg_owner`` int32 ``[S]``
+        owner of each of the ``S`` launched programs (``B*H*NB`` past the end).
+    """
+    B, T, H, N = block_idx.shape
+    dev = block_idx.device
+    n_owner = B * H * num_blocks
+    idx = block_idx.to(torch.int64).sort(dim=-1).values  # [B, T, H, N]
+    repeat = torch.zeros_like(idx, dtype=torch.bool)
+    repeat[..., 1:] = idx[..., 1:] == idx[..., :-1]
+    t_pos = q_offset + torch.arange(T, device=dev)[None, :, None, None]
+    ok = (idx >= 0) & (idx * sel_block <= t_pos) & ~repeat
+    bh = torch.arange(B, device=dev)[:, None, None, None] * H + torch.arange(H, device=dev)[None, None, :, None]
+    owner = torch.where(ok, bh * num_blocks + idx, n_owner).flatten()
+    owner_sorted, order = torch.sort(owner.to(torch.int32 if n_owner < 2**31 - 1 else torch.int64), stable=True)
+    t_sorted = ((order // (H * N)) % T).to(torch.int32)  # flat entry ((b*T + t)*H + h)*N + n -> t
+    ids = torch.arange(n_owner, device=dev, dtype=owner_sorted.dtype)
+    starts = torch.searchsorted(owner_sorted, ids)
+    counts = torch.searchsorted(owner_sorted, ids, right=True) - starts
+    seg_count = (counts + qseg - 1) // qseg
+    seg_end = torch.cumsum(seg_count, 0)
+    n_prog = n_owner + triton.cdiv(owner.numel(), qseg)  # >= sum(seg_count) for any selection
+    seg_owner = torch.searchsorted(seg_end, torch.arange(n_prog, device=dev, dtype=seg_end.dtype), right=True)
+    i32 = torch.int32
+    return dict(
+        t_sorted=t_sorted, starts=starts.to(i32), counts=counts.to(i32), seg_first=(seg_end - seg_count).to(i32),
+        seg_count=seg_count.to(i32), seg_owner=seg_owner.to(i32),
+    )
+
+
+def selected_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
+
+    ``tiles`` overrides ``BQ`` (queries per dK/dV step), ``QSEG`` (queries per dK/dV
+    program), ``num_warps`` and ``num_stages``.
+    """
+    B, T, HQ, DK = q.shape
+    TK, H, DV, N = k.shape[1], k.shape[2], v.shape[-1], block_idx.shape[-1]
+    G = HQ // H
+    GP = triton.next_power_of_2(G)
+    cfg = dict(BQ=max(1, 64 // GP), QSEG=512, num_warps=4, num_stages=2, dq_warps=4, dq_stages=3)
+    cfg.update(tiles or {})
+    do = last_dim_contiguous(do)
+    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    dims = dict(H=H, G=G, BS=sel_block, BSP=next_pow2(sel_block), DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV))
+    prec = dot_precision(q.dtype)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+
+    dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
+    selected_bwd_dq_kernel[(T, B * H)](
+        q, k, v, block_idx, do, lse, delta, dq, *strides, T, q_offset, scale * LOG2E, scale,  #
+        GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), PREC=prec, num_warps=cfg["dq_warps"],
+        num_stages=cfg["dq_stages"], **dims,
+    )
+
+    num_blocks = triton.cdiv(TK, sel_block)
+    inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
+    n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
+    dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
+    dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
+    dk_part = torch.empty(n_prog, dims["BSP"], dims["BK"], device=q.device, dtype=torch.float32)
+    dv_part = torch.empty(n_prog, dims["BSP"], dims["BV"], device=q.device, dtype=torch.float32)
+    selected_bwd_dkdv_kernel[(n_prog,)](
+        q, k, v, do, lse, delta, dk, dv, dk_part, dv_part,  #
+        inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
+        *strides, T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
+        GP=GP, BQ=cfg["BQ"], QSEG=cfg["QSEG"], PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **dims,
+    )
+    selected_bwd_reduce_kernel[(n_owner,)](
+        dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
+        **{key: dims[key] for key in ("H", "BS", "BSP", "DK", "DV", "BK", "BV")},
+    )
+    return dq, dk, dv
+
+
+class SelectedAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: saves ``q, k, v, block_idx, o, lse`` for the kernels' backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_idx, sel_block: int, scale: float, q_offset: int):
+        o, lse = selected_fwd(q, k, v, block_idx, sel_block, scale, q_offset)
+        ctx.save_for_backward(q, k, v, block_idx, o, lse)
+        ctx.sel_block, ctx.scale, ctx.q_offset = sel_block, scale, q_offset
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, block_idx, o, lse = ctx.saved_tensors
+        dq, dk, dv = selected_bwd(q, k, v, block_idx, o, lse, do, ctx.sel_block, ctx.scale, ctx.q_offset)
+        return dq, dk, dv, None, None, None, None
+
+
+def selected_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_idx: torch.Tensor,
+    config: NSAConfig,
+    scale: float,
+    q_offset: int,
+) -> torch.Tensor:
+    """``[B, Tq, HQ, Dv]``: attention over the selected positions ``s <= t`` (Triton).
+
+    Same contract as :func:`nsa.ops.selected.reference.selected_attention`:
+    ``block_idx`` int32/int64 ``[B, Tq, H, n]`` in any order, -1 and repeats ignored.
+    Inputs are float16/bfloat16/float32 with stride 1 in the last dim (copied
+    otherwise). Tensors are saved for backward only when a gradient is needed.
+    """
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    block_idx = block_idx.contiguous()
+    if q.shape[1] == 0:
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return SelectedAttentionFunction.apply(q, k, v, block_idx, config.sel_block, scale, q_offset)
+    return selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset)[0]
