@@ -157,9 +157,9 @@ def test_causality(cut, nsa_device, nsa_tolerance):
     b = [torch.cat([x.detach()[:, :cut], y], 1).requires_grad_() for x, y in zip(a, fresh)]
     outs, idxs = [], []
     for q, k, v, gates in (a, b):
-        idxs.append(ops.select_blocks(q, ops.mean_compress(k, cfg), cfg))
-        out = ops.nsa_attention(q, k, v, gates, cfg)
+        out, idx = ops.nsa_attention(q, k, v, gates, cfg, return_block_idx=True)
         out[:, :cut].sum().backward()
+        idxs.append(idx)
         outs.append(out.detach())
     assert torch.equal(idxs[0][:, :cut], idxs[1][:, :cut])
     assert rel_error(outs[1][:, :cut], outs[0][:, :cut]) <= nsa_tolerance(dtype)
@@ -175,7 +175,7 @@ def test_causality(cut, nsa_device, nsa_tolerance):
 
 
 def _prefill(q, k, v, gates, cfg):
-    return ops.nsa_attention(q, k, v, gates, cfg), ops.select_blocks(q, ops.mean_compress(k, cfg), cfg)
+    return ops.nsa_attention(q, k, v, gates, cfg, return_block_idx=True)
 
 
 def _step(q, k, v, gates, cfg, p, tq, keys):
@@ -183,8 +183,7 @@ def _step(q, k, v, gates, cfg, p, tq, keys):
     kh, vh = k[:, :keys], v[:, :keys]
     kv_cmp = (ops.mean_compress(kh, cfg), ops.mean_compress(vh, cfg))
     sl = slice(p, p + tq)
-    out = ops.nsa_attention(q[:, sl], kh, vh, gates[:, sl], cfg, kv_cmp=kv_cmp, q_offset=p)
-    return out, ops.select_blocks(q[:, sl], kv_cmp[0], cfg, q_offset=p)
+    return ops.nsa_attention(q[:, sl], kh, vh, gates[:, sl], cfg, kv_cmp=kv_cmp, q_offset=p, return_block_idx=True)
 
 
 @pytest.mark.parity
@@ -215,8 +214,9 @@ def test_decode_after_prefill_in_a_cache_buffer(p, nsa_device, nsa_tolerance):
         v_buf[:, t + 1 :] = float("nan")
         kv_cmp = (ops.mean_compress(k_buf, cfg), ops.mean_compress(v_buf, cfg))
         args = (q[:, t : t + 1], k_buf, v_buf, gates[:, t : t + 1], cfg)
-        outs.append(ops.nsa_attention(*args, kv_cmp=kv_cmp, q_offset=t))
-        idxs.append(ops.select_blocks(q[:, t : t + 1], kv_cmp[0], cfg, q_offset=t))
+        out, idx = ops.nsa_attention(*args, kv_cmp=kv_cmp, q_offset=t, return_block_idx=True)
+        outs.append(out)
+        idxs.append(idx)
     assert torch.equal(torch.cat(idxs, 1), ref_idx[:, p : p + steps])
     assert rel_error(torch.cat(outs, 1), ref[:, p : p + steps]) <= nsa_tolerance(dtype)
 
