@@ -205,8 +205,8 @@ def _select_pass(
                       mask=m_tok[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BC, BDK]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BC]
         m_qk = m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None])
-        # where() after exp2: a row with lse = -inf sees nothing, so it is masked everywhere
-        b_p = tl.where(m_qk, tl.exp2(b_s - b_lse[:, None]), 0.0)  # [M, BC]
+        # mask the scores, not the probabilities: an invisible score may exceed lse
+        b_p = tl.exp2(tl.where(m_qk, b_s, float("-inf")) - b_lse[:, None])  # [M, BC]
         if STORE_O:
             b_v = tl.load(p_v + (o_tok.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
                           mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
@@ -268,7 +268,9 @@ def compressed_fwd_kernel(
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
         own = (q_offset + o_t) // SEL
-        b_o, b_buf = _select_pass(b_q, p_k, p_v, nv, n_hi, b_lse, m_row, own, t_last, b_acc, qk_scale,
+        # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
+        b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
+        b_o, b_buf = _select_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, own, t_last, b_acc, qk_scale,
                                   BT, GP, NB, R, RP, KC, NSPILL, SEL, INIT, LOCAL,
                                   BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC)
         p_idx = block_idx + ((i_b.to(tl.int64) * TQ + o_t) * H + i_h) * N

@@ -28,6 +28,15 @@ from nsa.ops._triton.compressed_fwd import compressed_fwd, visible_cmp
 
 
 @triton.jit
+def _load_lse2(p_lse, m_row):
+    """Saved lse in the log2 domain, finite everywhere: padding rows and rows that see
+    nothing read 0. Such rows are masked in every tile they meet, so exp2 never
+    overflows on them and their probabilities are exactly 0."""
+    b_lse = tl.load(p_lse, mask=m_row, other=0.0)
+    return tl.where(b_lse == float("-inf"), 0.0, b_lse * 1.4426950408889634)
+
+
+@triton.jit
 def _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
               BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
               HDK: tl.constexpr, HDV: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
@@ -77,8 +86,7 @@ def compressed_bwd_dq_kernel(
     if HAS_DLSE:
         b_delta -= tl.load(dlse + o_q, mask=m_row, other=0.0)
     tl.store(delta + o_q, b_delta, mask=m_row)
-    # padding rows get lse 0 (finite); real rows that see nothing are masked in every chunk they meet
-    b_lse = tl.load(lse + o_q, mask=m_row, other=0.0) * 1.4426950408889634
+    b_lse = _load_lse2(lse + o_q, m_row)
     nv = visible_cmp(q_offset + o_tq, NC, L, S)
     n_lo = visible_cmp(q_offset + i_t * BT, NC, L, S)
     n_hi = visible_cmp(q_offset + tl.minimum(i_t * BT + BT, TQ) - 1, NC, L, S)
@@ -110,7 +118,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, 
     o_dv = tl.arange(0, BDV)
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
     b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :], other=0.0)
-    b_lse = tl.load(lse + o_q, mask=m_row, other=0.0) * 1.4426950408889634
+    b_lse = _load_lse2(lse + o_q, m_row)
     b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
     m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
     return attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK, PREC)
