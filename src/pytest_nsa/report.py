@@ -32,6 +32,9 @@ HELP_REPORT = (
     "or the run is interrupted (the report then says it is partial)."
 )
 
+#: pytest-benchmark's warning when JSON output is on but nothing was measured.
+NO_BENCHMARKS = "Not saving anything, no benchmarks have been run"
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
@@ -49,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_BenchmarkCapture(reporter), "pytest_nsa_report_benchmarks")
         if getattr(config.option, "benchmark_json", None) is None:
             config.option.benchmark_json = _DeferredFile(reporter, report_bench.JSON_FILE)
+            # The JSON is ours to ask for: a run without benchmarks needs no warning about it.
+            config.addinivalue_line("filterwarnings", f"ignore:{NO_BENCHMARKS}:pytest_benchmark.logger.PytestBenchmarkWarning")
 
 
 def first_error_line(longrepr: Any) -> str:

@@ -1,0 +1,347 @@
+"""``--nsa-report DIR``: the validation report written at the end of a run.
+
+Runs go through pytester under the ``cpu`` profile: in process where nothing
+outside pytest's own state is touched, in a subprocess for pytest-xdist. Every
+assertion compares the report with what the run really did (pytest's own
+outcome counts, the tests written here), never with a stored copy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+import pytest
+
+from pytest_nsa import report_schema
+from pytest_nsa.report import first_error_line
+from pytest_nsa.report_data import OUTCOMES, git_commit, slug
+from pytest_nsa.report_md import SECTIONS
+
+MIXED = """
+import pytest
+
+@pytest.mark.parity
+def test_parity_ok():
+    pass
+
+@pytest.mark.parity
+@pytest.mark.triton
+def test_parity_bad():
+    value = 3
+    assert value == 4, "kernel and reference differ"
+
+@pytest.mark.gradcheck
+@pytest.mark.parametrize("n", [1, 2])
+def test_grad(n):
+    pass
+
+@pytest.mark.skip(reason="needs a warm cache")
+def test_cold():
+    pass
+
+@pytest.mark.fa2
+def test_flash():
+    pass
+
+@pytest.mark.long_context
+def test_long():
+    raise ValueError("context too long: 65536")
+
+@pytest.mark.xfail(reason="known gap", strict=True)
+def test_gap():
+    assert False
+"""
+
+
+def report_dirs(root: Path) -> List[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+
+def load(folder: Path) -> Dict[str, Any]:
+    return {
+        "md": (folder / "report.md").read_text(),
+        "env": json.loads((folder / "env.json").read_text()),
+        "results": json.loads((folder / "results.json").read_text()),
+    }
+
+
+def pytest_counts(result: pytest.RunResult) -> Dict[str, int]:
+    """pytest's summary line as ``{outcome: n}`` in the report's names."""
+    parsed = result.parseoutcomes()
+    out = {name: parsed.get(name, 0) for name in OUTCOMES}
+    out["error"] = parsed.get("errors", parsed.get("error", 0))
+    return out
+
+
+def md_row(md: str, first: str) -> List[str]:
+    """The cells of the Markdown table row whose first cell is ``first``."""
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first:
+            return cells[1:]
+    raise AssertionError(f"no table row {first!r} in report.md")
+
+
+def only_report(root: Path) -> Dict[str, Any]:
+    folders = report_dirs(root)
+    assert len(folders) == 1, f"expected one report folder, found {[p.name for p in folders]}"
+    return {"folder": folders[0], **load(folders[0])}
+
+
+def assert_valid(rep: Dict[str, Any]) -> None:
+    assert report_schema.validate_named(rep["env"], "env") == []
+    assert report_schema.validate_named(rep["results"], "results") == []
+
+
+# -- a complete run -------------------------------------------------------------------------
+
+
+def test_mixed_run_report_matches_the_run(pytester, inprocess):
+    pytester.makepyfile(test_mixed=MIXED)
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "reports", "-rs")
+    rep = only_report(pytester.path / "reports")
+    assert re.fullmatch(r"cpu_nogit_\d{8}-\d{6}", rep["folder"].name)
+    assert sorted(p.name for p in rep["folder"].iterdir()) == ["env.json", "report.md", "results.json"]
+    assert_valid(rep)
+    res, md = rep["results"], rep["md"]
+
+    # Totals: pytest's own count, in results.json and in the matrix's "all" row.
+    real = pytest_counts(result)
+    assert real == {"passed": 3, "failed": 2, "error": 0, "skipped": 2, "xfailed": 1, "xpassed": 0}
+    assert {k: res["totals"][k] for k in OUTCOMES} == real and res["totals"]["total"] == 8
+    assert md_row(md, "**all**") == [str(real[k]) for k in OUTCOMES] + ["8"]
+    assert not res["run"]["partial"] and res["run"]["collected"] == 8 and res["run"]["exit_status"] == 1
+
+    # By marker: each marked test counted where it belongs.
+    by = res["by_marker"]
+    assert (by["parity"]["passed"], by["parity"]["failed"], by["parity"]["total"]) == (1, 1, 2)
+    assert (by["triton"]["failed"], by["gradcheck"]["passed"], by["fa2"]["skipped"]) == (1, 2, 1)
+    assert (by["long_context"]["failed"], by["benchmark"]["total"]) == (1, 0)
+    assert (by["(no nsa marker)"]["skipped"], by["(no nsa marker)"]["xfailed"]) == (1, 1)
+    assert md_row(md, "`parity`") == ["1", "1", "0", "0", "0", "0", "2"]
+    assert md_row(md, "`gradcheck`") == ["2", "0", "0", "0", "0", "0", "2"]
+
+    # Skips with their reasons, as pytest gave them.
+    reasons = {s["reason"]: s for s in res["skips"]}
+    assert reasons["needs a warm cache"]["count"] == 1
+    fa2 = next(r for r in reasons if "flash-attn" in r)
+    assert reasons[fa2]["markers"] == ["fa2"] and fa2 in result.stdout.str()
+    assert md_row(md, "1")[:1] in ([fa2.replace("|", "\\|")], ["needs a warm cache"])
+    assert fa2 in md and "| 1 | needs a warm cache | - |" in md
+
+    # Failures: test id and first error line.
+    failures = {f["nodeid"]: f for f in res["failures"]}
+    assert set(failures) == {"test_mixed.py::test_parity_bad", "test_mixed.py::test_long"}
+    assert failures["test_mixed.py::test_parity_bad"]["message"] == "AssertionError: kernel and reference differ"
+    assert failures["test_mixed.py::test_long"]["message"] == "ValueError: context too long: 65536"
+    assert failures["test_mixed.py::test_long"]["markers"] == ["long_context"]
+    assert md_row(md, "`test_mixed.py::test_long`") == ["call", "ValueError: context too long: 65536"]
+
+    for title in SECTIONS:
+        assert f"## {title}" in md
+    assert "PARTIAL" not in md and "no benchmark" in md.lower()
+    assert res["benchmarks"]["status"] == "none" and res["benchmarks"]["json_file"] is None
+    outcomes = {t["nodeid"]: t["outcome"] for t in res["tests"]}
+    assert outcomes["test_mixed.py::test_gap"] == "xfailed" and outcomes["test_mixed.py::test_grad[2]"] == "passed"
+
+
+def test_env_states_profile_flags_versions_and_routing(pytester, inprocess):
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    inprocess("--gpu-profile", "cpu", "--nsa-report", "out")
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    env, md = rep["env"], rep["md"]
+    assert env["software"]["torch"] == importlib.metadata.version("torch")
+    assert env["profile"]["name"] == "cpu" and env["profile"]["applied"] is True
+    assert env["flags"]["applied"] == {"TRITON_INTERPRET": "1"}
+    assert env["device"]["slug"] == "cpu" and env["device"]["gpus"] == []
+    assert [c["check"] for c in env["checks"]][0] == "pairing"
+    routes = {r["op"]: r["backend"] for r in env["routing"]["ops"]}
+    assert set(routes) == {"compress", "compressed", "select", "selected", "window", "decode"}
+    assert env["routing"]["device"] == "cpu" and set(routes.values()) == {"reference"}
+    assert "`TRITON_INTERPRET=1`" in md and env["checks"][0]["message"] in md
+    assert md_row(md, "torch")[0] == env["software"]["torch"]
+    assert "fa2 (flash-attn needs a CUDA GPU)" in md
+
+
+def test_faked_gpu_names_the_folder_after_the_device(pytester, fake, inprocess):
+    fake("h200")
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    inprocess("--gpu-profile", "h200", "--nsa-report", "out")
+    rep = only_report(pytester.path / "out")
+    assert rep["folder"].name.startswith("nvidia-h200_nogit_")
+    assert rep["env"]["device"]["gpus"][0]["capability"] == "9.0"
+    assert rep["env"]["device"]["source"] == "faked by conftest" and rep["env"]["profile"]["name"] == "h200"
+    assert_valid(rep)
+
+
+def test_teardown_error_counts_once_as_error(pytester, inprocess):
+    pytester.makepyfile(test_td="""
+        import pytest
+
+        @pytest.fixture
+        def leaky():
+            yield
+            raise RuntimeError("buffer still mapped")
+
+        def test_td(leaky):
+            pass
+    """)
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "out")
+    res = only_report(pytester.path / "out")["results"]
+    # pytest's summary says "1 passed, 1 error" for this one test; the report counts tests.
+    assert pytest_counts(result)["error"] == 1 and res["totals"]["error"] == 1 and res["totals"]["total"] == 1
+    assert res["failures"] == [{"nodeid": "test_td.py::test_td", "outcome": "error", "when": "teardown",
+                                "message": "RuntimeError: buffer still mapped", "markers": []}]
+
+
+# -- partial runs ---------------------------------------------------------------------------
+
+
+def test_stop_at_first_failure_is_partial(pytester, inprocess):
+    pytester.makepyfile(test_mixed=MIXED)
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "out", "-x")
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    run = rep["results"]["run"]
+    assert run["partial"] and run["collected"] == 8
+    assert any("stopping after 1 failures" in r for r in run["partial_reasons"])
+    ran = sum(pytest_counts(result).values())
+    assert rep["results"]["totals"]["total"] == ran == 2
+    assert f"{8 - ran} of 8 collected tests did not run to the end" in run["partial_reasons"]
+    assert "**PARTIAL REPORT**" in rep["md"] and "stopping after 1 failures" in rep["md"]
+    assert "PARTIAL" in result.stdout.str()
+
+
+def test_keyboard_interrupt_is_partial_and_the_interrupted_test_not_counted(pytester):
+    pytester.makepyfile(test_int="""
+        def test_first():
+            pass
+
+        def test_stops():
+            raise KeyboardInterrupt
+
+        def test_never():
+            pass
+    """)
+    # no_reraise_ctrlc: the interrupt stops the run under test, not this one.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--gpu-profile", "cpu", "--nsa-report", "out",
+                                          no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    run, totals = rep["results"]["run"], rep["results"]["totals"]
+    assert run["partial"] and "interrupted by KeyboardInterrupt" in run["partial_reasons"]
+    assert run["unfinished"] == ["test_int.py::test_stops"]
+    assert (totals["passed"], totals["total"]) == (1, 1) == (pytest_counts(result)["passed"], 1)
+    assert "interrupted by KeyboardInterrupt" in rep["md"] and "`test_int.py::test_stops`" in rep["md"]
+
+
+def test_collection_error_is_reported(pytester, inprocess):
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n", test_broken="import no_such_module_here\n")
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "out")
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    res = rep["results"]
+    assert res["failures"][0]["nodeid"] == "test_broken.py" and res["failures"][0]["when"] == "collect"
+    assert "No module named 'no_such_module_here'" in res["failures"][0]["message"]
+    assert res["totals"]["error"] == pytest_counts(result)["error"] == 1
+    assert res["run"]["partial"] and any("during collection" in r for r in res["run"]["partial_reasons"])
+
+
+# -- xdist, options, errors -----------------------------------------------------------------
+
+
+def test_xdist_controller_writes_exactly_one_report(pytester):
+    pytester.makepyfile(test_mixed=MIXED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--gpu-profile", "cpu",
+                                           "--nsa-report", "out")
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    res = rep["results"]
+    assert {k: res["totals"][k] for k in OUTCOMES} == pytest_counts(result)
+    assert res["run"]["xdist_workers"] == 2 and not res["run"]["partial"]
+    assert {t["worker"] for t in res["tests"]} <= {"gw0", "gw1"} and len(res["tests"]) == 8
+    assert len(res["failures"]) == 2
+
+
+def test_no_option_no_report_and_unwritable_target_is_said(pytester, inprocess):
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    inprocess("--gpu-profile", "cpu")
+    assert report_dirs(pytester.path) == []
+    blocker = pytester.path / "taken"
+    blocker.write_text("a file, not a folder")
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "taken")
+    assert result.ret == 0  # the tests' verdict stands
+    result.stdout.fnmatch_lines(["*could not write the report under*taken*"])
+
+
+# -- units ----------------------------------------------------------------------------------
+
+
+def test_first_error_line_prefers_crash_message_then_e_lines():
+    crash = SimpleNamespace(reprcrash=SimpleNamespace(message="AssertionError: x\nassert 1 == 2"))
+    assert first_error_line(crash) == "AssertionError: x"
+    text = "def f():\n>   g()\nE   fixture 'nope' not found\nE   more\n"
+    assert first_error_line(text) == "fixture 'nope' not found"
+    assert first_error_line("[XPASS(strict)] known gap") == "[XPASS(strict)] known gap"
+    assert first_error_line("") == "(no error text)"
+
+
+def test_git_commit_reads_a_checkout_and_says_nogit_outside(tmp_path):
+    assert git_commit(tmp_path) == ("nogit", None)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "a.txt").write_text("one")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    assert git_commit(repo) == (git("rev-parse", "--short", "HEAD"), False)
+    (repo / "a.txt").write_text("two")
+    assert git_commit(repo)[1] is True
+    assert slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+
+
+def test_validator_finds_what_breaks_the_schema():
+    schema = report_schema.load("results")
+    assert report_schema.validate({}, schema)[0] == "$: missing required key 'schema_version'"
+    bad_counts = {"passed": 1, "failed": -1, "error": 0, "skipped": "2", "xfailed": 0, "xpassed": True, "total": 0,
+                  "extra": 1}
+    errors = report_schema.validate(bad_counts, {"$ref": "#/$defs/counts", "$defs": schema["$defs"]})
+    assert sorted(errors) == sorted([
+        "$.failed: -1 < minimum 0", "$.skipped: expected integer, got str '2'",
+        "$.xpassed: expected integer, got bool True", "$: unexpected key 'extra'",
+    ])
+    assert report_schema.validate({"status": "maybe"}, {"properties": {"status": {"enum": ["a", "b"]}}}) == [
+        "$.status: 'maybe' is not one of ['a', 'b']"]
+    with pytest.raises(report_schema.SchemaError, match="oneOf"):
+        report_schema.validate(1, {"oneOf": []})
+
+
+@pytest.mark.parametrize("name", sorted(report_schema.SCHEMA_FILES))
+def test_schemas_are_versioned_and_accepted_by_jsonschema_when_installed(name):
+    schema = report_schema.load(name)
+    assert schema["properties"]["schema_version"] == {"const": report_schema.SCHEMA_VERSION}
+    assert f"schema version {report_schema.SCHEMA_VERSION}" in schema["title"]
+    try:
+        import jsonschema
+    except ImportError:  # not a dependency: the shipped validator above is the check
+        return
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_docs_describe_the_current_schemas():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reports" / "README.md").read_text()
+    assert f"schema version {report_schema.SCHEMA_VERSION}" in text
+    for name in report_schema.SCHEMA_FILES.values():
+        assert f"src/pytest_nsa/schemas/{name}" in text
