@@ -12,6 +12,10 @@ import zlib
 import pytest
 import torch
 
+# The plugin's own tests (tests/plugin) drive pytest through pytester; pytest only
+# accepts pytest_plugins in the top-level conftest.
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(autouse=True)
 def _seed(request: pytest.FixtureRequest) -> None:
