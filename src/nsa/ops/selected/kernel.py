@@ -322,7 +322,7 @@ def selected_bwd(
     TK, H, DV, N = k.shape[1], k.shape[2], v.shape[-1], block_idx.shape[-1]
     G = HQ // H
     GP = triton.next_power_of_2(G)
-    cfg = dict(BQ=max(1, 64 // GP), QSEG=512, num_warps=4, num_stages=2, dq_warps=4, dq_stages=3)
+    cfg = dict(BQ=max(1, 64 // GP), QSEG=512, num_warps=8, num_stages=2, dq_warps=4, dq_stages=3)
     cfg.update(tiles or {})
     do = last_dim_contiguous(do)
     delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
