@@ -1,0 +1,116 @@
+"""Shared pieces of the plugin's own tests: pytester, a clean environment, fake hardware.
+
+Hardware is faked the documented way: a conftest in the pytester directory
+implements ``pytest_nsa_detect_hardware`` (and ``pytest_nsa_detect_software``
+where versions matter). Every test starts from an environment without ``NSA_``
+flags, ``TRITON_INTERPRET``, CUDA pinning or xdist worker variables, so neither
+the outer run's profile nor an outer xdist worker leaks into the runs under test.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+import pytest
+
+from pytest_nsa.hardware import GPUInfo, HardwareInfo
+
+pytest_plugins = ["pytester"]
+
+#: name, capability, memory as torch reports them for the shipped profiles' devices.
+DEVICES: Dict[str, Tuple[str, Tuple[int, int], float]] = {
+    "rtx3090": ("NVIDIA GeForce RTX 3090", (8, 6), 23.7),
+    "rtx4090": ("NVIDIA GeForce RTX 4090", (8, 9), 23.6),
+    "a100": ("NVIDIA A100-SXM4-80GB", (8, 0), 79.2),
+    "h100": ("NVIDIA H100 80GB HBM3", (9, 0), 79.1),
+    "h200": ("NVIDIA H200", (9, 0), 139.8),
+}
+
+#: Plugins the runs under test do without: the cache writes files, and hypothesis's
+#: terminal summary imports all of hypothesis (seconds per run on a 2-core machine).
+QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+
+_SCRUB_PREFIXES = ("NSA_", "PYTEST_XDIST_", "PYTEST_NSA_")
+_SCRUB_NAMES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS")
+
+
+def hardware_of(*names: str) -> HardwareInfo:
+    """A :class:`HardwareInfo` with one GPU per name in :data:`DEVICES` (none: CPU only)."""
+    gpus = tuple(GPUInfo(i, *DEVICES[n]) for i, n in enumerate(names))
+    return HardwareInfo(gpus=gpus, driver="550.54.15" if gpus else None, cuda="12.4" if gpus else None)
+
+
+FAKE_CONFTEST = '''
+from pytest_nsa.hardware import GPUInfo, HardwareInfo
+
+GPUS = {gpus!r}
+
+def pytest_nsa_detect_hardware(config):
+    gpus = tuple(GPUInfo(i, name, cap, mem) for i, (name, cap, mem) in enumerate(GPUS))
+    return HardwareInfo(gpus=gpus, driver="550.54.15" if gpus else None, cuda="12.4" if gpus else None,
+                        source="faked by conftest")
+'''
+
+FAKE_SOFTWARE = '''
+from pytest_nsa.versions import SoftwareInfo
+
+def pytest_nsa_detect_software(config):
+    return SoftwareInfo(source="faked by conftest", **{fields!r})
+'''
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(_SCRUB_PREFIXES) or name in _SCRUB_NAMES:
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def inprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
+    """``inprocess(*args)``: ``runpytest_inprocess`` that also checks the run left
+    ``os.environ`` as it found it (the profile's flags restored)."""
+
+    def environ() -> Dict[str, str]:
+        # pytest itself maintains PYTEST_CURRENT_TEST for the outer and the inner run.
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+    def run(*args: str) -> pytest.RunResult:
+        before = environ()
+        result = pytester.runpytest_inprocess(*QUIET_PLUGINS, *args)
+        assert environ() == before, "an in-process run left environment changes behind"
+        return result
+
+    return run
+
+
+@pytest.fixture
+def subprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
+    """``subprocess(*args)``: ``runpytest_subprocess``, for runs that need a fresh
+    process (import-time environment, xdist workers)."""
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*QUIET_PLUGINS, *args)
+
+    return run
+
+
+@pytest.fixture
+def hw() -> Callable[..., HardwareInfo]:
+    """``hw(*device names)``: see :func:`hardware_of`."""
+    return hardware_of
+
+
+@pytest.fixture
+def fake(pytester: pytest.Pytester):
+    """``fake(*device names, software=None, extra="")`` writes the faking conftest."""
+
+    def write(*names: str, software: Optional[dict] = None, extra: str = "") -> None:
+        gpus = [DEVICES[n] for n in names]
+        text = FAKE_CONFTEST.format(gpus=gpus)
+        if software is not None:
+            text += FAKE_SOFTWARE.format(fields=software)
+        pytester.makeconftest(text + extra)
+
+    return write
