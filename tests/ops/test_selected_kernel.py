@@ -1,0 +1,155 @@
+"""Triton selected-block attention against the float64 reference: ``o`` and every gradient.
+
+``block_idx`` is random on purpose: any order, repeats and -1 entries, blocks past
+the query (all of which the op must skip), so the kernel's own de-duplication and
+causal masking are exercised, besides the ascending unique lists ``select_blocks``
+makes. On CPU the kernels run through Triton's interpreter at small, odd sizes
+(float32 and float16: Triton 3.9's interpreter computes bfloat16 ``tl.dot``
+wrongly); the ``gpu`` cases run real sizes in bfloat16 against a float32 reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nsa import NSAConfig
+from nsa.ops import selected_attention
+from nsa.ops.selected.kernel import selected_bwd, selected_fwd
+from nsa.testing import assert_close
+
+pytestmark = [pytest.mark.triton, pytest.mark.parity]
+
+
+def _config(sel_block: int, count: int) -> NSAConfig:
+    return NSAConfig(cmp_block=sel_block, cmp_stride=sel_block // 2, sel_block=sel_block, sel_count=count,
+                     init_blocks=1, local_blocks=1)
+
+
+def _inputs(B, T, HQ, H, DK, DV, dtype, device, TK=None):
+    TK = T if TK is None else TK
+    q = torch.randn(B, T, HQ, DK, device=device, dtype=dtype)
+    k = torch.randn(B, TK, H, DK, device=device, dtype=dtype)
+    v = torch.randn(B, TK, H, DV, device=device, dtype=dtype)
+    return q, k, v
+
+
+def random_blocks(B, T, H, count, num_blocks, device):
+    """int32 ``[B, T, H, count]`` in [-1, num_blocks): unordered, with repeats, -1 and future blocks.
+
+    Entry 0 is forced to block 0 so that every query sees at least its first key."""
+    idx = torch.randint(-1, num_blocks, (B, T, H, count), device=device, dtype=torch.int32)
+    idx[..., 0] = 0
+    return idx
+
+
+def _forward_backward(q, k, v, block_idx, config, q_offset, backend, do):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    o = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
+    (o.double() * do).sum().backward()
+    return o, q.grad, k.grad, v.grad
+
+
+def check_against_reference(q, k, v, block_idx, config, q_offset, tol, ref_dtype=torch.float64):
+    """Kernel in q's dtype vs the reference in ``ref_dtype``: forward, dq, dk, dv."""
+    do = torch.randn(*q.shape[:3], v.shape[-1], device=q.device, dtype=torch.float64)
+    out = _forward_backward(q, k, v, block_idx, config, q_offset, "triton", do)
+    ref = _forward_backward(q.to(ref_dtype), k.to(ref_dtype), v.to(ref_dtype), block_idx, config, q_offset, "reference", do)
+    assert out[0].dtype == q.dtype
+    for name, got, want in zip(("o", "dq", "dk", "dv"), out, ref):
+        assert got.shape == want.shape
+        assert_close(name, got, want, tol(q.dtype, "fwd" if name == "o" else "grad"))
+
+
+F32, F16 = torch.float32, torch.float16
+CASES = [
+    # (B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype)
+    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, 0, 41, F32, id="B1-T41-HQ4-H1-D32-bs16-n3-fp32"),
+    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, 0, 41, F16, id="B1-T41-HQ4-H1-D32-bs16-n3-fp16"),
+    pytest.param(2, 15, 2, 2, 16, 32, 8, 3, 0, 15, F32, id="B2-T15-HQ2-H2-DK16-DV32-bs8-n3-fp32"),
+    pytest.param(1, 19, 16, 1, 16, 16, 16, 2, 0, 19, F16, id="B1-T19-HQ16-H1-D16-bs16-n2-fp16"),
+    pytest.param(1, 17, 6, 2, 48, 24, 16, 3, 13, 45, F32, id="B1-T17-HQ6-H2-DK48-DV24-off13-TK45-fp32"),
+]
+
+
+@pytest.mark.parametrize("B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype", CASES)
+def test_selected_matches_reference(B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype, nsa_device, nsa_tolerance):
+    config = _config(sel_block, count)
+    q, k, v = _inputs(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
+    block_idx = random_blocks(B, T, H, count, config.num_sel_blocks(TK), nsa_device)
+    check_against_reference(q, k, v, block_idx, config, q_offset, nsa_tolerance)
+
+
+def test_selected_dk192_dv128(nsa_device, nsa_tolerance):
+    config = _config(16, 2)
+    q, k, v = _inputs(1, 21, 4, 1, 192, 128, torch.float16, nsa_device)
+    check_against_reference(q, k, v, random_blocks(1, 21, 1, 2, 2, nsa_device), config, 0, nsa_tolerance)
+
+
+def test_selected_ascending_int64_from_select_blocks_layout(nsa_device, nsa_tolerance):
+    """The layout ``select_blocks`` returns: ascending unique blocks padded with -1, int64 here."""
+    config = _config(8, 3)
+    T = 29
+    rows = [sorted({0, max(t // 8 - 1, 0), t // 8}) for t in range(T)]  # init + two local blocks
+    rows = [r + [-1] * (3 - len(r)) for r in rows]
+    block_idx = torch.tensor(rows, device=nsa_device)[None, :, None, :].expand(1, T, 2, 3).contiguous()
+    q, k, v = _inputs(1, T, 4, 2, 16, 16, torch.float32, nsa_device)
+    check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance)
+
+
+def test_selected_rows_with_nothing_selected(nsa_device):
+    """All entries -1 (or all in the future): o = 0 and zero gradients, never NaN."""
+    config = _config(8, 2)
+    q, k, v = (x.requires_grad_() for x in _inputs(1, 13, 2, 1, 16, 16, torch.float32, nsa_device))
+    block_idx = torch.full((1, 13, 1, 2), -1, device=nsa_device, dtype=torch.int32)
+    block_idx[:, :8, :, 1] = 1  # block 1 starts at position 8: in the future for t < 8
+    o = selected_attention(q, k, v, block_idx, config, backend="triton")
+    o.sum().backward()
+    assert (o == 0).all()
+    for g in (q.grad, k.grad, v.grad):
+        assert (g == 0).all()
+
+
+@pytest.mark.parametrize("qseg", [2, 5], ids=["qseg2", "qseg5"])
+def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
+    """A block chosen by more queries than one dK/dV program takes: partial sums reduced in order."""
+    config = _config(8, 3)
+    B, T, HQ, H = 1, 27, 4, 2
+    q, k, v = _inputs(B, T, HQ, H, 16, 16, torch.float32, nsa_device)
+    block_idx = random_blocks(B, T, H, 3, config.num_sel_blocks(T), nsa_device)
+    o, lse = selected_fwd(q, k, v, block_idx, 8, 0.25, 0)
+    do = torch.randn_like(o)
+    got = selected_bwd(q, k, v, block_idx, o, lse, do, 8, 0.25, 0, tiles=dict(QSEG=qseg, BQ=1))
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    ref_o = selected_attention(qd, kd, vd, block_idx, dataclasses.replace(config, scale=0.25), backend="reference")
+    ref_o.backward(do.double())
+    for name, g, want in zip(("dq", "dk", "dv"), got, (qd.grad, kd.grad, vd.grad)):
+        assert_close(name, g, want, nsa_tolerance(torch.float32, "grad"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "T, HQ, H, DK, DV",
+    [(4099, 64, 4, 128, 128), (3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
+    ids=["T4099-HQ64-H4-D128", "T3001-G1-D128", "T2053-G16-DK192-DV128"],
+)
+def test_selected_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
+    """Real sizes (paper sel_block 64, 16 blocks), bfloat16 kernel vs float32 reference."""
+    config = NSAConfig()
+    q, k, v = _inputs(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
+    block_idx = random_blocks(1, T, H, config.sel_count, config.num_sel_blocks(T), nsa_device)
+    check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance, ref_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+def test_selected_gpu_backward_deterministic(nsa_device):
+    config = NSAConfig()
+    q, k, v = _inputs(1, 4096, 32, 2, 128, 128, torch.bfloat16, nsa_device)
+    block_idx = random_blocks(1, 4096, 2, 16, 64, nsa_device)
+    do = torch.randn(1, 4096, 32, 128, device=nsa_device, dtype=torch.float64)
+    first = _forward_backward(q, k, v, block_idx, config, 0, "triton", do)
+    second = _forward_backward(q, k, v, block_idx, config, 0, "triton", do)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
