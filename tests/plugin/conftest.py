@@ -16,7 +16,7 @@ import pytest
 
 from pytest_nsa.hardware import GPUInfo, HardwareInfo
 
-pytest_plugins = ["pytester"]
+# pytester itself is enabled in tests/conftest.py (pytest accepts pytest_plugins only there).
 
 #: name, capability, memory as torch reports them for the shipped profiles' devices.
 DEVICES: Dict[str, Tuple[str, Tuple[int, int], float]] = {
