@@ -124,11 +124,21 @@ def _params():
             yield pytest.param(op, arg, make, exc, patterns, id=f"{op}-{arg}-{patterns[0][:28]}")
 
 
+@pytest.fixture(scope="module")
+def valid() -> Dict[str, object]:
+    return _valid()
+
+
+@pytest.mark.parametrize("op", list(CALLS))
+def test_valid_inputs_run(op, valid):
+    """The baseline of every case below is accepted, so each error comes from the one change."""
+    assert CALLS[op](valid) is not None
+
+
 @pytest.mark.parametrize("op, arg, make, exc, patterns", list(_params()))
-def test_bad_input_names_the_argument(op, arg, make, exc, patterns, monkeypatch):
+def test_bad_input_names_the_argument(op, arg, make, exc, patterns, valid, monkeypatch):
     monkeypatch.setenv("NSA_CHECK_INDICES", "on")  # whatever a profile says: check block_idx values
-    args = _valid()
-    CALLS[op](args)  # the valid call runs
+    args = dict(valid)
     args[arg] = make(args)
     with pytest.raises(exc) as info:
         CALLS[op](args)
