@@ -35,7 +35,8 @@ def query_chunks(num_queries: int, per_query_elems: int) -> Iterator[Tuple[int, 
     chunk = flags.get("NSA_REFERENCE_CHUNK")
     if chunk <= 0:
         chunk = max(1, _SCORE_BUDGET // max(1, per_query_elems))
-    for start in range(0, num_queries, chunk):
+    # An empty query axis still yields one empty chunk, so callers always have a piece to concatenate.
+    for start in range(0, max(num_queries, 1), chunk):
         yield start, min(num_queries, start + chunk)
 
 
@@ -85,4 +86,4 @@ def dense_attention(
     scores = torch.einsum("bchgd,bshd->bhgcs", qg, k) * scale
     probs, lse = masked_softmax(scores, visible)
     o = torch.einsum("bhgcs,bshv->bchgv", probs, v)
-    return o.reshape(B, C, HQ, -1), lse.permute(0, 3, 1, 2).reshape(B, C, HQ)
+    return o.flatten(2, 3), lse.permute(0, 3, 1, 2).reshape(B, C, HQ)
