@@ -310,3 +310,31 @@ def test_no_nan_without_compressed_tokens(T):
     o2, lse2 = ops.compressed_attention(q, k_cmp, v_cmp, SMALL)
     (o2.sum() + lse2[:, blind:].sum()).backward()
     assert torch.count_nonzero(q.grad[:, :blind]) == 0
+
+
+# ---------------------------------------------------------------- edge cases of the query axis
+
+
+@pytest.mark.parametrize("q_offset", [0, 5, 40])
+def test_empty_query_chunk(q_offset):
+    """Tq = 0 (a step with no new token) returns empty outputs of the right shapes."""
+    q, k, v, gates = _inputs(2, 40, 2, 2, 4, 3)
+    kh, vh = k[:, :q_offset], v[:, :q_offset]
+    out, idx = ops.nsa_attention(q[:, :0], kh, vh, gates[:, :0], SMALL, q_offset=q_offset, return_block_idx=True)
+    assert out.shape == (2, 0, 4, 3) and idx.shape == (2, 0, 2, SMALL.sel_count)
+    o, lse = ops.compressed_attention(q[:, :0], ops.mean_compress(kh, SMALL), ops.mean_compress(vh, SMALL), SMALL,
+                                      q_offset=q_offset)
+    assert o.shape == (2, 0, 4, 3) and lse.shape == (2, 0, 4)
+
+
+@pytest.mark.parametrize("chunk", ["1", "3", "8", "50"])
+def test_reference_chunking_is_invisible(chunk, monkeypatch):
+    """NSA_REFERENCE_CHUNK only bounds memory: outputs and blocks equal the unchunked ones,
+    also for a continued prefill at q_offset > 0."""
+    q, k, v, gates = _inputs(2, 77, 2, 2, 6, 5)
+    ref, ref_idx = ops.nsa_attention(q, k, v, gates, SMALL, return_block_idx=True, backend="reference")
+    monkeypatch.setenv("NSA_REFERENCE_CHUNK", chunk)
+    out, idx = ops.nsa_attention(q, k, v, gates, SMALL, return_block_idx=True, backend="reference")
+    assert torch.equal(idx, ref_idx) and rel_error(out, ref) <= 1e-13
+    out = ops.nsa_attention(q[:, 30:], k, v, gates[:, 30:], SMALL, q_offset=30, backend="reference")
+    assert rel_error(out, ref[:, 30:]) <= 1e-13
