@@ -326,7 +326,8 @@ def compressed_fwd(
     G = HQ // H
     GP = triton.next_power_of_2(G)
     if rows is None:
-        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32) else 128
+        # wide heads or 32-bit tiles: 64 rows keep q, the key tiles and acc within shared memory
+        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32 or max(DK, DV) > 128) else 128
     BT = max(1, rows // GP)
     geo = _select_geometry(config)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None

@@ -162,11 +162,13 @@ def compressed_bwd_dkdv_kernel(
     tl.store(dv + (o_kv * DV)[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
 
 
-def _rows_per_program(q: torch.Tensor, G: int, rows: Optional[int]) -> Tuple[int, int]:
-    """``(GP, BT)``: heads padded to a power of two, and query positions per program."""
+def _rows_per_program(q: torch.Tensor, G: int, DV: int, rows: Optional[int]) -> Tuple[int, int]:
+    """``(GP, BT)``: heads padded to a power of two, and query positions per program
+    (fewer rows for wide heads: the tiles must fit shared memory)."""
     GP = triton.next_power_of_2(G)
     if rows is None:
-        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32) else 128
+        wide = max(q.shape[-1], DV) > 128
+        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32 or wide) else 128
     return GP, max(1, rows // GP)
 
 
@@ -185,19 +187,20 @@ def compressed_bwd(
     rows: Optional[int] = None,
     block_n: int = 64,
     num_warps: Optional[int] = None,
+    num_stages: int = 2,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous."""
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
-    GP, BT = _rows_per_program(q, G, rows)
+    GP, BT = _rows_per_program(q, G, DV, rows)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
     delta = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
-                  num_warps=num_warps or (4 if BT * GP <= 64 else 8))
+                  num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages)
     if B * TQ * HQ:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
