@@ -1,0 +1,269 @@
+"""Honest timing: every sample kept, warm-up excluded, no cache or queue flattering a result.
+
+One sample is one call of the measured function (or one replay of its CUDA graph):
+
+- **CUDA**: two CUDA events recorded on the current stream around the call; the
+  elapsed time between them is the sample. Before each sample (untimed) the L2
+  cache is overwritten with a buffer twice its size, the next of several input
+  sets is taken, and the device is synchronised, so the call neither reads
+  operands an earlier call left in L2 nor hides its launch overhead behind
+  queued work: an eager call pays its launches, as it would in a decode loop.
+- **CPU**: :func:`time.perf_counter` around the call.
+
+:class:`Runner` holds the function and its input sets; :func:`measure` runs the
+loop itself (the CLI), and :func:`run_pedantic` runs it through pytest-benchmark's
+``benchmark.pedantic`` with :data:`TIMER` as the timer (the test suites), so both
+measure the same way. No pytest import here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+#: Flushing writes this many times the L2 size (one pass may leave lines resident).
+FLUSH_FACTOR = 2
+#: L2 size assumed when torch does not report it (every data-centre GPU so far is below).
+FALLBACK_L2_BYTES = 64 * 2**20
+#: Input sets never exceed this count (beyond a few, rotation adds nothing over the flush).
+MAX_INPUT_SETS = 8
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Durations of the timed calls in seconds, in the order they ran (warm-up excluded).
+
+    Attributes:
+        times: one duration per call.
+        method: how they were taken, e.g. ``"cuda-events, L2 flushed, 4 input sets, graph"``.
+    """
+
+    times: Tuple[float, ...]
+    method: str
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            raise ValueError("Samples needs at least one duration")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def quartiles(self) -> Tuple[float, float]:
+        """``(q1, q3)`` as pytest-benchmark computes them (both the median for one sample)."""
+        if len(self.times) < 2:
+            return self.times[0], self.times[0]
+        q = statistics.quantiles(self.times, n=4)
+        return q[0], q[2]
+
+    @property
+    def iqr(self) -> float:
+        q1, q3 = self.quartiles
+        return q3 - q1
+
+    def summary(self) -> Dict[str, float]:
+        """``median``, ``iqr``, ``q1``, ``q3``, ``mean``, ``min``, ``max``, ``stddev`` (seconds) and ``rounds``."""
+        q1, q3 = self.quartiles
+        stddev = statistics.stdev(self.times) if len(self.times) > 1 else 0.0
+        return {
+            "median": self.median, "iqr": q3 - q1, "q1": q1, "q3": q3, "mean": statistics.mean(self.times),
+            "min": min(self.times), "max": max(self.times), "stddev": stddev, "rounds": len(self.times),
+        }  # fmt: skip
+
+
+class PairTimer:
+    """A timer called in pairs, ``start = timer(); work(); end = timer()``, with ``end - start``
+    the duration of ``work`` on :attr:`device` (CUDA events there, ``perf_counter`` on CPU).
+
+    This is the calling pattern of pytest-benchmark's pedantic mode, so an instance
+    can be given as ``@pytest.mark.benchmark(timer=TIMER)``. Every duration is also
+    kept in :attr:`durations` (warm-up rounds included: the caller knows how many).
+    """
+
+    __name__ = "nsa_pair_timer"  # how pytest-benchmark names the timer in its reports
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.durations: List[float] = []
+        self._start: Any = None
+
+    def reset(self, device: torch.device) -> None:
+        """Time on ``device`` from now on and forget earlier durations."""
+        self.device = torch.device(device)
+        self.durations = []
+        self._start = None
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            if self._start is None:
+                self._start = event
+                return 0.0
+            event.synchronize()
+            duration = self._start.elapsed_time(event) / 1e3  # elapsed_time is in ms
+        else:
+            now = time.perf_counter()
+            if self._start is None:
+                self._start = now
+                return now
+            duration = now - self._start
+        self._start = None
+        self.durations.append(duration)
+        return duration if self.device.type == "cuda" else now
+
+
+#: The timer the benchmark suites hand to pytest-benchmark (``@pytest.mark.benchmark(timer=TIMER)``).
+TIMER = PairTimer()
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The L2 cache size of a CUDA ``device`` (``FALLBACK_L2_BYTES`` when torch does not say)."""
+    props = torch.cuda.get_device_properties(device)
+    size = getattr(props, "L2_cache_size", 0)
+    return int(size) if size else FALLBACK_L2_BYTES
+
+
+def input_set_count(set_bytes: int, device: torch.device, *, memory_fraction: float = 0.25) -> int:
+    """How many independent input sets to rotate through on ``device``.
+
+    On CUDA: enough that together they exceed ``FLUSH_FACTOR`` times the L2 size
+    (at most :data:`MAX_INPUT_SETS`, and at most ``memory_fraction`` of the free
+    memory); so even without the flush one call never finds the previous call's
+    operands in L2. On CPU: one (the flush is what matters there, and none runs).
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or set_bytes <= 0:
+        return 1
+    wanted = math.ceil(FLUSH_FACTOR * l2_bytes(device) / set_bytes)
+    free, _ = torch.cuda.mem_get_info(device)
+    affordable = int(free * memory_fraction) // set_bytes
+    return max(1, min(wanted, MAX_INPUT_SETS, affordable))
+
+
+def _capture(fn: Callable[..., Any], args: Sequence[Any]) -> "torch.cuda.CUDAGraph":
+    """Capture ``fn(*args)`` into a CUDA graph (warm-up on a side stream first, as torch requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # lazy allocations, autotuning and compilation happen outside the capture
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    torch.cuda.synchronize()
+    return graph
+
+
+class Runner:
+    """The measured call and its untimed preparation.
+
+    Args:
+        fn: the work; called as ``fn(*input_sets[i])``.
+        input_sets: argument tuples, rotated round-robin (one set is fine on CPU).
+        device: where ``fn`` runs.
+        flush_l2: overwrite the L2 cache before each call (CUDA only). Default True.
+        graph: capture ``fn`` once per input set into a CUDA graph and replay it.
+            Raises whatever torch raises when ``fn`` cannot be captured (a host sync).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        input_sets: Sequence[Sequence[Any]],
+        device: torch.device,
+        *,
+        flush_l2: bool = True,
+        graph: bool = False,
+    ) -> None:
+        if not input_sets:
+            raise ValueError("Runner needs at least one input set")
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        if graph and not cuda:
+            raise ValueError(f"graph replay needs a CUDA device, got {self.device}")
+        self.fn, self.input_sets, self.graph = fn, [tuple(s) for s in input_sets], graph
+        self._next = 0
+        self._flush: Optional[torch.Tensor] = None
+        if cuda and flush_l2:
+            self._flush = torch.empty(FLUSH_FACTOR * l2_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
+        self._graphs = [_capture(fn, args) for args in self.input_sets] if graph else []
+
+    @property
+    def method(self) -> str:
+        """How the samples are taken, for reports (``extra_info["timing"]``)."""
+        if self.device.type != "cuda":
+            return f"cpu perf_counter, {len(self.input_sets)} input set(s)"
+        flushed = "L2 flushed" if self._flush is not None else "L2 not flushed"
+        return f"cuda-events, {flushed}, {len(self.input_sets)} input set(s), {'graph replay' if self.graph else 'eager'}"
+
+    def setup(self) -> Tuple[Tuple[int], Dict[str, Any]]:
+        """Untimed: pick the next input set, flush L2, wait for the device.
+        Returns pytest-benchmark's ``(args, kwargs)`` for :meth:`target`."""
+        index = self._next
+        self._next = (self._next + 1) % len(self.input_sets)
+        if self._flush is not None:
+            self._flush.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (index,), {}
+
+    def target(self, index: int) -> Any:
+        """Timed: one call on input set ``index`` (or one replay of its graph)."""
+        if self.graph:
+            self._graphs[index].replay()
+            return None
+        return self.fn(*self.input_sets[index])
+
+
+def measure(runner: Runner, *, rounds: int, warmup: int, timer: Optional[PairTimer] = None) -> Samples:
+    """Time ``rounds`` calls of ``runner`` after ``warmup`` untimed ones (never in the samples)."""
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"rounds must be >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}")
+    timer = timer or PairTimer()
+    timer.reset(runner.device)
+    for _ in range(warmup + rounds):
+        (index,), _ = runner.setup()
+        timer()
+        runner.target(index)
+        timer()
+    return Samples(tuple(timer.durations[warmup:]), runner.method)
+
+
+def plan_rounds(runner: Runner, *, rounds: int, warmup: int, budget_s: float, min_rounds: int = 3) -> int:
+    """Warm ``runner`` up (``warmup`` calls, at least one) and return how many of the asked
+    ``rounds`` fit in ``budget_s`` seconds at the warm calls' median, never fewer than
+    ``min_rounds`` (so one slow path cannot stall a whole suite)."""
+    probe = measure(runner, rounds=1, warmup=max(warmup - 1, 0))
+    if probe.median <= 0:
+        return rounds
+    return max(min(rounds, min_rounds), min(rounds, int(budget_s / probe.median)))
+
+
+def run_pedantic(
+    benchmark: Any, runner: Runner, *, rounds: int, warmup: int, budget_s: float = 30.0
+) -> Optional[Samples]:
+    """Time ``runner`` through pytest-benchmark's ``benchmark.pedantic`` with :data:`TIMER`.
+
+    ``benchmark`` is pytest-benchmark's fixture, and the test must carry
+    ``@pytest.mark.benchmark(timer=TIMER)`` so pytest-benchmark times with the same
+    timer. Warm-up runs first (outside pytest-benchmark's statistics); the rounds
+    are those of :func:`plan_rounds`. Returns the samples pytest-benchmark recorded,
+    or ``None`` when its timing is disabled (under xdist, ``--benchmark-disable``):
+    then the work runs once, untimed, as a smoke test.
+    """
+    if not benchmark.enabled:
+        benchmark.pedantic(runner.target, setup=runner.setup)
+        return None
+    planned = plan_rounds(runner, rounds=rounds, warmup=warmup, budget_s=budget_s)
+    TIMER.reset(runner.device)
+    # plan_rounds has warmed the runner up: every pedantic round is a timed one.
+    benchmark.pedantic(runner.target, setup=runner.setup, rounds=planned, warmup_rounds=0, iterations=1)
+    return Samples(tuple(TIMER.durations), runner.method)

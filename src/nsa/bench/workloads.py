@@ -1,0 +1,327 @@
+"""What the benchmarks time: one NSA decode step, one prefill, and dense SDPA beside each.
+
+Everything goes through nsa's public ops, so a benchmark measures whatever the
+router picks (:func:`routes` records it). One :class:`Shape` describes a point;
+the builders return a :class:`~nsa.bench.timing.Runner` holding fresh random
+inputs (never zeros), enough independent sets to rotate through, and the call:
+
+- decode, NSA: :func:`nsa.ops.decode.nsa_decode` for one new token per sequence
+  over a full cache of ``S = shape.length`` positions (the token included),
+  compressed tokens already emitted by :func:`nsa.ops.mean_compress`; one K/V
+  pair serves the three branches, as dense reads one pair.
+- decode, dense: ``scaled_dot_product_attention`` of the new token over the same
+  context (``enable_gqa``; K/V in SDPA's own ``[B, H, S, D]`` layout).
+- decode, each branch alone: the prefill ops with ``q_offset = S - 1``
+  (``cmp``: compressed attention, ``select``: block scores and top-n,
+  ``slc``: selected attention on those blocks, ``win``: sliding window).
+- prefill: :func:`nsa.nsa_attention` (mean compression included) against causal
+  SDPA, forward under ``no_grad`` or forward + ``torch.autograd.grad`` of all inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from nsa import routing
+from nsa.bench.timing import Runner, input_set_count
+from nsa.config import NSAConfig
+from nsa.modules.cache import count_reads
+from nsa.ops import (
+    compressed_attention,
+    mean_compress,
+    nsa_attention,
+    select_blocks,
+    selected_attention,
+    sliding_window_attention,
+)
+from nsa.ops.decode import nsa_decode
+
+DTYPES: Dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32,
+}  # fmt: skip
+#: ``(heads, kv_heads, head_dim, dtype)`` per device type: the GPU shape of PERF_NOTES, and a
+#: CPU shape small enough that the CPU suite runs in seconds on two cores.
+DEVICE_DEFAULTS: Dict[str, Tuple[int, int, int, torch.dtype]] = {
+    "cuda": (64, 4, 128, torch.bfloat16),
+    "cpu": (4, 1, 32, torch.float32),
+}
+#: NSA geometry per device type: the paper's on a GPU; on a CPU every size scaled down (l=16,
+#: d=8, l'=32, n=8, w=128), so that the CPU profile's short contexts (512-2048) are long
+#: relative to the blocks and the step is as sparse as a GPU step at 16k-32k.
+DEVICE_CONFIGS: Dict[str, NSAConfig] = {
+    "cuda": NSAConfig(),
+    "cpu": NSAConfig(cmp_block=16, cmp_stride=8, sel_block=32, sel_count=8, window=128),
+}
+#: The routed ops each workload runs (their backends go into every record).
+PREFILL_OPS = ("compress", "compressed", "select", "selected", "window")
+DECODE_OPS = ("decode", "compressed", "select", "selected", "window")
+BRANCHES = ("cmp", "select", "slc", "win")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``, ``"fp32"``/``"float32"``."""
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark point.
+
+    Attributes:
+        batch: B.
+        length: decode: the context S (cache positions, the new token included);
+            prefill: the sequence length T.
+        heads, kv_heads: HQ and H (``H | HQ``).
+        head_dim: D (keys and values).
+        dtype: of every input.
+    """
+
+    batch: int
+    length: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "length", "heads", "kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Shape.{name} must be a positive int, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"Shape.heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        if self.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"Shape.dtype must be bfloat16, float16 or float32, got {self.dtype}")
+
+    @classmethod
+    def default(cls, device: torch.device, batch: int, length: int) -> "Shape":
+        """The point at ``batch``/``length`` with :data:`DEVICE_DEFAULTS` of ``device``'s type."""
+        heads, kv_heads, head_dim, dtype = DEVICE_DEFAULTS["cuda" if torch.device(device).type == "cuda" else "cpu"]
+        return cls(batch, length, heads, kv_heads, head_dim, dtype)
+
+    def describe(self) -> Dict[str, Any]:
+        """Plain fields for reports and baseline matching."""
+        return {"batch": self.batch, "length": self.length, "heads": self.heads, "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "dtype": dtype_name(self.dtype)}  # fmt: skip
+
+
+def default_config(device: torch.device) -> NSAConfig:
+    """:data:`DEVICE_CONFIGS` for ``device``'s type."""
+    return DEVICE_CONFIGS["cuda" if torch.device(device).type == "cuda" else "cpu"]
+
+
+def describe_config(config: NSAConfig) -> str:
+    """``"l=32 d=16 l'=64 n=16 w=512"`` (plus init/local blocks when not the defaults)."""
+    text = f"l={config.cmp_block} d={config.cmp_stride} l'={config.sel_block} n={config.sel_count} w={config.window}"
+    if (config.init_blocks, config.local_blocks) != (1, 2):
+        text += f" init={config.init_blocks} local={config.local_blocks}"
+    return text
+
+
+def point_info(shape: Shape, config: NSAConfig) -> Dict[str, Any]:
+    """The ``shape`` record of a benchmark point: :meth:`Shape.describe` plus the geometry."""
+    return {**shape.describe(), "config": describe_config(config)}
+
+
+def routes(ops: Iterable[str], device: torch.device, dtype: torch.dtype) -> Dict[str, str]:
+    """``{op: backend}`` the router picks for ``ops`` on ``device``/``dtype`` (flags included)."""
+    return {op: routing.resolve(op, device, dtype).backend for op in ops}
+
+
+def graph_status(impl: str, device: torch.device, dtype: torch.dtype) -> Tuple[bool, str]:
+    """``(ok, reason)``: can the decode step of ``impl`` (``"nsa"``/``"dense"``) be captured
+    into a CUDA graph here? NSA needs a sync-free decode route (the Triton one)."""
+    if torch.device(device).type != "cuda":
+        return False, "CUDA graphs need a CUDA device"
+    if impl == "nsa":
+        route = routing.resolve("decode", device, dtype)
+        if route.backend != "triton":
+            return False, f"decode route is '{route.backend}' ({route.reason}), which syncs with the host"
+    return True, "capturable"
+
+
+def _randn(*size: int, dtype: torch.dtype, device: torch.device, grad: bool = False) -> torch.Tensor:
+    return torch.randn(*size, dtype=dtype, device=device).requires_grad_(grad)
+
+
+def _nbytes(tensors: Sequence[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _runner(
+    fn: Callable[..., Any],
+    make_set: Callable[[], Tuple[Any, ...]],
+    device: torch.device,
+    *,
+    flush_l2: bool,
+    graph: bool = False,
+    sets: Optional[int] = None,
+) -> Runner:
+    first = make_set()
+    count = sets if sets is not None else input_set_count(_nbytes(first), device)
+    return Runner(fn, [first] + [make_set() for _ in range(count - 1)], device, flush_l2=flush_l2, graph=graph)
+
+
+# -- decode ------------------------------------------------------------------------------
+
+
+def _decode_set(shape: Shape, config: NSAConfig, device: torch.device) -> Tuple[torch.Tensor, ...]:
+    B, S, HQ, H, D = shape.batch, shape.length, shape.heads, shape.kv_heads, shape.head_dim
+    k = _randn(B, S, H, D, dtype=shape.dtype, device=device)
+    v = _randn(B, S, H, D, dtype=shape.dtype, device=device)
+    q = _randn(B, 1, HQ, D, dtype=shape.dtype, device=device)
+    gates = torch.rand(B, 1, HQ, 3, dtype=shape.dtype, device=device)
+    seq_lens = torch.full((B,), S, dtype=torch.int32, device=device)
+    return q, k, v, gates, seq_lens, mean_compress(k, config), mean_compress(v, config)
+
+
+def _nsa_step(config: NSAConfig) -> Callable[..., torch.Tensor]:
+    def step(q, k, v, gates, seq_lens, k_cmp, v_cmp):  # noqa: ANN001 - the decode op checks them
+        return nsa_decode(q, k, v, gates, seq_lens, config, kv_cmp=(k_cmp, v_cmp))
+
+    return step
+
+
+def _dense_decode_set(shape: Shape, device: torch.device) -> Tuple[torch.Tensor, ...]:
+    B, S, HQ, H, D = shape.batch, shape.length, shape.heads, shape.kv_heads, shape.head_dim
+    q = _randn(B, HQ, 1, D, dtype=shape.dtype, device=device)
+    return q, _randn(B, H, S, D, dtype=shape.dtype, device=device), _randn(B, H, S, D, dtype=shape.dtype, device=device)
+
+
+def _dense_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def decode_runner(
+    impl: str,
+    shape: Shape,
+    config: NSAConfig,
+    device: torch.device,
+    *,
+    graph: bool = False,
+    flush_l2: bool = True,
+    sets: Optional[int] = None,
+) -> Runner:
+    """A :class:`Runner` of one decode step of ``impl`` (``"nsa"`` or ``"dense"``) at ``shape``."""
+    if impl == "nsa":
+        return _runner(_nsa_step(config), lambda: _decode_set(shape, config, device), device,
+                       flush_l2=flush_l2, graph=graph, sets=sets)  # fmt: skip
+    if impl == "dense":
+        return _runner(_dense_step, lambda: _dense_decode_set(shape, device), device,
+                       flush_l2=flush_l2, graph=graph, sets=sets)  # fmt: skip
+    raise ValueError(f"impl must be 'nsa' or 'dense', got {impl!r}")
+
+
+def _branch_fns(config: NSAConfig, offset: int) -> Dict[str, Callable[..., torch.Tensor]]:
+    def cmp(q, k, v, k_cmp, v_cmp, block_idx):  # noqa: ANN001
+        return compressed_attention(q, k_cmp, v_cmp, config, q_offset=offset)[0]
+
+    def select(q, k, v, k_cmp, v_cmp, block_idx):  # noqa: ANN001
+        return select_blocks(q, k_cmp, config, q_offset=offset)
+
+    def slc(q, k, v, k_cmp, v_cmp, block_idx):  # noqa: ANN001
+        return selected_attention(q, k, v, block_idx, config, q_offset=offset)
+
+    def win(q, k, v, k_cmp, v_cmp, block_idx):  # noqa: ANN001
+        return sliding_window_attention(q, k, v, config, q_offset=offset)
+
+    return {"cmp": cmp, "select": select, "slc": slc, "win": win}
+
+
+def branch_runners(
+    shape: Shape, config: NSAConfig, device: torch.device, *, flush_l2: bool = True, sets: Optional[int] = None
+) -> Dict[str, Runner]:
+    """One :class:`Runner` per branch of the decode step (:data:`BRANCHES`), each running that
+    branch's op alone at the new token's position ``S - 1``, on shared input sets; the
+    selected branch reads the blocks the selection really picks for that input."""
+
+    def make_set() -> Tuple[torch.Tensor, ...]:
+        q, k, v, _, _, k_cmp, v_cmp = _decode_set(shape, config, device)
+        block_idx = select_blocks(q, k_cmp, config, q_offset=shape.length - 1)
+        return q, k, v, k_cmp, v_cmp, block_idx
+
+    first = make_set()
+    count = sets if sets is not None else input_set_count(_nbytes(first), device)
+    input_sets = [first] + [make_set() for _ in range(count - 1)]
+    fns = _branch_fns(config, shape.length - 1)
+    return {name: Runner(fns[name], input_sets, device, flush_l2=flush_l2) for name in BRANCHES}
+
+
+def decode_reads(shape: Shape, config: NSAConfig, device: torch.device) -> Tuple[float, int]:
+    """``(actual, expected)`` tokens one decode step reads at context ``shape.length``.
+
+    ``actual`` counts the positions of the blocks the step really selects (mean over
+    batch and KV heads) plus the visible compressed tokens and the window, from the
+    decode op's own ``block_idx``; ``expected`` is the spec's formula
+    (:meth:`nsa.NSAConfig.decode_reads`). This syncs with the device: call it
+    outside the timed region.
+    """
+    q, k, v, gates, seq_lens, k_cmp, v_cmp = _decode_set(shape, config, device)
+    _, block_idx = nsa_decode(q, k, v, gates, seq_lens, config, kv_cmp=(k_cmp, v_cmp), return_block_idx=True)
+    actual = count_reads(block_idx, shape.length - 1, config).last_step()["total"]
+    return actual, config.decode_reads(shape.length)
+
+
+# -- prefill -----------------------------------------------------------------------------
+
+
+def _prefill_set(impl: str, shape: Shape, device: torch.device, backward: bool) -> Tuple[torch.Tensor, ...]:
+    B, T, HQ, H, D = shape.batch, shape.length, shape.heads, shape.kv_heads, shape.head_dim
+    like = dict(dtype=shape.dtype, device=device, grad=backward)
+    if impl == "dense":  # SDPA's own layout: [B, heads, T, D]
+        q, k, v = _randn(B, HQ, T, D, **like), _randn(B, H, T, D, **like), _randn(B, H, T, D, **like)
+        return (q, k, v, _randn(B, HQ, T, D, dtype=shape.dtype, device=device)) if backward else (q, k, v)
+    q, k, v = _randn(B, T, HQ, D, **like), _randn(B, T, H, D, **like), _randn(B, T, H, D, **like)
+    gates = torch.rand(B, T, HQ, 3, dtype=shape.dtype, device=device).requires_grad_(backward)
+    if backward:
+        return q, k, v, gates, _randn(B, T, HQ, D, dtype=shape.dtype, device=device)
+    return q, k, v, gates
+
+
+def _prefill_fn(impl: str, config: NSAConfig, backward: bool) -> Callable[..., Any]:
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        if impl == "dense":
+            return F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
+        return nsa_attention(*inputs, config)
+
+    def fwd(*inputs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return forward(*inputs)
+
+    def fwd_bwd(*inputs: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        # autograd.grad returns fresh gradients: nothing accumulates across rounds.
+        *args, grad_out = inputs
+        with torch.enable_grad():
+            return torch.autograd.grad(forward(*args), args, grad_out)
+
+    return fwd_bwd if backward else fwd
+
+
+def prefill_runner(
+    impl: str,
+    shape: Shape,
+    config: NSAConfig,
+    device: torch.device,
+    *,
+    backward: bool,
+    flush_l2: bool = True,
+    sets: Optional[int] = None,
+) -> Runner:
+    """A :class:`Runner` of one prefill of ``impl`` (``"nsa"``/``"dense"``) at ``shape``:
+    forward only, or (``backward``) forward and the gradients of every input."""
+    if impl not in ("nsa", "dense"):
+        raise ValueError(f"impl must be 'nsa' or 'dense', got {impl!r}")
+    return _runner(_prefill_fn(impl, config, backward), lambda: _prefill_set(impl, shape, device, backward),
+                   device, flush_l2=flush_l2, sets=sets)  # fmt: skip

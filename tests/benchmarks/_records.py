@@ -1,0 +1,45 @@
+"""Shared steps of the benchmark tests: time a point through pytest-benchmark, time dense
+SDPA beside it for the ratio, check the output, and fill ``extra_info``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import torch
+
+from nsa.bench.timing import Runner, Samples, measure, run_pedantic
+from pytest_nsa.benchmarks import BenchContext
+
+
+def _check_finite(runner: Runner) -> None:
+    """The measured call produces finite numbers (a fast garbage result is no result)."""
+    if runner.graph:
+        return  # replays write the graph's own buffers; the eager point checks the same call
+    out = runner.fn(*runner.input_sets[0])
+    for t in out if isinstance(out, tuple) else (out,):
+        assert torch.isfinite(t).all(), f"non-finite output of shape {list(t.shape)}"
+
+
+def time_point(benchmark: Any, bench: BenchContext, impl: str,
+               runner_of: Callable[[str], Runner]) -> Optional[Tuple[Samples, Samples]]:  # fmt: skip
+    """``(samples, dense samples)`` of ``impl`` (``runner_of(impl)``) through pytest-benchmark,
+    dense measured the same way in the same run (``samples`` twice for dense itself);
+    ``None`` when pytest-benchmark's timing is off (the call ran once as a smoke test)."""
+    runner = runner_of(impl)
+    samples = run_pedantic(benchmark, runner, rounds=bench.settings.rounds, warmup=bench.warmup,
+                           budget_s=bench.budget_s)  # fmt: skip
+    _check_finite(runner)
+    if samples is None or impl == "dense":
+        return None if samples is None else (samples, samples)
+    del runner  # free its input sets before dense allocates its own
+    return samples, measure(runner_of("dense"), rounds=len(samples.times), warmup=bench.warmup)
+
+
+def record(benchmark: Any, bench: BenchContext, samples: Samples, dense: Samples, **info: Any) -> None:
+    """``extra_info``: the machine fields, ``info`` (kind, impl, mode, shape, routes, ...), the
+    timing method, and the NSA/dense ratio of medians measured in this run."""
+    extra: Mapping[str, Any] = {
+        **bench.machine, **info, "timing": samples.method, "median_s": samples.median,
+        "dense_median_s": dense.median, "nsa_over_dense": samples.median / dense.median,
+    }  # fmt: skip
+    benchmark.extra_info.update(extra)
