@@ -32,7 +32,7 @@ HELP_MISMATCH = (
     "'skip' runs anyway with the GPU tests skipped and says why."
 )
 
-pytest_plugins = ["pytest_nsa.report"]  # --nsa-report: a plugin of its own, options and hooks in that module
+pytest_plugins = ["pytest_nsa.report", "pytest_nsa.benchmarks"]  # --nsa-report, --nsa-bench: plugins of their own
 
 __all__ = ["nsa_device", "nsa_gradcheck_tolerance", "nsa_hardware", "nsa_profile", "nsa_tolerance"]
 
