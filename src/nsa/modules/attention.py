@@ -12,8 +12,12 @@ from nsa.modules.cache import NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
 from nsa.modules.rotary import RotaryEmbedding
 from nsa.ops import nsa_attention
+from nsa.ops.decode import nsa_decode
 
 BRANCHES = ("cmp", "slc", "win")
+RAW_NAME = {"k": {"slc": "k_slc", "win": "k_win", "cmp": "k_cmp_raw"}, "v": {"slc": "v_slc", "win": "v_win", "cmp": "v_cmp_raw"}}
+#: Calls on a static cache with at most this many new tokens take the graph-safe decode path.
+DEVICE_STEP_MAX_TOKENS = 16
 
 
 class NSAAttention(nn.Module):
@@ -71,13 +75,15 @@ class NSAAttention(nn.Module):
             self.compress_k, self.compress_v = MeanCompression(self.config), MeanCompression(self.config)
 
     def new_cache(
-        self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096
+        self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096,
+        static: bool = False,
     ) -> NSACache:
-        """An empty :class:`NSACache` shaped for this layer (device/dtype of its weights by default)."""
+        """An empty :class:`NSACache` shaped for this layer (device/dtype of its weights by default);
+        ``static=True`` gives the fixed-capacity cache of graph-capturable decode."""
         weight = self.q_proj.weight
         return NSACache(
             self.config, batch_size, self.num_kv_heads, self.head_dim, self.v_head_dim,
-            device=device or weight.device, dtype=dtype or weight.dtype, capacity=capacity, chunk=chunk,
+            device=device or weight.device, dtype=dtype or weight.dtype, capacity=capacity, chunk=chunk, static=static,
         )  # fmt: skip
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
@@ -90,8 +96,7 @@ class NSAAttention(nn.Module):
         return q, keys, values, gates
 
     def _kv_from_cache(self, cache: NSACache, keys: dict, values: dict) -> Tuple[dict, dict]:
-        cache.append(**{f"k_{b}" if b != "cmp" else "k_cmp_raw": keys[b] for b in BRANCHES},
-                     **{f"v_{b}" if b != "cmp" else "v_cmp_raw": values[b] for b in BRANCHES})  # fmt: skip
+        cache.append(**_raw(keys, values))
         pending = cache.pending_cmp()
         if pending > 0:
             first = cache.num_cmp
@@ -103,6 +108,27 @@ class NSAAttention(nn.Module):
         values = {"slc": cache.view("v_slc"), "win": cache.view("v_win"), "cmp": cache.view("v_cmp")}
         return keys, values
 
+    def _device_step(self, x: torch.Tensor, cache: NSACache) -> torch.Tensor:
+        """Graph-safe step: positions, cache writes and compressed-token emission all follow
+        the device lengths ``cache.seq_lens``; then :func:`nsa.ops.decode.nsa_decode`."""
+        steps = x.shape[1]
+        if cache.length + steps > cache.capacity:
+            raise ValueError(f"static NSACache is full: {cache.length} + {steps} positions exceed capacity {cache.capacity}")
+        positions = cache.positions(steps)  # [B, T]
+        q, keys, values, gates = self._project(x, positions)
+        cache.write(positions, **_raw(keys, values))
+        # every compressed token completed by this step's positions: at most ceil(T / d) of them
+        cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v)
+        buf = cache.buffer
+        o, block_idx = nsa_decode(
+            q, buf("k_slc"), buf("v_slc"), gates, cache.seq_lens, self.config,
+            kv_cmp=(buf("k_cmp"), buf("v_cmp")), kv_win=(buf("k_win"), buf("v_win")),
+            backend=self.backend, return_block_idx=True,
+        )  # fmt: skip
+        cache.advance_host(steps)
+        cache.record(block_idx, positions[0])
+        return self.o_proj(o.flatten(2))
+
     def forward(self, x: torch.Tensor, cache: Optional[NSACache] = None) -> torch.Tensor:
         """``x [B, T, hidden]`` -> ``[B, T, hidden]``.
 
@@ -110,9 +136,15 @@ class NSAAttention(nn.Module):
         cache, ``x`` continues the cached sequence (a prefill of any length when
         the cache is empty, then one or more tokens per call); the cache is
         updated in place and records the selected blocks and tokens read.
+
+        On a ``static`` cache, calls of at most ``DEVICE_STEP_MAX_TOKENS`` tokens
+        take the graph-safe decode path (positions from ``cache.seq_lens``, no
+        backward: run them under ``torch.no_grad()``); see :mod:`nsa.modules.graph`.
         """
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
+        if cache is not None and cache.static and x.shape[1] <= DEVICE_STEP_MAX_TOKENS:
+            return self._device_step(x, cache)
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q, keys, values, gates = self._project(x, positions)
@@ -128,3 +160,8 @@ class NSAAttention(nn.Module):
         if cache is not None:
             cache.record(block_idx, start)
         return self.o_proj(o.flatten(2))
+
+
+def _raw(keys: dict, values: dict) -> dict:
+    """Projected keys/values per branch -> the cache's raw buffer names."""
+    return {**{RAW_NAME["k"][b]: keys[b] for b in BRANCHES}, **{RAW_NAME["v"][b]: values[b] for b in BRANCHES}}

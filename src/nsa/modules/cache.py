@@ -7,12 +7,18 @@ writes in place (no ``torch.cat`` per step); pass ``capacity`` up front to
 never reallocate. Compressed token ``i`` is emitted as soon as position
 ``i*d + l - 1`` is in the cache, whatever mix of prefill and decode calls
 brought it there (the spec's absolute emission schedule).
+
+A ``static`` cache has a fixed capacity and keeps its lengths on the device
+(``seq_lens``); its step methods (:meth:`NSACache.positions`,
+:meth:`NSACache.write`, :meth:`NSACache.emit`) never read a host value that
+changes per step, so a decode step through them can be captured in a CUDA graph
+(:mod:`nsa.modules.graph`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Union
 
 import torch
 
@@ -43,10 +49,16 @@ class TokenReads:
         return out
 
 
-def count_reads(block_idx: torch.Tensor, q_offset: int, config: NSAConfig) -> TokenReads:
-    """Tokens read by queries at ``q_offset ...`` given their selected ``block_idx [B, T, H, n]``."""
+def count_reads(block_idx: torch.Tensor, q_offset: Union[int, torch.Tensor], config: NSAConfig) -> TokenReads:
+    """Tokens read by queries at ``q_offset ...`` given their selected ``block_idx [B, T, H, n]``.
+
+    ``q_offset`` is the first position (an int), or the positions ``[T]`` themselves
+    as a device tensor (graph-safe)."""
     T = block_idx.shape[1]
-    t = torch.arange(q_offset, q_offset + T, device=block_idx.device)
+    if isinstance(q_offset, torch.Tensor):
+        t = q_offset.to(device=block_idx.device, dtype=torch.int64)
+    else:
+        t = torch.arange(q_offset, q_offset + T, device=block_idx.device)
     starts = block_idx.to(torch.int64) * config.sel_block
     in_block = (t[None, :, None, None] + 1 - starts).clamp(0, config.sel_block)
     slc = torch.where(block_idx >= 0, in_block, torch.zeros_like(in_block)).sum(-1)
@@ -65,10 +77,14 @@ class NSACache:
         device, dtype: of the buffers (default CPU float32).
         capacity: positions to preallocate (default one chunk).
         chunk: growth step in positions (default 4096).
+        static: fixed ``capacity`` (required), zero-filled buffers that are never
+            reallocated, so CUDA graphs may hold their addresses (default False).
 
     Attributes:
         length: positions cached so far (a host int: reading it never syncs).
         num_cmp: compressed tokens emitted so far.
+        seq_lens: int32 ``[B]`` on the cache's device, equal to ``length``; the
+            lengths that decode kernels and graph replays read.
         last_block_idx: int32 ``[B, T, H, n]`` blocks selected by the last call.
         last_reads: :class:`TokenReads` of the last call.
     """
@@ -85,12 +101,14 @@ class NSACache:
         dtype: torch.dtype = torch.float32,
         capacity: int = 0,
         chunk: int = 4096,
+        static: bool = False,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("chunk", chunk)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"NSACache {name} must be a positive int, got {value!r}")
-        if capacity < 0:
-            raise ValueError(f"NSACache capacity must be >= 0, got {capacity}")
+        if capacity < 0 or (static and capacity == 0):
+            raise ValueError(f"NSACache capacity must be >= 0 (> 0 for a static cache), got {capacity}")
+        self.static = static
         self.config = config
         self.chunk = chunk
         self.length = 0
@@ -101,8 +119,9 @@ class NSACache:
         self._dims = {name: (v_head_dim if name.startswith("v") else head_dim) for name in RAW_BUFFERS + CMP_BUFFERS}
         self._shape = (batch_size, num_kv_heads)
         self._like = dict(device=torch.device(device) if device is not None else torch.device("cpu"), dtype=dtype)
+        self.seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=self._like["device"])
         self._buf: Dict[str, torch.Tensor] = {}
-        self._allocate(max(capacity, chunk))
+        self._allocate(capacity if static else max(capacity, chunk))
 
     @property
     def capacity(self) -> int:
@@ -122,8 +141,10 @@ class NSACache:
         used = {name: self.length for name in RAW_BUFFERS}
         used.update({name: self.num_cmp for name in CMP_BUFFERS})
         B, H = self._shape
+        # a static cache is zero-filled: a device-side emission may pool a not yet complete block
+        alloc = torch.zeros if self.static else torch.empty
         for name, size in sizes.items():
-            new = torch.empty(B, size, H, self._dims[name], **self._like)
+            new = alloc(B, size, H, self._dims[name], **self._like)
             if name in self._buf and used[name]:
                 new[:, : used[name]] = self._buf[name][:, : used[name]]
             self._buf[name] = new
@@ -131,6 +152,8 @@ class NSACache:
     def reserve(self, positions: int) -> None:
         """Make room for ``positions`` more tokens (grows by whole chunks, copying once)."""
         needed = self.length + positions
+        if needed > self.capacity and self.static:
+            raise ValueError(f"static NSACache is full: {self.length} + {positions} positions exceed capacity {self.capacity}")
         if needed > self.capacity:
             self._allocate(-(-needed // self.chunk) * self.chunk)
 
@@ -152,6 +175,7 @@ class NSACache:
         for name, value in raw.items():
             self._buf[name][:, self.length : self.length + step] = value
         self.length += step
+        self.seq_lens.add_(step)
 
     def pending_cmp(self) -> int:
         """Compressed tokens complete in the cache but not emitted yet."""
@@ -170,3 +194,48 @@ class NSACache:
         """Keep the last call's selection and its per-branch token reads (no sync)."""
         self.last_block_idx = block_idx
         self.last_reads = count_reads(block_idx, q_offset, self.config)
+
+    def buffer(self, name: str) -> torch.Tensor:
+        """The whole preallocated buffer ``[B, capacity (or compressed capacity), H, D]``."""
+        return self._buf[name]
+
+    def positions(self, steps: int) -> torch.Tensor:
+        """int64 ``[B, steps]`` positions of the next ``steps`` tokens, from ``seq_lens`` (no sync)."""
+        return self.seq_lens.to(torch.int64)[:, None] + torch.arange(steps, device=self.seq_lens.device)
+
+    def write(self, positions: torch.Tensor, **raw: torch.Tensor) -> None:
+        """Graph-safe append: scatter each raw buffer's ``[B, T, H, D]`` at ``positions [B, T]``
+        and advance ``seq_lens`` on the device (the host ``length`` follows in :meth:`advance_host`).
+
+        The caller keeps ``length + T <= capacity`` (checking device values would sync)."""
+        if set(raw) != set(RAW_BUFFERS):
+            raise ValueError(f"NSACache.write needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        for name, value in raw.items():
+            self._buf[name][rows, positions] = value
+        self.seq_lens.add_(positions.shape[1])
+
+    def emit(self, last: torch.Tensor, count: int, phi_k: Callable, phi_v: Callable) -> None:
+        """Graph-safe emission: (re)compute the ``count`` newest compressed tokens complete
+        at positions ``last [B]`` and store them.
+
+        Rewriting a token that is already stored writes the same value, so the rule is
+        idempotent; a token whose block is not complete yet (``last < l - 1``) is written
+        to slot 0, which no query can see until the step that completes it rewrites it.
+        ``phi_k``/``phi_v`` map raw blocks ``[N, l, H, D]`` to tokens ``[N, 1, H, D]``."""
+        cfg, B = self.config, last.shape[0]
+        newest = torch.div(last + 1 - cfg.cmp_block, cfg.cmp_stride, rounding_mode="floor")  # [B]
+        index = (newest[:, None] - torch.arange(count - 1, -1, -1, device=last.device)).clamp_min(0)  # [B, count]
+        raw_pos = index[..., None] * cfg.cmp_stride + torch.arange(cfg.cmp_block, device=last.device)  # [B, count, l]
+        raw_pos = raw_pos.clamp_max(self.capacity - 1)  # only an incomplete (invisible) block reaches past the end
+        rows = torch.arange(B, device=last.device)[:, None]
+        for raw_name, name, phi in (("k_cmp_raw", "k_cmp", phi_k), ("v_cmp_raw", "v_cmp", phi_v)):
+            blocks = self._buf[raw_name][rows[..., None], raw_pos]  # [B, count, l, H, D]
+            tokens = phi(blocks.flatten(0, 1))  # [B * count, 1, H, D]
+            self._buf[name][rows, index] = tokens.view(B, count, *tokens.shape[2:]).to(self.dtype)
+
+    def advance_host(self, steps: int) -> None:
+        """Host bookkeeping of a step written with :meth:`write`/:meth:`emit` (or replayed
+        from a graph): ``length += steps`` and ``num_cmp`` follows the emission schedule."""
+        self.length += steps
+        self.num_cmp = self.config.num_cmp(self.length)

@@ -22,9 +22,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x [B, T, heads, D]``; ``positions [T]`` are absolute token indices."""
-        angles = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        cos = angles.cos().to(x.dtype)[None, :, None, :]
-        sin = angles.sin().to(x.dtype)[None, :, None, :]
+        """Rotate ``x [B, T, heads, D]``; ``positions [T]`` (or ``[B, T]``) are absolute token indices."""
+        angles = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # [(B,) T, D/2]
+        cos = angles.cos().to(x.dtype).unsqueeze(-2)  # [(B,) T, 1, D/2]
+        sin = angles.sin().to(x.dtype).unsqueeze(-2)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)

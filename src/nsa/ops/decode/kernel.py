@@ -99,7 +99,8 @@ def _attend_range(
 
 
 @triton.jit
-def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, b_m, b_l, b_acc, HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, S: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr):
+def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, S, b_m, b_l, b_acc,  #
+                   HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr):
     """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads."""
     o_g = tl.arange(0, BG)
     o_v = tl.arange(0, BV)
@@ -118,10 +119,9 @@ def decode_cmp_win_fwd_kernel(
     s_qr, s_qh,  #
     s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
     s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
-    qk_scale,  #
+    qk_scale, NC_CAP, S_CMP, S_WIN, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
-    NC_CAP: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
-    S_CMP: tl.constexpr, S_WIN: tl.constexpr, S: tl.constexpr,  #
+    CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
 ):
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
@@ -151,15 +151,15 @@ def decode_cmp_win_fwd_kernel(
         p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
                                         G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
-    _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, b_m, b_l, b_acc, H * G, G, V, S, BG, BV)
+    _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
 
 
 @triton.jit
 def decode_score_kernel(
     seq_lens, logits, m_part, l_part, scores,  #
+    NC_CAP, NBLK_CAP, S_CMP, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,  #
-    NC_CAP: tl.constexpr, NBLK_CAP: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
-    S_CMP: tl.constexpr, S: tl.constexpr,  #
+    CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
 ):
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -239,10 +239,10 @@ def decode_selected_fwd_kernel(
     q, k, v, seq_lens, scores, block_idx,  #
     o_part, m_part, l_part,  #
     s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
-    qk_scale,  #
+    qk_scale, NBLK_CAP, SLOT0, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
-    NBLK_CAP: tl.constexpr, SEL_BLOCK: tl.constexpr, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    NP: tl.constexpr, SB: tl.constexpr, SLOT0: tl.constexpr, S: tl.constexpr,  #
+    SEL_BLOCK: tl.constexpr, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    NP: tl.constexpr, SB: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,  #
     PREC: tl.constexpr,
 ):
@@ -282,14 +282,14 @@ def decode_selected_fwd_kernel(
         hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
                                         G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
-    _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, b_m, b_l, b_acc, H * G, G, V, S, BG, BV)
+    _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
 
 
 @triton.jit
 def decode_combine_kernel(
     o_part, m_part, l_part, gates, o,  #
-    HQ: tl.constexpr, V: tl.constexpr, S_CMP: tl.constexpr, S_WIN: tl.constexpr, S: tl.constexpr,  #
-    HB: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+    S_CMP, S_WIN, S,  #
+    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
     splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``."""
@@ -327,14 +327,16 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
-    """``(compressed splits, window splits, selected blocks per program)``: enough programs
-    to cover the GPU about twice at small batch, no split under ~128 tokens, one split
-    per branch once the batch alone fills the GPU."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = triton.cdiv(2 * sms, rows_groups)  # programs per (row, group) to fill the GPU twice
-    s_win = max(1, min(triton.cdiv(config.window, 128), want))
-    s_cmp = max(1, min(triton.cdiv(nc_cap, 128), want - s_win))
-    per_program = 1 if rows_groups * config.sel_count <= 2 * sms else 4
+    """``(compressed splits, window splits, selected blocks per program)``.
+
+    The compressed branch is the bulk of the bytes: split it into about four programs
+    per SM whatever the batch, never under ~128 tokens a split. The window takes
+    ~128-token splits; each selected program takes one block at small batch and
+    several once the batch alone fills the GPU."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), triton.cdiv(nc_cap, 128)))
+    s_win = max(1, triton.cdiv(config.window, 128))
+    per_program = 1 if rows_groups * config.sel_count <= 4 * sms else 4
     return s_cmp, s_win, per_program
 
 
@@ -353,11 +355,15 @@ def decode_fwd(
     *,
     splits: Optional[Tuple[int, int, int]] = None,
     block_tile: Optional[int] = None,
+    token_tile: Optional[int] = None,
+    num_warps: int = 4,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
-    ``splits = (compressed, window, selected blocks per program)`` and ``block_tile``
-    (blocks scanned at once by top-n, a power of two) override the automatic choices."""
+    Overrides of the automatic choices (for tests and tuning): ``splits = (compressed,
+    window, selected blocks per program)``, ``block_tile`` (blocks scanned at once by
+    top-n), ``token_tile`` (tokens per attention tile), ``num_warps`` of the attention kernels.
+    """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
     G, rows = HQ // H, B * TQ
@@ -369,7 +375,7 @@ def decode_fwd(
     s_slc = triton.cdiv(n, sb)
     S = s_cmp + s_win + s_slc
     BG, BK, BV = _pow2(G), _pow2(K), _pow2(V)
-    BC = 64 if max(BK, BV) <= 128 else 32
+    BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     f32 = dict(device=q.device, dtype=torch.float32)
     logits = torch.empty(rows * HQ, nc_cap, **f32)
@@ -379,35 +385,38 @@ def decode_fwd(
     o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
     qk_scale = scale * LOG2E
     common = dict(TQ=TQ, H=H, G=G, BG=BG)
+    attend = dict(K=K, V=V, BK=BK, BV=BV, BC=BC, PREC=PREC, num_warps=num_warps)
     decode_cmp_win_fwd_kernel[(s_cmp + s_win, rows * H)](
         q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
         logits, o_part, m_part, l_part,  #
         q.stride(0), q.stride(1),  #
         k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
-        qk_scale, K=K, V=V, NC_CAP=nc_cap, CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride,
-        WINDOW=config.window, S_CMP=s_cmp, S_WIN=s_win, S=S, BK=BK, BV=BV, BC=BC, PREC=PREC, **common,
+        qk_scale, nc_cap, s_cmp, s_win, S,  #
+        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, **attend, **common,
     )  # fmt: skip
     BJ = 64
     decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
         seq_lens, logits, m_part, l_part, scores,  #
-        NC_CAP=nc_cap, NBLK_CAP=nblk_cap, CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride,
-        SEL_BLOCK=config.sel_block, S_CMP=s_cmp, S=S, BSC=_pow2(s_cmp, 2), BJ=BJ, BT=64, **common,
+        nc_cap, nblk_cap, s_cmp, S,  #
+        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
+        BSC=_pow2(s_cmp, 2), BJ=BJ, BT=64, **common,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(nblk_cap))
     decode_selected_fwd_kernel[(s_slc, rows * H)](
         q, k, v, seq_lens, scores, block_idx,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
-        qk_scale, K=K, V=V, NBLK_CAP=nblk_cap, SEL_BLOCK=config.sel_block, N=n, INIT=config.init_blocks,
-        LOCAL=config.local_blocks, NP=_pow2(n, 2), SB=sb, SLOT0=s_cmp + s_win, S=S, BK=BK, BV=BV, BC=BC,
-        TJ=tj, ONE_TILE=nblk_cap <= tj, PREC=PREC, **common,
+        qk_scale, nblk_cap, s_cmp + s_win, S,  #
+        SEL_BLOCK=config.sel_block, N=n, INIT=config.init_blocks, LOCAL=config.local_blocks, NP=_pow2(n, 2), SB=sb,
+        TJ=tj, ONE_TILE=nblk_cap <= tj, **attend, **common,
     )  # fmt: skip
     # one head per program fills the GPU; the interpreter prefers fewer, larger programs
     hb = 1 if q.device.type == "cuda" else G
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
-        HQ=HQ, V=V, S_CMP=s_cmp, S_WIN=s_win, S=S, HB=hb, BS=_pow2(S, 2), BV=_pow2(V, 2),
+        s_cmp, s_win, S,  #
+        V=V, HB=hb, BS=_pow2(S, 2), BV=_pow2(V, 2),
     )  # fmt: skip
     return o, block_idx
 

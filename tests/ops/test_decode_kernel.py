@@ -1,0 +1,213 @@
+"""Triton decode (``nsa.ops.decode``) against the reference prefill: outputs and selected blocks.
+
+"Every step" in one launch: a sequence of T tokens is laid out as T rows of a
+batch whose cache is the same sequence (expanded, stride 0) with lengths
+``seq_lens = 1 .. T``; row ``t`` is then the decode step at position ``t``,
+and it must equal query ``t`` of one reference prefill (spec identity 3),
+blocks included. Lengths 1..T cover prefills that are and are not multiples
+of ``cmp_stride``/``sel_block``, steps before any compressed token exists,
+and both the "all blocks fit" and the top-n regimes. Cache positions past
+each length hold NaN, so a kernel that reads them fails. On CPU the kernels
+run through Triton's interpreter at small sizes; ``gpu`` cases run real sizes in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa import NSAConfig, nsa_attention
+from nsa.ops import mean_compress
+from nsa.ops.decode import nsa_decode
+from nsa.testing import assert_close
+
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+WIDE = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=3, init_blocks=1, local_blocks=1, window=20)
+TINY = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, sel_count=3, init_blocks=1, local_blocks=1, window=8)
+# no forced blocks: not yet scored blocks tie at exactly 0 and the lower index must win
+NO_FORCED = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, sel_count=3, init_blocks=0, local_blocks=0, window=6)
+
+
+def _sequence(T, HQ, H, DK, DV, config, device, dtype=torch.float32):
+    """One random sequence: queries, gates, per-branch raw k/v and mean-compressed tokens."""
+    q = torch.randn(1, T, HQ, DK, device=device, dtype=dtype)
+    gates = torch.rand(1, T, HQ, 3, device=device, dtype=dtype)
+    kv = {name: torch.randn(1, T, H, DK if name[0] == "k" else DV, device=device, dtype=dtype)
+          for name in ("k", "v", "k_win", "v_win", "k_raw", "v_raw")}  # fmt: skip
+    kv["k_cmp"], kv["v_cmp"] = mean_compress(kv["k_raw"], config), mean_compress(kv["v_raw"], config)
+    return q, gates, kv
+
+
+def _prefill(q, gates, kv, config):
+    """float64 reference prefill: ``(o [1, T, HQ, DV], block_idx [1, T, H, n])``."""
+    d = {name: t.double() for name, t in kv.items()}
+    return nsa_attention(
+        q.double(), d["k"], d["v"], gates.double(), config, kv_cmp=(d["k_cmp"], d["v_cmp"]),
+        kv_win=(d["k_win"], d["v_win"]), backend="reference", return_block_idx=True,
+    )  # fmt: skip
+
+
+def _every_step(q, gates, kv, config, tokens=1, **kwargs):
+    """Decode of positions ``tokens-1 .. T-1`` as rows ``t`` with ``seq_lens = t + 1``: ``tokens``
+    new queries per row (the last ones of the prefix), caches expanded and NaN past each length."""
+    T = q.shape[1]
+    rows = T - tokens + 1
+    lens = torch.arange(tokens, T + 1, device=q.device, dtype=torch.int32)
+
+    def cache(t, n_valid):  # [1, L, H, D] -> [rows, L, H, D] with NaN past row r's n_valid[r]
+        out = t.expand(rows, *t.shape[1:]).clone()
+        out[torch.arange(t.shape[1], device=t.device)[None, :] >= n_valid[:, None]] = float("nan")
+        return out
+
+    n_cmp = torch.tensor([config.num_cmp(int(n)) for n in lens], device=q.device)
+    c = {name: cache(t, n_cmp if "cmp" in name else lens) for name, t in kv.items() if "raw" not in name}
+    pick = torch.arange(tokens, device=q.device)[None, :] + torch.arange(rows, device=q.device)[:, None]  # [rows, tokens]
+    return nsa_decode(
+        q[0, pick], c["k"], c["v"], gates[0, pick], lens, config, kv_cmp=(c["k_cmp"], c["v_cmp"]),
+        kv_win=(c["k_win"], c["v_win"]), return_block_idx=True, **kwargs,
+    )  # fmt: skip
+
+
+EVERY_STEP = [
+    # (T, HQ, H, DK, DV, config, tokens)
+    pytest.param(45, 1, 1, 32, 16, SMALL, 1, id="T45-HQ1-H1-G1-DK32-DV16"),
+    pytest.param(41, 4, 1, 24, 40, WIDE, 1, id="T41-HQ4-H1-G4-DK24-DV40-sel16"),
+    pytest.param(29, 16, 1, 16, 16, NO_FORCED, 1, id="T29-HQ16-H1-G16-no-forced-blocks"),
+    pytest.param(27, 2, 1, 16, 32, TINY, 3, id="T27-HQ2-H1-G2-three-new-tokens"),
+]
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize("T, HQ, H, DK, DV, config, tokens", EVERY_STEP)
+def test_decode_every_step_equals_prefill(T, HQ, H, DK, DV, config, tokens, nsa_device, nsa_tolerance):
+    q, gates, kv = _sequence(T, HQ, H, DK, DV, config, nsa_device)
+    ref_o, ref_idx = _prefill(q, gates, kv, config)
+    o, idx = _every_step(q, gates, kv, config, tokens, backend="triton")
+    rows = torch.arange(tokens, device=q.device)[None, :] + torch.arange(T - tokens + 1, device=q.device)[:, None]
+    assert o.dtype == q.dtype and idx.dtype == torch.int32
+    assert_close("o", o, ref_o[0, rows], nsa_tolerance(q.dtype))
+    assert torch.equal(idx, ref_idx[0, rows]), "decode selected other blocks than the prefill"
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "splits, block_tile, token_tile",
+    [
+        pytest.param((3, 2, 2), None, None, id="cmp3-win2-slc2"),
+        pytest.param((1, 1, 4), 4, 16, id="one-split-each-multi-tile-topn"),
+    ],
+)
+def test_decode_launch_variants(splits, block_tile, token_tile, nsa_device, nsa_tolerance):
+    """Split counts, a top-n that scans several block tiles and small token tiles."""
+    from nsa.ops.decode.kernel import decode_fwd
+
+    config, T, HQ, H = SMALL, 70, 4, 2
+    q, gates, kv = _sequence(T, HQ, H, 16, 16, config, nsa_device)
+    ref_o, ref_idx = _prefill(q, gates, kv, config)
+    lens = torch.tensor([70, 9, 41], device=nsa_device, dtype=torch.int32)
+    ex = {name: t.expand(3, *t.shape[1:]) for name, t in kv.items()}
+    o, idx = decode_fwd(
+        q[0, lens.long() - 1, None], ex["k"], ex["v"], gates[0, lens.long() - 1, None], lens, ex["k_cmp"], ex["v_cmp"],
+        ex["k_win"], ex["v_win"], config, 16**-0.5, splits=splits, block_tile=block_tile, token_tile=token_tile,
+    )  # fmt: skip
+    assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], nsa_tolerance(torch.float32))
+    assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1])
+
+
+def _batch_of_sequences(lens, HQ, H, D, config, device, dtype):
+    """B different sequences in caches of capacity max(lens) + 5, NaN past each length."""
+    B, cap = len(lens), max(lens) + 5
+    seq = [_sequence(cap, HQ, H, D, D, config, device, dtype) for _ in lens]
+    kv = {name: torch.cat([s[2][name] for s in seq]) for name in seq[0][2] if "raw" not in name}
+    for b, n in enumerate(lens):
+        for name, t in kv.items():
+            t[b, (config.num_cmp(n) if "cmp" in name else n):] = float("nan")
+    return seq, kv, torch.tensor(lens, device=device, dtype=torch.int32)
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_decode_batch_with_different_lengths(tokens, nsa_device, nsa_tolerance):
+    config, lens = WIDE, [5, 33, 60]
+    seq, kv, seq_lens = _batch_of_sequences(lens, 8, 2, 32, config, nsa_device, torch.float32)
+    q = torch.cat([s[0][:, n - tokens : n] for s, n in zip(seq, lens)])
+    gates = torch.cat([s[1][:, n - tokens : n] for s, n in zip(seq, lens)])
+    args = (q, kv["k"], kv["v"], gates, seq_lens, config)
+    pairs = dict(kv_cmp=(kv["k_cmp"], kv["v_cmp"]), kv_win=(kv["k_win"], kv["v_win"]), return_block_idx=True)
+    o, idx = nsa_decode(*args, backend="triton", **pairs)
+    for b, n in enumerate(lens):  # each sequence against its own prefill of n tokens
+        one = {name: t[:, :n] for name, t in seq[b][2].items()}
+        ref_o, ref_idx = _prefill(seq[b][0][:, :n], seq[b][1][:, :n], one, config)
+        assert_close(f"o[{b}]", o[b], ref_o[0, n - tokens :], nsa_tolerance(torch.float32))
+        assert torch.equal(idx[b], ref_idx[0, n - tokens :])
+
+
+@pytest.mark.parity
+def test_reference_decode_equals_prefill():
+    """The reference path alone (no Triton), float64: decode == prefill up to rounding."""
+    config, lens = SMALL, [17, 64, 3]
+    seq, kv, seq_lens = _batch_of_sequences(lens, 4, 2, 8, config, torch.device("cpu"), torch.float64)
+    q = torch.cat([s[0][:, n - 1 : n] for s, n in zip(seq, lens)])
+    gates = torch.cat([s[1][:, n - 1 : n] for s, n in zip(seq, lens)])
+    o, idx = nsa_decode(q, kv["k"], kv["v"], gates, seq_lens, config, kv_cmp=(kv["k_cmp"], kv["v_cmp"]),
+                        kv_win=(kv["k_win"], kv["v_win"]), backend="reference", return_block_idx=True)  # fmt: skip
+    for b, n in enumerate(lens):
+        one = {name: t[:, :n] for name, t in seq[b][2].items()}
+        ref_o, ref_idx = _prefill(seq[b][0][:, :n], seq[b][1][:, :n], one, config)
+        assert (o[b, 0] - ref_o[0, -1]).abs().max() < 1e-12
+        assert torch.equal(idx[b, 0], ref_idx[0, -1])
+
+
+def test_decode_rejects_bad_arguments():
+    q, gates = torch.randn(2, 1, 4, 8), torch.rand(2, 1, 4, 3)
+    k, v = torch.randn(2, 40, 2, 8), torch.randn(2, 40, 2, 8)
+    kc, vc = torch.randn(2, 9, 2, 8), torch.randn(2, 9, 2, 8)
+    lens = torch.tensor([10, 40], dtype=torch.int32)
+    with pytest.raises(ValueError, match="seq_lens must be int32"):
+        nsa_decode(q, k, v, gates, lens.long(), SMALL, kv_cmp=(kc, vc))
+    with pytest.raises(ValueError, match=r"seq_lens must lie in \[Tq, capacity\]"):
+        nsa_decode(q, k, v, gates, torch.tensor([10, 41], dtype=torch.int32), SMALL, kv_cmp=(kc, vc))
+    with pytest.raises(ValueError, match="k_cmp capacity"):
+        nsa_decode(q, k, v, gates, lens, SMALL, kv_cmp=(kc[:, :5], vc[:, :5]))
+    with pytest.raises(ValueError, match=r"v_cmp must have shape \[2, capacity, 2, 8\]"):
+        nsa_decode(q, k, v, gates, lens, SMALL, kv_cmp=(kc, vc[:, :, :1]))
+    with pytest.raises(ValueError, match="gates must have shape"):
+        nsa_decode(q, k, v, gates[:, :, :2], lens, SMALL, kv_cmp=(kc, vc))
+    with pytest.raises(TypeError, match="kv_cmp must be a"):
+        nsa_decode(q, k, v, gates, lens, SMALL, kv_cmp=kc)
+    with pytest.raises(RuntimeError, match="no backward"):
+        nsa_decode(q.requires_grad_(), k, v, gates, lens, SMALL, kv_cmp=(kc, vc))
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "lens, HQ, H, DK, DV",
+    [
+        pytest.param([8192, 5001], 64, 4, 128, 128, id="B2-8k-5001-HQ64-H4-D128"),
+        pytest.param([4099], 16, 1, 192, 128, id="B1-4099-HQ16-H1-DK192-DV128"),
+    ],
+)
+def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
+    """bf16 kernel vs the float32 reference at paper geometry; blocks may differ only at
+    near-ties of the float32 scores (none expected at these sizes with random data)."""
+    config = NSAConfig()
+    B, cap = len(lens), max(lens)
+    seq_lens = torch.tensor(lens, device=nsa_device, dtype=torch.int32)
+    q = torch.randn(B, 1, HQ, DK, device=nsa_device, dtype=torch.bfloat16)
+    gates = torch.rand(B, 1, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
+    k, k_win = (torch.randn(B, cap, H, DK, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    v, v_win = (torch.randn(B, cap, H, DV, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    ins = (q, k, v, gates, seq_lens, config)
+    kw = dict(kv_cmp=(k_cmp, v_cmp), kv_win=(k_win, v_win), return_block_idx=True)
+    o, idx = nsa_decode(*ins, backend="triton", **kw)
+    up = lambda t: t.float() if t.is_floating_point() else t  # noqa: E731
+    ref_o, ref_idx = nsa_decode(*map(up, ins[:5]), config, backend="reference",
+                                kv_cmp=tuple(map(up, kw["kv_cmp"])), kv_win=tuple(map(up, kw["kv_win"])), return_block_idx=True)  # fmt: skip
+    assert_close("o", o, ref_o, 1e-2)
+    assert (idx == ref_idx).float().mean() >= 0.99

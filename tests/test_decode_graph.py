@@ -1,0 +1,131 @@
+"""Graph-safe decode: the static NSACache path, device-side emission, and CUDA-graph replay.
+
+On CPU the static path runs through the reference decode (float64, exact to
+rounding) and, under the interpreter, through the Triton decode. The ``gpu``
+tests capture a decode step in a CUDA graph (a capture fails on any host sync,
+so capturing is the sync-free check), replay it and compare every step with an
+eager static step and with the reference prefill, outputs and blocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa import NSAAttention, NSAConfig
+from nsa.modules.graph import DecodeGraph
+from nsa.testing import assert_close, rel_error
+
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+
+def _layer(compression="mlp", dtype=torch.float64, device="cpu", config=SMALL, heads=(4, 2), dims=(8, 6), hidden=24):
+    torch.manual_seed(1)
+    layer = NSAAttention(hidden, heads[0], heads[1], dims[0], dims[1], config, compression=compression)
+    return layer.to(device=device, dtype=dtype)
+
+
+def _run(layer, cache, x, bounds, start=0):
+    """Feed ``x[:, a:b]`` for consecutive bounds from ``start``; outputs and selected blocks, concatenated."""
+    outs, blocks = [], []
+    with torch.no_grad():
+        for end in bounds:
+            outs.append(layer(x[:, start:end], cache))
+            blocks.append(cache.last_block_idx.clone())
+            start = end
+    return torch.cat(outs, 1), torch.cat(blocks, 1)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "compression, prefill, step",
+    [
+        pytest.param("mlp", 0, 1, id="mlp-decode-only"),
+        pytest.param("mean", 8, 1, id="mean-prefill-selblock"),
+        pytest.param("mlp", 13, 3, id="mlp-prefill13-step3"),
+        pytest.param("mean", 7, 16, id="mean-prefill7-step16"),
+    ],
+)
+def test_static_cache_decode_equals_prefill(compression, prefill, step):
+    layer = _layer(compression)
+    x = torch.randn(2, 41, 24, dtype=torch.float64)
+    full_cache = layer.new_cache(2)
+    with torch.no_grad():
+        full = layer(x, full_cache)
+    cache = layer.new_cache(2, capacity=44, static=True)
+    pointer = cache.buffer("k_slc").data_ptr()
+    bounds = ([prefill] if prefill else []) + list(range(prefill + step, 41, step)) + [41]
+    out, blocks = _run(layer, cache, x, bounds)
+    assert (out - full).abs().max() < 1e-12
+    assert torch.equal(blocks, full_cache.last_block_idx)
+    assert cache.length == 41 and cache.num_cmp == SMALL.num_cmp(41) and cache.seq_lens.tolist() == [41, 41]
+    assert cache.buffer("k_slc").data_ptr() == pointer, "a static cache must never reallocate"
+    assert (cache.view("k_cmp") - full_cache.view("k_cmp")).abs().max() < 1e-12
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+def test_static_cache_triton_decode_steps(nsa_device, nsa_tolerance):
+    """Prefill eagerly, then decode steps through the Triton decode kernel."""
+    layer = _layer("mlp", torch.float32, nsa_device, heads=(4, 1), dims=(16, 16))
+    x = torch.randn(1, 41, 24, device=nsa_device)
+    full_cache = layer.new_cache(1)
+    with torch.no_grad():
+        full = layer(x, full_cache)
+    cache = layer.new_cache(1, capacity=48, static=True)
+    layer.backend = None
+    _run(layer, cache, x, [33])
+    layer.backend = "triton"
+    out, blocks = _run(layer, cache, x, [34, 35, 36, 38, 41], start=33)
+    assert_close("o", out, full[:, 33:], nsa_tolerance(torch.float32))
+    assert torch.equal(blocks, full_cache.last_block_idx[:, 33:])
+
+
+def test_static_cache_limits():
+    layer = _layer()
+    with pytest.raises(ValueError, match="capacity"):
+        layer.new_cache(1, static=True)
+    cache = layer.new_cache(1, capacity=10, static=True)
+    with torch.no_grad():
+        layer(torch.randn(1, 9, 24, dtype=torch.float64), cache)
+        with pytest.raises(ValueError, match="static NSACache is full"):
+            layer(torch.randn(1, 2, 24, dtype=torch.float64), cache)
+        with pytest.raises(ValueError, match="static NSACache is full"):
+            layer(torch.randn(1, 20, 24, dtype=torch.float64), layer.new_cache(1, capacity=10, static=True))
+    with pytest.raises(ValueError, match="static NSACache on CUDA"):
+        DecodeGraph(layer, layer.new_cache(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+def test_decode_graph_replay_matches_eager_and_reference(nsa_device):
+    """bf16, paper geometry: prefill 1000, then 80 captured steps across a selection-block
+    boundary (1024) and several emissions; each step equals an eager static step, and
+    the reference prefill (float32 compute on the same bf16 layer) to 1e-2."""
+    config, B, prefill, steps = NSAConfig(), 2, 1000, 80
+    layer = _layer("mlp", torch.bfloat16, nsa_device, config, heads=(16, 4), dims=(64, 64), hidden=256)
+    x = torch.randn(B, prefill + steps, 256, device=nsa_device, dtype=torch.bfloat16)
+    graph_cache, eager_cache = (layer.new_cache(B, capacity=prefill + steps, static=True) for _ in range(2))
+    with torch.no_grad():
+        layer(x[:, :prefill], graph_cache)
+        layer(x[:, :prefill], eager_cache)
+        step = DecodeGraph(layer, graph_cache)
+        torch.cuda.set_sync_debug_mode("error")  # an eager static step must not sync either
+        try:
+            eager_first = layer(x[:, prefill : prefill + 1], eager_cache)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        outs, blocks = [step(x[:, prefill : prefill + 1]).clone()], [graph_cache.last_block_idx.clone()]
+        assert rel_error(outs[0], eager_first) < 1e-3 and torch.equal(blocks[0], eager_cache.last_block_idx)
+        for t in range(prefill + 1, prefill + steps):
+            outs.append(step(x[:, t : t + 1]).clone())
+            blocks.append(graph_cache.last_block_idx.clone())
+            eager = layer(x[:, t : t + 1], eager_cache)
+            assert rel_error(outs[-1], eager) < 1e-3 and torch.equal(blocks[-1], eager_cache.last_block_idx)
+        layer.backend = "reference"
+        ref_cache = layer.new_cache(B)
+        ref = layer(x, ref_cache)
+    assert graph_cache.length == prefill + steps and graph_cache.seq_lens.tolist() == [prefill + steps] * B
+    assert_close("o", torch.cat(outs, 1), ref[:, prefill:], 1e-2)
+    assert (torch.cat(blocks, 1) == ref_cache.last_block_idx[:, prefill:]).float().mean() >= 0.99
