@@ -188,7 +188,7 @@ def _step(q, k, v, gates, cfg, p, tq, keys):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("tq", [1, 7])
-@pytest.mark.parametrize("p", [0, 1, 15, 16, 17, 63, 64, 65, 100])
+@pytest.mark.parametrize("p", [0, 1, 15, 16, 17, 24, 63, 64, 65, 100])
 def test_decode_equals_prefill(p, tq, nsa_device, nsa_tolerance):
     """Queries at q_offset = p over the exact history equal the prefill's rows p .. p+tq-1."""
     cfg, dtype, T = DECODE, torch.float32, 130
@@ -227,7 +227,18 @@ def test_decode_after_prefill_in_a_cache_buffer(p, nsa_device, nsa_tolerance):
 GRAD_CFG = SMALL
 
 
+@pytest.fixture
+def one_thread():
+    """gradcheck makes hundreds of tiny calls: intra-op threads only spin (badly so when
+    xdist workers or other jobs share the cores), so run them on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("separate_kv", [False, True], ids=["shared-kv", "per-branch-kv"])
 def test_gradcheck_nsa_attention(separate_kv, nsa_gradcheck_tolerance):
     """float64 gradcheck of nsa_attention w.r.t. q, k, v, gates (and k_cmp, v_cmp, k_win, v_win)."""
@@ -246,17 +257,19 @@ def test_gradcheck_nsa_attention(separate_kv, nsa_gradcheck_tolerance):
 
 
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 def test_gradcheck_mean_compress(nsa_gradcheck_tolerance):
     x = torch.randn(2, 23, 2, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: ops.mean_compress(x, GRAD_CFG), (x,), **nsa_gradcheck_tolerance)
 
 
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 def test_gradcheck_compressed_attention(nsa_gradcheck_tolerance):
     """Through o and through lse of the rows that see a compressed token (lse = -inf before)."""
-    q = torch.randn(2, 30, 2, 4, dtype=torch.float64, requires_grad=True)
-    k_cmp = torch.randn(2, 6, 1, 4, dtype=torch.float64, requires_grad=True)
-    v_cmp = torch.randn(2, 6, 1, 3, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(1, 30, 2, 4, dtype=torch.float64, requires_grad=True)
+    k_cmp = torch.randn(1, 6, 1, 4, dtype=torch.float64, requires_grad=True)
+    v_cmp = torch.randn(1, 6, 1, 3, dtype=torch.float64, requires_grad=True)
     first = GRAD_CFG.cmp_block - 1  # the first position that sees a compressed token
 
     def fn(q, k_cmp, v_cmp):
@@ -267,6 +280,7 @@ def test_gradcheck_compressed_attention(nsa_gradcheck_tolerance):
 
 
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 def test_gradcheck_selected_attention(nsa_gradcheck_tolerance):
     q, k, v, _ = _inputs(1, 40, 1, 2, 4, 3, requires_grad=True)
     idx = ops.select_blocks(q.detach(), ops.mean_compress(k.detach(), GRAD_CFG), GRAD_CFG)
@@ -275,6 +289,7 @@ def test_gradcheck_selected_attention(nsa_gradcheck_tolerance):
 
 
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 def test_gradcheck_sliding_window_attention(nsa_gradcheck_tolerance):
     q, k, v, _ = _inputs(1, 40, 1, 2, 4, 3, requires_grad=True)
     fn = lambda q, k, v: ops.sliding_window_attention(q, k, v, GRAD_CFG)  # noqa: E731
@@ -282,6 +297,7 @@ def test_gradcheck_sliding_window_attention(nsa_gradcheck_tolerance):
 
 
 @pytest.mark.gradcheck
+@pytest.mark.usefixtures("one_thread")
 def test_gradcheck_decode_offset(nsa_gradcheck_tolerance):
     """Gradients also hold for queries at q_offset > 0 (a chunk of a continued prefill)."""
     q, k, v, gates = _inputs(1, 37, 1, 2, 4, 3, requires_grad=True)
