@@ -35,9 +35,10 @@ LOG2E = 1.4426950408889634
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
 # lower block win a tie. Forced blocks take the bits of +inf.
-KEY_SHIFT = 4294967296  # 2**32
-KEY_INDEX_MAX = 4294967295
-INF_BITS = 0x7F800000
+KEY_SHIFT = tl.constexpr(4294967296)  # 2**32
+KEY_INDEX_MAX = tl.constexpr(4294967295)
+INF_BITS = tl.constexpr(0x7F800000)
+INT64_MAX = tl.constexpr(9223372036854775807)
 
 
 @triton.jit
@@ -219,7 +220,7 @@ def _top_n_threshold(p_sc, own, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.c
     below the last one"; with ``ONE_TILE`` every key stays in registers."""
     thr = tl.full([], 0, tl.int64)
     if own + 1 > N:
-        thr = tl.full([], 9223372036854775807, tl.int64)
+        thr = tl.full([], INT64_MAX, tl.int64)
         if ONE_TILE:
             _, b_key = _block_keys(p_sc, 0, own, INIT, LOCAL, TJ)
             for _ in range(N):
