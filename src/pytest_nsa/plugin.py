@@ -32,7 +32,9 @@ HELP_MISMATCH = (
     "'skip' runs anyway with the GPU tests skipped and says why."
 )
 
-pytest_plugins = ["pytest_nsa.report", "pytest_nsa.benchmarks"]  # --nsa-report, --nsa-bench: plugins of their own
+# --nsa-bench, --nsa-report: plugins of their own; benchmarks first, since report imports it
+# and pytest can only assert-rewrite a plugin it imports itself.
+pytest_plugins = ["pytest_nsa.benchmarks", "pytest_nsa.report"]
 
 __all__ = ["nsa_device", "nsa_gradcheck_tolerance", "nsa_hardware", "nsa_profile", "nsa_tolerance"]
 

@@ -1,0 +1,323 @@
+"""``nsa-bench``: decode and prefill tables, CSV and plots, outside pytest.
+
+Examples::
+
+    nsa-bench decode --contexts 8k,16k,32k,64k --batch 1,16 --csv decode.csv --plot decode.png
+    nsa-bench prefill --lengths 8k,16k,32k --csv prefill.csv --plot prefill.png
+
+Defaults (contexts, lengths, batch sizes, rounds) come from the GPU profile that
+matches the device (``--profile``), shapes from the device (64 query heads, 4 KV
+heads, head dim 128, bf16 on a GPU; a small float32 shape on the CPU). Timing is
+:mod:`nsa.bench.timing`'s; the per-branch columns of the decode table time each
+branch's op alone. ``--baseline auto`` draws the profile's stored baseline
+(``gpu_profiles/baselines/<profile>/benchmarks.json``, written by
+``pytest tests/benchmarks --nsa-baseline=save``) into the plot, for the points of
+the same shape; a baseline from another machine is refused with the reason.
+Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from nsa.bench import baselines, plot
+from nsa.bench.timing import Runner, Samples, measure, plan_rounds
+from nsa.bench.workloads import (
+    BRANCHES, DECODE_OPS, PREFILL_OPS, Shape, branch_runners, decode_reads, decode_runner, default_config,
+    describe_config, graph_status, parse_dtype, point_info, prefill_runner, routes,
+)  # fmt: skip
+
+FALLBACK = {"contexts": (4096, 8192, 16384, 32768, 65536), "batch_sizes": (1,), "rounds": 20,
+            "prefill_lengths": (8192, 16384, 32768)}  # fmt: skip
+DECODE_COLUMNS = ("batch", "context", "mode", "status", "rounds", "nsa_ms", "nsa_iqr_ms",
+                  *(f"{b}_ms" for b in BRANCHES), "reads_actual", "reads_expected", "dense_ms", "dense_iqr_ms",
+                  "nsa_over_dense", "baseline_nsa_ms", "baseline_dense_ms")  # fmt: skip
+PREFILL_COLUMNS = ("batch", "length", "status", "rounds", "nsa_fwd_ms", "dense_fwd_ms", "fwd_speedup",
+                   "nsa_fwdbwd_ms", "dense_fwdbwd_ms", "fwdbwd_speedup", "baseline_fwd_speedup",
+                   "baseline_fwdbwd_speedup")  # fmt: skip
+
+
+def parse_sizes(text: str) -> Tuple[int, ...]:
+    """``"8k,16k,512"`` -> ``(8192, 16384, 512)`` (``k`` = 1024, ``m`` = 1024**2)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = {"k": 1024, "m": 1024**2}.get(part[-1:], 1)
+        digits = part[:-1] if scale > 1 else part
+        if not digits.isdigit() or int(digits) <= 0:
+            raise argparse.ArgumentTypeError(f"expected sizes like 8k,16k,512; got {text!r}")
+        out.append(int(digits) * scale)
+    return tuple(out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nsa-bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, what in (("decode", "one decode step per context"), ("prefill", "forward and forward+backward")):
+        p = sub.add_parser(name, help=f"time NSA against dense SDPA: {what}")
+        if name == "decode":
+            p.add_argument("--contexts", type=parse_sizes, help="contexts, e.g. 8k,16k (default: the profile's)")
+            p.add_argument("--graph", action="store_true", help="replay CUDA graphs (where the decode route allows)")
+            p.add_argument("--no-branches", action="store_true", help="skip timing each branch alone")
+        else:
+            p.add_argument("--lengths", type=parse_sizes, help="sequence lengths (default: the profile's)")
+        p.add_argument("--batch", type=parse_sizes, help="batch sizes, e.g. 1,16 (default: the profile's; prefill 1)")
+        p.add_argument("--heads", type=int, help="query heads (default 64 on GPU)")
+        p.add_argument("--kv-heads", type=int, help="key/value heads (default 4 on GPU)")
+        p.add_argument("--head-dim", type=int, help="head dimension (default 128 on GPU)")
+        p.add_argument("--dtype", type=parse_dtype, help="bf16, fp16 or fp32 (default bf16 on GPU)")
+        p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+        p.add_argument("--profile", default="auto", help="GPU profile for defaults and the baseline (default: match)")
+        p.add_argument("--rounds", type=int, help="timed calls per point (default: the profile's)")
+        p.add_argument("--warmup", type=int, help="untimed calls first (default 10 on GPU, 1 on CPU)")
+        p.add_argument("--budget", type=float, default=30.0, help="seconds per measurement; fewer rounds beyond")
+        p.add_argument("--sets", type=int, help="input sets to rotate (default: enough to exceed 2x L2)")
+        p.add_argument("--no-flush", action="store_true", help="do not flush L2 before each call")
+        p.add_argument("--baseline", default="auto", help="'auto' (the profile's), 'none', or a baseline JSON path")
+        p.add_argument("--csv", type=Path, help="write the table as CSV")
+        p.add_argument("--plot", type=Path, help="write a PNG plot")
+    return parser
+
+
+class Bench:
+    """One invocation: device, profile, shape defaults, measuring and progress."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        want = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(want)
+        self.profile, self.machine = _profile(args.profile, self.device)
+        self.settings = self.profile.benchmark if self.profile is not None else None
+        self.config = default_config(self.device)
+        self.warmup = args.warmup if args.warmup is not None else (10 if self.device.type == "cuda" else 1)
+        self.rounds = args.rounds or (self.settings.rounds if self.settings else FALLBACK["rounds"])
+
+    def setting(self, name: str, given: Optional[Sequence[int]]) -> Tuple[int, ...]:
+        if given:
+            return tuple(given)
+        return tuple(getattr(self.settings, name)) if self.settings else FALLBACK[name]
+
+    def shape(self, batch: int, length: int) -> Shape:
+        base = Shape.default(self.device, batch, length)
+        a = self.args
+        return Shape(batch, length, a.heads or base.heads, a.kv_heads or base.kv_heads, a.head_dim or base.head_dim,
+                     a.dtype or base.dtype)  # fmt: skip
+
+    def time(self, runner: Runner) -> Samples:
+        rounds = plan_rounds(runner, rounds=self.rounds, warmup=self.warmup, budget_s=self.args.budget)
+        return measure(runner, rounds=rounds, warmup=0)
+
+    def runner_kwargs(self) -> Dict[str, Any]:
+        return {"flush_l2": not self.args.no_flush, "sets": self.args.sets}
+
+    def title(self, what: str, shape: Shape) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.machine["device"]
+        return (f"{what} on {name}: HQ={shape.heads} H={shape.kv_heads} D={shape.head_dim} "
+                f"{point_info(shape, self.config)['dtype']}, {describe_config(self.config)}\n"
+                f"torch {self.machine['torch']}, triton {self.machine['triton']}")  # fmt: skip
+
+
+def _profile(name: str, device: torch.device) -> Tuple[Any, Dict[str, Any]]:
+    """The profile (``None`` if no profile matches) and the machine fields of this run."""
+    from pytest_nsa import hardware, versions  # the plugin's pure modules (no pytest import)
+    from pytest_nsa.profiles import SHIPPED_DIR, Catalog
+    from pytest_nsa.selection import CPU_PROFILE, auto
+
+    catalog = Catalog([Path.cwd() / "gpu_profiles", SHIPPED_DIR])
+    hw = hardware.detect()
+    if name != "auto":
+        profile = catalog.load(name)
+    elif device.type == "cpu":
+        profile = catalog.load(CPU_PROFILE)
+    else:
+        profile, why = auto(catalog, hw)
+        if profile is None:
+            _progress(f"no GPU profile matches ({why}); built-in defaults, no baseline")
+    label = profile.name if profile is not None else "none"
+    return profile, baselines.machine_fields(label, hw, versions.detect())
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _ms(samples: Samples) -> Tuple[float, float]:
+    return samples.median * 1e3, samples.iqr * 1e3
+
+
+def _load_baseline(bench: Bench) -> Optional[baselines.Baseline]:
+    choice = bench.args.baseline
+    if choice == "none" or (choice == "auto" and bench.profile is None):
+        return None
+    if choice == "auto":
+        folder = Path.cwd() / "gpu_profiles" / "baselines"
+        if not folder.is_dir():
+            from pytest_nsa.profiles import SHIPPED_DIR
+
+            folder = SHIPPED_DIR / "baselines"
+        path = baselines.path_for(folder, bench.profile.name)
+    else:
+        path = Path(choice)
+    try:
+        stored = baselines.load(path)
+    except FileNotFoundError:
+        _progress(f"baseline: none at {path}")
+        return None
+    except baselines.BaselineError as err:
+        _progress(f"baseline: not used: {err}")
+        return None
+    diff = baselines.differences(stored.machine, bench.machine)
+    if diff:
+        _progress(f"baseline: {path} refused (another device or software stack): {'; '.join(diff)}")
+        return None
+    _progress(f"baseline: {path} (recorded {stored.created})")
+    return stored
+
+
+def _baseline_points(stored: Optional[baselines.Baseline], kind: str, match: Callable[[Dict[str, Any]], bool]
+                     ) -> Dict[Tuple[str, str, int, int], float]:  # fmt: skip
+    """``{(impl, mode, batch, length): median seconds}`` of the stored ``kind`` entries that ``match``."""
+    out = {}
+    for entry in (stored.entries.values() if stored else ()):
+        info, shape = entry.info, entry.info.get("shape") or {}
+        if info.get("kind") == kind and match(shape):
+            out[(info.get("impl"), info.get("mode"), shape.get("batch"), shape.get("length"))] = entry.median
+    return out
+
+
+def _same_geometry(bench: Bench, shape: Shape) -> Callable[[Dict[str, Any]], bool]:
+    mine = point_info(shape, bench.config)
+    keys = ("heads", "kv_heads", "head_dim", "dtype", "config")
+    return lambda stored: all(stored.get(k) == mine[k] for k in keys)
+
+
+def _decode_point(bench: Bench, shape: Shape, graph: bool) -> Dict[str, Any]:
+    kw = bench.runner_kwargs()
+    row: Dict[str, Any] = {"batch": shape.batch, "context": shape.length, "mode": "graph" if graph else "eager"}
+    with torch.no_grad():
+        nsa = bench.time(decode_runner("nsa", shape, bench.config, bench.device, graph=graph, **kw))
+        row["nsa_ms"], row["nsa_iqr_ms"] = _ms(nsa)
+        if not bench.args.no_branches:
+            for name, runner in branch_runners(shape, bench.config, bench.device, **kw).items():
+                row[f"{name}_ms"] = bench.time(runner).median * 1e3
+        row["reads_actual"], row["reads_expected"] = decode_reads(shape, bench.config, bench.device)
+        dense = bench.time(decode_runner("dense", shape, bench.config, bench.device, graph=graph, **kw))
+    row["dense_ms"], row["dense_iqr_ms"] = _ms(dense)
+    row["nsa_over_dense"] = nsa.median / dense.median
+    row["rounds"] = len(nsa.times)
+    return row
+
+
+def _prefill_point(bench: Bench, shape: Shape) -> Dict[str, Any]:
+    row: Dict[str, Any] = {"batch": shape.batch, "length": shape.length}
+    kw = bench.runner_kwargs()
+    for mode, backward in (("fwd", False), ("fwdbwd", True)):
+        times = {impl: bench.time(prefill_runner(impl, shape, bench.config, bench.device, backward=backward, **kw))
+                 for impl in ("nsa", "dense")}  # fmt: skip
+        row[f"nsa_{mode}_ms"], row[f"dense_{mode}_ms"] = times["nsa"].median * 1e3, times["dense"].median * 1e3
+        row[f"{mode}_speedup"] = times["dense"].median / times["nsa"].median
+        row["rounds"] = len(times["nsa"].times)
+    return row
+
+
+def _run_points(points: List[Shape], measure_one: Callable[[Shape], Dict[str, Any]], what: str) -> List[Dict[str, Any]]:
+    rows = []
+    for i, shape in enumerate(points, 1):
+        _progress(f"[{i}/{len(points)}] {what} B={shape.batch} {'S' if what == 'decode' else 'T'}={shape.length} ...")
+        try:
+            row = {**measure_one(shape), "status": "ok"}
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            row = {"batch": shape.batch, ("context" if what == "decode" else "length"): shape.length, "status": "oom"}
+        shown = {k: v for k, v in row.items() if k.endswith(("_ms", "speedup", "over_dense")) or k == "status"}
+        _progress("    " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown.items()))
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _emit(rows: List[Dict[str, Any]], columns: Sequence[str], args: argparse.Namespace) -> None:
+    table = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for t in table:
+        print("  ".join(v.rjust(w) for v, w in zip(t, widths)))
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows({c: _fmt(r.get(c)) for c in columns} for r in rows)
+        _progress(f"wrote {args.csv}")
+
+
+def run_decode(bench: Bench) -> List[Dict[str, Any]]:
+    args = bench.args
+    contexts = bench.setting("contexts", args.contexts)
+    points = [bench.shape(b, s) for b in bench.setting("batch_sizes", args.batch) for s in contexts]
+    graph = args.graph
+    if graph:
+        for impl in ("nsa", "dense"):
+            ok, why = graph_status(impl, bench.device, points[0].dtype)
+            if not ok:
+                _progress(f"--graph ignored: {impl}: {why}")
+                graph = False
+    _progress("routes: " + " ".join(f"{op}={b}" for op, b in routes(DECODE_OPS, bench.device, points[0].dtype).items()))
+    rows = _run_points(points, lambda shape: _decode_point(bench, shape, graph), "decode")
+    stored = _baseline_points(_load_baseline(bench), "decode", _same_geometry(bench, points[0]))
+    mode = "graph" if graph else "eager"
+    series: Dict[str, Dict[int, float]] = {}
+    for row in rows:
+        for impl, label in (("nsa", "NSA"), ("dense", "dense")):
+            base = stored.get((impl, mode, row["batch"], row["context"]))
+            row[f"baseline_{impl}_ms"] = None if base is None else base * 1e3
+            if base is not None:
+                series.setdefault(f"{label} B={row['batch']}", {})[row["context"]] = base * 1e3
+    _emit(rows, DECODE_COLUMNS, args)
+    if args.plot:
+        plot.decode_plot(rows, series, args.plot, bench.title(f"NSA decode ({mode})", points[0]))
+        _progress(f"wrote {args.plot} ({sum(len(s) for s in series.values())} baseline points drawn)")
+    return rows
+
+
+def run_prefill(bench: Bench) -> List[Dict[str, Any]]:
+    args = bench.args
+    batch = (args.batch or (1,))[0]
+    points = [bench.shape(batch, t) for t in bench.setting("prefill_lengths", args.lengths)]
+    _progress("routes: " + " ".join(f"{op}={b}" for op, b in routes(PREFILL_OPS, bench.device, points[0].dtype).items()))
+    rows = _run_points(points, lambda shape: _prefill_point(bench, shape), "prefill")
+    stored = _baseline_points(_load_baseline(bench), "prefill", _same_geometry(bench, points[0]))
+    series: Dict[str, Dict[int, float]] = {}
+    for row in rows:
+        for mode, column in (("fwd", "fwd"), ("fwd+bwd", "fwdbwd")):
+            nsa, dense = (stored.get((impl, mode, batch, row["length"])) for impl in ("nsa", "dense"))
+            row[f"baseline_{column}_speedup"] = dense / nsa if nsa and dense else None
+            if nsa and dense:
+                series.setdefault(mode, {})[row["length"]] = dense / nsa
+    _emit(rows, PREFILL_COLUMNS, args)
+    if args.plot:
+        plot.prefill_plot(rows, series, args.plot, bench.title("NSA prefill speedup over dense", points[0]))
+        _progress(f"wrote {args.plot} ({sum(len(s) for s in series.values())} baseline points drawn)")
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    bench = Bench(args)
+    (run_decode if args.command == "decode" else run_prefill)(bench)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""PNG plots of the ``nsa-bench`` tables (matplotlib, Agg backend: no display needed).
+
+- decode: latency per step against context, NSA and dense per batch size, log-log,
+  with the stored baseline's points drawn in (dotted, hollow markers);
+- prefill: speedup of NSA over dense against length, forward and forward+backward,
+  with the baseline's speedups drawn in the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence
+
+#: ``{series label: {x: y}}``: what the baseline contributes to a plot.
+Series = Mapping[str, Mapping[int, float]]
+
+
+def _axes(title: str, xlabel: str, ylabel: str):
+    import matplotlib
+
+    matplotlib.use("Agg")  # file output only; never needs a display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xscale("log", base=2)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig, ax
+
+
+def _size_label(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _finish(fig, ax, xs: Sequence[int], path: Path) -> None:
+    ticks = sorted(set(xs))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([_size_label(x) for x in ticks])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def _draw_baseline(ax, baseline: Optional[Series], colors: Dict[str, str]) -> None:
+    for label, points in (baseline or {}).items():
+        xs = sorted(points)
+        color = colors.get(label.split(" ")[0], "grey")
+        ax.plot(xs, [points[x] for x in xs], ":", marker="o", mfc="none", color=color, alpha=0.7,
+                label=f"{label} (baseline)")  # fmt: skip
+
+
+def decode_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series], path: Path, title: str) -> None:
+    """Latency (ms) against context from decode ``rows`` (``batch``, ``context``, ``nsa_ms``,
+    ``dense_ms``); ``baseline`` keys look like ``"NSA B=1"``/``"dense B=1"``."""
+    fig, ax = _axes(title, "context (tokens)", "ms per decode step")
+    ax.set_yscale("log")
+    colors: Dict[str, str] = {"NSA": "tab:blue", "dense": "tab:orange"}
+    for batch in sorted({int(r["batch"]) for r in rows}):
+        mine = [r for r in rows if int(r["batch"]) == batch and r.get("status") == "ok"]
+        xs = [int(r["context"]) for r in mine]
+        style = "-" if batch == min(int(r["batch"]) for r in rows) else "--"
+        ax.plot(xs, [float(r["nsa_ms"]) for r in mine], style, marker="o", color=colors["NSA"], label=f"NSA B={batch}")
+        ax.plot(xs, [float(r["dense_ms"]) for r in mine], style, marker="s", color=colors["dense"],
+                label=f"dense SDPA B={batch}")  # fmt: skip
+    _draw_baseline(ax, baseline, colors)
+    _finish(fig, ax, [int(r["context"]) for r in rows], path)
+
+
+def prefill_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series], path: Path, title: str) -> None:
+    """Speedup over dense (dense ms / NSA ms) against length from prefill ``rows``
+    (``length``, ``fwd_speedup``, ``fwdbwd_speedup``); ``baseline`` keys ``"fwd"``/``"fwd+bwd"``."""
+    fig, ax = _axes(title, "sequence length (tokens)", "speedup of NSA over dense SDPA (x)")
+    ax.axhline(1.0, color="black", linewidth=0.8, alpha=0.6)
+    colors = {"fwd": "tab:blue", "fwd+bwd": "tab:green"}
+    ok = [r for r in rows if r.get("status") == "ok"]
+    xs = [int(r["length"]) for r in ok]
+    ax.plot(xs, [float(r["fwd_speedup"]) for r in ok], "-", marker="o", color=colors["fwd"], label="fwd")
+    ax.plot(xs, [float(r["fwdbwd_speedup"]) for r in ok], "-", marker="s", color=colors["fwd+bwd"], label="fwd+bwd")
+    _draw_baseline(ax, baseline, colors)
+    _finish(fig, ax, [int(r["length"]) for r in rows], path)
