@@ -121,7 +121,7 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
     block_idx = random_blocks(B, T, H, 3, config.num_sel_blocks(T), nsa_device)
     o, lse = selected_fwd(q, k, v, block_idx, 8, 0.25, 0)
     do = torch.randn_like(o)
-    got = selected_bwd(q, k, v, block_idx, o, lse, do, 8, 0.25, 0, tiles=dict(QSEG=qseg, BQ=1))
+    got = selected_bwd(q, k, v, block_idx, o, lse, do, 8, 0.25, 0, tiles={"dkdv": dict(QSEG=qseg, BQ=1)})
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     ref_o = selected_attention(qd, kd, vd, block_idx, dataclasses.replace(config, scale=0.25), backend="reference")
     ref_o.backward(do.double())

@@ -246,27 +246,40 @@ def _group_rows(G: int) -> int:
     return next_pow2(G, 16)
 
 
+#: Launch parameters (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py). ``BQ``
+#: (queries per dK/dV step, 0: 64 rows' worth), ``QSEG`` (queries per dK/dV program),
+#: ``num_warps`` (0: by head dim).
+FWD_TILES = dict(num_warps=4, num_stages=2)
+BWD_TILES = {"dq": dict(num_warps=4, num_stages=3), "dkdv": dict(BQ=0, QSEG=512, num_warps=0, num_stages=2)}
+
+
+def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int) -> dict:
+    """Constexpr dims shared by the per-query kernels (forward and dQ)."""
+    G, N = q.shape[2] // k.shape[2], block_idx.shape[-1]
+    DK, DV = q.shape[-1], v.shape[-1]
+    return dict(
+        H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block,
+        BSP=next_pow2(sel_block), DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV), PREC=dot_precision(q.dtype),
+    )
+
+
 def selected_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
     scale: float, q_offset: int, tiles: Optional[dict] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
 
-    ``block_idx`` must be contiguous ``[B, T, H, N]``; ``tiles`` overrides ``num_warps``/``num_stages``.
+    ``block_idx`` must be contiguous ``[B, T, H, N]``; ``tiles`` overrides :data:`FWD_TILES`.
     """
-    B, T, HQ, DK = q.shape
-    H, DV, N = k.shape[2], v.shape[-1], block_idx.shape[-1]
-    G = HQ // H
-    cfg = dict(num_warps=4, num_stages=3)
-    cfg.update(tiles or {})
+    B, T, HQ, _ = q.shape
+    H, DV = k.shape[2], v.shape[-1]
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     selected_fwd_kernel[(T, B * H)](
         q, k, v, block_idx, o, lse,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
         T, q_offset, scale * LOG2E,  #
-        H=H, G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block, BSP=next_pow2(sel_block),
-        DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV), PREC=dot_precision(q.dtype), **cfg,
+        **_dims(q, k, v, block_idx, sel_block), **dict(FWD_TILES, **(tiles or {})),
     )
     return o, lse
 
@@ -309,34 +322,29 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     )
 
 
-def selected_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
-
-    ``tiles`` overrides ``BQ`` (queries per dK/dV step), ``QSEG`` (queries per dK/dV
-    program), ``num_warps`` and ``num_stages``.
-    """
+def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict):
+    """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``)."""
     B, T, HQ, DK = q.shape
-    TK, H, DV, N = k.shape[1], k.shape[2], v.shape[-1], block_idx.shape[-1]
-    G = HQ // H
-    GP = triton.next_power_of_2(G)
-    cfg = dict(BQ=max(1, 64 // GP), QSEG=512, num_warps=8, num_stages=2, dq_warps=4, dq_stages=3)
-    cfg.update(tiles or {})
-    do = last_dim_contiguous(do)
-    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    dims = dict(H=H, G=G, BS=sel_block, BSP=next_pow2(sel_block), DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV))
-    prec = dot_precision(q.dtype)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-
     dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
-    selected_bwd_dq_kernel[(T, B * H)](
-        q, k, v, block_idx, do, lse, delta, dq, *strides, T, q_offset, scale * LOG2E, scale,  #
-        GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), PREC=prec, num_warps=cfg["dq_warps"],
-        num_stages=cfg["dq_stages"], **dims,
+    selected_bwd_dq_kernel[(T, B * k.shape[2])](
+        q, k, v, block_idx, do, lse, delta, dq,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
+        T, q_offset, scale * LOG2E, scale,  #
+        **_dims(q, k, v, block_idx, sel_block), **cfg,
     )
+    return dq
 
+
+def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict):
+    """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction."""
+    B, T, HQ, DK = q.shape
+    TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
+    dims = _dims(q, k, v, block_idx, sel_block)
+    GP = triton.next_power_of_2(dims["G"])  # rows pack BQ queries: no need to pad G to 16 here
+    cfg = dict(cfg)
+    cfg["BQ"] = cfg["BQ"] or max(1, 64 // GP)
+    # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
+    cfg["num_warps"] = cfg["num_warps"] or (4 if max(dims["BK"], dims["BV"]) <= 128 else 8)
     num_blocks = triton.cdiv(TK, sel_block)
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
@@ -344,17 +352,34 @@ def selected_bwd(
     dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
     dk_part = torch.empty(n_prog, dims["BSP"], dims["BK"], device=q.device, dtype=torch.float32)
     dv_part = torch.empty(n_prog, dims["BSP"], dims["BV"], device=q.device, dtype=torch.float32)
+    keep = ("H", "G", "BS", "BSP", "DK", "DV", "BK", "BV")
     selected_bwd_dkdv_kernel[(n_prog,)](
         q, k, v, do, lse, delta, dk, dv, dk_part, dv_part,  #
         inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
-        *strides, T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
-        GP=GP, BQ=cfg["BQ"], QSEG=cfg["QSEG"], PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **dims,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
+        T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
+        GP=GP, PREC=dims["PREC"], **{key: dims[key] for key in keep}, **cfg,
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
-        **{key: dims[key] for key in ("H", "BS", "BSP", "DK", "DV", "BK", "BV")},
+        **{key: dims[key] for key in keep if key != "G"},
     )
+    return dk, dv
+
+
+def selected_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
+
+    ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
+    """
+    do = last_dim_contiguous(do)
+    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"])
+    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"])
     return dq, dk, dv
 
 

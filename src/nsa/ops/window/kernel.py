@@ -301,6 +301,10 @@ def window_bwd_dkdv_kernel(
 # ----------------------------------------------------------------------------- host side
 
 
+#: Launch parameters of the forward (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py).
+FWD_TILES = dict(rows=64, num_warps=4, num_stages=2)
+
+
 def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
     """Tile sizes: ``BT`` positions of ``GP`` head rows make about ``rows`` rows."""
     GP = triton.next_power_of_2(G)
@@ -313,14 +317,13 @@ def window_fwd(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
 
-    ``tiles`` overrides the launch parameters (``BT``, ``BN``, ``num_warps``, ``num_stages``).
+    ``tiles`` overrides :data:`FWD_TILES` (``rows``, ``BN``, ``num_warps``, ``num_stages``).
     """
     B, T, HQ, DK = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G = HQ // H
-    # 128 rows x 128 dims needs 8 warps to keep the fp32 accumulator in registers (sm_90, no spills)
-    cfg = dict(_tiles(G, DK, DV, 128 if max(DK, DV) <= 128 else 64), num_warps=8, num_stages=2)
-    cfg.update(tiles or {})
+    cfg = dict(FWD_TILES, **(tiles or {}))
+    cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(T, cfg["BT"]), B * H)
@@ -333,29 +336,58 @@ def window_fwd(
     return o, lse
 
 
+#: Launch parameters of the backward kernels (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py).
+BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, num_warps=4, num_stages=2)}
+
+
+def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict:
+    cfg = dict(BWD_TILES[kind])
+    cfg.update((tiles or {}).get(kind, {}))
+    return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
+
+
+def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict) -> torch.Tensor:
+    """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``)."""
+    B, T, HQ, DK = q.shape
+    H = k.shape[2]
+    dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
+    window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
+        q, k, v, do, lse, delta, dq,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
+        T, q_offset, window, scale * LOG2E, scale,  #
+        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], PREC=dot_precision(q.dtype), **cfg,
+    )
+    return dq
+
+
+def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict):
+    """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics."""
+    B, T, HQ, DK = q.shape
+    TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
+    dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
+    dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
+    window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
+        T, TK, q_offset, window, scale * LOG2E, scale,  #
+        H=H, G=HQ // H, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg,
+    )
+    return dk, dv
+
+
 def window_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
     window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic."""
-    B, T, HQ, DK = q.shape
-    TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
-    G = HQ // H
+    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
+
+    ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dq": {"num_warps": 8}}``.
+    """
+    G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
     delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    cfg = dict(_tiles(G, DK, DV, 64), num_warps=8, num_stages=2)
-    cfg.update(tiles or {})
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
-    dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
-    common = dict(H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-    window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, lse, delta, dq, *strides, T, q_offset, window, scale * LOG2E, scale, **common
-    )
-    window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, *strides, T, TK, q_offset, window, scale * LOG2E, scale, **common
-    )
+    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles))
+    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles))
     return dq, dk, dv
 
 
