@@ -38,7 +38,7 @@ PYEOF
 echo "profile: $PROFILE" >&2
 export PYTHONUNBUFFERED=1
 
-"$PY" -m nsa.routing --device cuda --dtype bfloat16 | tee "$OUT/routing.txt"
+"$PY" -c "import torch; from nsa.routing import explain; print(explain('cuda', torch.bfloat16))" | tee "$OUT/routing.txt"
 
 # 1. The baseline: the pytest suites at the profile's contexts, batch sizes and lengths.
 eval "set -- ${PYTEST_ARGS:-}"

@@ -35,7 +35,7 @@ from nsa.bench.workloads import (
 
 FALLBACK = {"contexts": (4096, 8192, 16384, 32768, 65536), "batch_sizes": (1,), "rounds": 20,
             "prefill_lengths": (8192, 16384, 32768)}  # fmt: skip
-DECODE_COLUMNS = ("batch", "context", "mode", "status", "rounds", "nsa_ms", "nsa_iqr_ms",
+DECODE_COLUMNS = ("batch", "context", "mode", "status", "rounds", "nsa_ms", "nsa_iqr_ms", "branch_mode",
                   *(f"{b}_ms" for b in BRANCHES), "reads_actual", "reads_expected", "dense_ms", "dense_iqr_ms",
                   "nsa_over_dense", "baseline_nsa_ms", "baseline_dense_ms")  # fmt: skip
 PREFILL_COLUMNS = ("batch", "length", "status", "rounds", "nsa_fwd_ms", "dense_fwd_ms", "fwd_speedup",
@@ -59,6 +59,10 @@ def parse_sizes(text: str) -> Tuple[int, ...]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nsa-bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plot", help="re-draw the plot of a CSV written by 'decode' or 'prefill'")
+    p.add_argument("--csv", type=Path, required=True, help="the table (its baseline_* columns are drawn too)")
+    p.add_argument("--plot", type=Path, required=True, help="the PNG to write")
+    p.add_argument("--title", default="", help="plot title")
     for name, what in (("decode", "one decode step per context"), ("prefill", "forward and forward+backward")):
         p = sub.add_parser(name, help=f"time NSA against dense SDPA: {what}")
         if name == "decode":
@@ -118,9 +122,9 @@ class Bench:
 
     def title(self, what: str, shape: Shape) -> str:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.machine["device"]
-        return (f"{what} on {name}: HQ={shape.heads} H={shape.kv_heads} D={shape.head_dim} "
-                f"{point_info(shape, self.config)['dtype']}, {describe_config(self.config)}\n"
-                f"torch {self.machine['torch']}, triton {self.machine['triton']}")  # fmt: skip
+        return (f"{what} on {name}, torch {self.machine['torch']}, triton {self.machine['triton']}\n"
+                f"HQ={shape.heads} H={shape.kv_heads} D={shape.head_dim} {point_info(shape, self.config)['dtype']}, "
+                f"{describe_config(self.config)}")  # fmt: skip
 
 
 def _profile(name: str, device: torch.device) -> Tuple[Any, Dict[str, Any]]:
@@ -203,7 +207,8 @@ def _decode_point(bench: Bench, shape: Shape, graph: bool) -> Dict[str, Any]:
     with torch.no_grad():
         nsa = bench.time(decode_runner("nsa", shape, bench.config, bench.device, graph=graph, **kw))
         row["nsa_ms"], row["nsa_iqr_ms"] = _ms(nsa)
-        if not bench.args.no_branches:
+        if not bench.args.no_branches:  # each branch's op alone, eager (the ops are not fused or captured)
+            row["branch_mode"] = "eager"
             for name, runner in branch_runners(shape, bench.config, bench.device, **kw).items():
                 row[f"{name}_ms"] = bench.time(runner).median * 1e3
         row["reads_actual"], row["reads_expected"] = decode_reads(shape, bench.config, bench.device)
@@ -312,8 +317,22 @@ def run_prefill(bench: Bench) -> List[Dict[str, Any]]:
     return rows
 
 
+def replot(args: argparse.Namespace) -> None:
+    """``nsa-bench plot``: the decode or prefill plot of a CSV table, without measuring."""
+    with open(args.csv, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise SystemExit(f"nsa-bench plot: {args.csv} has no rows")
+    draw = plot.decode_plot if "context" in rows[0] else plot.prefill_plot
+    draw(rows, plot.baseline_from_rows(rows), args.plot, args.title)
+    _progress(f"wrote {args.plot}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "plot":
+        replot(args)
+        return 0
     bench = Bench(args)
     (run_decode if args.command == "decode" else run_prefill)(bench)
     return 0

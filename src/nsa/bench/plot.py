@@ -22,12 +22,22 @@ def _axes(title: str, xlabel: str, ylabel: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_xscale("log", base=2)
     ax.grid(True, which="both", alpha=0.3)
     return fig, ax
+
+
+def _log_y(ax) -> None:
+    """Log y axis with plain-number labels at 1-2-5 steps (one decade has few major ticks)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def _size_label(n: int) -> str:
@@ -60,7 +70,7 @@ def decode_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series]
     """Latency (ms) against context from decode ``rows`` (``batch``, ``context``, ``nsa_ms``,
     ``dense_ms``); ``baseline`` keys look like ``"NSA B=1"``/``"dense B=1"``."""
     fig, ax = _axes(title, "context (tokens)", "ms per decode step")
-    ax.set_yscale("log")
+    _log_y(ax)
     colors: Dict[str, str] = {"NSA": "tab:blue", "dense": "tab:orange"}
     for batch in sorted({int(r["batch"]) for r in rows}):
         mine = [r for r in rows if int(r["batch"]) == batch and r.get("status") == "ok"]
@@ -71,6 +81,19 @@ def decode_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series]
                 label=f"dense SDPA B={batch}")  # fmt: skip
     _draw_baseline(ax, baseline, colors)
     _finish(fig, ax, [int(r["context"]) for r in rows], path)
+
+
+def baseline_from_rows(rows: Sequence[Mapping[str, object]]) -> Dict[str, Dict[int, float]]:
+    """The baseline series stored in a table's ``baseline_*`` columns (for re-plotting a CSV)."""
+    series: Dict[str, Dict[int, float]] = {}
+    for row in rows:
+        pairs = ((f"NSA B={row.get('batch')}", "baseline_nsa_ms"), (f"dense B={row.get('batch')}", "baseline_dense_ms"),
+                 ("fwd", "baseline_fwd_speedup"), ("fwd+bwd", "baseline_fwdbwd_speedup"))  # fmt: skip
+        x = int(row.get("context") or row.get("length") or 0)
+        for label, column in pairs:
+            if row.get(column) not in (None, ""):
+                series.setdefault(label, {})[x] = float(row[column])  # type: ignore[arg-type]
+    return series
 
 
 def prefill_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series], path: Path, title: str) -> None:
