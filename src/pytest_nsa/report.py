@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Set
 import pytest
 
 from pytest_nsa import report_bench, report_data, report_md
+from pytest_nsa.benchmarks import BENCH_KEY, bench_state
 from pytest_nsa.report_data import Failure, RunInfo
 from pytest_nsa.state import get_state
 
@@ -34,6 +35,7 @@ HELP_REPORT = (
 
 #: pytest-benchmark's warning when JSON output is on but nothing was measured.
 NO_BENCHMARKS = "Not saving anything, no benchmarks have been run"
+BENCHMARK_WARNING = "pytest_benchmark.logger.PytestBenchmarkWarning"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, "benchmark_json", None) is None:
             config.option.benchmark_json = _DeferredFile(reporter, report_bench.JSON_FILE)
             # The JSON is ours to ask for: a run without benchmarks needs no warning about it.
-            config.addinivalue_line("filterwarnings", f"ignore:{NO_BENCHMARKS}:pytest_benchmark.logger.PytestBenchmarkWarning")
+            config.addinivalue_line("filterwarnings", f"ignore:{NO_BENCHMARKS}:{BENCHMARK_WARNING}")
 
 
 def first_error_line(longrepr: Any) -> str:
@@ -139,15 +141,17 @@ class Reporter:
             reasons.append(f"{collected - ran} of {collected} collected tests did not run to the end")
         return reasons
 
-    @pytest.hookimpl(trylast=True)  # after other plugins' session end (benchmark baselines saved)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+    @pytest.hookimpl(trylast=True)  # after pytest_nsa.benchmarks compared with (or saved) the baseline
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = get_state(self.config)
         # A test interrupted mid-call has only its setup report: it counts as not run, not as passed.
         outcomes = [o for o in state.results.outcomes.values() if o.nodeid in self.finished]
-        run = RunInfo(self.started, datetime.now().astimezone(), int(exitstatus), self.config.invocation_params.args,
+        # session.exitstatus, not the argument: the benchmark plugin turns a regression into a failure.
+        status = int(session.exitstatus)
+        run = RunInfo(self.started, datetime.now().astimezone(), status, self.config.invocation_params.args,
                       session.testscollected, _workers(self.config))
         run.unfinished = [n for n in state.results.outcomes if n not in self.finished]
-        run.partial_reasons = self.partial_reasons = self._partial(session, int(exitstatus), len(outcomes))
+        run.partial_reasons = self.partial_reasons = self._partial(session, status, len(outcomes))
         try:
             self.written = self._write(state, run, outcomes)
         except OSError as err:  # a full disk or a read-only DIR must not hide the test results
@@ -161,7 +165,9 @@ class Reporter:
         env = report_data.env_document(state, self.commit(), self.started, routing)
         if self.benchmark_json is not None and not self.benchmark_json_written:
             _dump(folder / report_bench.JSON_FILE, self.benchmark_json)
-        bench = report_bench.section(self.benchmark_json, outcomes, state, folder, run.workers)
+        timed = bench_state(self.config) if BENCH_KEY in self.config.stash else None
+        gpu = state.hardware.primary if state.hardware is not None else None
+        bench = report_bench.section(self.benchmark_json, timed, outcomes, folder, gpu.name if gpu else "CPU")
         results = report_data.results_document(folder.name, run, outcomes, self.failures, bench)
         _dump(folder / "env.json", env)
         _dump(folder / "results.json", results)

@@ -7,8 +7,9 @@ the report says exactly what the machine-readable files say.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
+from nsa.bench.baselines import format_seconds
 from pytest_nsa.report_data import MATRIX_ROWS, OUTCOMES
 
 #: pytest's exit codes, for the summary line.
@@ -128,25 +129,25 @@ def _failures(results: Mapping[str, Any]) -> List[str]:
     return ["## Failures", "", *body, ""]
 
 
-def _bench_table(title: str, rows: Sequence[Mapping[str, Any]], unit: str) -> List[str]:
-    def value(v: Optional[float]) -> Optional[str]:
-        return None if v is None else f"{v:.4g}"
+def _label(name: str) -> str:
+    """``"tests/b.py::test_decode[nsa-eager-B1-S512]"`` -> ``"test_decode[nsa-eager-B1-S512]"``."""
+    return name.rsplit("::", 1)[-1]
 
-    def change(v: Optional[float]) -> Optional[str]:
-        return None if v is None else f"{v:+.1f}%"
 
-    body = [(r["name"], value(r["baseline"]), value(r["now"]), change(r["change_pct"]), r["verdict"]) for r in rows]
-    return [f"### {title}", "", *table(("benchmark", f"baseline ({unit})", f"now ({unit})", "change", "verdict"),
-                                       body), ""]
+def _bench_table(title: str, rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    body = [(f"`{_label(r['name'])}`", format_seconds(r["baseline"]), format_seconds(r["now"]),
+             None if r["change_pct"] is None else f"{r['change_pct']:+.1f}%", r["verdict"],
+             None if r["params"].get("nsa_over_dense") is None else f"{r['params']['nsa_over_dense']:.3g}")
+            for r in rows]
+    header = ("benchmark", "baseline", "now", "change", "verdict", "NSA / dense (this run)")
+    return [f"### {title}", "", *table(header, body), ""]
 
 
 def _benchmarks(bench: Mapping[str, Any]) -> List[str]:
     lines = ["## Benchmarks", "", bench["note"], ""]
-    unit = bench.get("unit", "s")
     for key, title in (("decode", "Decode"), ("prefill", "Prefill"), ("other", "Other benchmarks")):
-        rows = bench["tables"].get(key, [])
-        if rows:
-            lines += _bench_table(title, rows, unit)
+        if bench["tables"][key]:
+            lines += _bench_table(title, bench["tables"][key])
     for plot in bench["plots"]:
         lines += [f"![{plot['title']}]({plot['file']})", ""]
     lines += [f"- plots not drawn: {why}" for why in bench.get("plots_missing", [])]

@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from pytest_nsa import report_schema
+from pytest_nsa import report_plots, report_schema
 from pytest_nsa.report import first_error_line
 from pytest_nsa.report_data import OUTCOMES, git_commit, slug
 from pytest_nsa.report_md import SECTIONS
@@ -345,3 +345,101 @@ def test_docs_describe_the_current_schemas():
     assert f"schema version {report_schema.SCHEMA_VERSION}" in text
     for name in report_schema.SCHEMA_FILES.values():
         assert f"src/pytest_nsa/schemas/{name}" in text
+
+
+# -- benchmarks -----------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+#: The project's benchmark suite, copied into the pytester project (test modules renamed:
+#: an in-process run must not meet modules of the same name that the outer run imported).
+BENCH_SUITE = {"conftest.py": "conftest.py", "_records.py": "_records.py",
+               "test_decode_bench.py": "test_timed_decode.py", "test_prefill_bench.py": "test_timed_prefill.py"}
+TINY_PROFILE = """
+name: tiny
+extends: cpu
+description: the cpu profile with benchmark points small enough for a test
+benchmark:
+  contexts: [64]
+  batch_sizes: [1]
+  rounds: 3
+  regression_threshold_pct: 1000
+  prefill_lengths: [64]
+"""
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def bench_project(pytester: pytest.Pytester) -> Path:
+    """The pytester project with the benchmark suite and a ``tiny`` profile; returns the
+    baseline file the suite will save to."""
+    suite = pytester.mkdir("benchmarks")
+    for source, target in BENCH_SUITE.items():
+        (suite / target).write_text((REPO / "tests" / "benchmarks" / source).read_text())
+    profiles = pytester.mkdir("gpu_profiles")
+    (profiles / "tiny.yaml").write_text(TINY_PROFILE)
+    return profiles / "baselines" / "tiny" / "benchmarks.json"
+
+
+def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, bench_project, inprocess):
+    args = ("--gpu-profile", "tiny", "--nsa-bench", "-k", "not bwd")  # 4 points: 2 decode, 2 prefill
+    first = inprocess(*args, "--nsa-baseline=save", "--nsa-report", "first")
+    saved = only_report(pytester.path / "first")
+    assert_valid(saved)
+    bench = saved["results"]["benchmarks"]
+    passed = pytest_counts(first)["passed"]
+    assert bench["status"] == "measured" and bench["count"] == passed >= 4
+    rows = bench["tables"]["decode"] + bench["tables"]["prefill"]
+    assert len(rows) == passed and bench["tables"]["other"] == []
+    assert {r["params"]["kind"] for r in bench["tables"]["decode"]} == {"decode"}
+    assert all(r["verdict"] == "saved as baseline" and r["baseline"] is None for r in rows)
+    # The rows carry pytest-benchmark's own medians, and its JSON sits in the folder.
+    data = json.loads((saved["folder"] / bench["json_file"]).read_text())
+    assert {r["name"]: r["now"] for r in rows} == {b["fullname"]: b["stats"]["median"] for b in data["benchmarks"]}
+    assert [p["file"] for p in bench["plots"]] == ["decode_latency.png", "prefill_speedup.png"]
+    for plot in bench["plots"]:
+        assert (saved["folder"] / plot["file"]).read_bytes()[:8] == PNG_MAGIC
+        assert f"![{plot['title']}]({plot['file']})" in saved["md"]
+
+    inprocess(*args, "--nsa-report", "second")
+    again = only_report(pytester.path / "second")
+    assert_valid(again)
+    bench = again["results"]["benchmarks"]
+    stored = {name: b["median"] for name, b in json.loads(bench_project.read_text())["benchmarks"].items()}
+    assert bench["baseline"] == str(bench_project) and f"`{bench_project}`" in again["md"]
+    rows = bench["tables"]["decode"] + bench["tables"]["prefill"]
+    assert {r["name"] for r in rows} == set(stored)
+    for row in rows:
+        assert row["baseline"] == stored[row["name"]]
+        assert row["change_pct"] == pytest.approx((row["now"] / row["baseline"] - 1) * 100)
+        assert row["verdict"] in ("ok", "improved", "REGRESSION")
+        label = row["name"].rsplit("::", 1)[-1]
+        assert md_row(again["md"], f"`{label}`")[2] == f"{row['change_pct']:+.1f}%"
+    assert "### Decode" in again["md"] and "### Prefill" in again["md"]
+
+
+def test_benchmark_tests_skipped_or_untimed_are_explained(pytester, bench_project, inprocess):
+    inprocess("--gpu-profile", "tiny", "--nsa-report", "off")
+    bench = only_report(pytester.path / "off")["results"]["benchmarks"]
+    assert bench["status"] == "none" and bench["plots"] == [] and bench["json_file"] is None
+    assert "skipped (benchmarks run only with --nsa-bench" in bench["note"]
+    assert not list((pytester.path / "off").glob("*/*.png"))
+
+
+def test_plot_series_pair_nsa_dense_and_baseline_by_point():
+    def entry(kind, impl, mode, length, median, ratio=None):
+        info = {"kind": kind, "impl": impl, "mode": mode, "shape": {"batch": 1, "length": length}}
+        return SimpleNamespace(median=median, info={**info, "nsa_over_dense": ratio} if ratio else info)
+
+    entries = {
+        "d-nsa-2k": entry("decode", "nsa", "eager", 2048, 3e-5),
+        "d-nsa-1k": entry("decode", "nsa", "eager", 1024, 2e-5),
+        "d-dense-1k": entry("decode", "dense", "eager", 1024, 1e-5),
+        "p-nsa": entry("prefill", "nsa", "fwd", 8192, 1.0, 0.25),
+        "p-dense": entry("prefill", "dense", "fwd", 8192, 4.0),
+        "no-shape": SimpleNamespace(median=1.0, info={"kind": "decode"}),
+    }
+    panels = report_plots.decode_series(entries, {"d-nsa-1k": 4e-5})
+    assert panels == {(1, "eager"): {"NSA": [(1024, 2e-5), (2048, 3e-5)], "dense": [(1024, 1e-5)],
+                                     "NSA baseline": [(1024, 4e-5)]}}
+    assert report_plots.prefill_series(entries) == {"fwd": [(8192, 4.0)]}
+    assert [report_plots.tokens(n) for n in (512, 4096, 65536, 3000, 2**20)] == ["512", "4k", "64k", "3000", "1M"]
