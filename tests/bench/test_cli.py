@@ -1,0 +1,101 @@
+"""``nsa-bench`` on the CPU with tiny sizes: tables, CSV, PNG, baseline drawn or refused."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nsa.bench import baselines as bl
+from nsa.bench.cli import DECODE_COLUMNS, PREFILL_COLUMNS, Bench, main, parse_sizes
+from nsa.bench.workloads import Shape, default_config, point_info
+
+TINY = ["--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "fp32", "--rounds", "2", "--warmup", "1",
+        "--device", "cpu", "--profile", "cpu"]  # fmt: skip
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def rows_of(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_parse_sizes():
+    assert parse_sizes("8k, 16K,512,1m") == (8192, 16384, 512, 1 << 20)
+    for bad in ("8x", "0", "", "k"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_sizes(bad)
+
+
+def test_decode_writes_table_csv_and_png(tmp_path, capsys):
+    out_csv, out_png = tmp_path / "d.csv", tmp_path / "d.png"
+    assert main(["decode", "--contexts", "256,300", "--batch", "1", *TINY, "--baseline", "none",
+                 "--csv", str(out_csv), "--plot", str(out_png)]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "[1/2] decode B=1 S=256" in captured.err and "[2/2] decode B=1 S=300" in captured.err
+    assert captured.out.split("\n")[0].split() == list(DECODE_COLUMNS)
+    rows = rows_of(out_csv)
+    assert [r["context"] for r in rows] == ["256", "300"] and all(r["status"] == "ok" for r in rows)
+    config = default_config(torch.device("cpu"))
+    assert rows[0]["reads_actual"] == rows[0]["reads_expected"] == str(config.decode_reads(256))
+    assert float(rows[1]["reads_actual"]) < float(rows[1]["reads_expected"])  # partial own block at 300
+    for r in rows:
+        assert float(r["nsa_ms"]) > 0 and float(r["dense_ms"]) > 0
+        assert float(r["nsa_over_dense"]) == pytest.approx(float(r["nsa_ms"]) / float(r["dense_ms"]), rel=1e-3)
+        assert all(float(r[f"{b}_ms"]) > 0 for b in ("cmp", "select", "slc", "win"))
+    assert out_png.read_bytes()[:8] == PNG
+
+
+def _baseline(tmp_path, machine, length=256):
+    shape = Shape(1, length, 2, 1, 16, torch.float32)
+    info = {"kind": "decode", "mode": "eager", "shape": point_info(shape, default_config(torch.device("cpu")))}
+    entries = {f"t[{impl}]": bl.Entry(1e-3, 0, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 0, 3, {**info, "impl": impl})
+               for impl in ("nsa", "dense")}  # fmt: skip
+    path = tmp_path / "base.json"
+    bl.save(bl.Baseline("cpu", machine, entries), path)
+    return path
+
+
+def test_decode_draws_the_matching_baseline(tmp_path, capsys):
+    args = argparse.Namespace(device="cpu", profile="cpu", warmup=None, rounds=None)
+    machine = Bench(args).machine
+    path = _baseline(tmp_path, machine)
+    out_csv = tmp_path / "d.csv"
+    main(["decode", "--contexts", "256", "--batch", "1", *TINY, "--no-branches", "--baseline", str(path),
+          "--csv", str(out_csv), "--plot", str(tmp_path / "d.png")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "2 baseline points drawn" in err
+    row = rows_of(out_csv)[0]
+    assert float(row["baseline_nsa_ms"]) == pytest.approx(1.0) and row["cmp_ms"] == ""
+
+
+def test_decode_refuses_a_baseline_from_another_machine(tmp_path, capsys):
+    args = argparse.Namespace(device="cpu", profile="cpu", warmup=None, rounds=None)
+    path = _baseline(tmp_path, {**Bench(args).machine, "torch": "1.0.0"})
+    main(["decode", "--contexts", "256", "--batch", "1", *TINY, "--no-branches", "--baseline", str(path)])
+    err = capsys.readouterr().err
+    assert "refused" in err and "torch ('1.0.0' in the baseline" in err
+
+
+def test_prefill_and_replot(tmp_path, capsys):
+    out_csv, out_png = tmp_path / "p.csv", tmp_path / "p.png"
+    main(["prefill", "--lengths", "64,128", *TINY, "--baseline", "none", "--csv", str(out_csv),
+          "--plot", str(out_png)])  # fmt: skip
+    rows = rows_of(out_csv)
+    assert list(rows[0]) == list(PREFILL_COLUMNS) and [r["length"] for r in rows] == ["64", "128"]
+    for r in rows:
+        assert float(r["fwd_speedup"]) == pytest.approx(float(r["dense_fwd_ms"]) / float(r["nsa_fwd_ms"]), rel=1e-3)
+        assert float(r["nsa_fwdbwd_ms"]) > 0
+    assert out_png.read_bytes()[:8] == PNG
+    again = tmp_path / "again.png"
+    assert main(["plot", "--csv", str(out_csv), "--plot", str(again), "--title", "t"]) == 0
+    assert again.read_bytes()[:8] == PNG and "wrote" in capsys.readouterr().err
+
+
+def test_module_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "nsa.bench", "--help"], capture_output=True, text=True, check=True)
+    assert "decode" in done.stdout and "prefill" in done.stdout and "plot" in done.stdout

@@ -1,0 +1,102 @@
+"""nsa.bench.timing on the CPU: samples, warm-up exclusion, rotation, round planning."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from nsa.bench.timing import TIMER, PairTimer, Runner, Samples, measure, plan_rounds, run_pedantic
+
+CPU = torch.device("cpu")
+
+
+def test_samples_statistics_match_the_statistics_module():
+    times = (0.5, 0.1, 0.3, 0.2, 0.4, 0.9)
+    s = Samples(times, "test")
+    q = statistics.quantiles(times, n=4)
+    assert s.median == statistics.median(times)
+    assert s.quartiles == (q[0], q[2]) and s.iqr == pytest.approx(q[2] - q[0])
+    summary = s.summary()
+    assert summary["rounds"] == 6 and summary["min"] == 0.1 and summary["max"] == 0.9
+    assert summary["stddev"] == pytest.approx(statistics.stdev(times))
+
+
+def test_samples_need_a_duration():
+    with pytest.raises(ValueError, match="at least one"):
+        Samples((), "test")
+    one = Samples((0.25,), "test")
+    assert one.iqr == 0 and one.summary()["stddev"] == 0
+
+
+def test_pair_timer_on_cpu_gives_what_pytest_benchmark_subtracts():
+    timer = PairTimer()
+    timer.reset(CPU)
+    start = timer()
+    time.sleep(0.01)
+    end = timer()
+    assert end - start == pytest.approx(timer.durations[0]) and timer.durations[0] >= 0.009
+    timer.reset(CPU)
+    assert timer.durations == []
+
+
+def test_measure_excludes_warmup_and_rotates_input_sets():
+    calls = []
+    runner = Runner(lambda tag: calls.append(tag), [("a",), ("b",), ("c",)], CPU)
+    samples = measure(runner, rounds=4, warmup=3)
+    assert len(samples.times) == 4 and all(t >= 0 for t in samples.times)
+    assert calls == ["a", "b", "c", "a", "b", "c", "a"]  # 3 warm-up calls, then 4 timed, round-robin
+    assert samples.method == "cpu perf_counter, 3 input set(s)"
+
+
+def test_measured_time_is_the_call():
+    runner = Runner(lambda: time.sleep(0.02), [()], CPU)
+    samples = measure(runner, rounds=3, warmup=0)
+    assert min(samples.times) >= 0.019
+
+
+@pytest.mark.parametrize("rounds, warmup", [(0, 1), (3, -1)])
+def test_measure_rejects_bad_counts(rounds, warmup):
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        measure(Runner(lambda: None, [()], CPU), rounds=rounds, warmup=warmup)
+
+
+def test_runner_arguments_are_checked():
+    with pytest.raises(ValueError, match="at least one input set"):
+        Runner(lambda: None, [], CPU)
+    with pytest.raises(ValueError, match="graph replay needs a CUDA device"):
+        Runner(lambda: None, [()], CPU, graph=True)
+
+
+def test_plan_rounds_fits_the_budget_but_keeps_three():
+    slow = Runner(lambda: time.sleep(0.03), [()], CPU)
+    assert plan_rounds(slow, rounds=50, warmup=1, budget_s=0.05) == 3
+    fast = Runner(lambda: None, [()], CPU)
+    assert plan_rounds(fast, rounds=7, warmup=1, budget_s=10.0) == 7
+
+
+class _DisabledBenchmark:
+    """pytest-benchmark's fixture with timing off (xdist): pedantic runs the target once."""
+
+    enabled = False
+
+    def __init__(self):
+        self.calls = 0
+
+    def pedantic(self, target, setup):
+        self.calls += 1
+        args, kwargs = setup()
+        return target(*args, **kwargs)
+
+
+def test_run_pedantic_without_timing_runs_once_and_records_nothing():
+    calls = []
+    bench = _DisabledBenchmark()
+    assert run_pedantic(bench, Runner(lambda: calls.append(1), [()], CPU), rounds=5, warmup=2) is None
+    assert bench.calls == 1 and calls == [1]
+
+
+def test_timer_names_itself_for_pytest_benchmark():
+    assert TIMER.__name__ == "nsa_pair_timer"
