@@ -30,6 +30,7 @@ from triton.testing import do_bench
 
 from nsa import NSAConfig
 from nsa.ops import selected_attention, sliding_window_attention
+from nsa.ops._triton.attention import attn_bwd_delta
 from nsa.ops.selected import kernel as sel_kernel
 from nsa.ops.selected import reference as sel_ref
 from nsa.ops.window import kernel as win_kernel
@@ -154,7 +155,7 @@ def launch_variants(T, q, k, v, idx, do):
     for tiles in [{}, dict(num_stages=1), dict(num_warps=2), dict(num_warps=8)]:
         bench(f"selected fwd {tiles}", T, lambda: sel.selected_fwd(q, k, v, idx, 64, scale, 0, tiles))
     o, lse = sel.selected_fwd(q, k, v, idx, 64, scale, 0)
-    delta = (o.float() * do.float()).sum(-1)
+    delta = attn_bwd_delta(o, do)
     args = (q, k, v, idx, do, lse, delta, 64, scale, 0)
     for tiles in [{}, dict(num_stages=2), dict(num_warps=8, num_stages=2)]:
         cfg = dict(sel.BWD_TILES["dq"], **tiles)
@@ -166,7 +167,7 @@ def launch_variants(T, q, k, v, idx, do):
     for tiles in [{}, dict(num_stages=3), dict(rows=128, num_warps=8)]:
         bench(f"window fwd {tiles}", T, lambda: win.window_fwd(q, k, v, 512, scale, 0, tiles))
     o, lse = win.window_fwd(q, k, v, 512, scale, 0)
-    delta = (o.float() * do.float()).sum(-1)
+    delta = attn_bwd_delta(o, do)
     for kind, launch in (("dq", win.window_bwd_dq), ("dkdv", win.window_bwd_dkdv)):
         for tiles in [{}, dict(rows=32), dict(rows=128, num_warps=8), dict(num_stages=3)]:
             cfg = win._bwd_cfg(kind, 16, 128, 128, {kind: tiles})

@@ -133,3 +133,31 @@ def attn_bwd_dkdv_step(
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
     return b_dk, b_dv
+
+
+@triton.jit
+def attn_bwd_delta_kernel(o, do, delta, ROWS, sob, sot, soh, sdb, sdt, sdh, T, HQ, DV: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    """Grid ``(cdiv(ROWS, BR),)``: ``delta[r] = sum(o[r] * do[r])`` in float32 for the
+    ``ROWS = B * T * HQ`` rows of ``[B, T, HQ, DV]`` tensors (one read of each, no
+    float32 copies)."""
+    o_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    m_r = o_r < ROWS
+    i_b, i_t, i_h = o_r // (T * HQ), (o_r // HQ) % T, o_r % HQ
+    o_d = tl.arange(0, BV)
+    m = m_r[:, None] & (o_d < DV)[None, :]
+    b_o = tl.load(o + row_offsets(i_b, i_t, i_h, sob, sot, soh)[:, None] + o_d[None, :], mask=m, other=0.0)  # [BR, BV]
+    b_do = tl.load(do + row_offsets(i_b, i_t, i_h, sdb, sdt, sdh)[:, None] + o_d[None, :], mask=m, other=0.0)
+    tl.store(delta + o_r.to(tl.int64), tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1), mask=m_r)
+
+
+def attn_bwd_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """``rowsum(o * do)``: float32 ``[B, T, HQ]`` for ``o``, ``do`` ``[B, T, HQ, DV]`` (stride 1 in DV)."""
+    B, T, HQ, DV = o.shape
+    delta = torch.empty(B, T, HQ, device=o.device, dtype=torch.float32)
+    rows = B * T * HQ
+    BV = next_pow2(DV)
+    BR = max(1, 8192 // BV)
+    attn_bwd_delta_kernel[(triton.cdiv(rows, BR),)](
+        o, do, delta, rows, *o.stride()[:3], *do.stride()[:3], T, HQ, DV=DV, BR=BR, BV=BV, num_warps=8,
+    )
+    return delta

@@ -30,6 +30,7 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
     LOG2E,
+    attn_bwd_delta,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     attn_fwd_finish,
@@ -249,8 +250,8 @@ def _group_rows(G: int) -> int:
 #: Launch parameters (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py). ``BQ``
 #: (queries per dK/dV step, 0: 64 rows' worth), ``QSEG`` (queries per dK/dV program),
 #: ``num_warps`` (0: by head dim).
-FWD_TILES = dict(num_warps=4, num_stages=2)
-BWD_TILES = {"dq": dict(num_warps=4, num_stages=3), "dkdv": dict(BQ=0, QSEG=512, num_warps=0, num_stages=2)}
+FWD_TILES = dict(num_warps=2, num_stages=2)
+BWD_TILES = {"dq": dict(num_warps=4, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=2)}
 
 
 def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int) -> dict:
@@ -376,7 +377,7 @@ def selected_bwd(
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
     """
     do = last_dim_contiguous(do)
-    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
     dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"])
     dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"])

@@ -32,6 +32,7 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
     LOG2E,
+    attn_bwd_delta,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     attn_fwd_finish,
@@ -385,7 +386,7 @@ def window_bwd(
     """
     G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
-    delta = (o.float() * do.float()).sum(-1)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles))
     dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles))
     return dq, dk, dv
