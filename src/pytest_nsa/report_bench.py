@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from nsa.bench import baselines
 from pytest_nsa import report_plots
 
 #: The pytest-benchmark JSON of the run, inside the report folder.
@@ -86,7 +87,8 @@ def section(output_json: Optional[Mapping[str, Any]], bench: Any, outcomes: Sequ
         tables[kind if kind in TABLES else "other"].append(row)
     measured = bench.measured if bench is not None else {}
     if measured:
-        stored = {r["name"]: r["baseline"] for r in rows if r["baseline"] is not None}
+        # Rows exist only when the baseline was read and accepted for this machine moments ago.
+        stored = baselines.load(bench.path).entries if bench.rows else None
         plots, missing = report_plots.draw(measured, stored, folder, device)
     else:
         plots, missing = [], ["no benchmark was timed"]

@@ -134,11 +134,16 @@ def _label(name: str) -> str:
     return name.rsplit("::", 1)[-1]
 
 
+def _ratio(params: Mapping[str, Any]) -> Any:
+    # Dense rows carry a ratio of 1 (dense against itself): shown for NSA rows only.
+    ratio = params.get("nsa_over_dense")
+    return f"{ratio:.2f}" if params.get("impl") == "nsa" and ratio is not None else None
+
+
 def _bench_table(title: str, rows: Sequence[Mapping[str, Any]]) -> List[str]:
     body = [(f"`{_label(r['name'])}`", format_seconds(r["baseline"]), format_seconds(r["now"]),
              None if r["change_pct"] is None else f"{r['change_pct']:+.1f}%", r["verdict"],
-             None if r["params"].get("nsa_over_dense") is None else f"{r['params']['nsa_over_dense']:.3g}")
-            for r in rows]
+             _ratio(r["params"])) for r in rows]
     header = ("benchmark", "baseline", "now", "change", "verdict", "NSA / dense (this run)")
     return [f"### {title}", "", *table(header, body), ""]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -395,7 +396,7 @@ def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, be
     # The rows carry pytest-benchmark's own medians, and its JSON sits in the folder.
     data = json.loads((saved["folder"] / bench["json_file"]).read_text())
     assert {r["name"]: r["now"] for r in rows} == {b["fullname"]: b["stats"]["median"] for b in data["benchmarks"]}
-    assert [p["file"] for p in bench["plots"]] == ["decode_latency.png", "prefill_speedup.png"]
+    assert [p["file"] for p in bench["plots"]] == ["decode_latency_eager.png", "prefill_speedup.png"]
     for plot in bench["plots"]:
         assert (saved["folder"] / plot["file"]).read_bytes()[:8] == PNG_MAGIC
         assert f"![{plot['title']}]({plot['file']})" in saved["md"]
@@ -425,7 +426,7 @@ def test_benchmark_tests_skipped_or_untimed_are_explained(pytester, bench_projec
     assert not list((pytester.path / "off").glob("*/*.png"))
 
 
-def test_plot_series_pair_nsa_dense_and_baseline_by_point():
+def test_plot_rows_pair_nsa_and_dense_by_point():
     def entry(kind, impl, mode, length, median, ratio=None):
         info = {"kind": kind, "impl": impl, "mode": mode, "shape": {"batch": 1, "length": length}}
         return SimpleNamespace(median=median, info={**info, "nsa_over_dense": ratio} if ratio else info)
@@ -434,12 +435,18 @@ def test_plot_series_pair_nsa_dense_and_baseline_by_point():
         "d-nsa-2k": entry("decode", "nsa", "eager", 2048, 3e-5),
         "d-nsa-1k": entry("decode", "nsa", "eager", 1024, 2e-5),
         "d-dense-1k": entry("decode", "dense", "eager", 1024, 1e-5),
+        "g-nsa-1k": entry("decode", "nsa", "graph", 1024, 5e-6),
         "p-nsa": entry("prefill", "nsa", "fwd", 8192, 1.0, 0.25),
         "p-dense": entry("prefill", "dense", "fwd", 8192, 4.0),
         "no-shape": SimpleNamespace(median=1.0, info={"kind": "decode"}),
     }
-    panels = report_plots.decode_series(entries, {"d-nsa-1k": 4e-5})
-    assert panels == {(1, "eager"): {"NSA": [(1024, 2e-5), (2048, 3e-5)], "dense": [(1024, 1e-5)],
-                                     "NSA baseline": [(1024, 4e-5)]}}
-    assert report_plots.prefill_series(entries) == {"fwd": [(8192, 4.0)]}
-    assert [report_plots.tokens(n) for n in (512, 4096, 65536, 3000, 2**20)] == ["512", "4k", "64k", "3000", "1M"]
+    rows = report_plots.decode_rows(entries)
+    assert sorted(rows) == ["eager", "graph"]
+    eager = [(r["context"], r["nsa_ms"], r["dense_ms"]) for r in rows["eager"]]
+    assert eager[0] == (1024, pytest.approx(0.02), pytest.approx(0.01))
+    assert eager[1][:2] == (2048, pytest.approx(0.03)) and math.isnan(eager[1][2])
+    assert report_plots.decode_series(rows["eager"]) == {"NSA B=1": {1024: pytest.approx(0.02), 2048: pytest.approx(0.03)},
+                                                         "dense B=1": {1024: pytest.approx(0.01)}}
+    prefill = report_plots.prefill_rows(entries)
+    assert [(r["length"], r["fwd_speedup"]) for r in prefill] == [(8192, 4.0)] and math.isnan(prefill[0]["fwdbwd_speedup"])
+    assert report_plots.prefill_series(prefill) == {"fwd": {8192: 4.0}}
