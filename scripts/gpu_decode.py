@@ -38,10 +38,10 @@ CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants at the longest context: {small batch?: [...]}
 VARIANTS = {
-    True: [{"splits": (16, 4, 1)}, {"splits": (64, 4, 1)}, {"splits": (32, 2, 1)}, {"num_warps": 8},
-           {"token_tile": 128, "num_warps": 8}, {"splits": (32, 4, 2)}],
-    False: [{"splits": (4, 4, 4)}, {"splits": (18, 4, 4)}, {"splits": (9, 2, 2)}, {"num_warps": 8},
-            {"token_tile": 128, "num_warps": 8}, {"splits": (9, 4, 8)}],
+    True: [{"splits": (16, 4, 2)}, {"splits": (64, 4, 2)}, {"splits": (32, 4, 4)}, {"splits": (32, 2, 2)},
+           {"num_warps": (4, 4)}, {"num_warps": (8, 8)}, {"token_tile": 128, "num_warps": (8, 8)}],
+    False: [{"splits": (3, 4, 4)}, {"splits": (10, 4, 4)}, {"splits": (20, 4, 4)}, {"splits": (5, 2, 4)},
+            {"num_warps": (4, 4)}, {"num_warps": (8, 8)}, {"token_tile": 128, "num_warps": (8, 8)}],
 }
 
 

@@ -90,20 +90,28 @@ def test_decode_every_step_equals_prefill(T, HQ, H, DK, DV, config, tokens, nsa_
     assert torch.equal(idx, ref_idx[0, rows]), "decode selected other blocks than the prefill"
 
 
+# score tiles of 16 compressed tokens that do not start on a block boundary (16*4 % 12 != 0),
+# and compressed blocks that span three selection blocks
+MISALIGNED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=12, sel_count=3, window=10)
+SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blocks=0, local_blocks=1, window=10)
+
+
 @pytest.mark.triton
 @pytest.mark.parity
 @pytest.mark.parametrize(
-    "splits, block_tile, token_tile",
+    "config, splits, block_tile, token_tile",
     [
-        pytest.param((3, 2, 2), None, None, id="cmp3-win2-slc2"),
-        pytest.param((1, 1, 4), 4, 16, id="one-split-each-multi-tile-topn"),
+        pytest.param(SMALL, (3, 2, 2), None, None, id="cmp3-win2-slc2"),
+        pytest.param(SMALL, (1, 1, 4), 4, 16, id="one-split-each-multi-tile-topn"),
+        pytest.param(MISALIGNED, (2, 1, 1), None, 16, id="tiles-off-block-boundaries"),
+        pytest.param(SPAN3, (3, 1, 2), 8, 16, id="cmp-block-spans-3-sel-blocks"),
     ],
 )
-def test_decode_launch_variants(splits, block_tile, token_tile, nsa_device, nsa_tolerance):
-    """Split counts, a top-n that scans several block tiles and small token tiles."""
+def test_decode_launch_variants(config, splits, block_tile, token_tile, nsa_device, nsa_tolerance):
+    """Split counts, a top-n that scans several block tiles, small token tiles, odd geometry."""
     from nsa.ops.decode.kernel import decode_fwd
 
-    config, T, HQ, H = SMALL, 70, 4, 2
+    T, HQ, H = 70, 4, 2
     q, gates, kv = _sequence(T, HQ, H, 16, 16, config, nsa_device)
     ref_o, ref_idx = _prefill(q, gates, kv, config)
     lens = torch.tensor([70, 9, 41], device=nsa_device, dtype=torch.int32)
