@@ -12,13 +12,15 @@ from typing import Callable, Optional
 
 import torch
 
-from nsa import routing
-
 _MODULE_OF_BACKEND = {"reference": "reference", "triton": "kernel"}
 
 
 def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str]) -> Callable:
     """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and dtype."""
+    # Imported here, not at module level: ``import nsa`` must not load nsa.routing, or
+    # ``python -m nsa.routing`` would execute a module that is already imported.
+    from nsa import routing
+
     route = routing.resolve(op, like.device, like.dtype, backend)
     module = importlib.import_module(f"nsa.ops.{op}.{_MODULE_OF_BACKEND[route.backend]}")
     return getattr(module, fn)
