@@ -4,7 +4,8 @@
 ``reports/<device>_<commit>_<YYYYMMDD-HHMMSS>/`` with ``report.md`` (for people),
 ``env.json`` and ``results.json`` (schemas in ``pytest_nsa/schemas/``), the
 pytest-benchmark JSON of the run (``benchmarks.json``) and PNG plots when
-benchmarks ran. The report is written at session end whatever happened: tests
+benchmarks ran (``--nsa-report`` turns on ``--nsa-bench``: the tables are part of
+the report). The report is written at session end whatever happened: tests
 failing, ``-x``/``--maxfail`` stopping the run, a ``KeyboardInterrupt`` (the
 report then says it is partial, and why). Under pytest-xdist only the controller
 writes it, from the reports every worker sent it.
@@ -30,7 +31,8 @@ from pytest_nsa.state import get_state
 HELP_REPORT = (
     "Write the validation report (report.md, env.json, results.json, benchmark JSON and plots) "
     "into a new folder DIR/<device>_<commit>_<date>/ at the end of the run, also when tests fail "
-    "or the run is interrupted (the report then says it is partial)."
+    "or the run is interrupted (the report then says it is partial). Implies --nsa-bench "
+    "(deselect the benchmarks with -m 'not benchmark')."
 )
 
 #: pytest-benchmark's warning when JSON output is on but nothing was measured.
@@ -43,10 +45,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nsa-report", dest="nsa_report", default=None, metavar="DIR", help=HELP_REPORT)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest_nsa.benchmarks reads --nsa-bench
 def pytest_configure(config: pytest.Config) -> None:
     target = config.option.nsa_report
-    # xdist workers receive the same options; only the controller writes.
-    if not target or config.option.help or config.option.version or hasattr(config, "workerinput"):
+    if not target or config.option.help or config.option.version:
+        return
+    # The report's decode and prefill tables need the (opt-in) benchmark suites: one command, one report.
+    config.option.nsa_bench = True
+    if hasattr(config, "workerinput"):  # xdist workers get the same options; only the controller writes
         return
     reporter = Reporter(config, Path(config.invocation_params.dir, target))
     config.pluginmanager.register(reporter, "pytest_nsa_report_writer")

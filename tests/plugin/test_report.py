@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from pytest_nsa import report_plots, report_schema
+from pytest_nsa import report_bench, report_plots, report_schema
 from pytest_nsa.report import first_error_line
 from pytest_nsa.report_data import OUTCOMES, git_commit, slug
 from pytest_nsa.report_md import SECTIONS
@@ -259,17 +259,21 @@ def test_collection_error_is_reported(pytester, inprocess):
 # -- xdist, options, errors -----------------------------------------------------------------
 
 
-def test_xdist_controller_writes_exactly_one_report(pytester):
+def test_xdist_controller_writes_exactly_one_report(pytester, bench_project):
     pytester.makepyfile(test_mixed=MIXED)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--gpu-profile", "cpu",
-                                           "--nsa-report", "out")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--gpu-profile", "tiny",
+                                           "--nsa-report", "out", "-k", "not bwd")
     rep = only_report(pytester.path / "out")
     assert_valid(rep)
     res = rep["results"]
     assert {k: res["totals"][k] for k in OUTCOMES} == pytest_counts(result)
     assert res["run"]["xdist_workers"] == 2 and not res["run"]["partial"]
-    assert {t["worker"] for t in res["tests"]} <= {"gw0", "gw1"} and len(res["tests"]) == 8
-    assert len(res["failures"]) == 2
+    assert {t["worker"] for t in res["tests"]} == {"gw0", "gw1"} and len(res["tests"]) == 8 + 4
+    assert len(res["failures"]) == 2 and res["by_marker"]["benchmark"]["passed"] == 4
+    # pytest-benchmark times nothing under xdist: the benchmarks ran as smoke tests, and the report says so.
+    bench = res["benchmarks"]
+    assert bench["status"] == "none" and "timing disabled under pytest-xdist" in bench["note"]
+    assert bench["note"] in rep["md"]
 
 
 def test_no_option_no_report_and_unwritable_target_is_said(pytester, inprocess):
@@ -401,7 +405,7 @@ def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, be
         assert (saved["folder"] / plot["file"]).read_bytes()[:8] == PNG_MAGIC
         assert f"![{plot['title']}]({plot['file']})" in saved["md"]
 
-    inprocess(*args, "--nsa-report", "second")
+    inprocess("--gpu-profile", "tiny", "-k", "not bwd", "--nsa-report", "second")  # no --nsa-bench: implied
     again = only_report(pytester.path / "second")
     assert_valid(again)
     bench = again["results"]["benchmarks"]
@@ -418,12 +422,16 @@ def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, be
     assert "### Decode" in again["md"] and "### Prefill" in again["md"]
 
 
-def test_benchmark_tests_skipped_or_untimed_are_explained(pytester, bench_project, inprocess):
-    inprocess("--gpu-profile", "tiny", "--nsa-report", "off")
-    bench = only_report(pytester.path / "off")["results"]["benchmarks"]
+def test_report_without_benchmark_data_says_why(pytester, bench_project, inprocess):
+    inprocess("--gpu-profile", "tiny", "--nsa-report", "out", "-m", "not benchmark")
+    bench = only_report(pytester.path / "out")["results"]["benchmarks"]
     assert bench["status"] == "none" and bench["plots"] == [] and bench["json_file"] is None
-    assert "skipped (benchmarks run only with --nsa-bench" in bench["note"]
-    assert not list((pytester.path / "off").glob("*/*.png"))
+    assert bench["note"].startswith("No benchmark test ran in this session")
+    assert not list((pytester.path / "out").glob("*/*.png")) and not list((pytester.path / "out").glob("*/bench*"))
+    skipped = [SimpleNamespace(markers=("benchmark",), outcome="skipped", skip_reason="needs --nsa-bench")] * 3
+    state = SimpleNamespace(measured={}, rows=[], lines=[], mode="compare", path=None)
+    note = report_bench.section(None, state, skipped, pytester.path, "CPU")["note"]
+    assert note == "No benchmark data: all 3 benchmark tests skipped (needs --nsa-bench)."
 
 
 def test_plot_rows_pair_nsa_and_dense_by_point():
