@@ -99,3 +99,13 @@ def test_prefill_and_replot(tmp_path, capsys):
 def test_module_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "nsa.bench", "--help"], capture_output=True, text=True, check=True)
     assert "decode" in done.stdout and "prefill" in done.stdout and "plot" in done.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--heads", "6", "--kv-heads", "4"], "Shape.heads=6 must be a multiple of kv_heads=4"),
+    (["--profile", "nope"], "unknown GPU profile 'nope'"),
+])  # fmt: skip
+def test_user_errors_exit_2_with_the_reason(extra, message, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["decode", "--contexts", "64", "--device", "cpu", *extra])
+    assert done.value.code == 2 and message in capsys.readouterr().err

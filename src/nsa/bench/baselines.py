@@ -32,7 +32,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 SCHEMA_VERSION = 1
 FILE_NAME = "benchmarks.json"
 #: Machine fields that must be equal for a comparison, in the order they are reported.
-IDENTITY: Tuple[str, ...] = ("profile", "device", "capability", "cpu_count", "driver", "cuda", "torch", "triton", "python")
+IDENTITY: Tuple[str, ...] = (
+    "profile", "device", "capability", "cpu_count", "driver", "cuda", "torch", "triton", "python",
+)
 #: A change smaller than this many spreads (IQRs) is noise, whatever the threshold says.
 SPREAD_FACTOR = 1.5
 STATS: Tuple[str, ...] = ("median", "iqr", "q1", "q3", "mean", "min", "max", "stddev")
@@ -137,7 +139,10 @@ def path_for(root: Path, profile: str) -> Path:
 def _entry(name: str, raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
         raise BaselineError(f"{where}: benchmarks[{name!r}] must be a mapping")
-    missing = [k for k in (*STATS, "rounds") if not isinstance(raw.get(k), (int, float)) or isinstance(raw.get(k), bool)]
+    def numeric(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    missing = [k for k in (*STATS, "rounds") if not numeric(raw.get(k))]
     if missing:
         raise BaselineError(f"{where}: benchmarks[{name!r}] lacks numeric {', '.join(missing)}")
     if not all(math.isfinite(float(raw[k])) and float(raw[k]) >= 0 for k in STATS):
@@ -183,7 +188,8 @@ def updated(old: Optional[Baseline], profile: str, machine: Mapping[str, Any],
     if old is not None and not differences(old.machine, machine):
         merged = {**old.entries, **entries}
         kept = len(merged) - len(entries)
-        return Baseline(profile, dict(machine), merged, now), f"updated {len(entries)}, kept {kept} from the earlier run"
+        note = f"updated {len(entries)}, kept {kept} from the earlier run"
+        return Baseline(profile, dict(machine), merged, now), note
     if old is not None:
         why = "; ".join(differences(old.machine, machine))
         return Baseline(profile, dict(machine), dict(entries), now), f"replaced a baseline from another machine: {why}"
@@ -222,7 +228,11 @@ def compare(baseline: Baseline, entries: Mapping[str, Entry], threshold_pct: flo
             rows.append(Row(name, CHANGED, now.median, base.median, change))
             continue
         margin = max(threshold_pct / 100 * base.median, SPREAD_FACTOR * max(base.iqr, now.iqr))
-        verdict = REGRESSION if now.median > base.median + margin else IMPROVED if now.median < base.median - margin else OK
+        verdict = OK
+        if now.median > base.median + margin:
+            verdict = REGRESSION
+        elif now.median < base.median - margin:
+            verdict = IMPROVED
         rows.append(Row(name, verdict, now.median, base.median, change, base.median + margin))
     return rows
 

@@ -151,6 +151,10 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _progress_routes(ops: Sequence[str], bench: "Bench", shape: Shape) -> None:
+    _progress("routes: " + " ".join(f"{op}={b}" for op, b in routes(ops, bench.device, shape.dtype).items()))
+
+
 def _ms(samples: Samples) -> Tuple[float, float]:
     return samples.median * 1e3, samples.iqr * 1e3
 
@@ -278,7 +282,7 @@ def run_decode(bench: Bench) -> List[Dict[str, Any]]:
             if not ok:
                 _progress(f"--graph ignored: {impl}: {why}")
                 graph = False
-    _progress("routes: " + " ".join(f"{op}={b}" for op, b in routes(DECODE_OPS, bench.device, points[0].dtype).items()))
+    _progress_routes(DECODE_OPS, bench, points[0])
     rows = _run_points(points, lambda shape: _decode_point(bench, shape, graph), "decode")
     stored = _baseline_points(_load_baseline(bench), "decode", _same_geometry(bench, points[0]))
     mode = "graph" if graph else "eager"
@@ -300,7 +304,7 @@ def run_prefill(bench: Bench) -> List[Dict[str, Any]]:
     args = bench.args
     batch = (args.batch or (1,))[0]
     points = [bench.shape(batch, t) for t in bench.setting("prefill_lengths", args.lengths)]
-    _progress("routes: " + " ".join(f"{op}={b}" for op, b in routes(PREFILL_OPS, bench.device, points[0].dtype).items()))
+    _progress_routes(PREFILL_OPS, bench, points[0])
     rows = _run_points(points, lambda shape: _prefill_point(bench, shape), "prefill")
     stored = _baseline_points(_load_baseline(bench), "prefill", _same_geometry(bench, points[0]))
     series: Dict[str, Dict[int, float]] = {}
@@ -329,12 +333,16 @@ def replot(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "plot":
-        replot(args)
-        return 0
-    bench = Bench(args)
-    (run_decode if args.command == "decode" else run_prefill)(bench)
+    """Entry point of ``nsa-bench``; returns the exit status (2 for a bad argument or profile)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plot":
+            replot(args)
+        else:
+            (run_decode if args.command == "decode" else run_prefill)(Bench(args))
+    except ValueError as err:  # user input: bad shapes or counts, an unknown profile (ProfileError)
+        parser.exit(2, f"nsa-bench: error: {err}\n")
     return 0
 
 

@@ -202,7 +202,8 @@ class Runner:
         if self.device.type != "cuda":
             return f"cpu perf_counter, {len(self.input_sets)} input set(s)"
         flushed = "L2 flushed" if self._flush is not None else "L2 not flushed"
-        return f"cuda-events, {flushed}, {len(self.input_sets)} input set(s), {'graph replay' if self.graph else 'eager'}"
+        replay = "graph replay" if self.graph else "eager"
+        return f"cuda-events, {flushed}, {len(self.input_sets)} input set(s), {replay}"
 
     def setup(self) -> Tuple[Tuple[int], Dict[str, Any]]:
         """Untimed: pick the next input set, flush L2, wait for the device.
