@@ -17,6 +17,8 @@ Wiring only: the documents are built by :mod:`~pytest_nsa.report_data`,
 from __future__ import annotations
 
 import json
+import os
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
@@ -34,6 +36,10 @@ HELP_REPORT = (
     "or the run is interrupted (the report then says it is partial). Implies --nsa-bench "
     "(deselect the benchmarks with -m 'not benchmark')."
 )
+HELP_COMMIT = (
+    "The commit the report names, for a copied tree without git metadata "
+    "(default: git rev-parse --short HEAD of the rootdir, 'nogit' when that fails)."
+)
 
 #: pytest-benchmark's warning when JSON output is on but nothing was measured.
 NO_BENCHMARKS = "Not saving anything, no benchmarks have been run"
@@ -43,12 +49,13 @@ BENCHMARK_WARNING = "pytest_benchmark.logger.PytestBenchmarkWarning"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
     group.addoption("--nsa-report", dest="nsa_report", default=None, metavar="DIR", help=HELP_REPORT)
+    group.addoption("--nsa-report-commit", dest="nsa_report_commit", default=None, metavar="REV", help=HELP_COMMIT)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest_nsa.benchmarks reads --nsa-bench
 def pytest_configure(config: pytest.Config) -> None:
     target = config.option.nsa_report
-    if not target or config.option.help or config.option.version:
+    if not target or config.option.help or config.option.version or config.option.collectonly:
         return
     # The report's decode and prefill tables need the (opt-in) benchmark suites: one command, one report.
     config.option.nsa_bench = True
@@ -97,8 +104,11 @@ class Reporter:
         self._commit: Optional[tuple] = None
 
     def commit(self) -> tuple:
+        """``(short commit, dirty)`` of the code under test (see :func:`report_data.git_commit`)."""
         if self._commit is None:
-            self._commit = report_data.git_commit(Path(self.config.rootpath))
+            given = re.sub(r"[^A-Za-z0-9.-]+", "-", self.config.option.nsa_report_commit or "").strip("-.")
+            # A commit given by hand says nothing about local changes: dirty is unknown.
+            self._commit = (given, None) if given else report_data.git_commit(Path(self.config.rootpath))
         return self._commit
 
     def folder(self) -> Path:
@@ -158,6 +168,8 @@ class Reporter:
                       session.testscollected, _workers(self.config))
         run.unfinished = [n for n in state.results.outcomes if n not in self.finished]
         run.partial_reasons = self.partial_reasons = self._partial(session, status, len(outcomes))
+        if self.error is not None:  # the folder could not be made for the benchmark JSON already
+            return
         try:
             self.written = self._write(state, run, outcomes)
         except OSError as err:  # a full disk or a read-only DIR must not hide the test results
@@ -221,8 +233,12 @@ class _DeferredFile:
         self._handle: Any = None
 
     def __enter__(self) -> Any:
-        self._handle = (self.reporter.folder() / self.name).open("wb")
-        self.reporter.benchmark_json_written = True
+        try:
+            self._handle = (self.reporter.folder() / self.name).open("wb")
+            self.reporter.benchmark_json_written = True
+        except OSError as err:  # pytest-benchmark must finish; the report says what went wrong
+            self.reporter.error = f"could not write the report under {self.reporter.root}: {err}"
+            self._handle = open(os.devnull, "wb")
         return self._handle
 
     def __exit__(self, *exc: object) -> None:

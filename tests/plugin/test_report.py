@@ -174,9 +174,10 @@ def test_env_states_profile_flags_versions_and_routing(pytester, inprocess):
 def test_faked_gpu_names_the_folder_after_the_device(pytester, fake, inprocess):
     fake("h200")
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
-    inprocess("--gpu-profile", "h200", "--nsa-report", "out")
+    inprocess("--gpu-profile", "h200", "--nsa-report", "out", "--nsa-report-commit", "abc1234")
     rep = only_report(pytester.path / "out")
-    assert rep["folder"].name.startswith("nvidia-h200_nogit_")
+    assert rep["folder"].name.startswith("nvidia-h200_abc1234_")
+    assert rep["env"]["commit"] == {"short": "abc1234", "dirty": None}
     assert rep["env"]["device"]["gpus"][0]["capability"] == "9.0"
     assert rep["env"]["device"]["source"] == "faked by conftest" and rep["env"]["profile"]["name"] == "h200"
     assert_valid(rep)
