@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from nsa.bench.timing import TIMER, PairTimer, Runner, Samples, measure, plan_rounds, run_pedantic
+from nsa.bench.timing import TIMER, PairTimer, Runner, Samples, measure, measure_within, plan_rounds, run_pedantic
 
 CPU = torch.device("cpu")
 
@@ -75,6 +75,19 @@ def test_plan_rounds_fits_the_budget_but_keeps_three():
     assert plan_rounds(slow, rounds=50, warmup=1, budget_s=0.05) == 3
     fast = Runner(lambda: None, [()], CPU)
     assert plan_rounds(fast, rounds=7, warmup=1, budget_s=10.0) == 7
+
+
+@pytest.mark.parametrize("warmup, budget_s, calls", [(1, 10.0, 1), (10, 10.0, 10), (10, 0.04, 2)])
+def test_warmup_stays_within_a_fifth_of_the_budget(warmup, budget_s, calls):
+    count = []
+    runner = Runner(lambda: (count.append(1), time.sleep(0.01)), [()], CPU)
+    plan_rounds(runner, rounds=5, warmup=warmup, budget_s=budget_s)
+    assert len(count) == calls
+
+
+def test_measure_within_times_the_planned_rounds():
+    samples = measure_within(Runner(lambda: time.sleep(0.02), [()], CPU), rounds=40, warmup=2, budget_s=0.1)
+    assert 3 <= len(samples.times) <= 5 and min(samples.times) >= 0.019
 
 
 class _DisabledBenchmark:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 
 import torch
 
-from nsa.bench.timing import Runner, Samples, measure, run_pedantic
+from nsa.bench.timing import Runner, Samples, measure_within, run_pedantic
 from pytest_nsa.benchmarks import BenchContext
 
 
@@ -32,7 +32,8 @@ def time_point(benchmark: Any, bench: BenchContext, impl: str,
     if samples is None or impl == "dense":
         return None if samples is None else (samples, samples)
     del runner  # free its input sets before dense allocates its own
-    return samples, measure(runner_of("dense"), rounds=len(samples.times), warmup=bench.warmup)
+    dense = measure_within(runner_of("dense"), rounds=len(samples.times), warmup=bench.warmup, budget_s=bench.budget_s)
+    return samples, dense
 
 
 def record(benchmark: Any, bench: BenchContext, samples: Samples, dense: Samples, **info: Any) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from nsa.bench import baselines, plot
-from nsa.bench.timing import Runner, Samples, measure, plan_rounds
+from nsa.bench.timing import Runner, Samples, measure_within
 from nsa.bench.workloads import (
     BRANCHES, DECODE_OPS, PREFILL_OPS, Shape, branch_runners, decode_reads, decode_runner, default_config,
     describe_config, graph_status, parse_dtype, point_info, prefill_runner, routes,
@@ -114,8 +114,7 @@ class Bench:
                      a.dtype or base.dtype)  # fmt: skip
 
     def time(self, runner: Runner) -> Samples:
-        rounds = plan_rounds(runner, rounds=self.rounds, warmup=self.warmup, budget_s=self.args.budget)
-        return measure(runner, rounds=rounds, warmup=0)
+        return measure_within(runner, rounds=self.rounds, warmup=self.warmup, budget_s=self.args.budget)
 
     def runner_kwargs(self) -> Dict[str, Any]:
         return {"flush_l2": not self.args.no_flush, "sets": self.args.sets}

@@ -239,13 +239,25 @@ def measure(runner: Runner, *, rounds: int, warmup: int, timer: Optional[PairTim
 
 
 def plan_rounds(runner: Runner, *, rounds: int, warmup: int, budget_s: float, min_rounds: int = 3) -> int:
-    """Warm ``runner`` up (``warmup`` calls, at least one) and return how many of the asked
-    ``rounds`` fit in ``budget_s`` seconds at the warm calls' median, never fewer than
-    ``min_rounds`` (so one slow path cannot stall a whole suite)."""
-    probe = measure(runner, rounds=1, warmup=max(warmup - 1, 0))
-    if probe.median <= 0:
+    """Warm ``runner`` up and return how many of the asked ``rounds`` fit in ``budget_s``.
+
+    Warm-up is at most ``warmup`` calls (at least one) and, past the first two, no more
+    than a fifth of the budget; the rounds are those that fit in ``budget_s`` at the
+    warm call's duration, never fewer than ``min_rounds``, so that one slow path
+    cannot stall a whole suite and still gets a median and a spread.
+    """
+    probe = measure(runner, rounds=1, warmup=1 if warmup > 1 else 0).median
+    if probe <= 0:
         return rounds
-    return max(min(rounds, min_rounds), min(rounds, int(budget_s / probe.median)))
+    extra = min(max(warmup - 2, 0), int(0.2 * budget_s / probe))
+    if extra:
+        measure(runner, rounds=extra, warmup=0)  # more warm-up: its samples are discarded
+    return max(min(rounds, min_rounds), min(rounds, int(budget_s / probe)))
+
+
+def measure_within(runner: Runner, *, rounds: int, warmup: int, budget_s: float) -> Samples:
+    """:func:`plan_rounds`, then :func:`measure` that many rounds (no further warm-up)."""
+    return measure(runner, rounds=plan_rounds(runner, rounds=rounds, warmup=warmup, budget_s=budget_s), warmup=0)
 
 
 def run_pedantic(
