@@ -60,6 +60,8 @@ class BenchState:
         enabled: whether benchmark tests run (``--nsa-bench`` and friends).
         folder: the baselines folder.
         xdist: pytest-xdist distributes this run (timing is then disabled).
+        captured: pytest-benchmark's flat stats of this run's benchmarks (dicts with
+            ``fullname``, ``median``, ``iqr``, ... and ``extra_info``).
         measured: name -> :class:`~nsa.bench.baselines.Entry` of the timed benchmarks that passed.
         path: the baseline file of the active profile (set at session end).
         rows: the comparison, when one was made.
