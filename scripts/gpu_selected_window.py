@@ -149,29 +149,27 @@ def timings(lengths, variants):
 
 
 def launch_variants(T, q, k, v, idx, do):
-    """Each kernel alone under a few launch parameters (defaults first)."""
+    """Each kernel alone, defaults first; the selected kernels with and without the
+    tile-shared forced blocks (paper: 1 initial + 2 local)."""
     scale = q.shape[-1] ** -0.5
     sel, win = sel_kernel, win_kernel
-    for tiles in [{}, dict(num_stages=1), dict(num_warps=2), dict(num_warps=8)]:
-        bench(f"selected fwd {tiles}", T, lambda: sel.selected_fwd(q, k, v, idx, 64, scale, 0, tiles))
-    o, lse = sel.selected_fwd(q, k, v, idx, 64, scale, 0)
+    for forced in [(1, 2), (0, 0)]:
+        for tiles in [{}, dict(num_warps=4)]:
+            bench(f"selected fwd forced={forced} {tiles}", T, lambda: sel.selected_fwd(q, k, v, idx, 64, scale, 0, tiles, forced))
+    o, lse = sel.selected_fwd(q, k, v, idx, 64, scale, 0, forced=(1, 2))
     delta = attn_bwd_delta(o, do)
+    bench("attn_bwd_delta", T, lambda: attn_bwd_delta(o, do))
     args = (q, k, v, idx, do, lse, delta, 64, scale, 0)
-    for tiles in [{}, dict(num_stages=2), dict(num_warps=8, num_stages=2)]:
-        cfg = dict(sel.BWD_TILES["dq"], **tiles)
-        bench(f"selected dq {tiles}", T, lambda: sel.selected_bwd_dq(*args, cfg))
-    bench("selected invert_selection", T, lambda: sel.invert_selection(idx, 64, 0, T // 64, 512))
-    for tiles in [{}, dict(BQ=2), dict(QSEG=1024), dict(num_stages=3)]:
-        cfg = dict(sel.BWD_TILES["dkdv"], **tiles)
-        bench(f"selected dkdv+invert {tiles}", T, lambda: sel.selected_bwd_dkdv(*args, cfg))
-    for tiles in [{}, dict(num_stages=3), dict(rows=128, num_warps=8)]:
-        bench(f"window fwd {tiles}", T, lambda: win.window_fwd(q, k, v, 512, scale, 0, tiles))
+    for forced in [(1, 2), (0, 0)]:
+        bench(f"selected dq forced={forced}", T, lambda: sel.selected_bwd_dq(*args, sel.BWD_TILES["dq"], forced))
+    bench("selected invert_selection", T, lambda: sel.invert_selection(idx, 64, 0, T // 64, 1024))
+    bench("selected dkdv+invert", T, lambda: sel.selected_bwd_dkdv(*args, sel.BWD_TILES["dkdv"]))
+    bench("window fwd", T, lambda: win.window_fwd(q, k, v, 512, scale, 0))
     o, lse = win.window_fwd(q, k, v, 512, scale, 0)
     delta = attn_bwd_delta(o, do)
     for kind, launch in (("dq", win.window_bwd_dq), ("dkdv", win.window_bwd_dkdv)):
-        for tiles in [{}, dict(rows=32), dict(rows=128, num_warps=8), dict(num_stages=3)]:
-            cfg = win._bwd_cfg(kind, 16, 128, 128, {kind: tiles})
-            bench(f"window {kind} {tiles}", T, lambda: launch(q, k, v, do, lse, delta, 512, scale, 0, cfg))
+        cfg = win._bwd_cfg(kind, 16, 128, 128, None)
+        bench(f"window {kind}", T, lambda: launch(q, k, v, do, lse, delta, 512, scale, 0, cfg))
 
 
 def main():

@@ -23,9 +23,10 @@ from nsa.testing import assert_close
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
 
-def _config(sel_block: int, count: int) -> NSAConfig:
+def _config(sel_block: int, count: int, init: int = 1, local: int = 1) -> NSAConfig:
+    """Forced blocks (init, local) go through the tile-shared kernels; (0, 0) skips them."""
     return NSAConfig(cmp_block=sel_block, cmp_stride=sel_block // 2, sel_block=sel_block, sel_count=count,
-                     init_blocks=1, local_blocks=1)
+                     init_blocks=init, local_blocks=local)
 
 
 def _inputs(B, T, HQ, H, DK, DV, dtype, device, TK=None):
@@ -65,18 +66,18 @@ def check_against_reference(q, k, v, block_idx, config, q_offset, tol, ref_dtype
 
 F32, F16 = torch.float32, torch.float16
 CASES = [
-    # (B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype)
-    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, 0, 41, F32, id="B1-T41-HQ4-H1-D32-bs16-n3-fp32"),
-    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, 0, 41, F16, id="B1-T41-HQ4-H1-D32-bs16-n3-fp16"),
-    pytest.param(2, 15, 2, 2, 16, 32, 8, 3, 0, 15, F32, id="B2-T15-HQ2-H2-DK16-DV32-bs8-n3-fp32"),
-    pytest.param(1, 19, 16, 1, 16, 16, 16, 2, 0, 19, F16, id="B1-T19-HQ16-H1-D16-bs16-n2-fp16"),
-    pytest.param(1, 17, 6, 2, 48, 24, 16, 3, 13, 45, F32, id="B1-T17-HQ6-H2-DK48-DV24-off13-TK45-fp32"),
+    # (B, T, HQ, H, DK, DV, sel_block, count, (init, local), q_offset, TK, dtype)
+    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, (1, 1), 0, 41, F32, id="B1-T41-HQ4-H1-D32-bs16-n3-fp32"),
+    pytest.param(1, 41, 4, 1, 32, 32, 16, 3, (1, 1), 0, 41, F16, id="B1-T41-HQ4-H1-D32-bs16-n3-fp16"),
+    pytest.param(2, 15, 2, 2, 16, 32, 8, 3, (0, 0), 0, 15, F32, id="B2-T15-HQ2-H2-DK16-DV32-bs8-n3-noforced-fp32"),
+    pytest.param(1, 19, 16, 1, 16, 16, 16, 3, (1, 2), 0, 19, F16, id="B1-T19-HQ16-H1-D16-bs16-n3-fp16"),
+    pytest.param(1, 17, 6, 2, 48, 24, 8, 3, (2, 1), 13, 45, F32, id="B1-T17-HQ6-H2-DK48-DV24-init2-off13-TK45-fp32"),
 ]
 
 
-@pytest.mark.parametrize("B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype", CASES)
-def test_selected_matches_reference(B, T, HQ, H, DK, DV, sel_block, count, q_offset, TK, dtype, nsa_device, nsa_tolerance):
-    config = _config(sel_block, count)
+@pytest.mark.parametrize("B, T, HQ, H, DK, DV, sel_block, count, forced, q_offset, TK, dtype", CASES)
+def test_selected_matches_reference(B, T, HQ, H, DK, DV, sel_block, count, forced, q_offset, TK, dtype, nsa_device, nsa_tolerance):
+    config = _config(sel_block, count, *forced)
     q, k, v = _inputs(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
     block_idx = random_blocks(B, T, H, count, config.num_sel_blocks(TK), nsa_device)
     check_against_reference(q, k, v, block_idx, config, q_offset, nsa_tolerance)

@@ -43,14 +43,53 @@ from nsa.ops._triton.attention import (
 
 
 @triton.jit
-def _selection(p_idx, t, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr):
+def _selection(p_idx, t, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
     """A query's ``N`` block indices as ``[NP]`` int32, with -1 in place of every entry
-    that does not count: negative, past position ``t``, or a repeat of an earlier entry."""
+    that does not count (negative, past position ``t``, a repeat of an earlier entry)
+    and of the forced blocks of ``t`` (the ``INIT`` first and the ``LOCAL`` last
+    blocks), which the forced-block kernels handle for a whole tile of queries."""
     o_n = tl.arange(0, NP)
     b_idx = tl.load(p_idx + o_n, mask=o_n < N, other=-1).to(tl.int32)  # [NP]
     b_rep = tl.max(((b_idx[:, None] == b_idx[None, :]) & (o_n[None, :] < o_n[:, None])).to(tl.int32), 1)  # [NP]
     b_ok = (b_idx >= 0) & (b_idx.to(tl.int64) * BS <= t) & (b_rep == 0)
+    if INIT + LOCAL > 0:
+        j_t = t // BS
+        b_ok = b_ok & (b_idx >= INIT) & ((b_idx <= j_t - LOCAL) | (b_idx > j_t))
     return o_n, tl.where(b_ok, b_idx, -1)
+
+
+@triton.jit
+def _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS: tl.constexpr, BSP: tl.constexpr, IS_INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """Key positions ``[BSP]``, their load mask and the ``[BM, BSP]`` visibility of forced
+    block ``i_f`` for a tile of rows whose selection lists are ``b_list [BM, NP]``.
+
+    A row counts the block only if its list holds it and it is forced for the row's
+    own block ``o_j`` (always for an initial block, for the ``LOCAL`` last ones else)."""
+    m_rows = (tl.max((b_list == i_f).to(tl.int32), 1) > 0) & m_r  # [BM]
+    if not IS_INIT:
+        m_rows = m_rows & (o_j - LOCAL < i_f) & (i_f <= o_j)
+    o_c = tl.arange(0, BSP)
+    o_s = o_c.to(tl.int64) + i_f * BS  # i_f * BS is a position: int32 is enough
+    t_use = tl.max(tl.where(m_rows, o_pos, -1), 0)  # last position that needs the block, -1 if none
+    m_s = (o_c < BS) & (o_s <= t_use)
+    m_qk = m_rows[:, None] & (o_s[None, :] <= o_pos[:, None]) & m_s[None, :]
+    return o_s, m_s, m_qk
+
+
+@triton.jit
+def _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                 BT: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr):
+    """Rows of a forced-block tile (``BT`` positions x ``GP`` heads): query index,
+    query head, validity, position, own block, and the rows' lists ``[BM, NP]``."""
+    BM: tl.constexpr = BT * GP
+    o_r = tl.arange(0, BM)
+    o_i = i_t * BT + o_r // GP
+    m_r = (o_i < T) & (o_r % GP < G)
+    o_pos = q_offset + o_i
+    o_n = tl.arange(0, NP)
+    p_list = block_idx + ((i_b.to(tl.int64) * T + o_i) * H + i_h)[:, None] * N + o_n[None, :]
+    b_list = tl.load(p_list, mask=m_r[:, None] & (o_n < N)[None, :], other=-1)  # [BM, NP]
+    return o_i, i_h * G + o_r % GP, m_r, o_pos, o_pos // BS, b_list
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -59,10 +98,14 @@ def selected_fwd_kernel(
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(T, B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``."""
+    """Grid ``(T, B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
+
+    With forced blocks (``INIT + LOCAL > 0``), ``o``/``lse`` already hold the result
+    over them (:func:`selected_forced_fwd_kernel`): it is the starting state.
+    """
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -74,14 +117,22 @@ def selected_fwd_kernel(
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
     b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
-    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS)
+    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
     o_c = tl.arange(0, BSP)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
-    b_acc = tl.zeros([GP, BV], dtype=tl.float32)
-    b_m = tl.full([GP], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([GP], dtype=tl.float32)
+    p_o = o + row_offsets(i_b, i_t, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
+    p_lse = lse + row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
+    if INIT + LOCAL > 0:
+        # normalised (o, lse) is the online-softmax state (acc = o, m = lse, l = 1)
+        b_acc = tl.load(p_o, mask=m_g[:, None] & m_dv[None, :], other=0.0).to(tl.float32)
+        b_m = tl.load(p_lse, mask=m_g, other=float("-inf"))
+        b_l = tl.where(b_m == float("-inf"), 0.0, 1.0)
+    else:
+        b_acc = tl.zeros([GP, BV], dtype=tl.float32)
+        b_m = tl.full([GP], float("-inf"), dtype=tl.float32)
+        b_l = tl.zeros([GP], dtype=tl.float32)
     for i in range(N):
         # -- entry i's key positions; a skipped entry (-1) has negative positions, all masked --
         o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c  # [BSP]
@@ -92,9 +143,8 @@ def selected_fwd_kernel(
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_s[None, :], qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
-    p_o = o + row_offsets(i_b, i_t, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
-    tl.store(lse + row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1), b_lse, mask=m_g)
+    tl.store(p_lse, b_lse, mask=m_g)
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -103,10 +153,11 @@ def selected_bwd_dq_kernel(
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling."""
+    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
+    blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -122,7 +173,7 @@ def selected_bwd_dq_kernel(
     o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
     b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
     b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
-    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS)
+    o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
     o_c = tl.arange(0, BSP)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
@@ -137,7 +188,102 @@ def selected_bwd_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s[None, :], qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_g[:, None] & m_dk[None, :])
+    b_dq = b_dq * scale
+    if INIT + LOCAL > 0:
+        b_dq += tl.load(p_dq, mask=m_g[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_g[:, None] & m_dk[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "q_offset"])
+def selected_forced_fwd_kernel(
+    q, k, v, block_idx, o, lse,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
+    T, q_offset, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(cdiv(T, BT), B * H)``: attention over the forced blocks only, written to
+    ``o``/``lse`` as the starting state of :func:`selected_fwd_kernel`.
+
+    Every query of a selection block shares its forced blocks (initial + local), so a
+    tile of ``BT`` positions x ``GP`` heads loads each of them once, not once per query.
+    """
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    o_i, o_hq, m_r, o_pos, o_j, b_list = _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    j_lo = (q_offset + i_t * BT) // BS
+    j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
+
+    BM: tl.constexpr = BT * GP
+    b_acc = tl.zeros([BM, BV], dtype=tl.float32)
+    b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BM], dtype=tl.float32)
+    # initial blocks, then the local blocks of the tile's own blocks that are not initial
+    for i_f in range(0, INIT):
+        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, True, LOCAL)
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
+    for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
+        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, False, LOCAL)
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
+    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
+
+    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_dv[None, :])
+    tl.store(lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1), b_lse, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["T", "q_offset"])
+def selected_forced_dq_kernel(
+    q, k, v, block_idx, do, lse, delta, dq,  #
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
+    T, q_offset, qk_scale, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(cdiv(T, BT), B * H)``: the forced blocks' share of ``dq``, written for
+    :func:`selected_bwd_dq_kernel` to add the rest to."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    o_i, o_hq, m_r, o_pos, o_j, b_list = _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    m_dk, m_dv = o_dk < DK, o_dv < DV
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+    b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
+    b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    j_lo = (q_offset + i_t * BT) // BS
+    j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
+
+    b_dq = tl.zeros([BT * GP, BK], dtype=tl.float32)
+    for i_f in range(0, INIT):
+        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, True, LOCAL)
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
+    for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
+        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, False, LOCAL)
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
+
+    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
+    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
 
 
 @triton.jit
@@ -249,39 +395,52 @@ def _group_rows(G: int) -> int:
 
 #: Launch parameters (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py). ``BQ``
 #: (queries per dK/dV step, 0: 64 rows' worth), ``QSEG`` (queries per dK/dV program),
-#: ``num_warps`` (0: by head dim).
+#: ``num_warps`` (0: by head dim); ``FORCED_TILES`` serve both forced-block kernels.
 FWD_TILES = dict(num_warps=2, num_stages=2)
 BWD_TILES = {"dq": dict(num_warps=4, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=2)}
+FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
-def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int) -> dict:
-    """Constexpr dims shared by the per-query kernels (forward and dQ)."""
+def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) -> dict:
+    """Constexpr dims of the kernels; ``forced = (init_blocks, local_blocks)``."""
     G, N = q.shape[2] // k.shape[2], block_idx.shape[-1]
     DK, DV = q.shape[-1], v.shape[-1]
     return dict(
         H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block,
-        BSP=next_pow2(sel_block), DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV), PREC=dot_precision(q.dtype),
+        BSP=next_pow2(sel_block), INIT=forced[0], LOCAL=forced[1], DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV),
+        PREC=dot_precision(q.dtype),
     )
+
+
+def _forced_launch(dims: dict) -> Tuple[dict, int]:
+    """Constexprs and launch parameters of a forced-block kernel, and its ``BT``."""
+    cfg = dict(FORCED_TILES)
+    cfg["num_warps"] = cfg["num_warps"] or (4 if max(dims["BK"], dims["BV"]) <= 128 else 8)
+    GP = triton.next_power_of_2(dims["G"])
+    BT = max(1, cfg.pop("rows") // GP)
+    return dict(dims, GP=GP, BT=BT, **cfg), BT
 
 
 def selected_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
-    scale: float, q_offset: int, tiles: Optional[dict] = None,
+    scale: float, q_offset: int, tiles: Optional[dict] = None, forced: Tuple[int, int] = (0, 0),
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
 
     ``block_idx`` must be contiguous ``[B, T, H, N]``; ``tiles`` overrides :data:`FWD_TILES`.
+    ``forced = (init_blocks, local_blocks)``: those blocks, wherever a query's list
+    holds them, go through the tile-shared forced-block kernel first ((0, 0): none).
     """
     B, T, HQ, _ = q.shape
     H, DV = k.shape[2], v.shape[-1]
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
-    selected_fwd_kernel[(T, B * H)](
-        q, k, v, block_idx, o, lse,  #
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
-        T, q_offset, scale * LOG2E,  #
-        **_dims(q, k, v, block_idx, sel_block), **dict(FWD_TILES, **(tiles or {})),
-    )
+    dims = _dims(q, k, v, block_idx, sel_block, forced)
+    args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
+    if sum(forced):
+        meta, BT = _forced_launch(dims)
+        selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+    selected_fwd_kernel[(T, B * H)](*args, **dims, **dict(FWD_TILES, **(tiles or {})))
     return o, lse
 
 
@@ -323,16 +482,20 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     )
 
 
-def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict):
-    """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``)."""
+def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
+                    forced: Tuple[int, int] = (0, 0)):
+    """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
+    the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest."""
     B, T, HQ, DK = q.shape
+    H = k.shape[2]
     dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
-    selected_bwd_dq_kernel[(T, B * k.shape[2])](
-        q, k, v, block_idx, do, lse, delta, dq,  #
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
-        T, q_offset, scale * LOG2E, scale,  #
-        **_dims(q, k, v, block_idx, sel_block), **cfg,
-    )
+    dims = _dims(q, k, v, block_idx, sel_block, forced)
+    args = (q, k, v, block_idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
+    if sum(forced):
+        meta, BT = _forced_launch(dims)
+        selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+    selected_bwd_dq_kernel[(T, B * H)](*args, **dims, **cfg)
     return dq
 
 
@@ -371,15 +534,17 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
 def selected_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
+    forced: Tuple[int, int] = (0, 0),
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
+    """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic
+    (``forced`` as in :func:`selected_fwd`).
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
     """
     do = last_dim_contiguous(do)
     delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"])
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced)
     dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"])
     return dq, dk, dv
 
@@ -388,17 +553,17 @@ class SelectedAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: saves ``q, k, v, block_idx, o, lse`` for the kernels' backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_idx, sel_block: int, scale: float, q_offset: int):
-        o, lse = selected_fwd(q, k, v, block_idx, sel_block, scale, q_offset)
+    def forward(ctx, q, k, v, block_idx, sel_block: int, scale: float, q_offset: int, forced: Tuple[int, int]):
+        o, lse = selected_fwd(q, k, v, block_idx, sel_block, scale, q_offset, forced=forced)
         ctx.save_for_backward(q, k, v, block_idx, o, lse)
-        ctx.sel_block, ctx.scale, ctx.q_offset = sel_block, scale, q_offset
+        ctx.sel_block, ctx.scale, ctx.q_offset, ctx.forced = sel_block, scale, q_offset, forced
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, block_idx, o, lse = ctx.saved_tensors
-        dq, dk, dv = selected_bwd(q, k, v, block_idx, o, lse, do, ctx.sel_block, ctx.scale, ctx.q_offset)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = selected_bwd(q, k, v, block_idx, o, lse, do, ctx.sel_block, ctx.scale, ctx.q_offset, forced=ctx.forced)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def selected_attention(
@@ -421,6 +586,8 @@ def selected_attention(
     block_idx = block_idx.contiguous()
     if q.shape[1] == 0:
         return q.new_zeros(*q.shape[:3], v.shape[-1])
+    # the config's forced blocks are shared by whole tiles of queries (any block_idx stays exact)
+    forced = (config.init_blocks, config.local_blocks)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return SelectedAttentionFunction.apply(q, k, v, block_idx, config.sel_block, scale, q_offset)
-    return selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset)[0]
+        return SelectedAttentionFunction.apply(q, k, v, block_idx, config.sel_block, scale, q_offset, forced)
+    return selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)[0]
