@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 import triton
+from triton.runtime.errors import OutOfResources
 from triton.testing import do_bench
 
 from nsa import NSAConfig
@@ -38,10 +39,8 @@ CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants at the longest context: {small batch?: [...]}
 VARIANTS = {
-    True: [{"splits": (16, 4, 2)}, {"splits": (64, 4, 2)}, {"splits": (32, 4, 4)}, {"splits": (32, 2, 2)},
-           {"num_warps": (4, 4)}, {"num_warps": (8, 8)}, {"token_tile": 128, "num_warps": (8, 8)}],
-    False: [{"splits": (3, 4, 4)}, {"splits": (10, 4, 4)}, {"splits": (20, 4, 4)}, {"splits": (5, 2, 4)},
-            {"num_warps": (4, 4)}, {"num_warps": (8, 8)}, {"token_tile": 128, "num_warps": (8, 8)}],
+    True: [{"splits": (16, 4, 1)}, {"splits": (64, 4, 1)}, {"splits": (32, 2, 2)}, {"num_warps": 8}, {"token_tile": 32}],
+    False: [{"splits": (4, 4, 4)}, {"splits": (18, 4, 4)}, {"splits": (9, 2, 2)}, {"num_warps": 8}, {"token_tile": 32}],
 }
 
 
@@ -167,9 +166,18 @@ def main() -> None:
             lines.append(f"| {S} | {B} | {nsa:.1f} | {dense[best]:.1f} ({best}) | {dense[best] / nsa:.2f}x | "
                          f"{got:.0f} / {want} | {kernel_breakdown(t)} |")  # fmt: skip
             print(lines[-1], flush=True)
-            if args.variants and S == max(args.contexts):
-                for launch in VARIANTS[B == 1]:
-                    print(f"  variant B={B} S={S} {launch}: {time_us(lambda: run_nsa(t, **launch)):.1f} us", flush=True)
+            del t
+            torch.cuda.empty_cache()
+    if args.variants:
+        lines += ["", f"Launch variants at context {max(args.contexts)} (NSA us):", ""]
+        for B in args.batches:
+            t = make_inputs(B, max(args.contexts))
+            for launch in VARIANTS[B == 1]:
+                try:
+                    lines.append(f"- B={B} {launch}: {time_us(lambda: run_nsa(t, **launch)):.1f}")
+                except OutOfResources as err:  # a variant that does not fit is reported, not fatal
+                    lines.append(f"- B={B} {launch}: does not fit ({str(err)[:60]})")
+                print(lines[-1], flush=True)
             del t
             torch.cuda.empty_cache()
     report = "\n".join(lines) + "\n"
