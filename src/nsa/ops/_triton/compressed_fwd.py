@@ -145,9 +145,9 @@ def _rank_place(b_a, b_b, DESC: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _merge_topn(b_buf, b_score, o_blk, own, INIT: tl.constexpr, LOCAL: tl.constexpr, NB: tl.constexpr):
+def _merge_topn(b_buf, b_score, o_blk, own, INIT: tl.constexpr, LOCAL: tl.constexpr):
     """Merge one chunk's scores ``[BT, NB]`` for blocks ``o_blk [NB]`` into the kept keys
-    ``b_buf [BT, NB]`` (int64, best first); ``own [BT]`` is each query's own block."""
+    ``b_buf [BT, NB]`` (int64, distinct, in no order); ``own [BT]`` is each query's own block."""
     m_vis = o_blk[None, :] <= own[:, None]
     m_forced = m_vis & ((o_blk[None, :] < INIT) | (o_blk[None, :] > own[:, None] - LOCAL))
     b_score = tl.where(m_forced, float("inf"), b_score)
@@ -156,7 +156,18 @@ def _merge_topn(b_buf, b_score, o_blk, own, INIT: tl.constexpr, LOCAL: tl.conste
     b_key = (b_bits << 32) | (2147483647 - o_blk[None, :]).to(tl.int64)
     # invisible blocks: negative and distinct, below every visible key
     b_key = tl.where(m_vis, b_key, -2 - o_blk[None, :].to(tl.int64))
-    return _rank_place(b_buf, b_key, True, NB)
+    # insert the chunk's best key per row while it beats that row's worst kept key: keys
+    # are distinct, so each pass moves exactly one key per inserting row, and the loop
+    # ends once no row improves (at most NB + 1 passes; few once the kept keys are good)
+    b_min = tl.min(b_buf, 1)
+    b_top = tl.max(b_key, 1)
+    while tl.max((b_top > b_min).to(tl.int32), 0) > 0:
+        m_ins = b_top > b_min
+        b_buf = tl.where(m_ins[:, None] & (b_buf == b_min[:, None]), b_top[:, None], b_buf)
+        b_key = tl.where(b_key == b_top[:, None], -9223372036854775807, b_key)
+        b_min = tl.min(b_buf, 1)
+        b_top = tl.max(b_key, 1)
+    return b_buf
 
 
 @triton.jit
@@ -212,7 +223,10 @@ def _select_pass(
                           mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
             b_acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
         b_score, b_carry = _block_scores(b_p, b_carry, BT, GP, NB, R, RP, KC, NSPILL)
-        b_buf = _merge_topn(b_buf, b_score, i_j + o_nb, own, INIT, LOCAL, NB)
+        b_buf = _merge_topn(b_buf, b_score, i_j + o_nb, own, INIT, LOCAL)
+    # best first: rank against distinct keys below everything
+    b_low = -(1 << 62) - tl.arange(0, NB)[None, :].to(tl.int64) + tl.zeros([BT, NB], dtype=tl.int64)
+    b_buf = _rank_place(b_buf, b_low, True, NB)
     return b_acc, b_buf
 
 
@@ -307,15 +321,15 @@ def compressed_fwd(
     rows: Optional[int] = None,
     block_n: int = 64,
     num_warps: Optional[int] = None,
-    num_stages: int = 2,
+    num_stages: Optional[int] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
 
     Args:
         q: ``[B, Tq, HQ, Dk]``; k_cmp: ``[B, Nc, H, Dk]``; v_cmp: ``[B, Nc, H, Dv]``.
         store_o: compute ``o`` and ``lse``; select: compute ``block_idx``.
-        rows: query rows ``M = BT * GP`` per program (default 64 under the
-            interpreter or for 32-bit inputs, else 128); block_n: pass-1 token tile.
+        rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
+            token tile; num_warps/num_stages: launch options (defaults from the shapes).
 
     Returns:
         ``(o [B, Tq, HQ, Dv] in q's dtype, lse [B, Tq, HQ] float32, block_idx
@@ -325,9 +339,11 @@ def compressed_fwd(
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
     GP = triton.next_power_of_2(G)
-    if rows is None:
-        # wide heads or 32-bit tiles: 64 rows keep q, the key tiles and acc within shared memory
-        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32 or max(DK, DV) > 128) else 128
+    # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
+    # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
+    rows = rows or 64
+    if num_stages is None:
+        num_stages = 3 if (max(DK, DV) <= 128 and q.dtype != torch.float32) else 2
     BT = max(1, rows // GP)
     geo = _select_geometry(config)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None

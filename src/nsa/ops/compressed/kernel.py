@@ -128,13 +128,13 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, 
 def compressed_bwd_dkdv_kernel(
     q, k, v, do,  # q/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
     lse, delta,  # [B, TQ, HQ] float32
-    dk, dv,  # [B, NC, H, D*]
+    dk, dv,  # [SPLIT, B, NC, H, D*]: one partial sum per split (the outputs when SPLIT == 1)
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
 ):
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < NC
@@ -147,29 +147,36 @@ def compressed_bwd_dkdv_kernel(
     b_v = tl.load(v + (o_kv * DV)[:, None] + o_dv[None, :], mask=m_nv, other=0.0)  # [BN, BDV]
     b_dk = tl.zeros([BN, BDK], dtype=tl.float32)
     b_dv = tl.zeros([BN, BDV], dtype=tl.float32)
-    # queries that see the first token, and those that see the whole tile
-    tq_lo = tl.maximum(i_n * BN * S + L - 1 - q_offset, 0)
-    tq_full = tl.maximum((i_n * BN + BN - 1) * S + L - 1 - q_offset, 0)
-    i_lo = tq_lo // BT
-    i_full = tl.minimum(tl.cdiv(tq_full, BT), tl.cdiv(TQ, BT))
-    for i_t in range(i_lo, i_full):
+    # query tiles that see the first token, and from which on they see the whole tile
+    NT = tl.cdiv(TQ, BT)
+    i_lo = tl.maximum(i_n * BN * S + L - 1 - q_offset, 0) // BT
+    i_full = tl.minimum(tl.cdiv(tl.maximum((i_n * BN + BN - 1) * S + L - 1 - q_offset, 0), BT), NT)
+    # this split's share of [i_lo, NT): equal work per program of a token tile
+    seg = tl.cdiv(tl.maximum(NT - i_lo, 0), SPLIT)
+    i_a = i_lo + i_s * seg
+    i_z = tl.minimum(i_a + seg, NT)
+    for i_t in range(i_a, tl.minimum(i_z, i_full)):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
                                 qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, PREC)
-    for i_t in range(i_full, tl.cdiv(TQ, BT)):
+    for i_t in range(tl.maximum(i_a, i_full), i_z):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
                                 qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, PREC)
-    tl.store(dk + (o_kv * DK)[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
-    tl.store(dv + (o_kv * DV)[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
+    p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
+    tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
+    tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
 
 
-def _rows_per_program(q: torch.Tensor, G: int, DV: int, rows: Optional[int]) -> Tuple[int, int]:
-    """``(GP, BT)``: heads padded to a power of two, and query positions per program
-    (fewer rows for wide heads: the tiles must fit shared memory)."""
-    GP = triton.next_power_of_2(G)
-    if rows is None:
-        wide = max(q.shape[-1], DV) > 128
-        rows = 64 if (q.device.type == "cpu" or q.dtype == torch.float32 or wide) else 128
-    return GP, max(1, rows // GP)
+def _dkdv_splits(device: torch.device, programs: int) -> int:
+    """Splits of each token tile's query range: enough programs to fill the GPU (a
+    token tile near the start sees every query, so unsplit it is the critical path);
+    partial sums are added in a fixed order afterwards, so the result is deterministic."""
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        sms = 1  # the interpreter: small problems still split, so tests cover the reduction
+    return max(1, min(8, triton.cdiv(8 * sms, max(programs, 1))))
+
+
 
 
 def compressed_bwd(
@@ -193,21 +200,34 @@ def compressed_bwd(
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
-    GP, BT = _rows_per_program(q, G, DV, rows)
+    # 64 rows, 64 tokens, 4 warps measured fastest for both kernels (docs/perf/compressed_select.md)
+    GP = triton.next_power_of_2(G)
+    BT = max(1, (rows or 64) // GP)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
     delta = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
-                  num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages)
+                  num_warps=num_warps or 4, num_stages=num_stages)
     if B * TQ * HQ:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
     if B * NC * H:
-        compressed_bwd_dkdv_kernel[(triton.cdiv(NC, block_n), B * H)](
-            q, k_cmp, v_cmp, do, lse, delta, dk, dv, TQ, NC, q_offset, scale * LOG2E, scale, **common)
+        n_tiles = triton.cdiv(NC, block_n)
+        split = _dkdv_splits(q.device, n_tiles * B * H)
+        if split > 1:
+            dk_part = torch.empty(split, *dk.shape, dtype=torch.float32, device=q.device)
+            dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)
+        else:
+            dk_part, dv_part = dk, dv
+        compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
+            q, k_cmp, v_cmp, do, lse, delta, dk_part, dv_part, TQ, NC, q_offset, scale * LOG2E, scale,
+            SPLIT=split, **common)
+        if split > 1:  # a reduction over a fixed axis: the same order every run
+            dk.copy_(dk_part.sum(0))
+            dv.copy_(dv_part.sum(0))
     return dq, dk, dv
 
 
