@@ -51,6 +51,20 @@ def visible_cmp(t, NC, L: tl.constexpr, S: tl.constexpr):
 
 
 @triton.jit
+def group_rows(i_b, i_t, i_h, TQ, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr):
+    """The ``M = BT * GP`` rows of query tile ``i_t`` and KV head ``i_h``: row ``m`` is query
+    ``i_t * BT + m // GP`` and head ``i_h * G + m % GP``.
+
+    Returns ``(o_tq [M] query index, m_row [M] real rows, o_q [M] int64 row of [B*TQ*HQ])``.
+    """
+    o_m = tl.arange(0, BT * GP)
+    o_tq = i_t * BT + o_m // GP
+    m_row = (o_tq < TQ) & (o_m % GP < G)
+    o_q = (i_b.to(tl.int64) * TQ + o_tq) * (H * G) + i_h * G + o_m % GP
+    return o_tq, m_row, o_q
+
+
+@triton.jit
 def _lse_step(b_q, b_k, b_m, b_l, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
     """Online max and sum with one key tile (no values): ``b_k [BN, BK]``."""
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BN]
@@ -247,17 +261,12 @@ def compressed_fwd_kernel(
     STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
-    HQ: tl.constexpr = H * G
     # the last query tiles see the most tokens: launch them first
     i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_m = tl.arange(0, M)
-    o_tq = i_t * BT + o_m // GP
-    o_hq = i_h * G + o_m % GP
-    m_row = (o_tq < TQ) & (o_m % GP < G)
+    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
-    o_q = (i_b.to(tl.int64) * TQ + o_tq) * HQ + o_hq  # [M] row index into [B*TQ*HQ]
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
     nv = visible_cmp(q_offset + o_tq, NC, L, S)  # [M]
     t_last = q_offset + tl.minimum(i_t * BT + BT, TQ) - 1

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import LOG2E, attn_bwd_dkdv_step, attn_bwd_dq_step, dot_precision, next_pow2
-from nsa.ops._triton.compressed_fwd import compressed_fwd, visible_cmp
+from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 
 
 @triton.jit
@@ -66,14 +66,10 @@ def compressed_bwd_dq_kernel(
     L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
-    HQ: tl.constexpr = H * G
     i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_m = tl.arange(0, M)
-    o_tq = i_t * BT + o_m // GP
-    m_row = (o_tq < TQ) & (o_m % GP < G)
-    o_q = (i_b.to(tl.int64) * TQ + o_tq) * HQ + i_h * G + o_m % GP  # [M]
+    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
     m_qk_d = m_row[:, None] & (o_dk < DK)[None, :]
@@ -109,11 +105,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, 
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group)."""
-    M: tl.constexpr = BT * GP
-    o_m = tl.arange(0, M)
-    o_tq = i_t * BT + o_m // GP
-    m_row = (o_tq < TQ) & (o_m % GP < G)
-    o_q = (i_b.to(tl.int64) * TQ + o_tq) * (H * G) + i_h * G + o_m % GP  # [M]
+    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
