@@ -59,9 +59,24 @@ def _selection(p_idx, t, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, IN
 
 
 @triton.jit
-def _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS: tl.constexpr, BSP: tl.constexpr, IS_INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """Key positions ``[BSP]``, their load mask and the ``[BM, BSP]`` visibility of forced
-    block ``i_f`` for a tile of rows whose selection lists are ``b_list [BM, NP]``.
+def _entry_kv(p_k, p_v, skt, svt, o_n, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS: tl.constexpr, BSP: tl.constexpr):
+    """K ``[BSP, BK]``, V ``[BSP, BV]`` of entry ``i`` of ``b_blk`` and its key mask ``[BSP]``
+    (``s <= t``). A skipped entry (-1) has negative positions: it loads and adds nothing."""
+    o_c = tl.arange(0, BSP)
+    o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c
+    m_s = (o_c < BS) & (o_s >= 0) & (o_s <= t)
+    b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+    b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+    return b_k, b_v, m_s[None, :]
+
+
+@triton.jit
+def _forced_kv(
+    p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
+    BS: tl.constexpr, BSP: tl.constexpr, IS_INIT: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """K ``[BSP, BK]``, V ``[BSP, BV]`` of forced block ``i_f`` and its ``[BM, BSP]``
+    visibility for a tile of rows whose selection lists are ``b_list [BM, NP]``.
 
     A row counts the block only if its list holds it and it is forced for the row's
     own block ``o_j`` (always for an initial block, for the ``LOCAL`` last ones else)."""
@@ -72,8 +87,10 @@ def _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS: tl.constexpr, BSP: tl.constex
     o_s = o_c.to(tl.int64) + i_f * BS  # i_f * BS is a position: int32 is enough
     t_use = tl.max(tl.where(m_rows, o_pos, -1), 0)  # last position that needs the block, -1 if none
     m_s = (o_c < BS) & (o_s <= t_use)
+    b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+    b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
     m_qk = m_rows[:, None] & (o_s[None, :] <= o_pos[:, None]) & m_s[None, :]
-    return o_s, m_s, m_qk
+    return b_k, b_v, m_qk
 
 
 @triton.jit
@@ -118,7 +135,6 @@ def selected_fwd_kernel(
 
     b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
     o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
-    o_c = tl.arange(0, BSP)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
@@ -134,13 +150,8 @@ def selected_fwd_kernel(
         b_m = tl.full([GP], float("-inf"), dtype=tl.float32)
         b_l = tl.zeros([GP], dtype=tl.float32)
     for i in range(N):
-        # -- entry i's key positions; a skipped entry (-1) has negative positions, all masked --
-        o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c  # [BSP]
-        m_s = (o_c < BS) & (o_s >= 0) & (o_s <= t)
-        # a skipped entry loads nothing (fully masked) and adds nothing
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
-        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_s[None, :], qk_scale, True, PREC)
+        b_k, b_v, m_s = _entry_kv(p_k, p_v, skt, svt, o_n, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS, BSP)
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_s, qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
@@ -174,18 +185,13 @@ def selected_bwd_dq_kernel(
     b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
     b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
     o_n, b_blk = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
-    o_c = tl.arange(0, BSP)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
     b_dq = tl.zeros([GP, BK], dtype=tl.float32)
     for i in range(N):
-        # -- entry i's key positions; a skipped entry (-1) has negative positions, all masked --
-        o_s = tl.sum(tl.where(o_n == i, b_blk, 0), 0).to(tl.int64) * BS + o_c  # [BSP]
-        m_s = (o_c < BS) & (o_s >= 0) & (o_s <= t)
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s[None, :], qk_scale, True, PREC)
+        b_k, b_v, m_s = _entry_kv(p_k, p_v, skt, svt, o_n, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS, BSP)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     b_dq = b_dq * scale
@@ -227,14 +233,10 @@ def selected_forced_fwd_kernel(
     b_l = tl.zeros([BM], dtype=tl.float32)
     # initial blocks, then the local blocks of the tile's own blocks that are not initial
     for i_f in range(0, INIT):
-        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, True, LOCAL)
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, True, LOCAL)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
     for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
-        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, False, LOCAL)
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, False, LOCAL)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
@@ -272,14 +274,10 @@ def selected_forced_dq_kernel(
 
     b_dq = tl.zeros([BT * GP, BK], dtype=tl.float32)
     for i_f in range(0, INIT):
-        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, True, LOCAL)
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, True, LOCAL)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
     for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
-        o_s, m_s, m_qk = _forced_keys(b_list, i_f, o_j, o_pos, m_r, BS, BSP, False, LOCAL)
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, False, LOCAL)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]

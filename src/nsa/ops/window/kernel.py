@@ -55,6 +55,25 @@ def _band(lo, hi, first, end, STEP: tl.constexpr):
 
 
 @triton.jit
+def _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN: tl.constexpr, MASK: tl.constexpr):
+    """K ``[BN, BK]`` and V ``[BN, BV]`` at keys ``s0 ...`` and, when ``MASK``, the band
+    visibility ``[BM, BN]`` of rows at positions ``o_pos`` (keys past ``t_hi`` never read)."""
+    o_s = s0 + tl.arange(0, BN)
+    if MASK:
+        m_s = o_s <= t_hi
+        m_kk = m_s[:, None] & m_dk[None, :]
+        m_vv = m_s[:, None] & m_dv[None, :]
+        m_qk = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W)
+    else:
+        m_kk = m_dk[None, :]
+        m_vv = m_dv[None, :]
+        m_qk = m_kk  # placeholder (a jit function cannot return None): unused without MASK
+    b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * stride_kt + o_dk[None, :], mask=m_kk, other=0.0)
+    b_v = tl.load(p_v + o_s.to(tl.int64)[:, None] * stride_vt + o_dv[None, :], mask=m_vv, other=0.0)
+    return b_k, b_v, m_qk
+
+
+@triton.jit
 def _fwd_keys(
     b_q, b_acc, b_m, b_l,  #
     p_k, p_v, stride_kt, stride_vt,  #
@@ -63,18 +82,7 @@ def _fwd_keys(
 ):
     """Online softmax over key tiles starting at ``s_lo, s_lo + BN, ... < s_hi``."""
     for s0 in range(s_lo, s_hi, BN):
-        o_s = s0 + tl.arange(0, BN)
-        m_s = o_s <= t_hi  # keys past the last query are never read
-        if MASK:
-            m_kk = m_s[:, None] & m_dk[None, :]
-            m_vv = m_s[:, None] & m_dv[None, :]
-            m_qk = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W)
-        else:
-            m_kk = m_dk[None, :]
-            m_vv = m_dv[None, :]
-            m_qk = None
-        b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * stride_kt + o_dk[None, :], mask=m_kk, other=0.0)  # [BN, BK]
-        b_v = tl.load(p_v + o_s.to(tl.int64)[:, None] * stride_vt + o_dv[None, :], mask=m_vv, other=0.0)  # [BN, BV]
+        b_k, b_v, m_qk = _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, MASK)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     return b_acc, b_m, b_l
 
@@ -144,18 +152,7 @@ def _dq_keys(
     BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
 ):
     for s0 in range(s_lo, s_hi, BN):
-        o_s = s0 + tl.arange(0, BN)
-        m_s = o_s <= t_hi
-        if MASK:
-            m_kk = m_s[:, None] & m_dk[None, :]
-            m_vv = m_s[:, None] & m_dv[None, :]
-            m_qk = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W)
-        else:
-            m_kk = m_dk[None, :]
-            m_vv = m_dv[None, :]
-            m_qk = None
-        b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * stride_kt + o_dk[None, :], mask=m_kk, other=0.0)  # [BN, BK]
-        b_v = tl.load(p_v + o_s.to(tl.int64)[:, None] * stride_vt + o_dv[None, :], mask=m_vv, other=0.0)  # [BN, BV]
+        b_k, b_v, m_qk = _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, MASK)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK, PREC)
     return b_dq
 
