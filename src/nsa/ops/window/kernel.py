@@ -55,6 +55,29 @@ def _band(lo, hi, first, end, STEP: tl.constexpr):
 
 
 @triton.jit
+def _tile_rows(i0, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr):
+    """Rows of a tile of ``BT`` positions from query index ``i0`` x ``GP`` heads of KV
+    head ``i_h``: query index, query head, validity and absolute position, each ``[BT * GP]``."""
+    o_r = tl.arange(0, BT * GP)
+    o_i = i0 + o_r // GP
+    m_r = (o_i < T) & (o_r % GP < G)
+    return o_i, i_h * G + o_r % GP, m_r, q_offset + o_i
+
+
+@triton.jit
+def _key_band(i_t, T, q_offset, W, BT: tl.constexpr, BN: tl.constexpr):
+    """Key tiles of query tile ``i_t``: ``(t_hi, first, mid_lo, mid_hi)``; tiles in
+    ``[first, mid_lo)`` and ``[mid_hi, t_hi]`` need the band mask, the middle does not."""
+    t_lo = q_offset + i_t * BT
+    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
+    first = tl.maximum(t_lo - W + 1, 0) // BN * BN
+    full_lo = tl.cdiv(tl.maximum(t_hi - W + 1, 0), BN) * BN  # no row's lower edge cuts these tiles
+    full_hi = (t_lo + 1) // BN * BN  # tiles wholly at or before every row's diagonal
+    mid_lo, mid_hi = _band(full_lo, full_hi, first, t_hi + 1, BN)
+    return t_hi, first, mid_lo, mid_hi
+
+
+@triton.jit
 def _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN: tl.constexpr, MASK: tl.constexpr):
     """K ``[BN, BK]`` and V ``[BN, BV]`` at keys ``s0 ...`` and, when ``MASK``, the band
     visibility ``[BM, BN]`` of rows at positions ``o_pos`` (keys past ``t_hi`` never read)."""
@@ -101,11 +124,7 @@ def window_fwd_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
-    o_r = tl.arange(0, BM)
-    o_i = i_t * BT + o_r // GP  # [BM] query index of each row
-    o_hq = i_h * G + o_r % GP  # [BM] query head of each row
-    m_r = (o_i < T) & (o_r % GP < G)
-    o_pos = q_offset + o_i  # [BM] absolute positions
+    o_i, o_hq, m_r, o_pos = _tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
@@ -114,13 +133,7 @@ def window_fwd_kernel(
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
-    # -- key range of the tile, split into masked edges and an unmasked middle --
-    t_lo = q_offset + i_t * BT
-    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
-    first = tl.maximum(t_lo - W + 1, 0) // BN * BN
-    full_lo = tl.cdiv(tl.maximum(t_hi - W + 1, 0), BN) * BN  # no row's lower edge cuts these tiles
-    full_hi = (t_lo + 1) // BN * BN  # tiles wholly at or before every row's diagonal
-    mid_lo, mid_hi = _band(full_lo, full_hi, first, t_hi + 1, BN)
+    t_hi, first, mid_lo, mid_hi = _key_band(i_t, T, q_offset, W, BT, BN)
 
     b_acc = tl.zeros([BM, BV], dtype=tl.float32)
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -171,11 +184,7 @@ def window_bwd_dq_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
-    o_r = tl.arange(0, BM)
-    o_i = i_t * BT + o_r // GP
-    o_hq = i_h * G + o_r % GP
-    m_r = (o_i < T) & (o_r % GP < G)
-    o_pos = q_offset + o_i
+    o_i, o_hq, m_r, o_pos = _tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
@@ -187,12 +196,7 @@ def window_bwd_dq_kernel(
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
-    t_lo = q_offset + i_t * BT
-    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
-    first = tl.maximum(t_lo - W + 1, 0) // BN * BN
-    full_lo = tl.cdiv(tl.maximum(t_hi - W + 1, 0), BN) * BN
-    full_hi = (t_lo + 1) // BN * BN
-    mid_lo, mid_hi = _band(full_lo, full_hi, first, t_hi + 1, BN)
+    t_hi, first, mid_lo, mid_hi = _key_band(i_t, T, q_offset, W, BT, BN)
 
     b_dq = tl.zeros([BM, BK], dtype=tl.float32)
     b_dq = _dq_keys(
@@ -223,19 +227,14 @@ def _dkdv_queries(
 ):
     """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``."""
     HQ: tl.constexpr = H * G
-    BM: tl.constexpr = BT * GP
-    o_r = tl.arange(0, BM)
-    o_hq = i_h * G + o_r % GP
     for i0 in range(i_lo, i_hi, BT):
-        o_i = i0 + o_r // GP
-        m_r = (o_i < T) & (o_r % GP < G)
+        o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
         b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
         b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
         o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
         b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
         b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
         if MASK:
-            o_pos = q_offset + o_i
             m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]
         else:
             m_kq = None
