@@ -33,6 +33,28 @@ def combine_branches(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tens
     return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
 
 
+def _compressed_and_blocks(
+    q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig, q_offset: int, backend: Optional[str]
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The compressed branch and the selected blocks.
+
+    When both ops route to Triton, one launch computes both: the pass that scores
+    blocks from the compressed-attention probabilities also produces the output,
+    so ``q @ k_cmp`` is not computed by two separate kernels.
+    """
+    from nsa import routing  # lazily, like nsa.ops._dispatch
+
+    if all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ("compressed", "select")):
+        _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
+        _guards.check_q_offset(q_offset, q, None)
+        from nsa.ops.compressed.kernel import compressed_attention_select
+
+        o_cmp, _, block_idx = compressed_attention_select(q, k_cmp, v_cmp, config, config.softmax_scale(q.shape[-1]), q_offset)
+        return o_cmp, block_idx
+    o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, config, q_offset=q_offset, backend=backend)
+    return o_cmp, select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
+
+
 def nsa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -76,8 +98,7 @@ def nsa_attention(
         mean_compress(v, config, backend=backend),
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
-    o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, config, q_offset=q_offset, backend=backend)
-    block_idx = select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
+    o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
     o = combine_branches(gates, o_cmp, o_slc, o_win)
