@@ -101,21 +101,16 @@ class Reporter:
         self.partial_reasons: List[str] = []
         self.error: Optional[str] = None
         self._folder: Optional[Path] = None
-        self._commit: Optional[tuple] = None
-
-    def commit(self) -> tuple:
-        """``(short commit, dirty)`` of the code under test (see :func:`report_data.git_commit`)."""
-        if self._commit is None:
-            given = re.sub(r"[^A-Za-z0-9.-]+", "-", self.config.option.nsa_report_commit or "").strip("-.")
-            # A commit given by hand says nothing about local changes: dirty is unknown.
-            self._commit = (given, None) if given else report_data.git_commit(Path(self.config.rootpath))
-        return self._commit
+        # Read at the start: the code under test is the one the run began with.
+        given = re.sub(r"[^A-Za-z0-9.-]+", "-", config.option.nsa_report_commit or "").strip("-.")
+        # A commit given by hand says nothing about local changes: dirty is unknown.
+        self.commit = (given, None) if given else report_data.git_commit(Path(config.rootpath))
 
     def folder(self) -> Path:
         """The report folder, named and created on first use (the device is known by then)."""
         if self._folder is None:
             hw = get_state(self.config).hardware
-            base = f"{report_data.device_slug(hw)}_{self.commit()[0]}_{self.started:%Y%m%d-%H%M%S}"
+            base = f"{report_data.device_slug(hw)}_{self.commit[0]}_{self.started:%Y%m%d-%H%M%S}"
             folder, n = self.root / base, 1
             while folder.exists():  # two runs in the same second
                 n += 1
@@ -180,7 +175,7 @@ class Reporter:
         uses_gpu = state.context is not None and state.context.uses_gpu
         device, dtype = ("cuda", "bfloat16") if uses_gpu else ("cpu", "float32")
         routing = {"device": device, "dtype": dtype, "ops": report_data.routing_rows(device, dtype)}
-        env = report_data.env_document(state, self.commit(), self.started, routing)
+        env = report_data.env_document(state, self.commit, self.started, routing)
         if self.benchmark_json is not None and not self.benchmark_json_written:
             _dump(folder / report_bench.JSON_FILE, self.benchmark_json)
         timed = bench_state(self.config) if BENCH_KEY in self.config.stash else None

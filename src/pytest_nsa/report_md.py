@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Sequence
 
-from nsa.bench.baselines import format_seconds
+from nsa.bench.baselines import REGRESSION, format_seconds
 from pytest_nsa.report_data import MATRIX_ROWS, OUTCOMES
 
 #: pytest's exit codes, for the summary line.
@@ -49,12 +49,22 @@ def _title(env: Mapping[str, Any], results: Mapping[str, Any]) -> List[str]:
     lines += [
         f"- report `{results['report_id']}`, commit `{commit}`",
         f"- started {run['started']}, finished {run['finished']} ({run['duration_s']:.1f} s)",
-        f"- exit status {status} ({EXIT_NAMES.get(status, 'unknown')}); {run['collected']} tests collected"
+        f"- exit status {status} ({_status(results)}); {run['collected']} tests collected"
         + (f", {run['xdist_workers']} xdist workers" if run["xdist_workers"] else ""),
         f"- command: `{' '.join(['pytest', *run['args']])}`",
         "",
     ]
     return lines
+
+
+def _status(results: Mapping[str, Any]) -> str:
+    """pytest's name of the exit status, or why the run failed when no test did."""
+    status = results["run"]["exit_status"]
+    tables = results["benchmarks"]["tables"]
+    regressed = sum(1 for rows in tables.values() for r in rows if r["verdict"] == REGRESSION)
+    if status == 1 and not results["failures"] and regressed:
+        return f"{regressed} benchmark(s) regressed against the baseline; no test failed"
+    return EXIT_NAMES.get(status, "unknown")
 
 
 def _environment(env: Mapping[str, Any]) -> List[str]:

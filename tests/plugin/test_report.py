@@ -19,7 +19,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from pytest_nsa import report_bench, report_plots, report_schema
+from nsa.bench.baselines import format_seconds
+from pytest_nsa import report_bench, report_md, report_plots, report_schema
 from pytest_nsa.report import first_error_line
 from pytest_nsa.report_data import OUTCOMES, git_commit, slug
 from pytest_nsa.report_md import SECTIONS
@@ -368,7 +369,7 @@ benchmark:
   contexts: [64]
   batch_sizes: [1]
   rounds: 3
-  regression_threshold_pct: 1000
+  regression_threshold_pct: 10
   prefill_lengths: [64]
 """
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -406,20 +407,25 @@ def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, be
         assert (saved["folder"] / plot["file"]).read_bytes()[:8] == PNG_MAGIC
         assert f"![{plot['title']}]({plot['file']})" in saved["md"]
 
-    inprocess("--gpu-profile", "tiny", "-k", "not bwd", "--nsa-report", "second")  # no --nsa-bench: implied
+    stored = json.loads(bench_project.read_text())
+    assert {name: b["median"] for name, b in stored["benchmarks"].items()} == {r["name"]: r["now"] for r in rows}
+    # A baseline 1000 s per call: every point of the next run must come out improved, by about -100%.
+    for entry in stored["benchmarks"].values():
+        entry.update(median=1000.0, q1=1000.0, q3=1000.0, iqr=0.0, mean=1000.0, min=1000.0, max=1000.0, stddev=0.0)
+    bench_project.write_text(json.dumps(stored))
+
+    second = inprocess("--gpu-profile", "tiny", "-k", "not bwd", "--nsa-report", "second")  # --nsa-bench implied
     again = only_report(pytester.path / "second")
     assert_valid(again)
     bench = again["results"]["benchmarks"]
-    stored = {name: b["median"] for name, b in json.loads(bench_project.read_text())["benchmarks"].items()}
     assert bench["baseline"] == str(bench_project) and f"`{bench_project}`" in again["md"]
     rows = bench["tables"]["decode"] + bench["tables"]["prefill"]
-    assert {r["name"] for r in rows} == set(stored)
+    assert {r["name"] for r in rows} == set(stored["benchmarks"]) and second.ret == 0
     for row in rows:
-        assert row["baseline"] == stored[row["name"]]
-        assert row["change_pct"] == pytest.approx((row["now"] / row["baseline"] - 1) * 100)
-        assert row["verdict"] in ("ok", "improved", "REGRESSION")
-        label = row["name"].rsplit("::", 1)[-1]
-        assert md_row(again["md"], f"`{label}`")[2] == f"{row['change_pct']:+.1f}%"
+        assert row["baseline"] == 1000.0 and row["verdict"] == "improved"
+        assert row["change_pct"] == pytest.approx((row["now"] / 1000.0 - 1) * 100)
+        cells = md_row(again["md"], f"`{row['name'].rsplit('::', 1)[-1]}`")
+        assert cells[:4] == [format_seconds(1000.0), format_seconds(row["now"]), f"{row['change_pct']:+.1f}%", "improved"]
     assert "### Decode" in again["md"] and "### Prefill" in again["md"]
 
 
@@ -459,3 +465,15 @@ def test_plot_rows_pair_nsa_and_dense_by_point():
     prefill = report_plots.prefill_rows(entries)
     assert [(r["length"], r["fwd_speedup"]) for r in prefill] == [(8192, 4.0)] and math.isnan(prefill[0]["fwdbwd_speedup"])
     assert report_plots.prefill_series(prefill) == {"fwd": {8192: 4.0}}
+
+
+def test_exit_status_line_names_a_benchmark_regression():
+    def results(status, failures, verdicts):
+        rows = [{"verdict": v} for v in verdicts]
+        return {"run": {"exit_status": status}, "failures": failures,
+                "benchmarks": {"tables": {"decode": rows, "prefill": [], "other": []}}}
+
+    assert report_md._status(results(1, [], ["ok", "REGRESSION", "REGRESSION"])) == (
+        "2 benchmark(s) regressed against the baseline; no test failed")
+    assert report_md._status(results(1, [{"nodeid": "t"}], ["REGRESSION"])) == "tests failed"
+    assert report_md._status(results(2, [], [])) == "interrupted"
