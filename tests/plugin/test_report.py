@@ -1,7 +1,8 @@
 """``--nsa-report DIR``: the validation report written at the end of a run.
 
-Runs go through pytester under the ``cpu`` profile: in process where nothing
-outside pytest's own state is touched, in a subprocess for pytest-xdist. Every
+Runs go through pytester under the ``cpu`` profile (or ``tiny``: cpu with benchmark
+points small enough for a test): in process where nothing outside pytest's own
+state is touched, in a subprocess for pytest-xdist. Every
 assertion compares the report with what the run really did (pytest's own
 outcome counts, the tests written here), never with a stored copy.
 """
@@ -425,7 +426,8 @@ def test_benchmarks_give_tables_plots_and_json_against_the_baseline(pytester, be
         assert row["baseline"] == 1000.0 and row["verdict"] == "improved"
         assert row["change_pct"] == pytest.approx((row["now"] / 1000.0 - 1) * 100)
         cells = md_row(again["md"], f"`{row['name'].rsplit('::', 1)[-1]}`")
-        assert cells[:4] == [format_seconds(1000.0), format_seconds(row["now"]), f"{row['change_pct']:+.1f}%", "improved"]
+        change = f"{row['change_pct']:+.1f}%"
+        assert cells[:4] == [format_seconds(1000.0), format_seconds(row["now"]), change, "improved"]
     assert "### Decode" in again["md"] and "### Prefill" in again["md"]
 
 
@@ -460,10 +462,11 @@ def test_plot_rows_pair_nsa_and_dense_by_point():
     eager = [(r["context"], r["nsa_ms"], r["dense_ms"]) for r in rows["eager"]]
     assert eager[0] == (1024, pytest.approx(0.02), pytest.approx(0.01))
     assert eager[1][:2] == (2048, pytest.approx(0.03)) and math.isnan(eager[1][2])
-    assert report_plots.decode_series(rows["eager"]) == {"NSA B=1": {1024: pytest.approx(0.02), 2048: pytest.approx(0.03)},
-                                                         "dense B=1": {1024: pytest.approx(0.01)}}
+    assert report_plots.decode_series(rows["eager"]) == {
+        "NSA B=1": {1024: pytest.approx(0.02), 2048: pytest.approx(0.03)}, "dense B=1": {1024: pytest.approx(0.01)}}
     prefill = report_plots.prefill_rows(entries)
-    assert [(r["length"], r["fwd_speedup"]) for r in prefill] == [(8192, 4.0)] and math.isnan(prefill[0]["fwdbwd_speedup"])
+    assert [(r["length"], r["fwd_speedup"]) for r in prefill] == [(8192, 4.0)]
+    assert math.isnan(prefill[0]["fwdbwd_speedup"])
     assert report_plots.prefill_series(prefill) == {"fwd": {8192: 4.0}}
 
 
