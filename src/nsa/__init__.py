@@ -7,7 +7,7 @@ See ``NSA_SPEC.md`` semantics in the README. Public API::
 
 from nsa import flags, ops
 from nsa.config import NSAConfig
-from nsa.modules import NSAAttention, NSACache
+from nsa.modules import DecodeGraph, NSAAttention, NSACache
 from nsa.ops import nsa_attention
 
 __version__ = "0.1.0"
@@ -15,4 +15,4 @@ __version__ = "0.1.0"
 # A misspelt NSA_ variable would otherwise be ignored silently.
 flags.warn_unknown()
 
-__all__ = ["NSAAttention", "NSACache", "NSAConfig", "nsa_attention", "ops", "__version__"]
+__all__ = ["DecodeGraph", "NSAAttention", "NSACache", "NSAConfig", "nsa_attention", "ops", "__version__"]

@@ -121,8 +121,8 @@ FLAGS: Mapping[str, Flag] = _declare(
         "NSA_CHECK_INDICES",
         str,
         "auto",
-        "Validate the values of a user-given block_idx (a device sync on GPU). 'auto' checks CPU "
-        "tensors only, 'on' always, 'off' never.",
+        "Validate the values of a user-given block_idx or decode seq_lens (a device sync on GPU). "
+        "'auto' checks CPU tensors only, 'on' always, 'off' never.",
         ("auto", "on", "off"),
     ),
     Flag(

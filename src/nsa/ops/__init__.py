@@ -7,6 +7,7 @@ Layout of every op: ``[B, T, heads, dim]``. Queries sit at positions
 from nsa.ops.combine import combine_branches, nsa_attention
 from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
+from nsa.ops.decode import nsa_decode
 from nsa.ops.select import select_blocks
 from nsa.ops.selected import selected_attention
 from nsa.ops.window import sliding_window_attention
@@ -15,6 +16,7 @@ __all__ = [
     "combine_branches",
     "compressed_attention",
     "mean_compress",
+    "nsa_decode",
     "nsa_attention",
     "select_blocks",
     "selected_attention",
