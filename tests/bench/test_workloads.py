@@ -97,7 +97,7 @@ def test_prefill_forward_and_backward(impl):
 def test_unknown_impl_and_graph_status():
     with pytest.raises(ValueError, match="impl must be 'nsa' or 'dense'"):
         decode_runner("flash", small(), CONFIG, CPU)
-    with pytest.raises(ValueError, match="impl must be 'nsa' or 'dense'"):
+    with pytest.raises(ValueError, match="impl must be 'nsa' or one of dense, dense_flash, dense_cudnn"):
         prefill_runner("flash", small(), CONFIG, CPU, backward=False)
     ok, why = graph_status("nsa", CPU, torch.float32)
     assert not ok and "CUDA" in why

@@ -20,6 +20,7 @@ inputs (never zeros), enough independent sets to rotate through, and the call:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -277,10 +278,24 @@ def decode_reads(shape: Shape, config: NSAConfig, device: torch.device) -> Tuple
 # -- prefill -----------------------------------------------------------------------------
 
 
+#: Dense prefill variants: SDPA's own choice, or one SDPA backend forced (CUDA only).
+DENSE_PREFILL_BACKENDS = {"dense": None, "dense_flash": "FLASH_ATTENTION", "dense_cudnn": "CUDNN_ATTENTION"}
+
+
+def _sdpa_backend(impl: str):
+    """Context that restricts SDPA to the backend of dense variant ``impl`` (none for ``dense``)."""
+    name = DENSE_PREFILL_BACKENDS[impl]
+    if name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name)])
+
+
 def _prefill_set(impl: str, shape: Shape, device: torch.device, backward: bool) -> Tuple[torch.Tensor, ...]:
     B, T, HQ, H, D = shape.batch, shape.length, shape.heads, shape.kv_heads, shape.head_dim
     like = dict(dtype=shape.dtype, device=device, grad=backward)
-    if impl == "dense":  # SDPA's own layout: [B, heads, T, D]
+    if impl in DENSE_PREFILL_BACKENDS:  # SDPA's own layout: [B, heads, T, D]
         q, k, v = _randn(B, HQ, T, D, **like), _randn(B, H, T, D, **like), _randn(B, H, T, D, **like)
         return (q, k, v, _randn(B, HQ, T, D, dtype=shape.dtype, device=device)) if backward else (q, k, v)
     q, k, v = _randn(B, T, HQ, D, **like), _randn(B, T, H, D, **like), _randn(B, T, H, D, **like)
@@ -292,8 +307,10 @@ def _prefill_set(impl: str, shape: Shape, device: torch.device, backward: bool) 
 
 def _prefill_fn(impl: str, config: NSAConfig, backward: bool) -> Callable[..., Any]:
     def forward(*inputs: torch.Tensor) -> torch.Tensor:
-        if impl == "dense":
-            return F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
+        if impl in DENSE_PREFILL_BACKENDS:
+            # The backward runs the kernel that matches the forward's, so the context covers both.
+            with _sdpa_backend(impl):
+                return F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
         return nsa_attention(*inputs, config)
 
     def fwd(*inputs: torch.Tensor) -> torch.Tensor:
@@ -319,9 +336,10 @@ def prefill_runner(
     flush_l2: bool = True,
     sets: Optional[int] = None,
 ) -> Runner:
-    """A :class:`Runner` of one prefill of ``impl`` (``"nsa"``/``"dense"``) at ``shape``:
-    forward only, or (``backward``) forward and the gradients of every input."""
-    if impl not in ("nsa", "dense"):
-        raise ValueError(f"impl must be 'nsa' or 'dense', got {impl!r}")
+    """A :class:`Runner` of one prefill of ``impl`` at ``shape``: forward only, or
+    (``backward``) forward and the gradients of every input. ``impl`` is ``"nsa"``,
+    ``"dense"`` (SDPA's own backend choice) or ``"dense_flash"``/``"dense_cudnn"``."""
+    if impl != "nsa" and impl not in DENSE_PREFILL_BACKENDS:
+        raise ValueError(f"impl must be 'nsa' or one of {', '.join(DENSE_PREFILL_BACKENDS)}, got {impl!r}")
     return _runner(_prefill_fn(impl, config, backward), lambda: _prefill_set(impl, shape, device, backward),
                    device, flush_l2=flush_l2, sets=sets)  # fmt: skip
