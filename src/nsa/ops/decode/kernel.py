@@ -221,15 +221,18 @@ def _top_n_threshold(p_sc, own, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.c
     thr = tl.full([], 0, tl.int64)
     if own + 1 > N:
         thr = tl.full([], INT64_MAX, tl.int64)
+        # Distinct names for the rounds and the unused block indices: the compiler types a
+        # name reassigned inside a loop as loop-carried, and an int round counter cannot
+        # become an int64 tensor.
         if ONE_TILE:
-            _, b_key = _block_keys(p_sc, 0, own, INIT, LOCAL, TJ)
-            for _ in range(N):
+            o_unused, b_key = _block_keys(p_sc, 0, own, INIT, LOCAL, TJ)
+            for i_round in range(N):
                 thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
         else:
-            for _ in range(N):
+            for i_round in range(N):
                 best = tl.full([], -1, tl.int64)
                 for j0 in range(0, own + 1, TJ):
-                    _, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
+                    o_unused, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
                     best = tl.maximum(best, tl.max(tl.where(b_key < thr, b_key, -1), 0))
                 thr = best
     return thr

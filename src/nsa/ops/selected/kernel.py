@@ -504,7 +504,8 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     dims = _dims(q, k, v, block_idx, sel_block)
     GP = triton.next_power_of_2(dims["G"])  # rows pack BQ queries: no need to pad G to 16 here
     cfg = dict(cfg)
-    cfg["BQ"] = cfg["BQ"] or max(1, 64 // GP)
+    # tl.dot needs K >= 16 on the GPU, and the dK/dV products contract over BQ * GP query rows.
+    cfg["BQ"] = max(cfg["BQ"] or 64 // GP, -(-16 // GP))
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg["num_warps"] = cfg["num_warps"] or (4 if max(dims["BK"], dims["BV"]) <= 128 else 8)
     num_blocks = triton.cdiv(TK, sel_block)
