@@ -34,6 +34,12 @@ def test_plain():
 '''
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu(fake):
+    """These runs test the baseline machinery on the cpu profile, also on a GPU machine."""
+    fake()
+
+
 @pytest.fixture
 def suite(pytester):
     def write(delay: float, length: int = 1) -> None:

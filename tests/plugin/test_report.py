@@ -105,7 +105,8 @@ def assert_valid(rep: Dict[str, Any]) -> None:
 # -- a complete run -------------------------------------------------------------------------
 
 
-def test_mixed_run_report_matches_the_run(pytester, inprocess):
+def test_mixed_run_report_matches_the_run(pytester, inprocess, fake):
+    fake()  # a CPU machine, also when the suite runs on a GPU one
     pytester.makepyfile(test_mixed=MIXED)
     result = inprocess("--gpu-profile", "cpu", "--nsa-report", "reports", "-rs")
     rep = only_report(pytester.path / "reports")
@@ -154,7 +155,8 @@ def test_mixed_run_report_matches_the_run(pytester, inprocess):
     assert outcomes["test_mixed.py::test_gap"] == "xfailed" and outcomes["test_mixed.py::test_grad[2]"] == "passed"
 
 
-def test_env_states_profile_flags_versions_and_routing(pytester, inprocess):
+def test_env_states_profile_flags_versions_and_routing(pytester, inprocess, fake):
+    fake()  # a CPU machine, also when the suite runs on a GPU one
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     inprocess("--gpu-profile", "cpu", "--nsa-report", "out")
     rep = only_report(pytester.path / "out")
