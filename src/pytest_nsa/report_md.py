@@ -117,10 +117,15 @@ def _routing(env: Mapping[str, Any]) -> List[str]:
     return ["## Backends", "", head, "", *table(("op", "backend", "reason"), rows), ""]
 
 
+#: Markers whose row the matrix always shows: a zero row says "none of these ran", which an
+#: absent row would hide. Other markers appear when some test carries them.
+ALWAYS_SHOWN = ("parity", "gradcheck", "triton", "fa2", "benchmark", "long_context")
+
+
 def _matrix(results: Mapping[str, Any]) -> List[str]:
     by = results["by_marker"]
     rows = [(f"`{m}`" if not m.startswith("(") else m, *(by[m][o] for o in OUTCOMES), by[m]["total"])
-            for m in MATRIX_ROWS if by[m]["total"]]
+            for m in MATRIX_ROWS if by[m]["total"] or m in ALWAYS_SHOWN]
     rows.append(("**all**", *(results["totals"][o] for o in OUTCOMES), results["totals"]["total"]))
     note = ("A test with several markers counts in each of their rows; **all** counts every test once "
             "(collection errors included under error).")

@@ -173,6 +173,9 @@ def test_env_states_profile_flags_versions_and_routing(pytester, inprocess, fake
     assert "`TRITON_INTERPRET=1`" in md and env["checks"][0]["message"] in md
     assert md_row(md, "torch")[0] == env["software"]["torch"]
     assert "fa2 (flash-attn needs a CUDA GPU)" in md
+    # The markers keep their rows when no test carries them: zero, not absent.
+    for marker in ("fa2", "long_context", "benchmark"):
+        assert md_row(md, f"`{marker}`") == ["0"] * 7
 
 
 def test_faked_gpu_names_the_folder_after_the_device(pytester, fake, inprocess):
