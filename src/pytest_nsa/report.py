@@ -220,8 +220,9 @@ class _BenchmarkCapture:
 
 
 class _DeferredFile:
-    """Stands in for the file object ``--benchmark-json`` would open, so that pytest-benchmark
-    writes its JSON into the report folder; the file is created only when it writes."""
+    """Stands in for the value of ``--benchmark-json``, so that pytest-benchmark writes its JSON
+    into the report folder; the file is created only when it writes. pytest-benchmark < 5.3
+    takes an open file (``with`` this object), 5.3 and later a path it opens (``os.fspath``)."""
 
     def __init__(self, reporter: Reporter, name: str) -> None:
         self.reporter, self.name = reporter, name
@@ -238,6 +239,15 @@ class _DeferredFile:
 
     def __exit__(self, *exc: object) -> None:
         self._handle.close()
+
+    def __fspath__(self) -> str:
+        try:
+            path = self.reporter.folder() / self.name
+        except OSError as err:  # as in __enter__: pytest-benchmark must finish
+            self.reporter.error = f"could not write the report under {self.reporter.root}: {err}"
+            return os.devnull
+        self.reporter.benchmark_json_written = True
+        return str(path)
 
     def __str__(self) -> str:
         return str(self.reporter.folder() / self.name)
