@@ -20,6 +20,8 @@ from nsa.ops import selected_attention
 from nsa.ops.selected.kernel import selected_bwd, selected_fwd
 from nsa.testing import assert_close
 
+from _kernel_inputs import GPU_SHAPES, assert_bitwise_repeatable, qkv
+
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
 
@@ -27,14 +29,6 @@ def _config(sel_block: int, count: int, init: int = 1, local: int = 1) -> NSACon
     """Forced blocks (init, local) go through the tile-shared kernels; (0, 0) skips them."""
     return NSAConfig(cmp_block=sel_block, cmp_stride=sel_block // 2, sel_block=sel_block, sel_count=count,
                      init_blocks=init, local_blocks=local)
-
-
-def _inputs(B, T, HQ, H, DK, DV, dtype, device, TK=None):
-    TK = T if TK is None else TK
-    q = torch.randn(B, T, HQ, DK, device=device, dtype=dtype)
-    k = torch.randn(B, TK, H, DK, device=device, dtype=dtype)
-    v = torch.randn(B, TK, H, DV, device=device, dtype=dtype)
-    return q, k, v
 
 
 def random_blocks(B, T, H, count, num_blocks, device):
@@ -78,14 +72,14 @@ CASES = [
 @pytest.mark.parametrize("B, T, HQ, H, DK, DV, sel_block, count, forced, q_offset, TK, dtype", CASES)
 def test_selected_matches_reference(B, T, HQ, H, DK, DV, sel_block, count, forced, q_offset, TK, dtype, nsa_device, nsa_tolerance):
     config = _config(sel_block, count, *forced)
-    q, k, v = _inputs(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
+    q, k, v = qkv(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
     block_idx = random_blocks(B, T, H, count, config.num_sel_blocks(TK), nsa_device)
     check_against_reference(q, k, v, block_idx, config, q_offset, nsa_tolerance)
 
 
 def test_selected_dk192_dv128(nsa_device, nsa_tolerance):
     config = _config(16, 2)
-    q, k, v = _inputs(1, 21, 4, 1, 192, 128, torch.float16, nsa_device)
+    q, k, v = qkv(1, 21, 4, 1, 192, 128, torch.float16, nsa_device)
     check_against_reference(q, k, v, random_blocks(1, 21, 1, 2, 2, nsa_device), config, 0, nsa_tolerance)
 
 
@@ -96,14 +90,14 @@ def test_selected_ascending_int64_from_select_blocks_layout(nsa_device, nsa_tole
     rows = [sorted({0, max(t // 8 - 1, 0), t // 8}) for t in range(T)]  # init + two local blocks
     rows = [r + [-1] * (3 - len(r)) for r in rows]
     block_idx = torch.tensor(rows, device=nsa_device)[None, :, None, :].expand(1, T, 2, 3).contiguous()
-    q, k, v = _inputs(1, T, 4, 2, 16, 16, torch.float32, nsa_device)
+    q, k, v = qkv(1, T, 4, 2, 16, 16, torch.float32, nsa_device)
     check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance)
 
 
 def test_selected_rows_with_nothing_selected(nsa_device):
     """All entries -1 (or all in the future): o = 0 and zero gradients, never NaN."""
     config = _config(8, 2)
-    q, k, v = (x.requires_grad_() for x in _inputs(1, 13, 2, 1, 16, 16, torch.float32, nsa_device))
+    q, k, v = (x.requires_grad_() for x in qkv(1, 13, 2, 1, 16, 16, torch.float32, nsa_device))
     block_idx = torch.full((1, 13, 1, 2), -1, device=nsa_device, dtype=torch.int32)
     block_idx[:, :8, :, 1] = 1  # block 1 starts at position 8: in the future for t < 8
     o = selected_attention(q, k, v, block_idx, config, backend="triton")
@@ -118,7 +112,7 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
     """A block chosen by more queries than one dK/dV program takes: partial sums reduced in order."""
     config = _config(8, 3)
     B, T, HQ, H = 1, 27, 4, 2
-    q, k, v = _inputs(B, T, HQ, H, 16, 16, torch.float32, nsa_device)
+    q, k, v = qkv(B, T, HQ, H, 16, 16, torch.float32, nsa_device)
     block_idx = random_blocks(B, T, H, 3, config.num_sel_blocks(T), nsa_device)
     o, lse = selected_fwd(q, k, v, block_idx, 8, 0.25, 0)
     do = torch.randn_like(o)
@@ -131,15 +125,11 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "T, HQ, H, DK, DV",
-    [(4099, 64, 4, 128, 128), (3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
-    ids=["T4099-HQ64-H4-D128", "T3001-G1-D128", "T2053-G16-DK192-DV128"],
-)
+@GPU_SHAPES
 def test_selected_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     """Real sizes (paper sel_block 64, 16 blocks), bfloat16 kernel vs float32 reference."""
     config = NSAConfig()
-    q, k, v = _inputs(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
+    q, k, v = qkv(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
     block_idx = random_blocks(1, T, H, config.sel_count, config.num_sel_blocks(T), nsa_device)
     check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance, ref_dtype=torch.float32)
 
@@ -147,10 +137,7 @@ def test_selected_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
 @pytest.mark.gpu
 def test_selected_gpu_backward_deterministic(nsa_device):
     config = NSAConfig()
-    q, k, v = _inputs(1, 4096, 32, 2, 128, 128, torch.bfloat16, nsa_device)
+    q, k, v = qkv(1, 4096, 32, 2, 128, 128, torch.bfloat16, nsa_device)
     block_idx = random_blocks(1, 4096, 2, 16, 64, nsa_device)
     do = torch.randn(1, 4096, 32, 128, device=nsa_device, dtype=torch.float64)
-    first = _forward_backward(q, k, v, block_idx, config, 0, "triton", do)
-    second = _forward_backward(q, k, v, block_idx, config, 0, "triton", do)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, block_idx, config, 0, "triton", do))

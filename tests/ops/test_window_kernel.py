@@ -17,6 +17,8 @@ from nsa import NSAConfig
 from nsa.ops import sliding_window_attention
 from nsa.testing import assert_close
 
+from _kernel_inputs import GPU_SHAPES, assert_bitwise_repeatable, qkv
+
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
 
@@ -38,14 +40,6 @@ def check_against_reference(q, k, v, config, q_offset, tol, ref_dtype=torch.floa
         assert_close(name, got, want, tol(q.dtype, "fwd" if name == "o" else "grad"))
 
 
-def _inputs(B, T, HQ, H, DK, DV, dtype, device, TK=None):
-    TK = T if TK is None else TK
-    q = torch.randn(B, T, HQ, DK, device=device, dtype=dtype)
-    k = torch.randn(B, TK, H, DK, device=device, dtype=dtype)
-    v = torch.randn(B, TK, H, DV, device=device, dtype=dtype)
-    return q, k, v
-
-
 CASES = [
     # (B, T, HQ, H, DK, DV, window, q_offset, TK)
     pytest.param(1, 77, 4, 1, 32, 32, 16, 0, 77, id="B1-T77-HQ4-H1-D32-W16"),
@@ -59,12 +53,12 @@ CASES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_window_matches_reference(B, T, HQ, H, DK, DV, window, q_offset, TK, dtype, nsa_device, nsa_tolerance):
     config = NSAConfig(window=window)
-    q, k, v = _inputs(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
+    q, k, v = qkv(B, T, HQ, H, DK, DV, dtype, nsa_device, TK)
     check_against_reference(q, k, v, config, q_offset, nsa_tolerance)
 
 
 def test_window_dk192_dv128(nsa_device, nsa_tolerance):
-    q, k, v = _inputs(1, 29, 4, 1, 192, 128, torch.float16, nsa_device)
+    q, k, v = qkv(1, 29, 4, 1, 192, 128, torch.float16, nsa_device)
     check_against_reference(q, k, v, NSAConfig(window=12), 0, nsa_tolerance)
 
 
@@ -80,28 +74,21 @@ def test_window_non_contiguous_inputs(nsa_device, nsa_tolerance):
 
 
 def test_window_no_grad_saves_nothing(nsa_device):
-    q, k, v = _inputs(1, 19, 2, 1, 16, 16, torch.float32, nsa_device)
+    q, k, v = qkv(1, 19, 2, 1, 16, 16, torch.float32, nsa_device)
     o = sliding_window_attention(q, k, v, NSAConfig(window=5), backend="triton")
     assert o.grad_fn is None and torch.isfinite(o).all()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "T, HQ, H, DK, DV",
-    [(4099, 64, 4, 128, 128), (3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
-    ids=["T4099-HQ64-H4-D128", "T3001-G1-D128", "T2053-G16-DK192-DV128"],
-)
+@GPU_SHAPES
 def test_window_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     """Real sizes, bfloat16 kernel vs float32 reference (paper window 512)."""
-    q, k, v = _inputs(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
+    q, k, v = qkv(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
     check_against_reference(q, k, v, NSAConfig(), 0, nsa_tolerance, ref_dtype=torch.float32)
 
 
 @pytest.mark.gpu
 def test_window_gpu_backward_deterministic(nsa_device):
-    q, k, v = _inputs(1, 2048, 32, 2, 128, 128, torch.bfloat16, nsa_device)
+    q, k, v = qkv(1, 2048, 32, 2, 128, 128, torch.bfloat16, nsa_device)
     do = torch.randn(1, 2048, 32, 128, device=nsa_device, dtype=torch.float64)
-    first = _forward_backward(q, k, v, NSAConfig(), 0, "triton", do)
-    second = _forward_backward(q, k, v, NSAConfig(), 0, "triton", do)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, NSAConfig(), 0, "triton", do))

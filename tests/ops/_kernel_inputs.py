@@ -1,0 +1,28 @@
+"""Inputs and checks shared by the attention-kernel tests (selected, window)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+#: Real-size bf16 GPU cases: the paper's heads, one KV head per query head, Dk = 192 / Dv = 128.
+GPU_SHAPES = pytest.mark.parametrize(
+    "T, HQ, H, DK, DV",
+    [(4099, 64, 4, 128, 128), (3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
+    ids=["T4099-HQ64-H4-D128", "T3001-G1-D128", "T2053-G16-DK192-DV128"],
+)
+
+
+def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):
+    """Random ``q [B, T, HQ, DK]``, ``k [B, TK, H, DK]``, ``v [B, TK, H, DV]`` (TK defaults to T)."""
+    TK = T if TK is None else TK
+    q = torch.randn(B, T, HQ, DK, device=device, dtype=dtype)
+    k = torch.randn(B, TK, H, DK, device=device, dtype=dtype)
+    v = torch.randn(B, TK, H, DV, device=device, dtype=dtype)
+    return q, k, v
+
+
+def assert_bitwise_repeatable(run):
+    """``run()`` twice gives bitwise-equal tensors: the deterministic-backward promise."""
+    for a, b in zip(run(), run()):
+        assert torch.equal(a, b)
