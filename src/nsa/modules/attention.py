@@ -112,8 +112,7 @@ class NSAAttention(nn.Module):
         """Graph-safe step: positions, cache writes and compressed-token emission all follow
         the device lengths ``cache.seq_lens``; then :func:`nsa.ops.decode.nsa_decode`."""
         steps = x.shape[1]
-        if cache.length + steps > cache.capacity:
-            raise ValueError(f"static NSACache is full: {cache.length} + {steps} positions exceed capacity {cache.capacity}")
+        cache.reserve(steps)  # a static cache never grows: this raises when it is full
         positions = cache.positions(steps)  # [B, T]
         q, keys, values, gates = self._project(x, positions)
         cache.write(positions, **_raw(keys, values))
