@@ -22,11 +22,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of returned log-sum-exp tensors: float32, or float64 for float64 inputs."""
-    return compute_dtype(dtype)
-
-
 def query_chunks(num_queries: int, per_query_elems: int) -> Iterator[Tuple[int, int]]:
     """``(start, end)`` chunks of the query axis that keep one chunk's scores in budget.
 

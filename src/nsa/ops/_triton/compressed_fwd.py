@@ -38,7 +38,6 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import LOG2E, attn_fwd_finish, attn_fwd_step, dot_precision, next_pow2
 
-LN2 = 0.6931471805599453
 _LOW_MASK = 0xFFFFFFFF
 _IDX_TOP = 2147483647  # 2**31 - 1: low word of a key is _IDX_TOP - block
 
