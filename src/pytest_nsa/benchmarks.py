@@ -191,7 +191,7 @@ class _BenchmarkHooks:
 
 
 def _passed(config: pytest.Config) -> Dict[str, bool]:
-    return {nodeid: o.outcome == "passed" for nodeid, o in get_state(config).results.outcomes.items()}
+    return {nodeid: o.finished and o.outcome == "passed" for nodeid, o in get_state(config).results.outcomes.items()}
 
 
 def _benchmark_tests(config: pytest.Config) -> int:

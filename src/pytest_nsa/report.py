@@ -92,8 +92,6 @@ class Reporter:
         self.started = datetime.now().astimezone()
         self.failures: List[Failure] = []
         self._seen: Set[tuple] = set()
-        #: Tests whose protocol ended (teardown reported); an interrupted test has no teardown report.
-        self.finished: Set[str] = set()
         self.interrupted: Optional[str] = None
         self.benchmark_json: Optional[Dict[str, Any]] = None
         self.benchmark_json_written = False
@@ -126,8 +124,6 @@ class Reporter:
             self.failures.append(failure)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "teardown":
-            self.finished.add(report.nodeid)
         if report.failed:
             outcome = "failed" if report.when == "call" else "error"
             self._add(Failure(report.nodeid, outcome, report.when, first_error_line(report.longrepr)))
@@ -155,13 +151,13 @@ class Reporter:
     @pytest.hookimpl(trylast=True)  # after pytest_nsa.benchmarks compared with (or saved) the baseline
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = get_state(self.config)
-        # A test interrupted mid-call has only its setup report: it counts as not run, not as passed.
-        outcomes = [o for o in state.results.outcomes.values() if o.nodeid in self.finished]
+        # A test interrupted mid-call counts as not run, not as passed.
+        outcomes = state.results.finished()
         # session.exitstatus, not the argument: the benchmark plugin turns a regression into a failure.
         status = int(session.exitstatus)
         run = RunInfo(self.started, datetime.now().astimezone(), status, self.config.invocation_params.args,
                       session.testscollected, _workers(self.config))
-        run.unfinished = [n for n in state.results.outcomes if n not in self.finished]
+        run.unfinished = state.results.unfinished()
         run.partial_reasons = self.partial_reasons = self._partial(session, status, len(outcomes))
         if self.error is not None:  # the folder could not be made for the benchmark JSON already
             return

@@ -35,6 +35,8 @@ class TestOutcome:
         skip_reason: the reason of a skip, without pytest's ``"Skipped: "`` prefix.
         duration: seconds over setup, call and teardown.
         worker: the xdist worker that ran it, ``None`` without xdist.
+        finished: its teardown was reported. A test interrupted mid-call has only
+            its setup report: it did not run to the end, whatever ``outcome`` says.
     """
 
     __test__ = False  # not a test class, whatever pytest's collection thinks of the name
@@ -45,6 +47,7 @@ class TestOutcome:
     skip_reason: Optional[str] = None
     duration: float = 0.0
     worker: Optional[str] = None
+    finished: bool = False
 
 
 def _skip_reason(longrepr: Any) -> str:
@@ -90,10 +93,20 @@ class SessionResults:
             skip_reason=reason if reason is not None else (prev.skip_reason if prev else None),
             duration=duration,
             worker=_worker_of(report),
+            finished=(prev is not None and prev.finished) or report.when == "teardown",
         )
 
+    def finished(self) -> List[TestOutcome]:
+        """Outcomes of the tests that ran to the end (an interrupted test is not one)."""
+        return [o for o in self.outcomes.values() if o.finished]
+
+    def unfinished(self) -> List[str]:
+        """Node ids of tests that started but did not run to the end."""
+        return [o.nodeid for o in self.outcomes.values() if not o.finished]
+
     def counts(self) -> Dict[str, int]:
-        return dict(Counter(o.outcome for o in self.outcomes.values()))
+        """``{outcome: n}`` over the tests that ran to the end."""
+        return dict(Counter(o.outcome for o in self.finished()))
 
     def skips_by_reason(self) -> List[Tuple[str, int]]:
         """``(reason, count)`` pairs, most frequent first, then by reason."""
