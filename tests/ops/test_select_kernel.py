@@ -138,3 +138,48 @@ def test_select_exact_ties_go_to_lower_block(nsa_device):
 def test_select_gpu_bf16(T, HQ, H, nsa_device):
     config = NSAConfig()
     _run((1, T, HQ, H, 128), config, 0, torch.bfloat16, nsa_device)
+
+
+def test_select_in_query_chunks_equals_one_launch(nsa_device):
+    """A small score buffer splits the queries into launches (the last one partial, B > 1):
+    the blocks, ``o`` and ``lse`` equal those of a single launch."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd, query_chunk
+
+    config = SMALL
+    B, T, HQ, H, D = 2, 83, 4, 2, 16
+    q = torch.randn(B, T, HQ, D, device=nsa_device)
+    k = torch.randn(B, config.num_cmp(T + 9), H, D, device=nsa_device)
+    v = torch.randn(B, config.num_cmp(T + 9), H, D, device=nsa_device)
+    scale = config.softmax_scale(D)
+    nsel = config.num_sel_blocks(9 + T)
+    budget = 18 * B * H * nsel * 4  # 18 queries' scores: chunks of 16 with 4-query tiles (8 rows, G = 2)
+    assert query_chunk(B, T, H, nsel, 4, budget) == 16
+    whole = compressed_fwd(q, k, v, config, scale, 9, select=True, rows=8)
+    chunked = compressed_fwd(q, k, v, config, scale, 9, select=True, rows=8, score_buffer_bytes=budget)
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a, b)
+    ref = select_blocks(q.double(), k.double(), config, q_offset=9, backend="reference")
+    assert torch.equal(chunked[2].long(), ref.long())
+
+
+def test_block_topn_rules(nsa_device):
+    """Hand-made scores: forced blocks win over any score, ties go to the lower block,
+    a query with at most n visible blocks takes them all, and blocks past the query's own
+    are never read (they hold NaN here)."""
+    from nsa.ops._triton.block_topn import block_topn
+
+    sel_block, n = 4, 4
+    T, nsel = 24, 6  # positions 0..23: own block t // 4
+    scores = torch.full((1, T, 1, nsel), float("nan"), device=nsa_device)
+    for t in range(T):
+        own = t // sel_block
+        scores[0, t, 0, : own + 1] = torch.tensor([0.0, 0.5, 0.5, 0.25, 0.5, 0.0][: own + 1])
+    idx = torch.full((1, T, 1, n), 99, dtype=torch.int32, device=nsa_device)
+    block_topn(scores, idx, 0, 0, sel_block, 1, 2)
+    # t in block 5 sees 6 blocks: forced 0, 4, 5; one free pick among 1, 2 (tie at 0.5), 3 -> 1
+    assert idx[0, 23, 0].tolist() == [0, 1, 4, 5]
+    # t in block 4: forced 0, 3, 4 (3 is local despite its low score); free pick 1 beats 2 on the tie
+    assert idx[0, 16, 0].tolist() == [0, 1, 3, 4]
+    # t in block 2 sees 3 <= n blocks: all of them, then -1
+    assert idx[0, 9, 0].tolist() == [0, 1, 2, -1]
+    assert idx[0, 0, 0].tolist() == [0, -1, -1, -1]

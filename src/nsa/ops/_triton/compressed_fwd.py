@@ -1,16 +1,18 @@
-"""Forward of compressed attention, fused with block scoring and top-n selection.
+"""Forward of compressed attention, fused with block scoring.
 
 One program owns a tile of ``BT`` query positions and all ``G`` query heads of
 one KV head (``M = BT * GP`` rows, heads padded to ``GP``), so every compressed
 key tile it loads serves the whole group. Up to two passes over the visible
 compressed tokens:
 
-1. online softmax: ``lse`` per row, and ``o`` too when no selection is asked;
+1. online softmax: ``lse`` per row, and ``o`` too when no scores are asked;
 2. only with ``SELECT``: recompute ``p = exp2(s - lse)`` (exact probabilities
    over the visible past), add ``p @ v`` into ``o`` when ``STORE_O``, sum ``p``
    over the heads of the group, map compressed tokens onto selection blocks
-   (mass-conserving overlap of the spec) and keep a running top-n per query in
-   registers. Neither ``[T, Nc]`` nor ``[T, Nsel]`` ever reaches memory.
+   (mass-conserving overlap of the spec) and store the group's block scores.
+   ``[T, Nc]`` never reaches memory; the ``[T, H, Nsel]`` scores (4x smaller at
+   the paper's defaults) are written for a bounded chunk of queries at a time
+   and turned into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
 
 Pass 2 walks selection blocks in chunks of ``NB``: the chunk covers the
 compressed tokens whose first raw position lies in those blocks, laid out as
@@ -18,13 +20,10 @@ compressed tokens whose first raw position lies in those blocks, laid out as
 of two). A token's mass also spills into the following block(s); that spill is
 shifted in registers and what falls past the chunk is carried to the next one.
 
-Top-n keeps, per query, the ``NB`` largest int64 keys ``(score bits << 32) |
-(2**31 - 1 - block)``: scores are non-negative floats whose bit patterns order
-like the values, the low word sends ties to the lower block index, forced
-blocks score ``+inf`` and invisible blocks get distinct negative keys. Merging a
-chunk moves its best key into the place of each row's worst kept key while that
-improves the row (measured faster on H100 than a bitonic ``tl.sort`` merge or
-rank counting); the final order comes from counting ranks once per program.
+Selection used to keep a running top-n in registers, merged chunk by chunk; that
+merge was a data-dependent serial loop and cost more than the attention itself
+at 64k tokens (docs/perf/compressed_select.md). Storing scores and ranking them
+in a separate, fully parallel kernel is cheaper.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import LOG2E, attn_fwd_finish, attn_fwd_step, dot_precision, next_pow2
 
-_LOW_MASK = 0xFFFFFFFF
-_IDX_TOP = 2147483647  # 2**31 - 1: low word of a key is _IDX_TOP - block
+# the score buffer of one launch stays under this; longer inputs run in query chunks
+SCORE_BUFFER_BYTES = 256 * 1024 * 1024
 
 
 @triton.jit
@@ -134,93 +133,26 @@ def _block_scores(b_p, b_carry, BT: tl.constexpr, GP: tl.constexpr, NB: tl.const
 
 
 @triton.jit
-def _rank_place(b_a, b_b, DESC: tl.constexpr, NB: tl.constexpr):
-    """Rank the ``2 * NB`` distinct int64 keys of ``b_a``/``b_b`` (``[BT, NB]`` each) and
-    return the first ``NB`` in rank order (descending or ascending): ``[BT, NB]``.
-
-    Ranks by counting (``[BT, NB, NB]`` compares) instead of a sorting network: no
-    data-dependent control flow, and few enough ops for the interpreter.
-    """
-    if DESC:
-        r_a = tl.sum((b_a[:, None, :] > b_a[:, :, None]).to(tl.int32), 2) + \
-            tl.sum((b_b[:, None, :] > b_a[:, :, None]).to(tl.int32), 2)
-        r_b = tl.sum((b_a[:, None, :] > b_b[:, :, None]).to(tl.int32), 2) + \
-            tl.sum((b_b[:, None, :] > b_b[:, :, None]).to(tl.int32), 2)
-    else:
-        r_a = tl.sum((b_a[:, None, :] < b_a[:, :, None]).to(tl.int32), 2) + \
-            tl.sum((b_b[:, None, :] < b_a[:, :, None]).to(tl.int32), 2)
-        r_b = tl.sum((b_a[:, None, :] < b_b[:, :, None]).to(tl.int32), 2) + \
-            tl.sum((b_b[:, None, :] < b_b[:, :, None]).to(tl.int32), 2)
-    o_s = tl.arange(0, NB)
-    # every rank occurs once, so each slot sums exactly one key
-    b_out = tl.sum(tl.where(r_a[:, :, None] == o_s[None, None, :], b_a[:, :, None], 0), 1)
-    b_out += tl.sum(tl.where(r_b[:, :, None] == o_s[None, None, :], b_b[:, :, None], 0), 1)
-    return b_out
-
-
-@triton.jit
-def _merge_topn(b_buf, b_score, o_blk, own, INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """Merge one chunk's scores ``[BT, NB]`` for blocks ``o_blk [NB]`` into the kept keys
-    ``b_buf [BT, NB]`` (int64, distinct, in no order); ``own [BT]`` is each query's own block."""
-    m_vis = o_blk[None, :] <= own[:, None]
-    m_forced = m_vis & ((o_blk[None, :] < INIT) | (o_blk[None, :] > own[:, None] - LOCAL))
-    b_score = tl.where(m_forced, float("inf"), b_score)
-    # scores are >= 0; clearing the sign bit also maps a stray -0.0 onto +0.0
-    b_bits = (b_score.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-    b_key = (b_bits << 32) | (2147483647 - o_blk[None, :]).to(tl.int64)
-    # invisible blocks: negative and distinct, below every visible key
-    b_key = tl.where(m_vis, b_key, -2 - o_blk[None, :].to(tl.int64))
-    # insert the chunk's best key per row while it beats that row's worst kept key: keys
-    # are distinct, so each pass moves exactly one key per inserting row, and the loop
-    # ends once no row improves (at most NB + 1 passes; few once the kept keys are good)
-    b_min = tl.min(b_buf, 1)
-    b_top = tl.max(b_key, 1)
-    while tl.max((b_top > b_min).to(tl.int32), 0) > 0:
-        m_ins = b_top > b_min
-        b_buf = tl.where(m_ins[:, None] & (b_buf == b_min[:, None]), b_top[:, None], b_buf)
-        b_key = tl.where(b_key == b_top[:, None], -9223372036854775807, b_key)
-        b_min = tl.min(b_buf, 1)
-        b_top = tl.max(b_key, 1)
-    return b_buf
-
-
-@triton.jit
-def _store_topn(b_buf, p_idx, m_t, N: tl.constexpr, NB: tl.constexpr):
-    """Write the best ``N`` keys of ``b_buf [BT, NB]`` (best first) as block indices
-    ascending, padded with -1."""
-    o_c = tl.arange(0, NB).to(tl.int64)
-    BIG: tl.constexpr = 1 << 40
-    b_blk = 2147483647 - (b_buf & 0xFFFFFFFF)
-    m_top = (b_buf >= 0) & (o_c[None, :] < N)
-    # distinct fillers keep the ranks a permutation; they sort after every block
-    b_val = tl.where(m_top, b_blk, BIG + o_c[None, :])
-    b_val = _rank_place(b_val, tl.full(b_val.shape, BIG + NB, tl.int64) + o_c[None, :], False, NB)
-    b_val = tl.where(b_val >= BIG, -1, b_val).to(tl.int32)
-    tl.store(p_idx[:, None] + o_c[None, :], b_val, mask=m_t[:, None] & (o_c[None, :] < N))
-
-
-@triton.jit
-def _select_pass(
-    b_q, p_k, p_v, nv, n_hi, b_lse, m_row, own, t_last, b_acc, qk_scale,
+def _score_pass(
+    b_q, p_k, p_v, nv, n_hi, b_lse, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
     BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
+    KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr,
     BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     HDK: tl.constexpr, HDV: tl.constexpr, STORE_O: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Pass 2: exact probabilities, ``o += p @ v`` when ``STORE_O``, block scores, top-n.
+    """Pass 2: exact probabilities, ``o += p @ v`` when ``STORE_O``, block scores to ``p_sc``.
 
     Args:
         nv: ``[M]`` visible tokens per row; n_hi: the most any row sees; b_lse: ``[M]``
-            log2-domain lse; m_row: ``[M]`` real rows; own: ``[BT]`` each query's block.
-    Returns ``(acc [M, BDV], keys [BT, NB])``.
+            log2-domain lse; m_row: ``[M]`` real rows; p_sc: ``[BT]`` score rows;
+            m_t: ``[BT]`` real queries; NSEL: score row length.
+    Returns ``acc [M, BDV]``.
     """
     BC: tl.constexpr = NB * RP
     o_c = tl.arange(0, BC)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
     o_nb = tl.arange(0, NB)
-    # initial keys: distinct and below every real key
-    b_buf = -(1 << 40) - tl.arange(0, NB)[None, :].to(tl.int64) + tl.zeros([BT, NB], dtype=tl.int64)
     b_carry = tl.zeros([BT, NB], dtype=tl.float32)
     for i_j in range(0, t_last // SEL + 1, NB):
         # -- tokens whose first raw position lies in blocks [i_j, i_j + NB), as [NB, RP] --
@@ -237,39 +169,37 @@ def _select_pass(
                           mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
             b_acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
         b_score, b_carry = _block_scores(b_p, b_carry, BT, GP, NB, R, RP, KC, NSPILL)
-        b_buf = _merge_topn(b_buf, b_score, i_j + o_nb, own, INIT, LOCAL)
-    # best first: rank against distinct keys below everything
-    b_low = -(1 << 62) - tl.arange(0, NB)[None, :].to(tl.int64) + tl.zeros([BT, NB], dtype=tl.int64)
-    b_buf = _rank_place(b_buf, b_low, True, NB)
-    return b_acc, b_buf
+        o_blk = i_j + o_nb
+        tl.store(p_sc[:, None] + o_blk[None, :], b_score, mask=m_t[:, None] & (o_blk < NSEL)[None, :])
+    return b_acc
 
 
-@triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
+@triton.jit(do_not_specialize=["TQ", "NC", "q_offset", "T0", "T1", "NSEL"])
 def compressed_fwd_kernel(
     q,  # [B, TQ, HQ, DK]
     k,  # [B, NC, H, DK]
     v,  # [B, NC, H, DV]
     o,  # [B, TQ, HQ, DV]
     lse,  # [B, TQ, HQ] float32, natural log
-    block_idx,  # [B, TQ, H, N] int32
-    TQ, NC, q_offset, qk_scale,
+    scores,  # [B, T1 - T0, H, NSEL] float32 group block scores of queries T0 .. T1 - 1
+    TQ, NC, q_offset, qk_scale, T0, T1, NSEL,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SEL: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr, N: tl.constexpr,
-    INIT: tl.constexpr, LOCAL: tl.constexpr,
+    KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr,
     STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
-    # the last query tiles see the most tokens: launch them first
-    i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
+    # queries [T0, T1) with T0 a multiple of BT; the last tiles see the most tokens: launch them first
+    i_t = T0 // BT + tl.cdiv(T1 - T0, BT) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
+    m_row = m_row & (o_tq < T1)
     o_dk = tl.arange(0, BDK)
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
     nv = visible_cmp(q_offset + o_tq, NC, L, S)  # [M]
-    t_last = q_offset + tl.minimum(i_t * BT + BT, TQ) - 1
+    t_last = q_offset + tl.minimum(i_t * BT + BT, T1) - 1
     n_lo = visible_cmp(q_offset + i_t * BT, NC, L, S)
     n_hi = visible_cmp(t_last, NC, L, S)
     p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
@@ -287,17 +217,15 @@ def compressed_fwd_kernel(
         b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
                                          BN, BDK, BDV, DK, DV, H * DK, H * DV, True, ONE_PASS_O, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-    # -- pass 2: exact probabilities -> o, block scores, top-n --
+    # -- pass 2: exact probabilities -> o, block scores --
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
-        own = (q_offset + o_t) // SEL
+        m_t = o_t < T1
+        p_sc = scores + ((i_b.to(tl.int64) * (T1 - T0) + (o_t - T0)) * H + i_h) * NSEL  # [BT]
         # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
         b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
-        b_o, b_buf = _select_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, own, t_last, b_acc, qk_scale,
-                                  BT, GP, NB, R, RP, KC, NSPILL, SEL, INIT, LOCAL,
-                                  BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC)
-        p_idx = block_idx + ((i_b.to(tl.int64) * TQ + o_t) * H + i_h) * N
-        _store_topn(b_buf, p_idx, o_t < TQ, N, NB)
+        b_o = _score_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
+                          BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC)
     if STORE_O:
         o_dv = tl.arange(0, BDV)
         tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
@@ -305,16 +233,24 @@ def compressed_fwd_kernel(
         tl.store(lse + o_q, b_lse * 0.6931471805599453, mask=m_row)
 
 
-def _select_geometry(config: NSAConfig) -> dict:
+def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) -> dict:
     """Constexprs of pass 2: tokens per block ``R`` (padded ``RP``), tokens per compressed
-    block ``KC``, spill steps, and the chunk/keep width ``NB``."""
+    block ``KC``, spill steps, and the blocks scored per step ``NB``."""
     R = config.sel_block // config.cmp_stride
     KC = config.cmp_block // config.cmp_stride
     RP = triton.next_power_of_2(R)
     NSPILL = (R + KC - 2) // R + 1  # block offsets a token's units can reach
-    # NB >= n keeps enough keys; NB * RP >= 16 for tl.dot; NB >= NSPILL - 1 keeps spill within one chunk
-    NB = max(triton.next_power_of_2(config.sel_count), triton.cdiv(16, RP), triton.next_power_of_2(NSPILL))
-    return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=NB)
+    # NB * RP >= 16 for tl.dot; NB >= NSPILL - 1 keeps a spill within the next chunk
+    NB = max(blocks_per_step or 16, triton.cdiv(16, RP), triton.next_power_of_2(NSPILL))
+    return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=triton.next_power_of_2(NB))
+
+
+def query_chunk(B: int, TQ: int, H: int, nsel: int, BT: int, budget: int = SCORE_BUFFER_BYTES) -> int:
+    """Queries per launch so that the float32 ``[B, chunk, H, nsel]`` scores fit ``budget``;
+    a multiple of the query tile ``BT`` (at least one tile)."""
+    per_query = max(1, B * H * nsel * 4)
+    chunk = max(BT, (budget // per_query) // BT * BT)
+    return min(chunk, triton.cdiv(TQ, BT) * BT)
 
 
 def compressed_fwd(
@@ -329,8 +265,10 @@ def compressed_fwd(
     select: bool = False,
     rows: Optional[int] = None,
     block_n: int = 64,
+    blocks_per_step: Optional[int] = None,
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
+    score_buffer_bytes: int = SCORE_BUFFER_BYTES,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
 
@@ -338,12 +276,16 @@ def compressed_fwd(
         q: ``[B, Tq, HQ, Dk]``; k_cmp: ``[B, Nc, H, Dk]``; v_cmp: ``[B, Nc, H, Dv]``.
         store_o: compute ``o`` and ``lse``; select: compute ``block_idx``.
         rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
-            token tile; num_warps/num_stages: launch options (defaults from the shapes).
+            token tile; blocks_per_step: selection blocks scored per pass-2 step;
+            num_warps/num_stages: launch options (defaults from the shapes);
+            score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
 
     Returns:
         ``(o [B, Tq, HQ, Dv] in q's dtype, lse [B, Tq, HQ] float32, block_idx
         [B, Tq, H, sel_count] int32)``, each ``None`` when not asked for.
     """
+    from nsa.ops._triton.block_topn import block_topn
+
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
@@ -354,23 +296,31 @@ def compressed_fwd(
     if num_stages is None:
         num_stages = 3 if (max(DK, DV) <= 128 and q.dtype != torch.float32) else 2
     BT = max(1, rows // GP)
-    geo = _select_geometry(config)
+    geo = _score_geometry(config, blocks_per_step)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None
     lse = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device) if store_o else None
     idx = torch.empty(B, TQ, H, config.sel_count, dtype=torch.int32, device=q.device) if select else None
     if B * TQ * HQ == 0:
         return o, lse, idx
-    grid = (triton.cdiv(TQ, BT), B * H)
-    compressed_fwd_kernel[grid](
-        q, k_cmp, v_cmp,  #
-        o if store_o else q, lse if store_o else q, idx if select else q,  #
-        TQ, NC, q_offset, scale * LOG2E,
+    nsel = config.num_sel_blocks(q_offset + TQ) if select else 0
+    chunk = query_chunk(B, TQ, H, nsel, BT, score_buffer_bytes) if select else triton.cdiv(TQ, BT) * BT
+    # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, nsel]
+    scores = torch.empty(B * min(chunk, TQ) * H * nsel, dtype=torch.float32, device=q.device) if select else None
+    launch = dict(
         H=H, G=G, GP=GP, BT=BT, BN=block_n,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
-        N=config.sel_count, INIT=config.init_blocks, LOCAL=config.local_blocks,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo,
     )
+    for t0 in range(0, TQ, chunk):
+        t1 = min(t0 + chunk, TQ)
+        sc = scores[: B * (t1 - t0) * H * nsel].view(B, t1 - t0, H, nsel) if select else q
+        compressed_fwd_kernel[(triton.cdiv(t1 - t0, BT), B * H)](
+            q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
+            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch,
+        )
+        if select:
+            block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
     return o, lse, idx

@@ -4,9 +4,9 @@ Same function as :mod:`nsa.ops.select.reference`. The kernel is the fused
 compressed-attention forward of :mod:`nsa.ops._triton.compressed_fwd` run
 without the output: pass 1 finds each head's lse over the visible compressed
 tokens, pass 2 recomputes the probabilities, sums them over the heads of the
-group, maps them onto selection blocks and keeps a running top-n per query in
-registers. No ``[T, Nc]`` or ``[T, Nsel]`` tensor is written. The selection has
-no gradient (it returns indices).
+group and maps them onto selection blocks; the block scores of a bounded chunk
+of queries go to a buffer that :mod:`nsa.ops._triton.block_topn` ranks. No
+``[T, Nc]`` tensor is written. The selection has no gradient (it returns indices).
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""Top-n block selection (spec Eq. 11) from a buffer of group block scores.
+
+One program takes ``BR`` rows of ``[rows, nsel]`` float32 scores (one row per
+query and KV group) and keeps each whole row in registers. Per row:
+
+1. keys: the score's bit pattern (non-negative floats order like their bits),
+   ``+inf`` bits for forced blocks, ``-1`` for blocks past the query's own;
+2. radix select: 31 rounds, one per bit from the top, find the largest key
+   ``thr`` that at least ``n`` keys reach - the n-th largest key;
+3. chosen = keys above ``thr`` plus, among keys equal to ``thr``, the lowest
+   block indices that fill ``n`` (the spec's tie rule, exact);
+4. a prefix sum over the chosen mask gives each block its place, so the row is
+   written ascending with one scatter, then padded with ``-1``.
+
+No data-dependent loop: the work per row is ``31 * nsel`` compares whatever the
+scores look like, and rows run in parallel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+INF_BITS = tl.constexpr(0x7F800000)
+# a row held in registers: BR * NSP keys per program, spread over the warps
+_KEYS_PER_PROGRAM = 4096
+
+
+@triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
+def block_topn_kernel(
+    scores,  # [B, TC, H, NSEL] float32, rows of queries T0 .. T0 + TC - 1
+    block_idx,  # [B, TQ, H, N] int32
+    ROWS, NSEL, TC, TQ, T0, t_first,  # t_first: absolute position of query T0
+    H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SEL: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, BR: tl.constexpr, NSP: tl.constexpr,
+):
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # [BR] score rows
+    m_r = o_r < ROWS
+    i_t = (o_r // H) % TC  # query within the chunk
+    i_b = o_r // (H * TC)
+    own = (t_first + i_t) // SEL  # [BR] each query's own block
+    o_j = tl.arange(0, NSP)
+    m_vis = (o_j[None, :] <= own[:, None]) & m_r[:, None]  # [BR, NSP]
+    b_s = tl.load(scores + o_r[:, None] * NSEL + o_j[None, :], mask=m_vis, other=0.0)
+    # scores are >= 0; clearing the sign bit maps a stray -0.0 onto +0.0
+    b_key = b_s.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    forced = (o_j[None, :] < INIT) | (o_j[None, :] > own[:, None] - LOCAL)
+    b_key = tl.where(forced, INF_BITS, b_key)
+    b_key = tl.where(m_vis, b_key, -1)
+    # -- radix select: the largest thr with count(key >= thr) >= N (0 if fewer are visible) --
+    thr = tl.zeros([BR], dtype=tl.int32)
+    for bit in tl.static_range(30, -1, -1):
+        cand = thr | (1 << bit)
+        enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
+        thr = tl.where(enough, cand, thr)
+    # -- keys above thr, then ties at thr by ascending block index --
+    above = b_key > thr[:, None]
+    need = N - tl.sum(above.to(tl.int32), 1)  # [BR]
+    tie = b_key == thr[:, None]
+    chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))
+    place = tl.cumsum(chosen.to(tl.int32), 1) - 1  # [BR, NSP] slot of each chosen block
+    p_out = block_idx + ((i_b * TQ + T0 + i_t) * H + o_r % H) * N  # [BR]
+    tl.store(p_out[:, None] + place, o_j[None, :] + tl.zeros([BR, NSP], dtype=tl.int32), mask=chosen)
+    count = tl.sum(chosen.to(tl.int32), 1)
+    o_n = tl.arange(0, NP)
+    m_pad = (o_n[None, :] >= count[:, None]) & (o_n[None, :] < N) & m_r[:, None]
+    tl.store(p_out[:, None] + o_n[None, :], tl.full([BR, NP], -1, tl.int32), mask=m_pad)
+
+
+def block_topn(
+    scores: torch.Tensor,
+    block_idx: torch.Tensor,
+    t0: int,
+    t_first: int,
+    sel_block: int,
+    init_blocks: int,
+    local_blocks: int,
+) -> None:
+    """Write ``block_idx[:, t0 : t0 + TC]`` from ``scores [B, TC, H, nsel]``.
+
+    Args:
+        scores: float32 group block scores of queries ``t0 ..``; only blocks up to
+            each query's own are read, so the rest may hold anything.
+        block_idx: int32 ``[B, TQ, H, n]``, written in place.
+        t0: first query of the chunk (an index into ``block_idx``'s time axis).
+        t_first: absolute position of query ``t0`` (``q_offset + t0``).
+    """
+    B, TC, H, nsel = scores.shape
+    TQ, n = block_idx.shape[1], block_idx.shape[3]
+    rows = B * TC * H
+    if rows == 0:
+        return
+    nsp = triton.next_power_of_2(nsel)
+    br = max(1, min(16, _KEYS_PER_PROGRAM // nsp))
+    # ~32 keys per thread at most, however long the rows get
+    num_warps = max(4, min(16, br * nsp // 1024))
+    block_topn_kernel[(triton.cdiv(rows, br),)](
+        scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
+        H=H, N=n, NP=triton.next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
+        BR=br, NSP=nsp, num_warps=num_warps,
+    )
