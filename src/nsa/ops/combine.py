@@ -10,6 +10,7 @@ from nsa.config import NSAConfig
 from nsa.ops import _guards
 from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
+from nsa.ops.gates import combine_branches
 from nsa.ops.select import select_blocks
 from nsa.ops.selected import selected_attention
 from nsa.ops.window import sliding_window_attention
@@ -25,12 +26,6 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
     if pair[1].shape[-1] != v.shape[-1]:
         raise ValueError(f"{name}[1] has Dv={pair[1].shape[-1]} but v has Dv={v.shape[-1]}; the branches are summed")
     return pair[0], pair[1]
-
-
-def combine_branches(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor) -> torch.Tensor:
-    """``g_cmp*o_cmp + g_slc*o_slc + g_win*o_win`` with gates ``[B, T, HQ, 3]``."""
-    g = gates.to(o_cmp.dtype)
-    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win
 
 
 def _compressed_and_blocks(
@@ -101,5 +96,5 @@ def nsa_attention(
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
-    o = combine_branches(gates, o_cmp, o_slc, o_win)
+    o = combine_branches(gates, o_cmp, o_slc, o_win, backend=backend)
     return (o, block_idx) if return_block_idx else o

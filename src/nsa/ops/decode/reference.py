@@ -14,7 +14,7 @@ from typing import Tuple
 import torch
 
 from nsa.config import NSAConfig
-from nsa.ops.combine import combine_branches
+from nsa.ops.gates.reference import combine_branches
 from nsa.ops.compressed.reference import compressed_attention
 from nsa.ops.select.reference import select_blocks
 from nsa.ops.selected.reference import selected_attention
