@@ -115,19 +115,30 @@ def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
             print(f"dense {name}: {err}", file=sys.stderr)
     if variants:
         qd, kd, vd = q.detach(), k_cmp.detach(), v_cmp.detach()
-        for rows, nb in ((64, 32), (128, 16), (32, 16)):
+        for rows, nb, dot in ((64, 16, False), (64, 16, True), (64, 32, True), (128, 16, True), (128, 32, True)):
             try:
-                row[f"cmp+select rows={rows} nb={nb}"] = ms(
-                    lambda: compressed_fwd(qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb))
+                row[f"cmp+select rows={rows} nb={nb} dot={int(dot)}"] = ms(lambda: compressed_fwd(
+                    qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb, score_dot=dot))
             except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 print(f"variant rows={rows} nb={nb}: {type(err).__name__}: {err}", file=sys.stderr)
+        from nsa.ops.compressed.kernel import compressed_bwd
+
+        o, lse, _ = compressed_fwd(qd, kd, vd, config, scale, 0)
+        do = torch.randn_like(o)
+        for rows, bn, warps, stages in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 2)):
+            try:
+                row[f"cmp bwd rows={rows} bn={bn} w={warps} s={stages}"] = ms(lambda: compressed_bwd(
+                    qd, kd, vd, o, lse, do, None, config, scale, 0, rows=rows, block_n=bn, num_warps=warps,
+                    num_stages=stages))
+            except Exception as err:  # noqa: BLE001
+                print(f"bwd variant {rows}/{bn}/{warps}/{stages}: {type(err).__name__}: {err}", file=sys.stderr)
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
-    parser.add_argument("--variants", action="store_true", help="also time launch variants at the longest length")
+    parser.add_argument("--variants", action="store_true", help="also time launch variants at the shortest and longest length")
     parser.add_argument("--csv", help="write the rows as CSV")
     args = parser.parse_args()
     config = NSAConfig()
@@ -136,7 +147,7 @@ def main() -> None:
     print(check_selection(max(args.lengths), config), flush=True)
     rows = []
     for T in args.lengths:
-        rows.append(breakdown(T, config, args.variants and T == max(args.lengths)))
+        rows.append(breakdown(T, config, args.variants and T in (min(args.lengths), max(args.lengths))))
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
         torch.cuda.empty_cache()
     keys = list(dict.fromkeys(k for r in rows for k in r))

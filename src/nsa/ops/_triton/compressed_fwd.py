@@ -133,12 +133,46 @@ def _block_scores(b_p, b_carry, BT: tl.constexpr, GP: tl.constexpr, NB: tl.const
 
 
 @triton.jit
+def _overlap_matrices(NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KC: tl.constexpr, NSPILL: tl.constexpr):
+    """Token-to-block weights of one chunk as two ``[NB * RP, NB]`` matrices: into the
+    chunk's own blocks, and spilled into the next chunk's. Token ``(jb, r)`` covers units
+    ``[r, r + KC)``; block offset ``s`` covers ``[s*R, s*R + R)``; weight = overlap / KC.
+    Weights are multiples of 1/KC: exact in tf32 for power-of-two KC."""
+    o_c = tl.arange(0, NB * RP)
+    jb = o_c // RP
+    r = o_c % RP
+    o_j = tl.arange(0, NB)
+    w_here = tl.zeros([NB * RP, NB], dtype=tl.float32)
+    w_next = tl.zeros([NB * RP, NB], dtype=tl.float32)
+    for s in tl.static_range(NSPILL):
+        w = tl.minimum(r + KC, s * R + R) - tl.maximum(r, s * R)
+        w = tl.where((r < R) & (w > 0), w, 0).to(tl.float32) / KC  # [BC]
+        w_here += tl.where(o_j[None, :] == (jb + s)[:, None], w[:, None], 0.0)
+        w_next += tl.where(o_j[None, :] == (jb + s - NB)[:, None], w[:, None], 0.0)
+    return w_here, w_next
+
+
+@triton.jit
+def _block_scores_dot(b_p, b_carry, w_here, w_next, BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr):
+    """:func:`_block_scores` on tensor cores: per-head block mass ``p @ W`` with ``p``
+    split into two tf32 parts (``p = hi + lo``, W exact), so the sums keep float32
+    precision; then the group sum over the heads of each query."""
+    p_hi = (b_p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)  # top 10 mantissa bits
+    p_lo = b_p - p_hi
+    m_here = tl.dot(p_lo, w_here, tl.dot(p_hi, w_here, input_precision="tf32"), input_precision="tf32")  # [M, NB]
+    m_next = tl.dot(p_lo, w_next, tl.dot(p_hi, w_next, input_precision="tf32"), input_precision="tf32")
+    b_score = b_carry + tl.sum(tl.reshape(m_here, [BT, GP, NB]), 1)
+    return b_score, tl.sum(tl.reshape(m_next, [BT, GP, NB]), 1)
+
+
+@triton.jit
 def _score_pass(
     b_q, p_k, p_v, nv, n_hi, b_lse, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
     BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr,
     BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     HDK: tl.constexpr, HDV: tl.constexpr, STORE_O: tl.constexpr, PREC: tl.constexpr,
+    SCORE_DOT: tl.constexpr,
 ):
     """Pass 2: exact probabilities, ``o += p @ v`` when ``STORE_O``, block scores to ``p_sc``.
 
@@ -154,6 +188,8 @@ def _score_pass(
     o_dv = tl.arange(0, BDV)
     o_nb = tl.arange(0, NB)
     b_carry = tl.zeros([BT, NB], dtype=tl.float32)
+    if SCORE_DOT:
+        w_here, w_next = _overlap_matrices(NB, R, RP, KC, NSPILL)
     for i_j in range(0, t_last // SEL + 1, NB):
         # -- tokens whose first raw position lies in blocks [i_j, i_j + NB), as [NB, RP] --
         o_tok = (i_j + o_c // RP) * R + o_c % RP  # [BC]
@@ -168,7 +204,10 @@ def _score_pass(
             b_v = tl.load(p_v + (o_tok.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
                           mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
             b_acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
-        b_score, b_carry = _block_scores(b_p, b_carry, BT, GP, NB, R, RP, KC, NSPILL)
+        if SCORE_DOT:
+            b_score, b_carry = _block_scores_dot(b_p, b_carry, w_here, w_next, BT, GP, NB)
+        else:
+            b_score, b_carry = _block_scores(b_p, b_carry, BT, GP, NB, R, RP, KC, NSPILL)
         o_blk = i_j + o_nb
         tl.store(p_sc[:, None] + o_blk[None, :], b_score, mask=m_t[:, None] & (o_blk < NSEL)[None, :])
     return b_acc
@@ -187,7 +226,7 @@ def compressed_fwd_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SEL: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr,
-    STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
+    STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr, SCORE_DOT: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
     # queries [T0, T1) with T0 a multiple of BT; the last tiles see the most tokens: launch them first
@@ -225,7 +264,8 @@ def compressed_fwd_kernel(
         # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
         b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
         b_o = _score_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
-                          BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC)
+                          BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC,
+                          SCORE_DOT)
     if STORE_O:
         o_dv = tl.arange(0, BDV)
         tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
@@ -243,6 +283,13 @@ def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) ->
     # NB * RP >= 16 for tl.dot; NB >= NSPILL - 1 keeps a spill within the next chunk
     NB = max(blocks_per_step or 16, triton.cdiv(16, RP), triton.next_power_of_2(NSPILL))
     return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=triton.next_power_of_2(NB))
+
+
+def _use_score_dot(geo: dict, asked: Optional[bool]) -> bool:
+    exact = geo["KC"] & (geo["KC"] - 1) == 0  # weights k / KC are exact in tf32
+    if asked and not exact:
+        raise ValueError(f"score_dot needs cmp_block / cmp_stride to be a power of two, got {geo['KC']}")
+    return exact if asked is None else asked
 
 
 def query_chunk(B: int, TQ: int, H: int, nsel: int, BT: int, budget: int = SCORE_BUFFER_BYTES) -> int:
@@ -269,6 +316,7 @@ def compressed_fwd(
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
     score_buffer_bytes: int = SCORE_BUFFER_BYTES,
+    score_dot: Optional[bool] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
 
@@ -278,7 +326,9 @@ def compressed_fwd(
         rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
             token tile; blocks_per_step: selection blocks scored per pass-2 step;
             num_warps/num_stages: launch options (defaults from the shapes);
-            score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
+            score_buffer_bytes: cap on the block-score buffer (queries run in chunks);
+            score_dot: map probabilities onto blocks with tensor-core dots (default:
+            when the weights are exact in tf32, i.e. a power-of-two cmp_block / cmp_stride).
 
     Returns:
         ``(o [B, Tq, HQ, Dv] in q's dtype, lse [B, Tq, HQ] float32, block_idx
@@ -311,6 +361,7 @@ def compressed_fwd(
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
+        SCORE_DOT=_use_score_dot(geo, score_dot),
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo,
     )
