@@ -33,6 +33,7 @@ from nsa.ops import (
     selected_attention,
     sliding_window_attention,
 )
+from nsa.ops._triton.block_topn import block_topn
 from nsa.ops._triton.compressed_fwd import compressed_fwd
 from nsa.ops.compressed.kernel import compressed_attention_select
 
@@ -115,17 +116,20 @@ def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
             print(f"dense {name}: {err}", file=sys.stderr)
     if variants:
         qd, kd, vd = q.detach(), k_cmp.detach(), v_cmp.detach()
-        for rows, nb, dot in ((64, 16, False), (64, 16, True), (64, 32, True), (128, 16, True), (128, 32, True)):
+        for rows, nb, o_first in ((64, 16, True), (64, 16, False), (128, 16, True), (64, 32, True)):
             try:
-                row[f"cmp+select rows={rows} nb={nb} dot={int(dot)}"] = ms(lambda: compressed_fwd(
-                    qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb, score_dot=dot))
+                row[f"cmp+select rows={rows} nb={nb} o_first={int(o_first)}"] = ms(lambda: compressed_fwd(
+                    qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb, o_first=o_first))
             except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 print(f"variant rows={rows} nb={nb}: {type(err).__name__}: {err}", file=sys.stderr)
+        scores = torch.rand(1, 16384, H, 2, T // 64, device=DEV)
+        block_idx = torch.empty(1, T, H, 16, dtype=torch.int32, device=DEV)
+        row["top-n of 16k queries"] = ms(lambda: block_topn(scores, block_idx, T - 16384, T - 16384, 64, 1, 2))
         from nsa.ops.compressed.kernel import compressed_bwd
 
         o, lse, _ = compressed_fwd(qd, kd, vd, config, scale, 0)
         do = torch.randn_like(o)
-        for rows, bn, warps, stages in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 2)):
+        for rows, bn, warps, stages in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 64, 8, 2)):
             try:
                 row[f"cmp bwd rows={rows} bn={bn} w={warps} s={stages}"] = ms(lambda: compressed_bwd(
                     qd, kd, vd, o, lse, do, None, config, scale, 0, rows=rows, block_n=bn, num_warps=warps,

@@ -160,12 +160,17 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
         assert torch.equal(a, b)
     ref = select_blocks(q.double(), k.double(), config, q_offset=9, backend="reference")
     assert torch.equal(chunked[2].long(), ref.long())
+    # o from pass 2's exact probabilities instead of pass 1's online softmax: same result
+    o2, lse2, idx2 = compressed_fwd(q, k, v, config, scale, 9, select=True, rows=8, o_first=False)
+    assert torch.equal(idx2, whole[2]) and torch.equal(lse2, whole[1])
+    torch.testing.assert_close(o2, whole[0], rtol=1e-5, atol=1e-6)
 
 
 def test_block_topn_rules(nsa_device):
     """Hand-made scores: forced blocks win over any score, ties go to the lower block,
     a query with at most n visible blocks takes them all, and blocks past the query's own
-    are never read (they hold NaN here)."""
+    are never read (they hold NaN here). The same scores split over two planes (half of
+    block j's score is mass spilled from block j - 1) choose the same blocks."""
     from nsa.ops._triton.block_topn import block_topn
 
     sel_block, n = 4, 4
@@ -174,12 +179,16 @@ def test_block_topn_rules(nsa_device):
     for t in range(T):
         own = t // sel_block
         scores[0, t, 0, : own + 1] = torch.tensor([0.0, 0.5, 0.5, 0.25, 0.5, 0.0][: own + 1])
-    idx = torch.full((1, T, 1, n), 99, dtype=torch.int32, device=nsa_device)
-    block_topn(scores, idx, 0, 0, sel_block, 1, 2)
-    # t in block 5 sees 6 blocks: forced 0, 4, 5; one free pick among 1, 2 (tie at 0.5), 3 -> 1
-    assert idx[0, 23, 0].tolist() == [0, 1, 4, 5]
-    # t in block 4: forced 0, 3, 4 (3 is local despite its low score); free pick 1 beats 2 on the tie
-    assert idx[0, 16, 0].tolist() == [0, 1, 3, 4]
-    # t in block 2 sees 3 <= n blocks: all of them, then -1
-    assert idx[0, 9, 0].tolist() == [0, 1, 2, -1]
-    assert idx[0, 0, 0].tolist() == [0, -1, -1, -1]
+    spilled = torch.full((1, T, 1, 2, nsel), float("nan"), device=nsa_device)
+    spilled[:, :, :, 0] = scores / 2
+    spilled[:, :, :, 1, :-1] = scores[..., 1:] / 2  # plane 1 at j - 1 adds into block j
+    for planes in (scores.unsqueeze(3), spilled):
+        idx = torch.full((1, T, 1, n), 99, dtype=torch.int32, device=nsa_device)
+        block_topn(planes, idx, 0, 0, sel_block, 1, 2)
+        # t in block 5 sees 6 blocks: forced 0, 4, 5; one free pick among 1, 2 (tie at 0.5), 3 -> 1
+        assert idx[0, 23, 0].tolist() == [0, 1, 4, 5]
+        # t in block 4: forced 0, 3, 4 (3 is local despite its low score); free pick 1 beats 2 on the tie
+        assert idx[0, 16, 0].tolist() == [0, 1, 3, 4]
+        # t in block 2 sees 3 <= n blocks: all of them, then -1
+        assert idx[0, 9, 0].tolist() == [0, 1, 2, -1]
+        assert idx[0, 0, 0].tolist() == [0, -1, -1, -1]

@@ -1,7 +1,10 @@
 """Top-n block selection (spec Eq. 11) from a buffer of group block scores.
 
-One program takes ``BR`` rows of ``[rows, nsel]`` float32 scores (one row per
-query and KV group) and keeps each whole row in registers. Per row:
+One program takes ``BR`` rows (one per query and KV group) and keeps each whole
+row in registers. A row holds ``planes`` float32 planes of ``nsel`` block masses:
+plane ``s`` at block ``j`` is the mass that block ``j``'s tokens put into block
+``j + s`` (compressed tokens that straddle a block boundary), so a block's score
+is the sum over ``s`` of plane ``s`` at ``j - s``. Per row:
 
 1. keys: the score's bit pattern (non-negative floats order like their bits),
    ``+inf`` bits for forced blocks, ``-1`` for blocks past the query's own;
@@ -29,11 +32,11 @@ _KEYS_PER_PROGRAM = 4096
 
 @triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
 def block_topn_kernel(
-    scores,  # [B, TC, H, NSEL] float32, rows of queries T0 .. T0 + TC - 1
+    scores,  # [B, TC, H, PLANES, NSEL] float32 block masses of queries T0 .. T0 + TC - 1
     block_idx,  # [B, TQ, H, N] int32
     ROWS, NSEL, TC, TQ, T0, t_first,  # t_first: absolute position of query T0
     H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SEL: tl.constexpr,
-    INIT: tl.constexpr, LOCAL: tl.constexpr, BR: tl.constexpr, NSP: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, BR: tl.constexpr, NSP: tl.constexpr, PLANES: tl.constexpr,
 ):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # [BR] score rows
     m_r = o_r < ROWS
@@ -42,7 +45,11 @@ def block_topn_kernel(
     own = (t_first + i_t) // SEL  # [BR] each query's own block
     o_j = tl.arange(0, NSP)
     m_vis = (o_j[None, :] <= own[:, None]) & m_r[:, None]  # [BR, NSP]
-    b_s = tl.load(scores + o_r[:, None] * NSEL + o_j[None, :], mask=m_vis, other=0.0)
+    p_row = scores + o_r[:, None] * (PLANES * NSEL)
+    b_s = tl.zeros([BR, NSP], dtype=tl.float32)
+    for shift in tl.static_range(PLANES):
+        m_src = m_vis & (o_j[None, :] >= shift)
+        b_s += tl.load(p_row + shift * NSEL + o_j[None, :] - shift, mask=m_src, other=0.0)
     # scores are >= 0; clearing the sign bit maps a stray -0.0 onto +0.0
     b_key = b_s.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     forced = (o_j[None, :] < INIT) | (o_j[None, :] > own[:, None] - LOCAL)
@@ -77,16 +84,16 @@ def block_topn(
     init_blocks: int,
     local_blocks: int,
 ) -> None:
-    """Write ``block_idx[:, t0 : t0 + TC]`` from ``scores [B, TC, H, nsel]``.
+    """Write ``block_idx[:, t0 : t0 + TC]`` from ``scores [B, TC, H, planes, nsel]``.
 
     Args:
-        scores: float32 group block scores of queries ``t0 ..``; only blocks up to
-            each query's own are read, so the rest may hold anything.
+        scores: float32 block masses of queries ``t0 ..`` (see the module docstring);
+            only blocks up to each query's own are read, so the rest may hold anything.
         block_idx: int32 ``[B, TQ, H, n]``, written in place.
         t0: first query of the chunk (an index into ``block_idx``'s time axis).
         t_first: absolute position of query ``t0`` (``q_offset + t0``).
     """
-    B, TC, H, nsel = scores.shape
+    B, TC, H, planes, nsel = scores.shape
     TQ, n = block_idx.shape[1], block_idx.shape[3]
     rows = B * TC * H
     if rows == 0:
@@ -98,5 +105,5 @@ def block_topn(
     block_topn_kernel[(triton.cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=triton.next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, num_warps=num_warps,
+        BR=br, NSP=nsp, PLANES=planes, num_warps=num_warps,
     )

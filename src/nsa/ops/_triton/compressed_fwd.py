@@ -102,67 +102,20 @@ def _softmax_chunk(
 
 
 @triton.jit
-def _block_scores(b_p, b_carry, BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr,
-                  R: tl.constexpr, RP: tl.constexpr, KC: tl.constexpr, NSPILL: tl.constexpr):
-    """Group-summed block scores of one chunk.
+def _block_mass(b_pg, SHIFT: tl.constexpr, BT: tl.constexpr, NB: tl.constexpr, R: tl.constexpr,
+                RP: tl.constexpr, KC: tl.constexpr):
+    """Mass that the tokens of each block of a chunk put into the block ``SHIFT`` places later.
 
     Args:
-        b_p: ``[BT * GP, NB * RP]`` probabilities, token ``(jb, r)`` at column ``jb * RP + r``.
-        b_carry: ``[BT, NB]`` mass the previous chunk spilled into this one's blocks.
-    Returns ``(score [BT, NB], carry for the next chunk [BT, NB])``.
+        b_pg: ``[BT, NB * RP]`` group-summed probabilities, token ``(jb, r)`` at column
+            ``jb * RP + r``.
+    Returns ``[BT, NB]``, indexed by the tokens' own block ``jb`` (spec Eq. 9: a token
+    covers units ``[r, r + KC)``, the block ``[SHIFT*R, SHIFT*R + R)``, weight = overlap / KC).
     """
-    b_pg = tl.sum(tl.reshape(b_p, [BT, GP, NB * RP]), 1)  # [BT, NB*RP]: Eq. 10 group sum
-    b_p3 = tl.reshape(b_pg, [BT, NB, RP])
     o_r = tl.arange(0, RP)
-    o_src = tl.arange(0, NB)
-    b_score = b_carry
-    b_next = tl.zeros([BT, NB], dtype=tl.float32)
-    for s in tl.static_range(NSPILL):
-        # units [r, r + KC) of a token at offset r against block offset s: [s*R, s*R + R)
-        w = tl.minimum(o_r + KC, s * R + R) - tl.maximum(o_r, s * R)
-        w = tl.where((o_r < R) & (w > 0), w, 0).to(tl.float32) / KC  # [RP]
-        b_a = tl.sum(b_p3 * w[None, None, :], 2)  # [BT, NB]: mass of block jb's tokens in block jb + s
-        if s == 0:
-            b_score += b_a
-        else:
-            m_here = (o_src[:, None] + s) == o_src[None, :]  # [NB(src), NB(dst)]
-            m_next = (o_src[:, None] + s) == (o_src[None, :] + NB)
-            b_score += tl.sum(tl.where(m_here[None, :, :], b_a[:, :, None], 0.0), 1)
-            b_next += tl.sum(tl.where(m_next[None, :, :], b_a[:, :, None], 0.0), 1)
-    return b_score, b_next
-
-
-@triton.jit
-def _overlap_matrices(NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, KC: tl.constexpr, NSPILL: tl.constexpr):
-    """Token-to-block weights of one chunk as two ``[NB * RP, NB]`` matrices: into the
-    chunk's own blocks, and spilled into the next chunk's. Token ``(jb, r)`` covers units
-    ``[r, r + KC)``; block offset ``s`` covers ``[s*R, s*R + R)``; weight = overlap / KC.
-    Weights are multiples of 1/KC: exact in tf32 for power-of-two KC."""
-    o_c = tl.arange(0, NB * RP)
-    jb = o_c // RP
-    r = o_c % RP
-    o_j = tl.arange(0, NB)
-    w_here = tl.zeros([NB * RP, NB], dtype=tl.float32)
-    w_next = tl.zeros([NB * RP, NB], dtype=tl.float32)
-    for s in tl.static_range(NSPILL):
-        w = tl.minimum(r + KC, s * R + R) - tl.maximum(r, s * R)
-        w = tl.where((r < R) & (w > 0), w, 0).to(tl.float32) / KC  # [BC]
-        w_here += tl.where(o_j[None, :] == (jb + s)[:, None], w[:, None], 0.0)
-        w_next += tl.where(o_j[None, :] == (jb + s - NB)[:, None], w[:, None], 0.0)
-    return w_here, w_next
-
-
-@triton.jit
-def _block_scores_dot(b_p, b_carry, w_here, w_next, BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr):
-    """:func:`_block_scores` on tensor cores: per-head block mass ``p @ W`` with ``p``
-    split into two tf32 parts (``p = hi + lo``, W exact), so the sums keep float32
-    precision; then the group sum over the heads of each query."""
-    p_hi = (b_p.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)  # top 10 mantissa bits
-    p_lo = b_p - p_hi
-    m_here = tl.dot(p_lo, w_here, tl.dot(p_hi, w_here, input_precision="tf32"), input_precision="tf32")  # [M, NB]
-    m_next = tl.dot(p_lo, w_next, tl.dot(p_hi, w_next, input_precision="tf32"), input_precision="tf32")
-    b_score = b_carry + tl.sum(tl.reshape(m_here, [BT, GP, NB]), 1)
-    return b_score, tl.sum(tl.reshape(m_next, [BT, GP, NB]), 1)
+    w = tl.minimum(o_r + KC, SHIFT * R + R) - tl.maximum(o_r, SHIFT * R)
+    w = tl.where((o_r < R) & (w > 0), w, 0).to(tl.float32) / KC  # [RP]
+    return tl.sum(tl.reshape(b_pg, [BT, NB, RP]) * w[None, None, :], 2)
 
 
 @triton.jit
@@ -171,15 +124,18 @@ def _score_pass(
     BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr,
     BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    HDK: tl.constexpr, HDV: tl.constexpr, STORE_O: tl.constexpr, PREC: tl.constexpr,
-    SCORE_DOT: tl.constexpr,
+    HDK: tl.constexpr, HDV: tl.constexpr, ADD_O: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Pass 2: exact probabilities, ``o += p @ v`` when ``STORE_O``, block scores to ``p_sc``.
+    """Pass 2: exact probabilities, ``o += p @ v`` when ``ADD_O``, block masses to ``p_sc``.
+
+    The mass a block's tokens put into the block ``s`` places later goes to plane ``s``
+    of the score row (``[NSPILL, NSEL]``, indexed by the tokens' block); the top-n kernel
+    adds the planes with the shift. No value is carried from one step to the next.
 
     Args:
         nv: ``[M]`` visible tokens per row; n_hi: the most any row sees; b_lse: ``[M]``
             log2-domain lse; m_row: ``[M]`` real rows; p_sc: ``[BT]`` score rows;
-            m_t: ``[BT]`` real queries; NSEL: score row length.
+            m_t: ``[BT]`` real queries; NSEL: blocks per plane.
     Returns ``acc [M, BDV]``.
     """
     BC: tl.constexpr = NB * RP
@@ -187,9 +143,6 @@ def _score_pass(
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
     o_nb = tl.arange(0, NB)
-    b_carry = tl.zeros([BT, NB], dtype=tl.float32)
-    if SCORE_DOT:
-        w_here, w_next = _overlap_matrices(NB, R, RP, KC, NSPILL)
     for i_j in range(0, t_last // SEL + 1, NB):
         # -- tokens whose first raw position lies in blocks [i_j, i_j + NB), as [NB, RP] --
         o_tok = (i_j + o_c // RP) * R + o_c % RP  # [BC]
@@ -200,16 +153,16 @@ def _score_pass(
         m_qk = m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None])
         # mask the scores, not the probabilities: an invisible score may exceed lse
         b_p = tl.exp2(tl.where(m_qk, b_s, float("-inf")) - b_lse[:, None])  # [M, BC]
-        if STORE_O:
+        if ADD_O:
             b_v = tl.load(p_v + (o_tok.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
                           mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
             b_acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
-        if SCORE_DOT:
-            b_score, b_carry = _block_scores_dot(b_p, b_carry, w_here, w_next, BT, GP, NB)
-        else:
-            b_score, b_carry = _block_scores(b_p, b_carry, BT, GP, NB, R, RP, KC, NSPILL)
+        b_pg = tl.sum(tl.reshape(b_p, [BT, GP, BC]), 1)  # [BT, BC]: Eq. 10 group sum
         o_blk = i_j + o_nb
-        tl.store(p_sc[:, None] + o_blk[None, :], b_score, mask=m_t[:, None] & (o_blk < NSEL)[None, :])
+        m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
+        for shift in tl.static_range(NSPILL):
+            b_mass = _block_mass(b_pg, shift, BT, NB, R, RP, KC)
+            tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
     return b_acc
 
 
@@ -220,13 +173,13 @@ def compressed_fwd_kernel(
     v,  # [B, NC, H, DV]
     o,  # [B, TQ, HQ, DV]
     lse,  # [B, TQ, HQ] float32, natural log
-    scores,  # [B, T1 - T0, H, NSEL] float32 group block scores of queries T0 .. T1 - 1
+    scores,  # [B, T1 - T0, H, NSPILL, NSEL] float32 block masses of queries T0 .. T1 - 1
     TQ, NC, q_offset, qk_scale, T0, T1, NSEL,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SEL: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr,
-    STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr, SCORE_DOT: tl.constexpr,
+    STORE_O: tl.constexpr, SELECT: tl.constexpr, O_FIRST: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
     # queries [T0, T1) with T0 a multiple of BT; the last tiles see the most tokens: launch them first
@@ -243,8 +196,8 @@ def compressed_fwd_kernel(
     n_hi = visible_cmp(t_last, NC, L, S)
     p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
     p_v = v + (i_b.to(tl.int64) * NC * H + i_h) * DV
-    # -- pass 1: online softmax; it carries o only when no second pass follows --
-    ONE_PASS_O: tl.constexpr = STORE_O and not SELECT
+    # -- pass 1: online softmax; it carries o unless pass 2 adds it from exact probabilities --
+    ONE_PASS_O: tl.constexpr = STORE_O and (O_FIRST or not SELECT)
     b_m = tl.full([M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([M], dtype=tl.float32)
     b_acc = tl.zeros([M, BDV], dtype=tl.float32)
@@ -256,16 +209,18 @@ def compressed_fwd_kernel(
         b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
                                          BN, BDK, BDV, DK, DV, H * DK, H * DV, True, ONE_PASS_O, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-    # -- pass 2: exact probabilities -> o, block scores --
+    # -- pass 2: exact probabilities -> block masses (and o when pass 1 did not carry it) --
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T1
-        p_sc = scores + ((i_b.to(tl.int64) * (T1 - T0) + (o_t - T0)) * H + i_h) * NSEL  # [BT]
+        p_sc = scores + ((i_b.to(tl.int64) * (T1 - T0) + (o_t - T0)) * H + i_h) * (NSPILL * NSEL)  # [BT]
         # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
         b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
-        b_o = _score_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
-                          BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, STORE_O, PREC,
-                          SCORE_DOT)
+        ADD_O: tl.constexpr = STORE_O and not O_FIRST
+        b_acc = _score_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
+                            BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, ADD_O, PREC)
+        if ADD_O:
+            b_o = b_acc
     if STORE_O:
         o_dv = tl.arange(0, BDV)
         tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
@@ -280,21 +235,13 @@ def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) ->
     KC = config.cmp_block // config.cmp_stride
     RP = triton.next_power_of_2(R)
     NSPILL = (R + KC - 2) // R + 1  # block offsets a token's units can reach
-    # NB * RP >= 16 for tl.dot; NB >= NSPILL - 1 keeps a spill within the next chunk
-    NB = max(blocks_per_step or 16, triton.cdiv(16, RP), triton.next_power_of_2(NSPILL))
+    NB = max(blocks_per_step or 16, triton.cdiv(16, RP))  # NB * RP >= 16 for tl.dot
     return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=triton.next_power_of_2(NB))
 
 
-def _use_score_dot(geo: dict, asked: Optional[bool]) -> bool:
-    exact = geo["KC"] & (geo["KC"] - 1) == 0  # weights k / KC are exact in tf32
-    if asked and not exact:
-        raise ValueError(f"score_dot needs cmp_block / cmp_stride to be a power of two, got {geo['KC']}")
-    return exact if asked is None else asked
-
-
 def query_chunk(B: int, TQ: int, H: int, nsel: int, BT: int, budget: int = SCORE_BUFFER_BYTES) -> int:
-    """Queries per launch so that the float32 ``[B, chunk, H, nsel]`` scores fit ``budget``;
-    a multiple of the query tile ``BT`` (at least one tile)."""
+    """Queries per launch so that ``B * chunk * H * nsel`` float32 values (``nsel`` counting
+    every plane) fit ``budget``; a multiple of the query tile ``BT`` (at least one tile)."""
     per_query = max(1, B * H * nsel * 4)
     chunk = max(BT, (budget // per_query) // BT * BT)
     return min(chunk, triton.cdiv(TQ, BT) * BT)
@@ -316,7 +263,7 @@ def compressed_fwd(
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
     score_buffer_bytes: int = SCORE_BUFFER_BYTES,
-    score_dot: Optional[bool] = None,
+    o_first: bool = True,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
 
@@ -327,8 +274,8 @@ def compressed_fwd(
             token tile; blocks_per_step: selection blocks scored per pass-2 step;
             num_warps/num_stages: launch options (defaults from the shapes);
             score_buffer_bytes: cap on the block-score buffer (queries run in chunks);
-            score_dot: map probabilities onto blocks with tensor-core dots (default:
-            when the weights are exact in tf32, i.e. a power-of-two cmp_block / cmp_stride).
+            o_first: with ``select``, compute ``o`` in pass 1 (online softmax) rather
+            than from pass 2's exact probabilities.
 
     Returns:
         ``(o [B, Tq, HQ, Dv] in q's dtype, lse [B, Tq, HQ] float32, block_idx
@@ -353,21 +300,22 @@ def compressed_fwd(
     if B * TQ * HQ == 0:
         return o, lse, idx
     nsel = config.num_sel_blocks(q_offset + TQ) if select else 0
-    chunk = query_chunk(B, TQ, H, nsel, BT, score_buffer_bytes) if select else triton.cdiv(TQ, BT) * BT
-    # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, nsel]
-    scores = torch.empty(B * min(chunk, TQ) * H * nsel, dtype=torch.float32, device=q.device) if select else None
+    planes = geo["NSPILL"]
+    chunk = query_chunk(B, TQ, H, planes * nsel, BT, score_buffer_bytes) if select else triton.cdiv(TQ, BT) * BT
+    # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
+    scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
         H=H, G=G, GP=GP, BT=BT, BN=block_n,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
-        SCORE_DOT=_use_score_dot(geo, score_dot),
+        O_FIRST=o_first,
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo,
     )
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
-        sc = scores[: B * (t1 - t0) * H * nsel].view(B, t1 - t0, H, nsel) if select else q
+        sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
         compressed_fwd_kernel[(triton.cdiv(t1 - t0, BT), B * H)](
             q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
             TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch,
