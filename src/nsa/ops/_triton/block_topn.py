@@ -98,7 +98,8 @@ def block_topn(
     rows = B * TC * H
     if rows == 0:
         return
-    nsp = triton.next_power_of_2(nsel)
+    # the chunk's last query sees the most blocks: early chunks need narrower rows
+    nsp = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
     br = max(1, min(16, _KEYS_PER_PROGRAM // nsp))
     # ~32 keys per thread at most, however long the rows get
     num_warps = max(4, min(16, br * nsp // 1024))

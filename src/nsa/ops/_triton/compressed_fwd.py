@@ -235,7 +235,9 @@ def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) ->
     KC = config.cmp_block // config.cmp_stride
     RP = triton.next_power_of_2(R)
     NSPILL = (R + KC - 2) // R + 1  # block offsets a token's units can reach
-    NB = max(blocks_per_step or 16, triton.cdiv(16, RP))  # NB * RP >= 16 for tl.dot
+    # 32 blocks a step measured ~4% faster than 16 at 64k on an H200 and equal at 8k;
+    # NB * RP >= 16 for tl.dot
+    NB = max(blocks_per_step or 32, triton.cdiv(16, RP))
     return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=triton.next_power_of_2(NB))
 
 
