@@ -125,6 +125,8 @@ def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
         scores = torch.rand(1, 16384, H, 2, T // 64, device=DEV)
         block_idx = torch.empty(1, T, H, 16, dtype=torch.int32, device=DEV)
         row["top-n of 16k queries"] = ms(lambda: block_topn(scores, block_idx, T - 16384, T - 16384, 64, 1, 2))
+        row["top-n of 16k queries, 4 rows 4 warps"] = ms(lambda: block_topn(
+            scores, block_idx, T - 16384, T - 16384, 64, 1, 2, rows_per_program=4, num_warps=4))
         from nsa.ops.compressed.kernel import compressed_bwd
 
         o, lse, _ = compressed_fwd(qd, kd, vd, config, scale, 0)

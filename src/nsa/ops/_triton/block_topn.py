@@ -21,13 +21,16 @@ scores look like, and rows run in parallel.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 INF_BITS = tl.constexpr(0x7F800000)
-# a row held in registers: BR * NSP keys per program, spread over the warps
-_KEYS_PER_PROGRAM = 4096
+# keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
+# 31 counting rounds reduce with shuffles alone (no shared memory, no barriers)
+_KEYS_PER_THREAD = 64
 
 
 @triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
@@ -83,6 +86,9 @@ def block_topn(
     sel_block: int,
     init_blocks: int,
     local_blocks: int,
+    *,
+    rows_per_program: Optional[int] = None,
+    num_warps: Optional[int] = None,
 ) -> None:
     """Write ``block_idx[:, t0 : t0 + TC]`` from ``scores [B, TC, H, planes, nsel]``.
 
@@ -92,6 +98,7 @@ def block_topn(
         block_idx: int32 ``[B, TQ, H, n]``, written in place.
         t0: first query of the chunk (an index into ``block_idx``'s time axis).
         t_first: absolute position of query ``t0`` (``q_offset + t0``).
+        rows_per_program, num_warps: launch overrides (for tuning).
     """
     B, TC, H, planes, nsel = scores.shape
     TQ, n = block_idx.shape[1], block_idx.shape[3]
@@ -100,9 +107,9 @@ def block_topn(
         return
     # the chunk's last query sees the most blocks: early chunks need narrower rows
     nsp = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
-    br = max(1, min(16, _KEYS_PER_PROGRAM // nsp))
-    # ~32 keys per thread at most, however long the rows get
-    num_warps = max(4, min(16, br * nsp // 1024))
+    # one row per program; rows longer than a warp holds (past 2048 blocks) spread over warps
+    br = rows_per_program or 1
+    num_warps = num_warps or max(1, min(16, br * nsp // (32 * _KEYS_PER_THREAD)))
     block_topn_kernel[(triton.cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=triton.next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
