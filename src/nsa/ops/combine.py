@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from nsa.config import NSAConfig
-from nsa.ops import _guards
+from nsa.ops import _guards, varlen
 from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
 from nsa.ops.gates import combine_branches
@@ -62,6 +62,8 @@ def nsa_attention(
     q_offset: int = 0,
     backend: Optional[str] = None,
     return_block_idx: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    max_seqlen: Optional[int] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Native Sparse Attention: ``o = g_cmp*o_cmp + g_slc*o_slc + g_win*o_win``.
 
@@ -80,6 +82,12 @@ def nsa_attention(
         q_offset: position of the first query (see the ops).
         backend: passed to every op: ``None``/``"auto"``, ``"reference"`` or ``"triton"``.
         return_block_idx: also return the selected blocks.
+        cu_seqlens: packed variable-length batch: ``q``, ``k``, ``v``, ``gates`` (and
+            ``kv_win``) are ``[1, total, ...]`` holding sequences ``i`` at
+            ``cu_seqlens[i] : cu_seqlens[i + 1]``, each from position 0 (int32/int64
+            ``[N + 1]``, rising from 0 to ``total``); see :mod:`nsa.ops.varlen`.
+            Not with ``kv_cmp`` or a ``q_offset``.
+        max_seqlen: the longest sequence of the pack (read from ``cu_seqlens`` if not given).
 
     Returns:
         ``o [B, T, HQ, Dv]`` in q's dtype; with ``return_block_idx``, the pair
@@ -88,6 +96,10 @@ def nsa_attention(
     _guards.check_config(config)
     _guards.check_attention_inputs(q, k, v)
     _guards.check_gates(gates, q)
+    if cu_seqlens is not None:
+        return _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_block_idx, cu_seqlens, max_seqlen)
+    if max_seqlen is not None:
+        raise ValueError("max_seqlen is given without cu_seqlens; it only describes a packed batch")
     k_cmp, v_cmp = _check_pair("kv_cmp", kv_cmp, q, v) if kv_cmp is not None else (
         mean_compress(k, config, backend=backend),
         mean_compress(v, config, backend=backend),
@@ -98,3 +110,30 @@ def nsa_attention(
     o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
     o = combine_branches(gates, o_cmp, o_slc, o_win, backend=backend)
     return (o, block_idx) if return_block_idx else o
+
+
+def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_block_idx, cu_seqlens, max_seqlen):
+    """:func:`nsa_attention` of a packed batch, run padded (see :mod:`nsa.ops.varlen`)."""
+    if kv_cmp is not None:
+        raise ValueError("kv_cmp cannot be combined with cu_seqlens: compressed tokens are made per sequence "
+                         "inside nsa_attention; pass raw (k, v) instead")
+    if q_offset != 0:
+        raise ValueError(f"with cu_seqlens every sequence starts at position 0; q_offset must be 0, got {q_offset!r}")
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"with cu_seqlens k must be packed like q: {q.shape[1]} positions, got {k.shape[1]}")
+    if kv_win is not None:
+        _check_pair("kv_win", kv_win, q, v)
+        if kv_win[0].shape[1] != q.shape[1]:
+            raise ValueError(f"with cu_seqlens kv_win must be packed like q: {q.shape[1]} positions, got {kv_win[0].shape[1]}")
+    cu = varlen.check_cu_seqlens(cu_seqlens, q.shape[1], q.shape[0])
+    n, longest = cu.numel() - 1, varlen.max_length(cu, max_seqlen)
+    source, real_slots = varlen.pack_index(cu.to(q.device), longest)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        return varlen.pad(x, source, n, longest)
+
+    win = None if kv_win is None else (padded(kv_win[0]), padded(kv_win[1]))
+    o, block_idx = nsa_attention(padded(q), padded(k), padded(v), padded(gates), config, kv_win=win,
+                                 backend=backend, return_block_idx=True)
+    o = varlen.unpad(o, real_slots)
+    return (o, varlen.unpad(block_idx, real_slots)) if return_block_idx else o

@@ -1,0 +1,101 @@
+"""Packed variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` equals running each
+sequence alone from position 0, outputs, selected blocks and gradients; bad packs are refused
+with the argument named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa import NSAConfig
+from nsa.ops import nsa_attention
+
+CONFIG = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=16)
+HQ, H, D = 4, 2, 16
+
+
+def _packed_inputs(lengths, dtype, device):
+    total = sum(lengths)
+    q = torch.randn(1, total, HQ, D, dtype=dtype, device=device)
+    k = torch.randn(1, total, H, D, dtype=dtype, device=device)
+    v = torch.randn(1, total, H, D, dtype=dtype, device=device)
+    gates = torch.rand(1, total, HQ, 3, dtype=dtype, device=device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return [q, k, v, gates], cu
+
+
+def _grads(inputs, run):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    o, idx = run(*inputs)
+    do = torch.randn_like(o)
+    (o * do).sum().backward()
+    return o, idx, [x.grad for x in inputs], do
+
+
+def check_pack(lengths, backend, dtype, device, tol):
+    inputs, cu = _packed_inputs(lengths, dtype, device)
+    o, idx, grads, do = _grads(inputs, lambda *x: nsa_attention(*x, CONFIG, backend=backend, cu_seqlens=cu,
+                                                                return_block_idx=True))
+    assert o.shape == (1, sum(lengths), HQ, D) and idx.shape == (1, sum(lengths), H, CONFIG.sel_count)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if a == b:
+            continue
+        one = [x[:, a:b].detach().clone().requires_grad_() for x in inputs]
+        o_i, idx_i = nsa_attention(*one, CONFIG, backend=backend, return_block_idx=True)
+        (o_i * do[:, a:b]).sum().backward()
+        assert torch.equal(idx[:, a:b], idx_i), f"sequence {i}: blocks differ"
+        torch.testing.assert_close(o[:, a:b], o_i, rtol=tol, atol=tol)
+        for name, g, x in zip(("dq", "dk", "dv", "dgates"), grads, one):
+            torch.testing.assert_close(g[:, a:b], x.grad, rtol=tol, atol=tol, msg=lambda m: f"sequence {i} {name}: {m}")
+
+
+def test_packed_equals_each_sequence_reference():
+    """Empty sequences, one shorter than a compressed block, others past several selection blocks."""
+    check_pack([37, 0, 80, 5, 64], "reference", torch.float64, "cpu", 1e-12)
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+def test_packed_equals_each_sequence_triton(nsa_device):
+    """Through the Triton kernels (the interpreter on a CPU)."""
+    check_pack([40, 23], "triton", torch.float32, nsa_device, 2e-5)
+
+
+def test_packed_with_own_window_keys():
+    inputs, cu = _packed_inputs([30, 41], torch.float64, "cpu")
+    k_win, v_win = torch.randn_like(inputs[1]), torch.randn_like(inputs[2])
+    o = nsa_attention(*inputs, CONFIG, kv_win=(k_win, v_win), cu_seqlens=cu, max_seqlen=48, backend="reference")
+    o_1 = nsa_attention(*(x[:, 30:] for x in inputs), CONFIG, kv_win=(k_win[:, 30:], v_win[:, 30:]), backend="reference")
+    torch.testing.assert_close(o[:, 30:], o_1, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(cu_seqlens=[1, 5, 12]), ValueError, "cu_seqlens must rise from 0"),
+        (dict(cu_seqlens=[0, 7, 5, 12]), ValueError, "cu_seqlens must rise from 0"),
+        (dict(cu_seqlens=[0, 5, 11]), ValueError, "packed length 12"),
+        (dict(cu_seqlens=[0.0, 12.0]), TypeError, "cu_seqlens must be a 1-D int32/int64 tensor"),
+        (dict(max_seqlen=6), ValueError, r"max_seqlen must be an int >= the longest sequence \(7\)"),
+        (dict(q_offset=3), ValueError, "q_offset must be 0"),
+        (dict(batch=2), ValueError, "packed as \\[1, total"),
+        (dict(kv_cmp=True), ValueError, "kv_cmp cannot be combined with cu_seqlens"),
+        (dict(no_cu=True, max_seqlen=7), ValueError, "max_seqlen is given without cu_seqlens"),
+    ],
+    ids=["not-from-0", "decreasing", "wrong-total", "float", "max-too-small", "q-offset", "batch-2", "kv-cmp", "no-cu"],
+)
+def test_packed_errors(change, error, match):
+    inputs, _ = _packed_inputs([5, 7], torch.float64, "cpu")
+    if change.get("batch") == 2:
+        inputs = [torch.cat([x, x]) for x in inputs]
+    kwargs = {"cu_seqlens": torch.tensor(change.get("cu_seqlens", [0, 5, 12]))}
+    if change.get("no_cu"):
+        kwargs.pop("cu_seqlens")
+    if "max_seqlen" in change:
+        kwargs["max_seqlen"] = change["max_seqlen"]
+    if "q_offset" in change:
+        kwargs["q_offset"] = change["q_offset"]
+    if change.get("kv_cmp"):
+        kwargs["kv_cmp"] = (inputs[1][:, :2], inputs[2][:, :2])
+    with pytest.raises(error, match=match):
+        nsa_attention(*inputs, CONFIG, backend="reference", **kwargs)
