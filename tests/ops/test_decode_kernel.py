@@ -99,16 +99,22 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
 @pytest.mark.triton
 @pytest.mark.parity
 @pytest.mark.parametrize(
-    "config, splits, block_tile, token_tile",
+    "config, splits, block_tile, token_tile, extra",
     [
-        pytest.param(SMALL, (3, 2, 2), None, None, id="cmp3-win2-slc2"),
-        pytest.param(SMALL, (1, 1, 4), 4, 16, id="one-split-each-multi-tile-topn"),
-        pytest.param(MISALIGNED, (2, 1, 1), None, 16, id="tiles-off-block-boundaries"),
-        pytest.param(SPAN3, (3, 1, 2), 8, 16, id="cmp-block-spans-3-sel-blocks"),
+        pytest.param(SMALL, (3, 2, 2), None, None, {}, id="cmp3-win2-slc2"),
+        pytest.param(SMALL, (1, 1, 4), 4, 16, {}, id="one-split-each-multi-tile-topn"),
+        pytest.param(MISALIGNED, (2, 1, 1), None, 16, {}, id="tiles-off-block-boundaries"),
+        pytest.param(SPAN3, (3, 1, 2), 8, 16, {}, id="cmp-block-spans-3-sel-blocks"),
+        # the combine reads 2 of 9 splits at a time; score tiles of 2 blocks give 5 tiles of
+        # candidates (2 found, 2 padding slots each), and top-n scans them 8 at a time
+        pytest.param(SMALL, (4, 3, 2), 8, 16, {"combine_chunk": 2, "score_blocks": 2}, id="combine-chunks-score-tiles-of-2"),
+        pytest.param(TINY, (2, 1, 1), None, 16, {"score_blocks": 4}, id="candidates-from-many-tiles"),
+        pytest.param(TINY, (2, 1, 1), None, 16, {"score_blocks": 4, "top_n_by_rank": False}, id="top-n-by-rounds"),
     ],
 )
-def test_decode_launch_variants(config, splits, block_tile, token_tile, nsa_device, nsa_tolerance):
-    """Split counts, a top-n that scans several block tiles, small token tiles, odd geometry."""
+def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
+    """Split counts, a top-n that scans several candidate tiles, small token tiles, odd
+    geometry, a combine over several chunks of splits and many score tiles per row."""
     from nsa.ops.decode.kernel import decode_fwd
 
     T, HQ, H = 70, 4, 2
@@ -118,7 +124,7 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, nsa_devi
     ex = {name: t.expand(3, *t.shape[1:]) for name, t in kv.items()}
     o, idx = decode_fwd(
         q[0, lens.long() - 1, None], ex["k"], ex["v"], gates[0, lens.long() - 1, None], lens, ex["k_cmp"], ex["v_cmp"],
-        ex["k_win"], ex["v_win"], config, 16**-0.5, splits=splits, block_tile=block_tile, token_tile=token_tile,
+        ex["k_win"], ex["v_win"], config, 16**-0.5, splits=splits, block_tile=block_tile, token_tile=token_tile, **extra,
     )  # fmt: skip
     assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], nsa_tolerance(torch.float32))
     assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1])

@@ -12,22 +12,32 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
 2. ``decode_score_kernel``: grid ``(block tiles, rows * H)``. Merges the
    compressed splits into each head's log-sum-exp, turns the logits into
    probabilities, sums them over the group and maps them onto selection blocks
-   with the mass-conserving overlap weights (spec Eqs. 8-10).
+   with the mass-conserving overlap weights (spec Eqs. 8-10). Each program keeps
+   its tile's scores in registers and writes only the tile's ``n`` best block
+   keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
 3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``. Every program
-   finds the n-th largest block key (forced blocks first, ties to the lower
-   index: spec Eq. 11), attends over its share of the selected blocks, and the
-   first one writes ``block_idx``.
+   selects the candidates with fewer than ``n`` larger ones (forced blocks first,
+   ties to the lower index: spec Eq. 11; at 64k, 256 candidates instead of 1024
+   blocks; past 256 candidates, ``n`` rounds of maxima find the threshold instead),
+   attends over its share of the selected blocks, and the first one writes ``block_idx``.
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
-   branch and applies the gates.
+   branch, a chunk of splits at a time, and applies the gates.
+
+On Hopper and later, launches 2-4 use programmatic dependent launch (PDL): each
+starts while the one before it runs, does the work that needs nothing from it
+(positions, query, gates), then waits for it with ``gdc_wait``. Every program of
+every PDL launch waits, so a launch's end implies the end of all launches before it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
 
@@ -64,6 +74,19 @@ def _load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG:
 
 
 @triton.jit
+def _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """Keys ``[BC, BK]`` and values ``[BC, BV]`` of tokens ``[i0, i0 + BC)``, zero at and past ``hi``."""
+    o_t = i0 + tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_t = o_t < hi
+    b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+    b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+    return b_k, b_v
+
+
+@triton.jit
 def _attend_range(
     b_q, p_k, p_v, s_kt, s_vt, lo, hi,  #
     b_m, b_l, b_acc, qk_scale,  #
@@ -76,14 +99,16 @@ def _attend_range(
 
     ``b_m [BG]`` running max, ``b_l [BG]`` running sum, ``b_acc [BG, BV]``; with
     ``STORE_S`` the scaled logits of every token are written to ``p_s`` (head stride ``s_sg``).
+    Keys and values of a tile are requested together, before the math on either: the
+    compiler does not pipeline this loop (its loads go straight to registers), so this is
+    what overlaps the two round trips. (Requesting the next tile a whole iteration ahead
+    measured slower: it spills at 4 warps.)
     """
     o_g = tl.arange(0, BG)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
     for i0 in range(lo, hi, BC):
         o_t = i0 + tl.arange(0, BC)
         m_t = o_t < hi
-        b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)  # [BC, BK]
+        b_k, b_v = _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K, V, BK, BV, BC)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         if STORE_S:
@@ -93,7 +118,6 @@ def _attend_range(
         b_alpha = tl.exp2(b_m - b_mn)
         b_p = tl.exp2(b_s - b_mn[:, None])  # [BG, BC]
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)  # [BC, BV]
         b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
         b_m = b_mn
     return b_m, b_l, b_acc
@@ -123,8 +147,10 @@ def decode_cmp_win_fwd_kernel(
     qk_scale, NC_CAP, S_CMP, S_WIN, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
-    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr,
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     i_b, pos = _row_position(seq_lens, i_r, TQ)
@@ -156,18 +182,89 @@ def decode_cmp_win_fwd_kernel(
 
 
 @triton.jit
+def _pack_keys(b_sc, o_j, own, INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """Keys of blocks ``o_j`` with group scores ``b_sc`` (-1 past the query's own block)."""
+    forced = (o_j < INIT) | (o_j > own - LOCAL)
+    b_bits = tl.where(forced, INF_BITS, b_sc.to(tl.int32, bitcast=True)).to(tl.int64)
+    b_key = b_bits * KEY_SHIFT + (KEY_INDEX_MAX - o_j.to(tl.int64))
+    return tl.where(o_j <= own, b_key, -1)
+
+
+@triton.jit
+def _candidate_keys(p_cand, c0, n_cand, TJ: tl.constexpr):
+    """Candidate keys ``[c0, c0 + TJ)`` and their blocks (key -1 past ``n_cand`` or in an unused slot)."""
+    o_c = c0 + tl.arange(0, TJ)
+    b_key = tl.load(p_cand + o_c, mask=o_c < n_cand, other=-1)
+    return (b_key & KEY_INDEX_MAX) ^ KEY_INDEX_MAX, b_key  # the low half holds KEY_INDEX_MAX - block
+
+
+@triton.jit
+def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr):
+    """The smallest of the ``N`` largest candidate keys (0 when all visible blocks fit).
+
+    Keys are distinct, so the n-th largest is found by ``N`` rounds of "largest key
+    below the last one"; with ``ONE_TILE`` every key stays in registers."""
+    thr = tl.full([], 0, tl.int64)
+    if own + 1 > N:
+        thr = tl.full([], INT64_MAX, tl.int64)
+        # Distinct names for the rounds and the unused block indices: the compiler types a
+        # name reassigned inside a loop as loop-carried, and an int round counter cannot
+        # become an int64 tensor.
+        if ONE_TILE:
+            o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
+            for i_round in range(N):
+                thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
+        else:
+            for i_round in range(N):
+                best = tl.full([], -1, tl.int64)
+                for c0 in range(0, n_cand, TJ):
+                    o_unused, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
+                    best = tl.maximum(best, tl.max(tl.where(b_key < thr, b_key, -1), 0))
+                thr = best
+    return thr
+
+
+@triton.jit
+def _key_ranks(b_key, p_cand, n_cand, TJ: tl.constexpr, RC: tl.constexpr):
+    """How many of the ``n_cand`` candidate keys exceed each of ``b_key [TJ]``, comparing
+    ``RC`` at a time: one pass of independent compares instead of ``N`` dependent
+    max-reductions (each a block-wide barrier)."""
+    b_rank = tl.zeros([TJ], tl.int32)
+    for c0 in range(0, n_cand, RC):
+        o_c = c0 + tl.arange(0, RC)
+        b_other = tl.load(p_cand + o_c, mask=o_c < n_cand, other=-1)
+        b_rank += tl.sum((b_other[None, :] > b_key[:, None]).to(tl.int32), 1)
+    return b_rank
+
+
+@triton.jit
 def decode_score_kernel(
-    seq_lens, logits, m_part, l_part, scores,  #
-    NC_CAP, NBLK_CAP, S_CMP, S,  #
+    seq_lens, logits, m_part, l_part, cand,  #
+    NC_CAP, NCAND, S_CMP, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
-    BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+    N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Group scores of blocks ``[j0, j0 + BJ)``, kept in registers: the program writes
+    only its tile's ``N`` best keys (the candidates), in ascending block order, padded with -1.
+    The global top-n lies among the candidates of all tiles, and tile-major slots keep
+    the candidates of a row in ascending block order.
+
+    A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
+    defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
+    over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (that
+    matrix made this kernel compute-bound at batch 16)."""
+    if PDL:
+        gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     _, pos = _row_position(seq_lens, i_r, TQ)
+    own = pos // SEL_BLOCK
     j0 = i_j * BJ
-    if j0 <= pos // SEL_BLOCK:
+    if PDL:
+        gdc_wait()
+    if j0 <= own:
         nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
         o_g = tl.arange(0, BG)
         m_g = o_g < G
@@ -181,89 +278,71 @@ def decode_score_kernel(
         b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
         b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
         b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
-        # -- compressed tokens overlapping blocks [j0, j0 + BJ) --
-        i_lo = tl.maximum(j0 * SEL_BLOCK - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE
-        i_hi = tl.minimum(((j0 + BJ) * SEL_BLOCK - 1) // CMP_STRIDE + 1, nc)
+        # -- each block gathers the NCOVER compressed tokens that can overlap it: the
+        # first is the one whose [i*d, i*d + l) ends just past the block's start --
         o_j = j0 + tl.arange(0, BJ)
+        j_lo = o_j * SEL_BLOCK
+        i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
         b_score = tl.zeros([BJ], tl.float32)
-        for i0 in range(i_lo, i_hi, BT):
-            o_i = i0 + tl.arange(0, BT)
-            m_i = o_i < i_hi
-            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BT] group probability (Eq. 10)
+        for u in tl.static_range(NCOVER):
+            o_i = i_first + u
+            c_lo = o_i * CMP_STRIDE
             # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
-            c_lo = o_i[:, None] * CMP_STRIDE
-            j_lo = o_j[None, :] * SEL_BLOCK
-            b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)  # [BT, BJ]
-            b_w = tl.maximum(b_w, 0).to(tl.float32) / CMP_BLOCK
-            b_score += tl.sum(b_pg[:, None] * b_w, 0)
-        tl.store(scores + i_rh.to(tl.int64) * NBLK_CAP + o_j, b_score, mask=o_j <= pos // SEL_BLOCK)
-
-
-@triton.jit
-def _block_keys(p_sc, j0, own, INIT: tl.constexpr, LOCAL: tl.constexpr, TJ: tl.constexpr):
-    """Keys of blocks ``[j0, j0 + TJ)`` (-1 past the query's own block)."""
-    o_j = j0 + tl.arange(0, TJ)
-    m_j = o_j <= own
-    b_sc = tl.load(p_sc + o_j, mask=m_j, other=0.0)
-    forced = (o_j < INIT) | (o_j > own - LOCAL)
-    b_bits = tl.where(forced, INF_BITS, b_sc.to(tl.int32, bitcast=True)).to(tl.int64)
-    b_key = b_bits * KEY_SHIFT + (KEY_INDEX_MAX - o_j.to(tl.int64))
-    return o_j, tl.where(m_j, b_key, -1)
-
-
-@triton.jit
-def _top_n_threshold(p_sc, own, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr):
-    """The smallest of the ``N`` largest visible block keys (0 when all visible blocks fit).
-
-    Keys are distinct, so the n-th largest is found by ``N`` rounds of "largest key
-    below the last one"; with ``ONE_TILE`` every key stays in registers."""
-    thr = tl.full([], 0, tl.int64)
-    if own + 1 > N:
-        thr = tl.full([], INT64_MAX, tl.int64)
-        # Distinct names for the rounds and the unused block indices: the compiler types a
-        # name reassigned inside a loop as loop-carried, and an int round counter cannot
-        # become an int64 tensor.
-        if ONE_TILE:
-            o_unused, b_key = _block_keys(p_sc, 0, own, INIT, LOCAL, TJ)
-            for i_round in range(N):
-                thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
-        else:
-            for i_round in range(N):
-                best = tl.full([], -1, tl.int64)
-                for j0 in range(0, own + 1, TJ):
-                    o_unused, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
-                    best = tl.maximum(best, tl.max(tl.where(b_key < thr, b_key, -1), 0))
-                thr = best
-    return thr
+            b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
+            m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
+            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
+            b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
+        # -- this tile's candidates: keys with fewer than N larger keys in the tile --
+        b_key = _pack_keys(b_score, o_j, own, INIT, LOCAL)
+        b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
+        b_cand = (b_rank < N) & (b_key >= 0)
+        b_slot = tl.cumsum(b_cand.to(tl.int32), 0) - 1
+        p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * N
+        tl.store(p_c + b_slot, b_key, mask=b_cand)
+        o_n = tl.arange(0, NP)
+        n_found = tl.sum(b_cand.to(tl.int32), 0)
+        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=(o_n >= n_found) & (o_n < N))
 
 
 @triton.jit
 def decode_selected_fwd_kernel(
-    q, k, v, seq_lens, scores, block_idx,  #
+    q, k, v, seq_lens, cand, block_idx,  #
     o_part, m_part, l_part,  #
     s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
-    qk_scale, NBLK_CAP, SLOT0, S,  #
+    qk_scale, NCAND, SLOT0, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
-    SEL_BLOCK: tl.constexpr, N: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    NP: tl.constexpr, SB: tl.constexpr,  #
-    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,  #
-    PREC: tl.constexpr,
+    SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
+    TJ: tl.constexpr, ONE_TILE: tl.constexpr, RANK: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     i_b, pos = _row_position(seq_lens, i_r, TQ)
     own = pos // SEL_BLOCK
-    p_sc = scores + i_rh.to(tl.int64) * NBLK_CAP
-    thr = _top_n_threshold(p_sc, own, N, INIT, LOCAL, TJ, ONE_TILE)
+    b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    if PDL:
+        gdc_wait()
+    # -- top-n among the candidates of the score tiles that hold visible blocks --
+    p_cand = cand + i_rh.to(tl.int64) * NCAND
+    n_cand = (own // BJ + 1) * N
+    if RANK:  # selected: fewer than N larger candidates (all of them when N or fewer are valid)
+        thr = tl.full([], 0, tl.int64)
+    else:  # selected: at least the n-th largest key
+        thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE)
     # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
     o_sb = i_s * SB + tl.arange(0, SB)
     b_j = tl.full([SB], -1, tl.int64)
     p_idx = block_idx + i_rh.to(tl.int64) * N
     count = tl.full([], 0, tl.int32)
-    for j0 in range(0, own + 1, TJ):
-        o_j, b_key = _block_keys(p_sc, j0, own, INIT, LOCAL, TJ)
-        b_sel = b_key >= thr
+    for c0 in range(0, n_cand, TJ):
+        o_j, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
+        if RANK:
+            b_sel = (_key_ranks(b_key, p_cand, n_cand, TJ, RC) < N) & (b_key >= 0)
+        else:
+            b_sel = (b_key >= thr) & (b_key >= 0)
         b_rank = tl.cumsum(b_sel.to(tl.int32), 0) + count  # [TJ] 1-based among the selected
         b_hit = b_sel[None, :] & (b_rank[None, :] == o_sb[:, None] + 1)  # [SB, TJ]
         b_j = tl.maximum(b_j, tl.max(tl.where(b_hit, o_j[None, :], -1), 1))
@@ -274,7 +353,6 @@ def decode_selected_fwd_kernel(
     if i_s == 0:
         tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
     # -- attention over this program's blocks, positions <= pos --
-    b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)
@@ -290,35 +368,84 @@ def decode_selected_fwd_kernel(
 
 
 @triton.jit
+def _branch_norm(b_m, m_c):
+    """Max ``[HB]`` (0 when empty) of the slots ``m_c`` of one branch, log2 units."""
+    b_mx = tl.max(tl.where(m_c, b_m, float("-inf")), 1)
+    return tl.where(b_mx == float("-inf"), 0.0, b_mx)
+
+
+@triton.jit
+def _branch_scale(b_m, b_l, m_c, b_mx, b_g):
+    """``gate / sum`` ``[HB]`` of one branch: a branch with nothing visible (no compressed
+    token yet) has sum 0 and contributes 0."""
+    b_sum = tl.sum(tl.where(m_c, tl.exp2(b_m - b_mx[:, None]) * b_l, 0.0), 1)
+    return tl.where(b_sum > 0, b_g / tl.where(b_sum > 0, b_sum, 1.0), 0.0)
+
+
+@triton.jit
+def _load_acc_chunk(o_part, m_part, o_h, s0, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr):
+    """Slots ``[s0, s0 + BSX)`` of heads ``o_h``: max ``[HB, BSX]`` and acc ``[HB, BSX, BV]``."""
+    o_x = s0 + tl.arange(0, BSX)
+    o_v = tl.arange(0, BV)
+    m_x = o_x < S
+    p_x = o_h[:, None] * S + o_x[None, :]  # [HB, BSX]
+    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"))
+    b_acc = tl.load(o_part + p_x[:, :, None] * V + o_v[None, None, :], mask=m_x[None, :, None] & (o_v[None, None, :] < V), other=0.0)
+    return b_mx, b_acc
+
+
+@triton.jit
+def _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc, b_sc_cmp, b_sc_win, b_sc_slc, BSX: tl.constexpr):
+    """``sum_s gate * exp2(m_s - ref) / sum * acc_s`` over one chunk of slots ``[HB, BV]``,
+    each slot scaled by its branch's reference max and ``gate / sum``."""
+    o_x = s0 + tl.arange(0, BSX)
+    is_cmp = (o_x < S_CMP)[None, :]
+    is_win = ((o_x >= S_CMP) & (o_x < S_CMP + S_WIN))[None, :]
+    b_ref = tl.where(is_cmp, b_ref_cmp[:, None], tl.where(is_win, b_ref_win[:, None], b_ref_slc[:, None]))
+    b_scale = tl.where(is_cmp, b_sc_cmp[:, None], tl.where(is_win, b_sc_win[:, None], b_sc_slc[:, None]))
+    b_coef = tl.where((o_x < S)[None, :], tl.exp2(b_mx - b_ref) * b_scale, 0.0)  # [HB, BSX]
+    return tl.sum(b_coef[:, :, None] * b_acc, 1)
+
+
+@triton.jit
 def decode_combine_kernel(
     o_part, m_part, l_part, gates, o,  #
     S_CMP, S_WIN, S,  #
-    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
-    splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``."""
+    splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``.
+
+    Slots: compressed ``[0, S_CMP)``, window ``[S_CMP, S_CMP + S_WIN)``, selected after;
+    gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
+    the ``acc`` rows are read ``BSX`` slots at a time, so the tile stays small at any
+    split count. The first chunk is loaded with the ``(max, sum)``, not after them:
+    usually it is the only one, and the kernel then waits on memory once."""
     o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
-    o_s = tl.arange(0, BS)
     o_v = tl.arange(0, BV)
+    b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
+    b_g_slc = tl.load(gates + o_h * 3 + 1).to(tl.float32)
+    b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
+    if PDL:
+        gdc_wait()
+    o_s = tl.arange(0, BS)
     m_s = o_s < S
-    p_ml = o_h[:, None] * S + o_s[None, :]  # [HB, BS]
-    b_m = tl.load(m_part + p_ml, mask=m_s[None, :], other=float("-inf"))
-    b_l = tl.load(l_part + p_ml, mask=m_s[None, :], other=0.0)
-    # slots: compressed [0, S_CMP), window [S_CMP, S_CMP + S_WIN), selected after; gates (cmp, slc, win)
-    branch = tl.where(o_s < S_CMP, 0, tl.where(o_s < S_CMP + S_WIN, 2, 1))  # [BS]
-    b_g = tl.load(gates + o_h[:, None] * 3 + branch[None, :], mask=m_s[None, :], other=0.0).to(tl.float32)
-    b_coef = tl.zeros([HB, BS], tl.float32)
-    for c in tl.static_range(3):
-        m_c = m_s[None, :] & (branch[None, :] == c)
-        b_mx = tl.max(tl.where(m_c, b_m, float("-inf")), 1)
-        b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-        b_w = tl.where(m_c, tl.exp2(b_m - b_mx[:, None]), 0.0)
-        b_sum = tl.sum(b_w * b_l, 1)[:, None]
-        # a branch with nothing visible (no compressed token yet) contributes 0
-        b_coef += tl.where(b_sum > 0, b_w / tl.where(b_sum > 0, b_sum, 1.0), 0.0)
-    p_acc = o_part + (o_h[:, None, None] * S + o_s[None, :, None]) * V + o_v[None, None, :]
-    b_acc = tl.load(p_acc, mask=m_s[None, :, None] & (o_v[None, None, :] < V), other=0.0)  # [HB, BS, BV]
-    b_o = tl.sum((b_coef * b_g)[:, :, None] * b_acc, 1)  # [HB, BV]
+    b_m = tl.load(m_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=float("-inf"))  # [HB, BS]
+    b_l = tl.load(l_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=0.0)
+    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, 0, S, V, BSX, BV)
+    m_cmp = (o_s < S_CMP)[None, :]
+    m_win = ((o_s >= S_CMP) & (o_s < S_CMP + S_WIN))[None, :]
+    m_slc = ((o_s >= S_CMP + S_WIN) & m_s)[None, :]
+    b_ref_cmp, b_ref_win, b_ref_slc = _branch_norm(b_m, m_cmp), _branch_norm(b_m, m_win), _branch_norm(b_m, m_slc)
+    b_sc_cmp = _branch_scale(b_m, b_l, m_cmp, b_ref_cmp, b_g_cmp)
+    b_sc_win = _branch_scale(b_m, b_l, m_win, b_ref_win, b_g_win)
+    b_sc_slc = _branch_scale(b_m, b_l, m_slc, b_ref_slc, b_g_slc)
+    b_o = _gated_chunk(b_mx0, b_acc0, 0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
+                       b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
+    for s0 in range(BSX, S, BSX):
+        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, S, V, BSX, BV)
+        b_o += _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
+                            b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
 
 
@@ -334,14 +461,21 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     """``(compressed splits, window splits, selected blocks per program)``.
 
     The compressed branch is the bulk of the bytes: split it into about four programs
-    per SM whatever the batch, never under ~128 tokens a split. The window takes
-    ~128-token splits; each selected program takes one block at small batch and
-    several once the batch alone fills the GPU."""
+    per SM whatever the batch, never under ~256 tokens a split (at batch 1, 64k, 16
+    splits of 256 measured 3 us faster than 32 of 128: fewer partials to merge). The
+    window takes ~128-token splits; each selected program takes one block at small
+    batch and several once the batch alone fills the GPU."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), triton.cdiv(nc_cap, 128)))
+    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), triton.cdiv(nc_cap, 256)))
     s_win = max(1, triton.cdiv(config.window, 128))
     per_program = 1 if rows_groups * config.sel_count <= 4 * sms else 4
     return s_cmp, s_win, per_program
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_supported(index: int) -> bool:
+    """Programmatic dependent launch needs Hopper (compute capability 9.0) or later."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def decode_fwd(
@@ -361,12 +495,23 @@ def decode_fwd(
     block_tile: Optional[int] = None,
     token_tile: Optional[int] = None,
     num_warps: int = 4,
+    cmp_warps: Optional[int] = None,
+    cmp_stages: Optional[int] = None,
+    combine_chunk: int = 64,
+    score_blocks: int = 64,
+    top_n_by_rank: bool = True,
+    pdl: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
     Overrides of the automatic choices (for tests and tuning): ``splits = (compressed,
-    window, selected blocks per program)``, ``block_tile`` (blocks scanned at once by
-    top-n), ``token_tile`` (tokens per attention tile), ``num_warps`` of the attention kernels.
+    window, selected blocks per program)``, ``block_tile`` (candidates scanned at once by
+    top-n), ``token_tile`` (tokens per attention tile), ``num_warps`` of the attention
+    kernels (``cmp_warps`` and ``cmp_stages`` of the compressed/window one alone), ``combine_chunk`` (splits
+    the combine reads at once), ``score_blocks`` (selection blocks per scoring program),
+    ``top_n_by_rank`` (top-n by counting larger candidates, up to 256 of them, rather than
+    by ``n`` rounds of maxima), ``pdl`` (programmatic dependent launch; default: on
+    from Hopper on).
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -381,15 +526,19 @@ def decode_fwd(
     BG, BK, BV = _pow2(G), _pow2(K), _pow2(V)
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    on_gpu = q.device.type == "cuda"
+    if pdl is None:
+        pdl = on_gpu and _pdl_supported(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
+    after = dict(launch_pdl=True) if pdl else {}
     f32 = dict(device=q.device, dtype=torch.float32)
     logits = torch.empty(rows * HQ, nc_cap, **f32)
-    scores = torch.empty(rows * H, nblk_cap, **f32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
     block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
     o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
     qk_scale = scale * LOG2E
-    common = dict(TQ=TQ, H=H, G=G, BG=BG)
-    attend = dict(K=K, V=V, BK=BK, BV=BV, BC=BC, PREC=PREC, num_warps=num_warps)
+    common = dict(TQ=TQ, H=H, G=G, BG=BG, PDL=pdl)
+    attend = dict(K=K, V=V, BK=BK, BV=BV, BC=BC, PREC=PREC)
     decode_cmp_win_fwd_kernel[(s_cmp + s_win, rows * H)](
         q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
         logits, o_part, m_part, l_part,  #
@@ -397,30 +546,36 @@ def decode_fwd(
         k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, nc_cap, s_cmp, s_win, S,  #
-        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, **attend, **common,
+        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window,
+        num_warps=cmp_warps or num_warps, **({"num_stages": cmp_stages} if cmp_stages else {}), **attend, **common,
     )  # fmt: skip
-    BJ = 64
+    BJ = _pow2(score_blocks, 2)
+    n_cand = triton.cdiv(nblk_cap, BJ) * n  # n candidate slots per score tile
+    cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
     decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
-        seq_lens, logits, m_part, l_part, scores,  #
-        nc_cap, nblk_cap, s_cmp, S,  #
+        seq_lens, logits, m_part, l_part, cand,  #
+        nc_cap, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
-        BSC=_pow2(s_cmp, 2), BJ=BJ, BT=64, **common,
+        N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
+        BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
+        **common, **after,
     )  # fmt: skip
-    tj = block_tile or min(1024, _pow2(nblk_cap))
+    tj = block_tile or min(1024, _pow2(n_cand))
     decode_selected_fwd_kernel[(s_slc, rows * H)](
-        q, k, v, seq_lens, scores, block_idx,  #
+        q, k, v, seq_lens, cand, block_idx,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
-        qk_scale, nblk_cap, s_cmp + s_win, S,  #
-        SEL_BLOCK=config.sel_block, N=n, INIT=config.init_blocks, LOCAL=config.local_blocks, NP=_pow2(n, 2), SB=sb,
-        TJ=tj, ONE_TILE=nblk_cap <= tj, **attend, **common,
+        qk_scale, n_cand, s_cmp + s_win, S,  #
+        SEL_BLOCK=config.sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
+        RANK=top_n_by_rank and n_cand <= min(tj, 256), RC=16,
+        num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     # one head per program fills the GPU; the interpreter prefers fewer, larger programs
-    hb = 1 if q.device.type == "cuda" else G
+    hb = 1 if on_gpu else G
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
-        V=V, HB=hb, BS=_pow2(S, 2), BV=_pow2(V, 2),
+        V=V, HB=hb, BS=_pow2(S, 2), BSX=min(_pow2(combine_chunk, 2), _pow2(S, 2)), BV=_pow2(V, 2), PDL=pdl, **after,
     )  # fmt: skip
     return o, block_idx
 
