@@ -2,16 +2,19 @@
 
 For each context S and batch B (bf16, HQ=64, H=4, D=128, paper defaults, one layer):
 
-* correctness (B = 1 and a B = 2 batch of different lengths): the Triton decode of the
-  query at position S - 1 against the reference prefill ops at ``q_offset = S - 1`` in
-  float32 (relative error, fraction of identical selected blocks);
-* timing: ``nsa_decode`` (selection included) captured in a CUDA graph, against dense
+* correctness (B = 1, and B = 16 of different lengths): the Triton decode of the query
+  at position S - 1 against the reference prefill ops at ``q_offset = S - 1`` in float32
+  (relative error, fraction of identical selected blocks), and with programmatic
+  dependent launch on against off (must be bitwise equal);
+* timing: ``nsa_decode`` (selection included) captured in a CUDA graph, with and without
+  programmatic dependent launch, against dense
   ``scaled_dot_product_attention(q, K, V, enable_gqa=True)`` over the whole cache,
   also captured (the fastest SDPA backend that runs), both as ``triton.testing.do_bench``
   medians of graph replays with the L2 cache flushed before each;
 * tokens read per step from the real selected blocks vs the spec's expected count.
 
-Usage: ``python scripts/gpu_decode.py [--contexts 8192 65536] [--batches 1 16] [--out decode.md]``.
+Usage: ``python scripts/gpu_decode.py [--contexts 8192 65536] [--check-contexts 8192] [--batches 1 16]
+[--variants [8192 65536]] [--out decode.md]``.
 Prints a markdown report (device, versions, date, tables) and writes it to ``--out``.
 """
 
@@ -37,10 +40,10 @@ from nsa.testing import rel_error
 HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
-# launch overrides timed with --variants at the longest context: {small batch?: [...]}
+# launch overrides timed with --variants: {batch 1?: [...]}
 VARIANTS = {
-    True: [{"splits": (16, 4, 1)}, {"splits": (64, 4, 1)}, {"splits": (32, 2, 2)}, {"num_warps": 8}, {"token_tile": 32}],
-    False: [{"splits": (4, 4, 4)}, {"splits": (18, 4, 4)}, {"splits": (9, 2, 2)}, {"num_warps": 8}, {"token_tile": 32}],
+    True: [{"top_n_by_rank": False}, {"score_blocks": 32}, {"splits": (32, 4, 1)}, {"combine_chunk": 32}],
+    False: [{"top_n_by_rank": False}, {"score_blocks": 32}, {"splits": (9, 4, 2)}, {"combine_chunk": 32}],
 }
 
 
@@ -65,8 +68,28 @@ def run_nsa(t: Dict[str, torch.Tensor], backend: str = "triton", **launch):
 
 def check(t: Dict[str, torch.Tensor]) -> Dict[str, float]:
     o, idx = run_nsa(t)
+    o_plain, idx_plain = run_nsa(t, pdl=False)
     ref_o, ref_idx = run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
-    return {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx}
+    return {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
+            "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain))}
+
+
+def pdl_or_fallback() -> str:
+    """Run one small default (PDL) step; if this Triton/driver cannot, turn PDL off for the run."""
+    import nsa.ops.decode.kernel as decode_kernel
+
+    try:
+        run_nsa(make_inputs(1, 4096))
+        torch.cuda.synchronize()
+        return "on"
+    except Exception as err:  # noqa: BLE001 - any launch failure means: measure without PDL
+        decode_kernel._pdl_supported = lambda index: False
+        return f"off (failed: {type(err).__name__}: {str(err).splitlines()[0][:120]})"
+
+
+def unequal_lengths(S: int, B: int) -> List[int]:
+    """``B`` lengths from S down to about S/3, none on a stride or block multiple but the first."""
+    return [S] + [S - (i * (2 * S // 3)) // B - 3 * i for i in range(1, B)]
 
 
 def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
@@ -107,26 +130,42 @@ def dense_us(B: int, S: int) -> Dict[str, float]:
 
 
 def kernel_breakdown(t: Dict[str, torch.Tensor]) -> str:
-    """CUDA time of each decode kernel (eager launches, profiler averages)."""
+    """CUDA time of each decode kernel (eager launches, profiler averages), without PDL: with
+    it a kernel's time would include its wait for the one before."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
-        run_nsa(t)
+        run_nsa(t, pdl=False)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
-            run_nsa(t)
+            run_nsa(t, pdl=False)
         torch.cuda.synchronize()
     rows = [e for e in prof.key_averages() if "decode" in e.key]
     names = [e.key.replace("decode_", "").replace("_kernel", "") for e in rows]
     return ", ".join(f"{n} {getattr(e, 'device_time', None) or e.cuda_time:.1f}us" for n, e in zip(names, rows))
 
 
+def time_row(t: Dict[str, torch.Tensor], S: int, B: int, reads: Dict[int, tuple]) -> str:
+    nsa = time_us(lambda: run_nsa(t))
+    plain = time_us(lambda: run_nsa(t, pdl=False))
+    dense = dense_us(B, S)
+    best = min(dense, key=dense.get)
+    if S not in reads:  # tokens read by the step at position S - 1, from its real blocks
+        r = count_reads(run_nsa(t)[1][:1], S - 1, CONFIG).last_step()
+        reads[S] = (r["total"], CONFIG.decode_reads(S))
+    got, want = reads[S]
+    return (f"| {S} | {B} | {nsa:.1f} | {plain:.1f} | {dense[best]:.1f} ({best}) | {dense[best] / nsa:.2f}x | "
+            f"{got:.0f} / {want} | {kernel_breakdown(t)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--variants", action="store_true", help="also time launch variants at the longest context")
+    parser.add_argument("--check-contexts", type=int, nargs="+", default=None, help="contexts checked (default: all)")
+    parser.add_argument("--variants", type=int, nargs="*", default=None,
+                        help="also time launch variants at these contexts (none given: the longest)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -141,42 +180,39 @@ def main() -> None:
         "",
         "## Correctness (bf16 Triton decode vs float32 reference prefill at q_offset = S - 1)",
         "",
-        "| context | batch (lengths) | rel. error | selected blocks equal |",
-        "|---|---|---|---|",
+        "| context | batch (lengths) | rel. error | selected blocks equal | PDL on == off (bitwise) |",
+        "|---|---|---|---|---|",
     ]
+    lines.insert(4, f"Programmatic dependent launch: {pdl_or_fallback()}.")
     reads = {}
-    for S in args.contexts:
-        for lens in ([S], [S, S * 5 // 8 + 3]):
+    for S in args.check_contexts or args.contexts:
+        for lens in ([S], unequal_lengths(S, 16)):
             res = check(make_inputs(len(lens), S, lens))
-            lines.append(f"| {S} | {len(lens)} ({', '.join(map(str, lens))}) | {res['rel_err']:.2e} | {100 * res['blocks_equal']:.2f}% |")
-            if len(lens) == 1:
-                r = count_reads(res["idx"], S - 1, CONFIG).last_step()
-                reads[S] = (r["total"], CONFIG.decode_reads(S))
+            shown = ", ".join(map(str, lens)) if len(lens) < 4 else f"{lens[0]}, {lens[1]}, ..., {lens[-1]}"
+            lines.append(f"| {S} | {len(lens)} ({shown}) | {res['rel_err']:.2e} | {100 * res['blocks_equal']:.2f}% | {res['pdl_same']} |")
             print(lines[-1], flush=True)
     lines += ["", "## Time per decode step", "",
-              "| context | B | NSA us | dense us (backend) | dense / NSA | tokens read (real blocks / spec) | kernels (eager, CUDA time) |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| context | B | NSA us | NSA us, no PDL | dense us (backend) | dense / NSA | tokens read (real blocks / spec) | kernels (eager, CUDA time) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for S in args.contexts:
         for B in args.batches:
             t = make_inputs(B, S)
-            nsa = time_us(lambda: run_nsa(t))
-            dense = dense_us(B, S)
-            best = min(dense, key=dense.get)
-            got, want = reads[S]
-            lines.append(f"| {S} | {B} | {nsa:.1f} | {dense[best]:.1f} ({best}) | {dense[best] / nsa:.2f}x | "
-                         f"{got:.0f} / {want} | {kernel_breakdown(t)} |")  # fmt: skip
+            try:
+                lines.append(time_row(t, S, B, reads))
+            except RuntimeError as err:  # a failing point is reported; the others still run
+                lines.append(f"| {S} | {B} | failed: {type(err).__name__}: {str(err).splitlines()[0][:100]} |")
             print(lines[-1], flush=True)
             del t
             torch.cuda.empty_cache()
-    if args.variants:
-        lines += ["", f"Launch variants at context {max(args.contexts)} (NSA us):", ""]
+    for S in args.variants or ([max(args.contexts)] if args.variants is not None else []):
+        lines += ["", f"Launch variants at context {S} (NSA us):", ""]
         for B in args.batches:
-            t = make_inputs(B, max(args.contexts))
+            t = make_inputs(B, S)
             for launch in VARIANTS[B == 1]:
                 try:
                     lines.append(f"- B={B} {launch}: {time_us(lambda: run_nsa(t, **launch)):.1f}")
-                except OutOfResources as err:  # a variant that does not fit is reported, not fatal
-                    lines.append(f"- B={B} {launch}: does not fit ({str(err)[:60]})")
+                except (OutOfResources, RuntimeError) as err:  # a variant that fails is reported, not fatal
+                    lines.append(f"- B={B} {launch}: failed ({type(err).__name__}: {str(err)[:80]})")
                 print(lines[-1], flush=True)
             del t
             torch.cuda.empty_cache()
