@@ -42,8 +42,8 @@ CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants: {batch 1?: [...]}
 VARIANTS = {
-    True: [{"top_n_by_rank": False}, {"score_blocks": 32}, {"splits": (32, 4, 1)}, {"combine_chunk": 32}],
-    False: [{"top_n_by_rank": False}, {"score_blocks": 32}, {"splits": (9, 4, 2)}, {"combine_chunk": 32}],
+    True: [{"score_blocks": 64}, {"splits": (32, 4, 1)}, {"combine_chunk": 32}, {"pdl": False}],
+    False: [{"score_blocks": 64}, {"splits": (9, 4, 2)}, {"combine_chunk": 32}, {"pdl": False}],
 }
 
 

@@ -109,7 +109,6 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         # candidates (2 found, 2 padding slots each), and top-n scans them 8 at a time
         pytest.param(SMALL, (4, 3, 2), 8, 16, {"combine_chunk": 2, "score_blocks": 2}, id="combine-chunks-score-tiles-of-2"),
         pytest.param(TINY, (2, 1, 1), None, 16, {"score_blocks": 4}, id="candidates-from-many-tiles"),
-        pytest.param(TINY, (2, 1, 1), None, 16, {"score_blocks": 4, "top_n_by_rank": False}, id="top-n-by-rounds"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
