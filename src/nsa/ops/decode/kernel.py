@@ -241,8 +241,8 @@ def decode_score_kernel(
 
     A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
     defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
-    over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (that
-    matrix made this kernel compute-bound at batch 16)."""
+    over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (with that
+    matrix this kernel took 32.5 us at batch 16, 64k on an H200; 20.3 us without)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
