@@ -5,25 +5,27 @@ one KV head (``M = BT * GP`` rows, heads padded to ``GP``), so every compressed
 key tile it loads serves the whole group. Up to two passes over the visible
 compressed tokens:
 
-1. online softmax: ``lse`` per row, and ``o`` too when no scores are asked;
+1. online softmax: ``lse`` and ``o`` per row (``o`` comes from pass 2 instead
+   when ``O_FIRST`` is off);
 2. only with ``SELECT``: recompute ``p = exp2(s - lse)`` (exact probabilities
-   over the visible past), add ``p @ v`` into ``o`` when ``STORE_O``, sum ``p``
-   over the heads of the group, map compressed tokens onto selection blocks
-   (mass-conserving overlap of the spec) and store the group's block scores.
-   ``[T, Nc]`` never reaches memory; the ``[T, H, Nsel]`` scores (4x smaller at
-   the paper's defaults) are written for a bounded chunk of queries at a time
-   and turned into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
+   over the visible past), sum ``p`` over the heads of the group, map the
+   compressed tokens onto selection blocks (the spec's mass-conserving overlap)
+   and store the block masses. ``[T, Nc]`` never reaches memory: the masses,
+   ``[T, H, planes, Nsel]`` (half the size of ``[T, Nc]`` at the paper's
+   defaults), are written for a bounded chunk of queries at a time and turned
+   into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
 
-Pass 2 walks selection blocks in chunks of ``NB``: the chunk covers the
-compressed tokens whose first raw position lies in those blocks, laid out as
-``[NB, RP]`` (``R = sel_block / cmp_stride`` tokens per block, padded to a power
-of two). A token's mass also spills into the following block(s); that spill is
-shifted in registers and what falls past the chunk is carried to the next one.
+Pass 2 walks selection blocks in steps of ``NB``: a step covers the compressed
+tokens whose first raw position lies in those blocks, laid out as ``[NB, RP]``
+(``R = sel_block / cmp_stride`` tokens per block, padded to a power of two). A
+token may straddle a block boundary; the mass it puts ``s`` blocks further goes
+to plane ``s``, indexed by the token's own block, and the top-n kernel adds the
+planes with the shift. Nothing is carried from one step to the next.
 
-Selection used to keep a running top-n in registers, merged chunk by chunk; that
+Selection used to keep a running top-n in registers, merged step by step; that
 merge was a data-dependent serial loop and cost more than the attention itself
-at 64k tokens (docs/perf/compressed_select.md). Storing scores and ranking them
-in a separate, fully parallel kernel is cheaper.
+at 64k tokens (docs/perf/compressed_select.md). Storing the masses and ranking
+them in a separate, fully parallel kernel is cheaper.
 """
 
 from __future__ import annotations
