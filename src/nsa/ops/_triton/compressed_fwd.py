@@ -11,8 +11,8 @@ compressed tokens:
    over the visible past), sum ``p`` over the heads of the group, map the
    compressed tokens onto selection blocks (the spec's mass-conserving overlap)
    and store the block masses. ``[T, Nc]`` never reaches memory: the masses,
-   ``[T, H, planes, Nsel]`` (half the size of ``[T, Nc]`` at the paper's
-   defaults), are written for a bounded chunk of queries at a time and turned
+   ``[T, H, planes, Nsel]`` (half the size of the group scores ``[T, H, Nc]``
+   at the paper's defaults), are written for a bounded chunk of queries at a time and turned
    into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
 
 Pass 2 walks selection blocks in steps of ``NB``: a step covers the compressed
