@@ -41,9 +41,13 @@ HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants: {batch 1?: [...]}
+_DESC = [{"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32}, {"cmp_desc": True, "cmp_tile": 32, "cmp_stages": 4},
+         {"cmp_desc": True, "cmp_stages": 2}, {"cmp_desc": True, "win_desc": True}, {"score_contig": True},
+         {"cmp_desc": True, "score_contig": True}, {"cmp_desc": True, "cmp_tile": 32, "score_contig": True},
+         {"cmp_desc": True, "win_desc": True, "cmp_tile": 32, "score_contig": True}]
 VARIANTS = {
-    True: [{"score_blocks": 64}, {"splits": (32, 4, 1)}, {"combine_chunk": 32}, {"pdl": False}],
-    False: [{"score_blocks": 64}, {"splits": (9, 4, 2)}, {"combine_chunk": 32}, {"pdl": False}],
+    True: _DESC + [{"cmp_desc": True, "splits": (8, 4, 1)}, {"cmp_desc": True, "splits": (32, 4, 1)}],
+    False: _DESC + [{"cmp_desc": True, "cmp_tile": 32, "splits": (16, 4, 4)}, {"cmp_desc": True, "cmp_tile": 32, "splits": (6, 4, 4)}],
 }
 
 
@@ -66,12 +70,21 @@ def run_nsa(t: Dict[str, torch.Tensor], backend: str = "triton", **launch):
     return nsa_decode(*args[:5], CONFIG, kv_cmp=args[5:7], kv_win=args[7:], backend=backend, return_block_idx=True)
 
 
-def check(t: Dict[str, torch.Tensor]) -> Dict[str, float]:
+def check(t: Dict[str, torch.Tensor], variants: List[dict] = ()) -> Dict[str, float]:
+    """Default launch against the float32 reference and PDL on against off; each of
+    ``variants`` against the same reference (``variants``: {name: (rel_err, blocks_equal)})."""
     o, idx = run_nsa(t)
     o_plain, idx_plain = run_nsa(t, pdl=False)
     ref_o, ref_idx = run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
-    return {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
-            "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain))}
+    res = {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
+           "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain)), "variants": {}}
+    for launch in variants:
+        try:
+            o_v, idx_v = run_nsa(t, **launch)
+            res["variants"][str(launch)] = f"{rel_error(o_v, ref_o):.2e}, {100 * float((idx_v == ref_idx).float().mean()):.2f}%"
+        except Exception as err:  # noqa: BLE001 - a variant that fails is reported, not fatal
+            res["variants"][str(launch)] = f"failed ({type(err).__name__}: {str(err)[:100]})"
+    return res
 
 
 def pdl_or_fallback() -> str:
@@ -129,17 +142,18 @@ def dense_us(B: int, S: int) -> Dict[str, float]:
     return out
 
 
-def kernel_breakdown(t: Dict[str, torch.Tensor]) -> str:
+def kernel_breakdown(t: Dict[str, torch.Tensor], **launch) -> str:
     """CUDA time of each decode kernel (eager launches, profiler averages), without PDL: with
     it a kernel's time would include its wait for the one before."""
     from torch.profiler import ProfilerActivity, profile
 
+    launch = dict(launch, pdl=False)
     for _ in range(3):
-        run_nsa(t, pdl=False)
+        run_nsa(t, **launch)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
-            run_nsa(t, pdl=False)
+            run_nsa(t, **launch)
         torch.cuda.synchronize()
     rows = [e for e in prof.key_averages() if "decode" in e.key]
     names = [e.key.replace("decode_", "").replace("_kernel", "") for e in rows]
@@ -166,6 +180,7 @@ def main() -> None:
     parser.add_argument("--check-contexts", type=int, nargs="+", default=None, help="contexts checked (default: all)")
     parser.add_argument("--variants", type=int, nargs="*", default=None,
                         help="also time launch variants at these contexts (none given: the longest)")
+    parser.add_argument("--check-variants", action="store_true", help="check every launch variant against the reference too")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -187,10 +202,11 @@ def main() -> None:
     reads = {}
     for S in args.check_contexts or args.contexts:
         for lens in ([S], unequal_lengths(S, 16)):
-            res = check(make_inputs(len(lens), S, lens))
+            res = check(make_inputs(len(lens), S, lens), VARIANTS[len(lens) == 1] if args.check_variants else ())
             shown = ", ".join(map(str, lens)) if len(lens) < 4 else f"{lens[0]}, {lens[1]}, ..., {lens[-1]}"
             lines.append(f"| {S} | {len(lens)} ({shown}) | {res['rel_err']:.2e} | {100 * res['blocks_equal']:.2f}% | {res['pdl_same']} |")
-            print(lines[-1], flush=True)
+            lines += [f"|   | variant {name} | {got} | | |" for name, got in res["variants"].items()]
+            print("\n".join(lines[-1 - len(res["variants"]):]), flush=True)
     lines += ["", "## Time per decode step", "",
               "| context | B | NSA us | NSA us, no PDL | dense us (backend) | dense / NSA | tokens read (real blocks / spec) | kernels (eager, CUDA time) |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -210,7 +226,8 @@ def main() -> None:
             t = make_inputs(B, S)
             for launch in VARIANTS[B == 1]:
                 try:
-                    lines.append(f"- B={B} {launch}: {time_us(lambda: run_nsa(t, **launch)):.1f}")
+                    us = time_us(lambda: run_nsa(t, **launch))
+                    lines.append(f"- B={B} {launch}: {us:.1f} ({kernel_breakdown(t, **launch)})")
                 except (OutOfResources, RuntimeError) as err:  # a variant that fails is reported, not fatal
                     lines.append(f"- B={B} {launch}: failed ({type(err).__name__}: {str(err)[:80]})")
                 print(lines[-1], flush=True)

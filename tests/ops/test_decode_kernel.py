@@ -109,6 +109,15 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         # candidates (2 found, 2 padding slots each), and top-n scans them 8 at a time
         pytest.param(SMALL, (4, 3, 2), 8, 16, {"combine_chunk": 2, "score_blocks": 2}, id="combine-chunks-score-tiles-of-2"),
         pytest.param(TINY, (2, 1, 1), None, 16, {"score_blocks": 4}, id="candidates-from-many-tiles"),
+        # whole compressed tiles through tensor descriptors, the last partial one through
+        # masked loads; 8-token tiles so that rows have both
+        pytest.param(SMALL, (2, 1, 2), None, None, {"cmp_desc": True, "cmp_tile": 8}, id="cmp-tensor-descriptors"),
+        pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"cmp_desc": True, "win_desc": True, "cmp_tile": 4}, id="cmp-win-descriptors"),
+        # contiguous scoring reads, with several score tiles per row (and the SPAN3 geometry,
+        # where l/d = 3 reaches two tokens back)
+        pytest.param(SMALL, (3, 1, 2), None, None, {"score_contig": True, "score_blocks": 2}, id="score-contiguous"),
+        pytest.param(SPAN3, (2, 1, 2), 8, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-span3"),
+        pytest.param(TINY, (2, 1, 1), None, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-many-tiles"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
 
@@ -125,6 +126,36 @@ def _attend_range(
 
 
 @triton.jit
+def _attend_full_tiles_desc(
+    b_q, d_k, d_v, i_b, i_h, lo, hi,  #
+    b_m, b_l, b_acc, qk_scale, p_s, s_sg,  #
+    G: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
+    STORE_S: tl.constexpr, PREC: tl.constexpr,
+):
+    """:func:`_attend_range` over the whole tiles ``[lo, hi)`` (``hi - lo`` a multiple of
+    ``BC``), keys and values read through the tensor descriptors ``d_k``/``d_v`` of a
+    ``[B, T, H, D]`` cache: bulk copies into shared memory that the compiler can issue
+    stages ahead, instead of loads into registers that this loop cannot pipeline. Every
+    tile is whole, so nothing is masked."""
+    o_g = tl.arange(0, BG)
+    i_b, i_h = i_b.to(tl.int32), i_h.to(tl.int32)  # descriptor offsets are 32-bit
+    for i0 in range(lo.to(tl.int32), hi.to(tl.int32), BC):
+        o_t = i0 + tl.arange(0, BC)
+        b_k = d_k.load([i_b, i0, i_h, 0]).reshape(BC, BK)
+        b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
+        if STORE_S:
+            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G))
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_alpha = tl.exp2(b_m - b_mn)
+        b_p = tl.exp2(b_s - b_mn[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
+        b_m = b_mn
+    return b_m, b_l, b_acc
+
+
+@triton.jit
 def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, S, b_m, b_l, b_acc,  #
                    HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr):
     """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads."""
@@ -140,7 +171,7 @@ def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, S, b_m, b_l, b_acc,  
 
 @triton.jit
 def decode_cmp_win_fwd_kernel(
-    q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
+    q, k_cmp, v_cmp, k_win, v_win, seq_lens, k_cmp_ptr, v_cmp_ptr, k_win_ptr, v_win_ptr,  #
     logits, o_part, m_part, l_part,  #
     s_qr, s_qh,  #
     s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
@@ -149,7 +180,12 @@ def decode_cmp_win_fwd_kernel(
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr,
 ):
+    """With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
+    and the whole tiles of a compressed split go through them; the masked last tile, if
+    any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
+    for the window."""
     if PDL:
         gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
@@ -165,9 +201,17 @@ def decode_cmp_win_fwd_kernel(
         chunk = tl.cdiv(tl.cdiv(nc, S_CMP), BC) * BC
         lo = i_s * chunk
         hi = tl.minimum(lo + chunk, nc)
-        p_k = k_cmp + i_b * s_kcb + i_h * s_kch
-        p_v = v_cmp + i_b * s_vcb + i_h * s_vch
         p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * NC_CAP
+        if CMP_DESC:
+            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
+            b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_cmp, v_cmp, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
+                                                      p_s, NC_CAP, G, BG, BK, BV, BC, True, PREC)  # fmt: skip
+            lo = whole
+            p_k = k_cmp_ptr + i_b * s_kcb + i_h * s_kch
+            p_v = v_cmp_ptr + i_b * s_vcb + i_h * s_vch
+        else:
+            p_k = k_cmp + i_b * s_kcb + i_h * s_kch
+            p_v = v_cmp + i_b * s_vcb + i_h * s_vch
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
                                         G, K, V, BG, BK, BV, BC, True, PREC)  # fmt: skip
     else:
@@ -175,8 +219,16 @@ def decode_cmp_win_fwd_kernel(
         w_chunk = (WINDOW + S_WIN - 1) // S_WIN
         lo = tl.maximum(pos + 1 - WINDOW, 0) + (i_s - S_CMP) * w_chunk
         hi = tl.minimum(lo + w_chunk, pos + 1)
-        p_k = k_win + i_b * s_kwb + i_h * s_kwh
-        p_v = v_win + i_b * s_vwb + i_h * s_vwh
+        if WIN_DESC:
+            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
+            b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
+                                                      logits, 0, G, BG, BK, BV, BC, False, PREC)  # fmt: skip
+            lo = whole
+            p_k = k_win_ptr + i_b * s_kwb + i_h * s_kwh
+            p_v = v_win_ptr + i_b * s_vwb + i_h * s_vwh
+        else:
+            p_k = k_win + i_b * s_kwb + i_h * s_kwh
+            p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
                                         G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
@@ -233,6 +285,7 @@ def decode_score_kernel(
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
+    CONTIG: tl.constexpr, R: tl.constexpr,
 ):
     """Group scores of blocks ``[j0, j0 + BJ)``, kept in registers: the program writes
     only its tile's ``N`` best keys (the candidates), in ascending block order, padded with -1.
@@ -242,7 +295,9 @@ def decode_score_kernel(
     A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
     defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
     over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (with that
-    matrix this kernel took 32.5 us at batch 16, 64k on an H200; 20.3 us without)."""
+    matrix this kernel took 32.5 us at batch 16, 64k on an H200; 20.3 us without).
+    With ``CONTIG`` (``d`` divides ``l`` and ``l'``, ``R = l'/d`` a power of two) the
+    gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -270,17 +325,37 @@ def decode_score_kernel(
         # first is the one whose [i*d, i*d + l) ends just past the block's start --
         o_j = j0 + tl.arange(0, BJ)
         j_lo = o_j * SEL_BLOCK
-        i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
         b_score = tl.zeros([BJ], tl.float32)
-        for u in tl.static_range(NCOVER):
-            o_i = i_first + u
-            c_lo = o_i * CMP_STRIDE
-            # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
-            b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
-            m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
-            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
-            b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
+        if CONTIG:
+            # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
+            # tile's one contiguous range [j0*R, (j0 + BJ)*R), read once and folded [BJ, R]
+            # with weights min(l, (R - r)*d)/l; the C - 1 tokens j*R - u before it (C = l/d)
+            # reach into the block by min(l - u*d, l') and are gathered, one load each.
+            o_c = j0 * R + tl.arange(0, BJ * R)
+            m_c = (o_c < nc) & (o_c // R <= own)
+            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"))
+            b_pc = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ*R] group probability (Eq. 10)
+            o_r = tl.arange(0, R)
+            b_wr = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK  # [R]
+            b_score = tl.sum(tl.reshape(b_pc, (BJ, R)) * b_wr[None, :], 1)
+            for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
+                o_i = o_j * R - u
+                m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
+                b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+                b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
+                b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
+                b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
+        else:
+            i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
+            for u in tl.static_range(NCOVER):
+                o_i = i_first + u
+                c_lo = o_i * CMP_STRIDE
+                # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
+                b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
+                m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
+                b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+                b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
+                b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
         # -- this tile's candidates: keys with fewer than N larger keys in the tile --
         b_key = _pack_keys(b_score, o_j, own, INIT, LOCAL)
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
@@ -439,6 +514,21 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if a bulk-copy descriptor can describe it (16-byte aligned base and
+    non-zero strides that are multiples of 16 bytes), else a contiguous copy."""
+    unit = 16 // t.element_size()
+    if t.data_ptr() % 16 == 0 and all(s > 0 and s % unit == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def _token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDescriptor:
+    """Descriptor of a ``[B, T, H, D]`` cache whose block is ``tokens`` tokens of one head,
+    ``width >= D`` wide (the copy fills the columns past ``D`` with zeros)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, tokens, 1, width])
+
+
 def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
     """``(compressed splits, window splits, selected blocks per program)``.
 
@@ -481,6 +571,11 @@ def decode_fwd(
     combine_chunk: int = 64,
     score_blocks: int = 32,
     pdl: Optional[bool] = None,
+    score_contig: bool = False,
+    cmp_desc: bool = False,
+    win_desc: bool = False,
+    cmp_tile: Optional[int] = None,
+    cmp_stages: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -490,7 +585,10 @@ def decode_fwd(
     kernels (``cmp_warps`` of the compressed/window one alone), ``combine_chunk`` (splits
     the combine reads at once), ``score_blocks`` (selection blocks per scoring program;
     32 measured 2 us faster than 64 at batch 1, 64k), ``pdl`` (programmatic dependent
-    launch; default: on from Hopper on).
+    launch; default: on from Hopper on), ``score_contig`` (scoring reads each tile's
+    tokens as one contiguous range where the geometry allows), ``cmp_desc`` (compressed keys/values through
+    tensor descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile and pipeline
+    stages of the compressed/window kernel alone).
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -518,17 +616,29 @@ def decode_fwd(
     qk_scale = scale * LOG2E
     common = dict(TQ=TQ, H=H, G=G, BG=BG, PDL=pdl)
     attend = dict(K=K, V=V, BK=BK, BV=BV, BC=BC, PREC=PREC)
+    cmp_attend = dict(attend, BC=cmp_tile or BC)
+    k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg = k_cmp, v_cmp, k_win, v_win
+    if cmp_desc:
+        k_cmp, v_cmp = _descriptor_ready(k_cmp), _descriptor_ready(v_cmp)
+        k_cmp_arg, v_cmp_arg = _token_tile_descriptor(k_cmp, cmp_attend["BC"], BK), _token_tile_descriptor(v_cmp, cmp_attend["BC"], BV)
+    if win_desc:
+        k_win, v_win = _descriptor_ready(k_win), _descriptor_ready(v_win)
+        k_win_arg, v_win_arg = _token_tile_descriptor(k_win, cmp_attend["BC"], BK), _token_tile_descriptor(v_win, cmp_attend["BC"], BV)
+    stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     decode_cmp_win_fwd_kernel[(s_cmp + s_win, rows * H)](
-        q, k_cmp, v_cmp, k_win, v_win, seq_lens,  #
+        q, k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg, seq_lens, k_cmp, v_cmp, k_win, v_win,  #
         logits, o_part, m_part, l_part,  #
         q.stride(0), q.stride(1),  #
         k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, nc_cap, s_cmp, s_win, S,  #
-        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window,
-        num_warps=cmp_warps or num_warps, **attend, **common,
+        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
+        num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
     )  # fmt: skip
     BJ = _pow2(score_blocks, 2)
+    tokens_per_block = config.sel_block // config.cmp_stride
+    contig_ok = (config.sel_block % config.cmp_stride == 0 and config.cmp_block % config.cmp_stride == 0
+                 and tokens_per_block == triton.next_power_of_2(tokens_per_block))  # fmt: skip
     n_cand = triton.cdiv(nblk_cap, BJ) * n  # n candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
     decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
@@ -537,6 +647,7 @@ def decode_fwd(
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
+        CONTIG=score_contig and contig_ok, R=config.sel_block // config.cmp_stride if contig_ok else 1,
         **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
