@@ -40,14 +40,11 @@ from nsa.testing import rel_error
 HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
-# launch overrides timed with --variants: {batch 1?: [...]}
-_DESC = [{"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32}, {"cmp_desc": True, "cmp_tile": 32, "cmp_stages": 4},
-         {"cmp_desc": True, "cmp_stages": 2}, {"cmp_desc": True, "win_desc": True}, {"score_contig": True},
-         {"cmp_desc": True, "score_contig": True}, {"cmp_desc": True, "cmp_tile": 32, "score_contig": True},
-         {"cmp_desc": True, "win_desc": True, "cmp_tile": 32, "score_contig": True}]
+# launch overrides timed with --variants (each default turned back): {batch 1?: [...]}
 VARIANTS = {
-    True: _DESC + [{"cmp_desc": True, "splits": (8, 4, 1)}, {"cmp_desc": True, "splits": (32, 4, 1)}],
-    False: _DESC + [{"cmp_desc": True, "cmp_tile": 32, "splits": (16, 4, 4)}, {"cmp_desc": True, "cmp_tile": 32, "splits": (6, 4, 4)}],
+    True: [{"score_contig": False}, {"pdl": False}, {"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32}],
+    False: [{"score_contig": False}, {"pdl": True}, {"cmp_desc": False}, {"cmp_desc": True, "cmp_tile": 64},
+            {"cmp_desc": True, "cmp_tile": 32, "win_desc": True}],
 }
 
 

@@ -24,10 +24,13 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
    branch, a chunk of splits at a time, and applies the gates.
 
-On Hopper and later, launches 2-4 use programmatic dependent launch (PDL): each
-starts while the one before it runs, does the work that needs nothing from it
-(positions, query, gates), then waits for it with ``gdc_wait``. Every program of
-every PDL launch waits, so a launch's end implies the end of all launches before it.
+On Hopper and later, while the batch does not fill the GPU, launches 2-4 use
+programmatic dependent launch (PDL): each starts while the one before it runs, does
+the work that needs nothing from it (positions, query, gates), then waits for it with
+``gdc_wait``. Every program of every PDL launch waits, so a launch's end implies the end
+of all launches before it. Once the batch fills the GPU, PDL is off and launch 1 reads
+the compressed keys and values through tensor descriptors: bulk copies into shared
+memory that the compiler issues stages ahead (see :func:`decode_fwd` for the timings).
 """
 
 from __future__ import annotations
@@ -537,11 +540,28 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     splits of 256 measured 3 us faster than 32 of 128: fewer partials to merge). The
     window takes ~128-token splits; each selected program takes one block at small
     batch and several once the batch alone fills the GPU."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    sms = _sm_count(device)
     s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), triton.cdiv(nc_cap, 256)))
     s_win = max(1, triton.cdiv(config.window, 128))
-    per_program = 1 if rows_groups * config.sel_count <= 4 * sms else 4
+    per_program = 4 if _batch_fills_gpu(rows_groups, config, device) else 1
     return s_cmp, s_win, per_program
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+
+
+def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) -> bool:
+    """Whether one selected block per (row, group) program is more than four programs per
+    SM: the batch alone then keeps the GPU busy, and the launch choices switch from hiding
+    latency to moving bytes (batch 16 at the defaults is past it, batch 1 is not)."""
+    return rows_groups * config.sel_count > 4 * _sm_count(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _bulk_copy_supported(index: int) -> bool:
+    """Tensor-descriptor (TMA) bulk copies need Hopper (compute capability 9.0) or later."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -571,8 +591,8 @@ def decode_fwd(
     combine_chunk: int = 64,
     score_blocks: int = 32,
     pdl: Optional[bool] = None,
-    score_contig: bool = False,
-    cmp_desc: bool = False,
+    score_contig: bool = True,
+    cmp_desc: Optional[bool] = None,
     win_desc: bool = False,
     cmp_tile: Optional[int] = None,
     cmp_stages: Optional[int] = None,
@@ -585,10 +605,19 @@ def decode_fwd(
     kernels (``cmp_warps`` of the compressed/window one alone), ``combine_chunk`` (splits
     the combine reads at once), ``score_blocks`` (selection blocks per scoring program;
     32 measured 2 us faster than 64 at batch 1, 64k), ``pdl`` (programmatic dependent
-    launch; default: on from Hopper on), ``score_contig`` (scoring reads each tile's
-    tokens as one contiguous range where the geometry allows), ``cmp_desc`` (compressed keys/values through
-    tensor descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile and pipeline
-    stages of the compressed/window kernel alone).
+    launch), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
+    where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
+    descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile and
+    pipeline stages of the compressed/window kernel alone).
+
+    Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
+    does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
+    compressed pass (descriptors: 26.1 us with contiguous scoring, against 25.4). Once it
+    does (batch 16), PDL off (108.2 against 118.5 us: programs that start early and wait
+    hold SM slots the running launch needs), and compressed tiles of 32 tokens through
+    descriptors (the kernel 49.0 against 54.4 us; 101.1 against 105.2 us for the step,
+    with PDL on). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
+    against 118.5 at batch 16.
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -604,8 +633,13 @@ def decode_fwd(
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     on_gpu = q.device.type == "cuda"
+    index = q.device.index if q.device.index is not None else (torch.cuda.current_device() if on_gpu else 0)
+    fills = _batch_fills_gpu(rows * H, config, q.device)
     if pdl is None:
-        pdl = on_gpu and _pdl_supported(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        pdl = on_gpu and _pdl_supported(index) and not fills
+    if cmp_desc is None:
+        cmp_desc = on_gpu and _bulk_copy_supported(index) and fills
+        cmp_tile = cmp_tile or (32 if cmp_desc else None)
     # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
     after = dict(launch_pdl=True) if pdl else {}
     f32 = dict(device=q.device, dtype=torch.float32)
