@@ -42,7 +42,8 @@ CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants (each default turned back): {batch 1?: [...]}
 VARIANTS = {
-    True: [{"score_contig": False}, {"pdl": False}, {"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32}],
+    True: [{"score_contig": False}, {"pdl": False}, {"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32},
+           {"score_blocks": 64}, {"score_blocks": 16}],
     False: [{"score_contig": False}, {"pdl": True}, {"cmp_desc": False}, {"cmp_desc": True, "cmp_tile": 64},
             {"cmp_desc": True, "cmp_tile": 32, "win_desc": True}],
 }
