@@ -131,13 +131,14 @@ def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
 
         o, lse, _ = compressed_fwd(qd, kd, vd, config, scale, 0)
         do = torch.randn_like(o)
-        for rows, bn, warps, stages in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 64, 8, 2)):
+        # dK/dV tiles alone (dq keeps the default): (rows, block_n, warps, stages)
+        for dkdv in ((64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 2),
+                     (64, 64, 4, 3), (128, 32, 4, 2)):
             try:
-                row[f"cmp bwd rows={rows} bn={bn} w={warps} s={stages}"] = ms(lambda: compressed_bwd(
-                    qd, kd, vd, o, lse, do, None, config, scale, 0, rows=rows, block_n=bn, num_warps=warps,
-                    num_stages=stages))
+                row["cmp bwd dkdv=" + "/".join(map(str, dkdv))] = ms(lambda: compressed_bwd(
+                    qd, kd, vd, o, lse, do, None, config, scale, 0, dkdv=dkdv))
             except Exception as err:  # noqa: BLE001
-                print(f"bwd variant {rows}/{bn}/{warps}/{stages}: {type(err).__name__}: {err}", file=sys.stderr)
+                print(f"dkdv variant {dkdv}: {type(err).__name__}: {err}", file=sys.stderr)
     return row
 
 

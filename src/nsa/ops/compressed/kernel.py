@@ -187,8 +187,13 @@ def compressed_bwd(
     block_n: int = 64,
     num_warps: Optional[int] = None,
     num_stages: int = 2,
+    dkdv: Optional[Tuple[int, int, int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous."""
+    """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
+
+    ``rows``/``block_n``/``num_warps``/``num_stages`` set both kernels' tiles; ``dkdv =
+    (rows, block_n, num_warps, num_stages)`` overrides them for the dK/dV kernel alone.
+    """
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
@@ -207,6 +212,9 @@ def compressed_bwd(
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
     if B * NC * H:
+        if dkdv is not None:
+            kv_rows, block_n, kv_warps, kv_stages = dkdv
+            common.update(BT=max(1, kv_rows // GP), BN=block_n, num_warps=kv_warps, num_stages=kv_stages)
         n_tiles = triton.cdiv(NC, block_n)
         split = _dkdv_splits(q.device, n_tiles * B * H)
         if split > 1:
