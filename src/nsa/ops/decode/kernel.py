@@ -300,7 +300,8 @@ def decode_score_kernel(
     over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (with that
     matrix this kernel took 32.5 us at batch 16, 64k on an H200; 20.3 us without).
     With ``CONTIG`` (``d`` divides ``l`` and ``l'``, ``R = l'/d`` a power of two) the
-    gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens."""
+    gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
+    (10.3 against 15.1 us at batch 16, 64k, H200)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
