@@ -40,12 +40,18 @@ from nsa.testing import rel_error
 HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
-# launch overrides timed with --variants (each default turned back): {batch 1?: [...]}
+# launch overrides timed with --variants (each default turned back, and candidates): {batch 1?: [...]},
+# and those of one context alone: {(batch 1?, context): [...]}; (9, 4, k) are the default
+# compressed and window splits at B = 16, 64k on 132 SMs, (16, 4, k) at B = 1, 64k
 VARIANTS = {
-    True: [{"score_contig": False}, {"pdl": False}, {"cmp_desc": True}, {"cmp_desc": True, "cmp_tile": 32},
-           {"score_blocks": 64}, {"score_blocks": 16}],
-    False: [{"score_contig": False}, {"pdl": True}, {"cmp_desc": False}, {"cmp_desc": True, "cmp_tile": 64},
-            {"cmp_desc": True, "cmp_tile": 32, "win_desc": True}],
+    True: [{"topn_per_round": 1}, {"topn_per_round": 8}, {"sel_desc": True, "splits": (16, 4, 2)},
+           {"sel_desc": True, "splits": (16, 4, 4)}, {"token_tile": 32, "cmp_tile": 64}],
+    False: [{"sel_desc": False, "topn_per_round": 1}, {"topn_per_round": 8}, {"score_blocks": 64},
+            {"cmp_warps": 8}, {"combine_heads": 2}, {"combine_heads": 4}],
+}
+CONTEXT_VARIANTS = {
+    (True, 8192): [{"splits": (4, 4, 1)}, {"splits": (8, 4, 1)}],
+    (False, 8192): [{"splits": (8, 4, 4)}],
 }
 
 
@@ -200,7 +206,9 @@ def main() -> None:
     reads = {}
     for S in args.check_contexts or args.contexts:
         for lens in ([S], unequal_lengths(S, 16)):
-            res = check(make_inputs(len(lens), S, lens), VARIANTS[len(lens) == 1] if args.check_variants else ())
+            one = len(lens) == 1
+            res = check(make_inputs(len(lens), S, lens),
+                        VARIANTS[one] + CONTEXT_VARIANTS.get((one, S), []) if args.check_variants else ())  # fmt: skip
             shown = ", ".join(map(str, lens)) if len(lens) < 4 else f"{lens[0]}, {lens[1]}, ..., {lens[-1]}"
             lines.append(f"| {S} | {len(lens)} ({shown}) | {res['rel_err']:.2e} | {100 * res['blocks_equal']:.2f}% | {res['pdl_same']} |")
             lines += [f"|   | variant {name} | {got} | | |" for name, got in res["variants"].items()]
@@ -222,7 +230,7 @@ def main() -> None:
         lines += ["", f"Launch variants at context {S} (NSA us):", ""]
         for B in args.batches:
             t = make_inputs(B, S)
-            for launch in VARIANTS[B == 1]:
+            for launch in VARIANTS[B == 1] + CONTEXT_VARIANTS.get((B == 1, S), []):
                 try:
                     us = time_us(lambda: run_nsa(t, **launch))
                     lines.append(f"- B={B} {launch}: {us:.1f} ({kernel_breakdown(t, **launch)})")

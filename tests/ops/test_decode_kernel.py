@@ -47,9 +47,10 @@ def _prefill(q, gates, kv, config):
     )  # fmt: skip
 
 
-def _every_step(q, gates, kv, config, tokens=1, **kwargs):
+def _every_step(q, gates, kv, config, tokens=1, launch=None, **kwargs):
     """Decode of positions ``tokens-1 .. T-1`` as rows ``t`` with ``seq_lens = t + 1``: ``tokens``
-    new queries per row (the last ones of the prefix), caches expanded and NaN past each length."""
+    new queries per row (the last ones of the prefix), caches expanded and NaN past each length.
+    With ``launch``, the Triton kernels run directly with those launch overrides."""
     T = q.shape[1]
     rows = T - tokens + 1
     lens = torch.arange(tokens, T + 1, device=q.device, dtype=torch.int32)
@@ -62,6 +63,11 @@ def _every_step(q, gates, kv, config, tokens=1, **kwargs):
     n_cmp = torch.tensor([config.num_cmp(int(n)) for n in lens], device=q.device)
     c = {name: cache(t, n_cmp if "cmp" in name else lens) for name, t in kv.items() if "raw" not in name}
     pick = torch.arange(tokens, device=q.device)[None, :] + torch.arange(rows, device=q.device)[:, None]  # [rows, tokens]
+    if launch is not None:
+        from nsa.ops.decode.kernel import decode_fwd
+
+        return decode_fwd(q[0, pick], c["k"], c["v"], gates[0, pick], lens, c["k_cmp"], c["v_cmp"], c["k_win"], c["v_win"],
+                          config, config.softmax_scale(q.shape[-1]), **launch)  # fmt: skip
     return nsa_decode(
         q[0, pick], c["k"], c["v"], gates[0, pick], lens, config, kv_cmp=(c["k_cmp"], c["v_cmp"]),
         kv_win=(c["k_win"], c["v_win"]), return_block_idx=True, **kwargs,
@@ -93,6 +99,7 @@ def test_decode_every_step_equals_prefill(T, HQ, H, DK, DV, config, tokens, nsa_
 # score tiles of 16 compressed tokens that do not start on a block boundary (16*4 % 12 != 0),
 # and compressed blocks that span three selection blocks
 MISALIGNED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=12, sel_count=3, window=10)
+EIGHT = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, sel_count=8, window=8)  # n = 8 of up to 18 blocks
 SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blocks=0, local_blocks=1, window=10)
 
 
@@ -118,6 +125,13 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (3, 1, 2), None, None, {"score_contig": True, "score_blocks": 2}, id="score-contiguous"),
         pytest.param(SPAN3, (2, 1, 2), 8, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-span3"),
         pytest.param(TINY, (2, 1, 1), None, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-many-tiles"),
+        # selected blocks through tensor descriptors, 2 and 1 blocks a program; top-n
+        # rounds of 2 and 4 keys (SMALL picks 4 blocks), and of 4 falling back to 1 (n = 3)
+        pytest.param(SMALL, (2, 1, 2), None, None, {"sel_desc": True}, id="sel-tensor-descriptors"),
+        pytest.param(WIDE, (1, 1, 1), None, 16, {"sel_desc": True, "topn_per_round": 4}, id="sel-descriptors-topn4-n3"),
+        pytest.param(SMALL, (1, 1, 1), None, 16, {"topn_per_round": 2, "score_blocks": 2}, id="topn-rounds-of-2"),
+        pytest.param(SMALL, (1, 1, 4), None, 16, {"topn_per_round": 4, "score_blocks": 2}, id="topn-rounds-of-4"),
+        pytest.param(EIGHT, (1, 1, 2), None, 16, {"topn_per_round": 8, "score_blocks": 8}, id="topn-rounds-of-8"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
@@ -136,6 +150,29 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
     )  # fmt: skip
     assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], nsa_tolerance(torch.float32))
     assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1])
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "config, launch",
+    [
+        # the query's own block reaches past the length (NaN there) and is read from
+        # seq_len - l' on; rows shorter than one block take the plain loads
+        pytest.param(SMALL, {"sel_desc": True, "splits": (2, 1, 2)}, id="sel-descriptors-small"),
+        pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 2)}, id="sel-descriptors-wide"),
+        pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
+        pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
+    ],
+)
+def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):
+    """Every step of a sequence, caches NaN past each length, under launch overrides."""
+    T, HQ, H = 45, 4, 2
+    q, gates, kv = _sequence(T, HQ, H, 16, 32, config, nsa_device)
+    ref_o, ref_idx = _prefill(q, gates, kv, config)
+    o, idx = _every_step(q, gates, kv, config, launch=launch)
+    assert_close("o", o[:, 0], ref_o[0], nsa_tolerance(q.dtype))
+    assert torch.equal(idx[:, 0], ref_idx[0]), "decode selected other blocks than the prefill"
 
 
 def _batch_of_sequences(lens, HQ, H, D, config, device, dtype):

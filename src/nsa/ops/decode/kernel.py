@@ -18,9 +18,10 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
 3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``. Every program
    finds the n-th largest key among the candidates (forced blocks first, ties to
    the lower index: spec Eq. 11), attends over its share of the selected blocks,
-   and the first one writes ``block_idx``. (Counting, for each candidate, the larger
-   ones instead of ``n`` rounds of maxima measured slower on an H200: 34 us against
-   29 us at batch 1, 64k.)
+   and the first one writes ``block_idx``. The n-th largest comes from ``n / 4``
+   rounds that each reduce to the 4 largest keys below the last round's smallest.
+   (Counting, for each candidate, the larger ones instead of rounds of maxima measured
+   slower on an H200: 34 us against 29 us at batch 1, 64k.)
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
    branch, a chunk of splits at a time, and applies the gates.
 
@@ -28,9 +29,10 @@ On Hopper and later, while the batch does not fill the GPU, launches 2-4 use
 programmatic dependent launch (PDL): each starts while the one before it runs, does
 the work that needs nothing from it (positions, query, gates), then waits for it with
 ``gdc_wait``. Every program of every PDL launch waits, so a launch's end implies the end
-of all launches before it. Once the batch fills the GPU, PDL is off and launch 1 reads
-the compressed keys and values through tensor descriptors: bulk copies into shared
-memory that the compiler issues stages ahead (see :func:`decode_fwd` for the timings).
+of all launches before it. Once the batch fills the GPU, PDL is off, and launches 1 and
+3 read the compressed keys and values and the selected blocks through tensor
+descriptors: bulk copies into shared memory that the compiler issues stages ahead (see
+:func:`decode_fwd` for the timings).
 """
 
 from __future__ import annotations
@@ -255,11 +257,62 @@ def _candidate_keys(p_cand, c0, n_cand, TJ: tl.constexpr):
 
 
 @triton.jit
-def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr):
+def _cmpx(a, b):
+    """Compare-exchange: ``(larger, smaller)``."""
+    return tl.maximum(a, b), tl.minimum(a, b)
+
+
+@triton.jit
+def _top2_merge(a1, a2, b1, b2):
+    """The 2 largest of two descending pairs, descending."""
+    c1, c2 = _cmpx(a1, b2)
+    d1, d2 = _cmpx(a2, b1)
+    e1, e2 = _cmpx(c1, d1)
+    return e1, e2
+
+
+@triton.jit
+def _top4_merge(a1, a2, a3, a4, b1, b2, b3, b4):
+    """The 4 largest of two descending quadruples, descending: the pairwise maxima of
+    ``a`` and reversed ``b`` are those 4 (a bitonic sequence), sorted by two exchange stages."""
+    c1, c2, c3, c4 = tl.maximum(a1, b4), tl.maximum(a2, b3), tl.maximum(a3, b2), tl.maximum(a4, b1)
+    c1, c3 = _cmpx(c1, c3)
+    c2, c4 = _cmpx(c2, c4)
+    c1, c2 = _cmpx(c1, c2)
+    c3, c4 = _cmpx(c3, c4)
+    return c1, c2, c3, c4
+
+
+@triton.jit
+def _top8_merge(a1, a2, a3, a4, a5, a6, a7, a8, b1, b2, b3, b4, b5, b6, b7, b8):
+    """The 8 largest of two descending octuples, descending (as :func:`_top4_merge`,
+    three exchange stages)."""
+    c1, c2, c3, c4 = tl.maximum(a1, b8), tl.maximum(a2, b7), tl.maximum(a3, b6), tl.maximum(a4, b5)
+    c5, c6, c7, c8 = tl.maximum(a5, b4), tl.maximum(a6, b3), tl.maximum(a7, b2), tl.maximum(a8, b1)
+    c1, c5 = _cmpx(c1, c5)
+    c2, c6 = _cmpx(c2, c6)
+    c3, c7 = _cmpx(c3, c7)
+    c4, c8 = _cmpx(c4, c8)
+    c1, c3 = _cmpx(c1, c3)
+    c2, c4 = _cmpx(c2, c4)
+    c5, c7 = _cmpx(c5, c7)
+    c6, c8 = _cmpx(c6, c8)
+    c1, c2 = _cmpx(c1, c2)
+    c3, c4 = _cmpx(c3, c4)
+    c5, c6 = _cmpx(c5, c6)
+    c7, c8 = _cmpx(c7, c8)
+    return c1, c2, c3, c4, c5, c6, c7, c8
+
+
+@triton.jit
+def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,
+                     PER_ROUND: tl.constexpr):
     """The smallest of the ``N`` largest candidate keys (0 when all visible blocks fit).
 
-    Keys are distinct, so the n-th largest is found by ``N`` rounds of "largest key
-    below the last one"; with ``ONE_TILE`` every key stays in registers."""
+    Keys are distinct, so the n-th largest is found by rounds of "largest keys below the
+    last one"; with ``ONE_TILE`` every key stays in registers, and each round can take the
+    ``PER_ROUND`` (1, 2, 4 or 8, dividing ``N``) largest at once in one tuple reduction: the
+    rounds are serial, each a reduction across the warps, so fewer of them is shorter."""
     thr = tl.full([], 0, tl.int64)
     if own + 1 > N:
         thr = tl.full([], INT64_MAX, tl.int64)
@@ -268,8 +321,28 @@ def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE
         # become an int64 tensor.
         if ONE_TILE:
             o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
-            for i_round in range(N):
-                thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
+            if PER_ROUND == 8:
+                b_none = tl.full([TJ], -1, tl.int64)
+                for i_round in range(N // 8):
+                    b_below = tl.where(b_key < thr, b_key, -1)
+                    t1, t2, t3, t4, t5, t6, t7, t8 = tl.reduce(
+                        (b_below, b_none, b_none, b_none, b_none, b_none, b_none, b_none), 0, _top8_merge)
+                    thr = t8
+            elif PER_ROUND == 4:
+                b_none = tl.full([TJ], -1, tl.int64)
+                for i_round in range(N // 4):
+                    b_below = tl.where(b_key < thr, b_key, -1)
+                    t1, t2, t3, t4 = tl.reduce((b_below, b_none, b_none, b_none), 0, _top4_merge)
+                    thr = t4
+            elif PER_ROUND == 2:
+                b_none = tl.full([TJ], -1, tl.int64)
+                for i_round in range(N // 2):
+                    b_below = tl.where(b_key < thr, b_key, -1)
+                    t1, t2 = tl.reduce((b_below, b_none), 0, _top2_merge)
+                    thr = t2
+            else:
+                for i_round in range(N):
+                    thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
         else:
             for i_round in range(N):
                 best = tl.full([], -1, tl.int64)
@@ -373,6 +446,39 @@ def decode_score_kernel(
 
 
 @triton.jit
+def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_scale,  #
+                        SEL_BLOCK: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        PREC: tl.constexpr):
+    """Online softmax over the selected blocks ``b_j [SB]`` (-1: unused slot), each one bulk
+    copy of ``SEL_BLOCK`` tokens through the descriptors ``d_k``/``d_v``; needs ``pos + 1 >=
+    SEL_BLOCK``. A block that reaches past ``pos`` (the query's own) is read from
+    ``pos + 1 - SEL_BLOCK`` on instead, so that no token past the length is read (a cache
+    may hold anything there, NaN included, and 0 * NaN would reach the output); the tokens
+    before the block are masked, as is every token of an unused slot. A fully masked tile
+    leaves the state as it was: its max is taken as 0 for the exponentials."""
+    i_b, i_h, last = i_b.to(tl.int32), i_h.to(tl.int32), pos.to(tl.int32) + 1  # descriptor offsets are 32-bit
+    o_sb = tl.arange(0, SB)
+    for r in range(SB):
+        j = tl.sum(tl.where(o_sb == r, b_j, 0), 0).to(tl.int32)
+        lo = tl.maximum(j, 0) * SEL_BLOCK
+        hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, last), lo)
+        i0 = tl.minimum(lo, last - SEL_BLOCK)
+        b_k = d_k.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BK)
+        b_v = d_v.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BV)
+        o_t = i0 + tl.arange(0, SEL_BLOCK)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, SEL_BLOCK]
+        b_s = tl.where(((o_t >= lo) & (o_t < hi))[None, :], b_s, float("-inf"))
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_alpha = tl.exp2(b_m - b_ref)
+        b_p = tl.exp2(b_s - b_ref[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
+        b_m = b_mn
+    return b_m, b_l, b_acc
+
+
+@triton.jit
 def decode_selected_fwd_kernel(
     q, k, v, seq_lens, cand, block_idx,  #
     o_part, m_part, l_part,  #
@@ -382,7 +488,11 @@ def decode_selected_fwd_kernel(
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+    PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
 ):
+    """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
+    ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
+    block is one bulk copy in a loop the compiler pipelines (:func:`_attend_blocks_desc`)."""
     if PDL:
         gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
@@ -395,7 +505,7 @@ def decode_selected_fwd_kernel(
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
     n_cand = (own // BJ + 1) * N
-    thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE)
+    thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
     # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
     o_sb = i_s * SB + tl.arange(0, SB)
     b_j = tl.full([SB], -1, tl.int64)
@@ -417,14 +527,30 @@ def decode_selected_fwd_kernel(
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)
-    p_k = k + i_b * s_kb + i_h * s_kh
-    p_v = v + i_b * s_vb + i_h * s_vh
-    for r in tl.static_range(SB):
-        j = tl.sum(tl.where(tl.arange(0, SB) == r, b_j, 0), 0)
-        lo = tl.maximum(j, 0) * SEL_BLOCK
-        hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
-        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                        G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
+    if SEL_DESC:
+        if pos + 1 >= SEL_BLOCK:
+            b_m, b_l, b_acc = _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_scale,
+                                                  SEL_BLOCK, SB, BK, BV, PREC)  # fmt: skip
+        else:
+            # Only block 0 is visible, and only part of it; it is this program's first slot
+            # or none. Small masked tiles: the register budget of the kernel is that of its
+            # largest path, and whole-block tiles here would spill (255 registers by ptxas
+            # for sm_90a, against 108 without this path).
+            p_k = k + i_b * s_kb + i_h * s_kh
+            p_v = v + i_b * s_vb + i_h * s_vh
+            j = tl.sum(tl.where(tl.arange(0, SB) == 0, b_j, 0), 0)
+            hi = tl.where(j == 0, pos + 1, 0)
+            b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, 0, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
+                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC)  # fmt: skip
+    else:
+        p_k = k + i_b * s_kb + i_h * s_kh
+        p_v = v + i_b * s_vb + i_h * s_vh
+        for r in tl.static_range(SB):
+            j = tl.sum(tl.where(tl.arange(0, SB) == r, b_j, 0), 0)
+            lo = tl.maximum(j, 0) * SEL_BLOCK
+            hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
+            b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
+                                            G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
 
 
@@ -537,12 +663,15 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     """``(compressed splits, window splits, selected blocks per program)``.
 
     The compressed branch is the bulk of the bytes: split it into about four programs
-    per SM whatever the batch, never under ~256 tokens a split (at batch 1, 64k, 16
-    splits of 256 measured 3 us faster than 32 of 128: fewer partials to merge). The
-    window takes ~128-token splits; each selected program takes one block at small
-    batch and several once the batch alone fills the GPU."""
+    per SM whatever the batch, in splits of at least ~256 tokens (at batch 1, 64k, 16
+    splits of 256 measured 3 us faster than 32 of 128: fewer partials to merge), but
+    into 8 splits wherever that count allows, however short: at batch 1, 8k, 8 splits
+    of 64 tokens measured 20.1 us against 22.1 for 2 of 256 (a few serial tiles each
+    instead of 4 programs per group in all; H200). The window takes ~128-token splits;
+    each selected program takes one block at small batch and several once the batch
+    alone fills the GPU."""
     sms = _sm_count(device)
-    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), triton.cdiv(nc_cap, 256)))
+    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), max(triton.cdiv(nc_cap, 256), 8)))
     s_win = max(1, triton.cdiv(config.window, 128))
     per_program = 4 if _batch_fills_gpu(rows_groups, config, device) else 1
     return s_cmp, s_win, per_program
@@ -597,6 +726,9 @@ def decode_fwd(
     win_desc: bool = False,
     cmp_tile: Optional[int] = None,
     cmp_stages: Optional[int] = None,
+    sel_desc: Optional[bool] = None,
+    topn_per_round: Optional[int] = None,
+    combine_heads: int = 1,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -609,7 +741,10 @@ def decode_fwd(
     launch), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
     descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile and
-    pipeline stages of the compressed/window kernel alone).
+    pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
+    through tensor descriptors, where ``l'`` is a power of two), ``topn_per_round`` (keys
+    each top-n round takes: 1, 2, 4 or 8; one that does not divide ``n`` becomes 1),
+    ``combine_heads`` (heads per combine program on the GPU).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -618,7 +753,11 @@ def decode_fwd(
     hold SM slots the running launch needs), and compressed tiles of 32 tokens through
     descriptors (the kernel 49.0 against 54.4 us; 101.1 against 105.2 us for the step,
     with PDL on). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
-    against 118.5 at batch 16.
+    against 118.5 at batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
+    at batch 1, 64k. Selected blocks through descriptors once the batch fills the GPU:
+    97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
+    ``combine_heads`` 4 measured 93.2 against 98.1 us at batch 16, 64k (and 50.1 against
+    54.7 at 8k) in the last run, too late to be measured as a default: it stays 1.
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -686,16 +825,26 @@ def decode_fwd(
         **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
+    sel_block = config.sel_block
+    if sel_desc is None:
+        sel_desc = on_gpu and _bulk_copy_supported(index) and fills
+    sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block)
+    per_round = topn_per_round or 4
+    per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
+    d_k = d_v = k  # unused without SEL_DESC
+    if sel_desc:
+        k, v = _descriptor_ready(k), _descriptor_ready(v)
+        d_k, d_v = _token_tile_descriptor(k, sel_block, BK), _token_tile_descriptor(v, sel_block, BV)
     decode_selected_fwd_kernel[(s_slc, rows * H)](
         q, k, v, seq_lens, cand, block_idx,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         qk_scale, n_cand, s_cmp + s_win, S,  #
-        SEL_BLOCK=config.sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
-        num_warps=num_warps, **attend, **common, **after,
+        SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
+        PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     # one head per program fills the GPU; the interpreter prefers fewer, larger programs
-    hb = 1 if on_gpu else G
+    hb = combine_heads if on_gpu else G
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
