@@ -728,7 +728,7 @@ def decode_fwd(
     cmp_stages: Optional[int] = None,
     sel_desc: Optional[bool] = None,
     topn_per_round: Optional[int] = None,
-    combine_heads: int = 1,
+    combine_heads: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -756,8 +756,8 @@ def decode_fwd(
     against 118.5 at batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
     at batch 1, 64k. Selected blocks through descriptors once the batch fills the GPU:
     97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
-    ``combine_heads`` 4 measured 93.2 against 98.1 us at batch 16, 64k (and 50.1 against
-    54.7 at 8k) in the last run, too late to be measured as a default: it stays 1.
+    ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
+    64k (50.1 against 54.7 at 8k); 1 head per program otherwise (not measured at batch 1).
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -843,7 +843,11 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
-    # one head per program fills the GPU; the interpreter prefers fewer, larger programs
+    # the interpreter prefers fewer, larger programs
+    if combine_heads is None:
+        combine_heads = 4 if fills and HQ % 4 == 0 else 1
+    if HQ % combine_heads:
+        raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
