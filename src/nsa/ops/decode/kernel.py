@@ -740,9 +740,9 @@ def decode_fwd(
     32 measured 2 us faster than 64 at batch 1, 64k), ``pdl`` (programmatic dependent
     launch), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
-    descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile and
-    pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
-    through tensor descriptors, where ``l'`` is a power of two), ``topn_per_round`` (keys
+    descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile, at
+    least 16 on a GPU, and pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
+    through tensor descriptors, where ``l'`` is a power of two, and at least 16 on a GPU), ``topn_per_round`` (keys
     each top-n round takes: 1, 2, 4 or 8; one that does not divide ``n`` becomes 1),
     ``combine_heads`` (heads per combine program on the GPU).
 
@@ -780,6 +780,11 @@ def decode_fwd(
     if cmp_desc is None:
         cmp_desc = on_gpu and _bulk_copy_supported(index) and fills
         cmp_tile = cmp_tile or (32 if cmp_desc else None)
+    # a descriptor tile is the K of a whole tl.dot, which needs K >= 16 on a GPU (the
+    # interpreter has no such limit, so CPU tests use smaller tiles)
+    min_dot = 16 if on_gpu else 1
+    if cmp_tile is not None:
+        cmp_tile = max(cmp_tile, min_dot)
     # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
     after = dict(launch_pdl=True) if pdl else {}
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -828,7 +833,7 @@ def decode_fwd(
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and _bulk_copy_supported(index) and fills
-    sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block)
+    sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block) and sel_block >= min_dot
     per_round = topn_per_round or 4
     per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
     d_k = d_v = k  # unused without SEL_DESC
