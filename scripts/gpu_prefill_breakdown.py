@@ -116,10 +116,10 @@ def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
             print(f"dense {name}: {err}", file=sys.stderr)
     if variants:
         qd, kd, vd = q.detach(), k_cmp.detach(), v_cmp.detach()
-        for rows, nb, o_first in ((64, 16, True), (64, 16, False), (128, 16, True), (64, 32, True)):
+        for rows, nb in ((64, 16), (128, 32), (64, 32)):
             try:
-                row[f"cmp+select rows={rows} nb={nb} o_first={int(o_first)}"] = ms(lambda: compressed_fwd(
-                    qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb, o_first=o_first))
+                row[f"cmp+select rows={rows} nb={nb}"] = ms(lambda: compressed_fwd(
+                    qd, kd, vd, config, scale, 0, select=True, rows=rows, blocks_per_step=nb))
             except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 print(f"variant rows={rows} nb={nb}: {type(err).__name__}: {err}", file=sys.stderr)
         scores = torch.rand(1, 16384, H, 2, T // 64, device=DEV)

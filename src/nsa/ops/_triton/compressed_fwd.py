@@ -5,8 +5,7 @@ one KV head (``M = BT * GP`` rows, heads padded to ``GP``), so every compressed
 key tile it loads serves the whole group. Up to two passes over the visible
 compressed tokens:
 
-1. online softmax: ``lse`` and ``o`` per row (``o`` comes from pass 2 instead
-   when ``O_FIRST`` is off);
+1. online softmax: ``lse`` and ``o`` per row;
 2. only with ``SELECT``: recompute ``p = exp2(s - lse)`` (exact probabilities
    over the visible past), sum ``p`` over the heads of the group, map the
    compressed tokens onto selection blocks (the spec's mass-conserving overlap)
@@ -122,28 +121,26 @@ def _block_mass(b_pg, SHIFT: tl.constexpr, BT: tl.constexpr, NB: tl.constexpr, R
 
 @triton.jit
 def _score_pass(
-    b_q, p_k, p_v, nv, n_hi, b_lse, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
+    b_q, p_k, nv, n_hi, b_lse, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
     BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr,
-    BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    HDK: tl.constexpr, HDV: tl.constexpr, ADD_O: tl.constexpr, PREC: tl.constexpr,
+    BDK: tl.constexpr, DK: tl.constexpr, HDK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Pass 2: exact probabilities, ``o += p @ v`` when ``ADD_O``, block masses to ``p_sc``.
+    """Pass 2: exact probabilities, then block masses to ``p_sc``.
 
     The mass a block's tokens put into the block ``s`` places later goes to plane ``s``
     of the score row (``[NSPILL, NSEL]``, indexed by the tokens' block); the top-n kernel
     adds the planes with the shift. No value is carried from one step to the next.
+    (``o`` comes from pass 1: adding ``p @ v`` here instead measured 1 ms slower at 64k.)
 
     Args:
         nv: ``[M]`` visible tokens per row; n_hi: the most any row sees; b_lse: ``[M]``
             log2-domain lse; m_row: ``[M]`` real rows; p_sc: ``[BT]`` score rows;
             m_t: ``[BT]`` real queries; NSEL: blocks per plane.
-    Returns ``acc [M, BDV]``.
     """
     BC: tl.constexpr = NB * RP
     o_c = tl.arange(0, BC)
     o_dk = tl.arange(0, BDK)
-    o_dv = tl.arange(0, BDV)
     o_nb = tl.arange(0, NB)
     for i_j in range(0, t_last // SEL + 1, NB):
         # -- tokens whose first raw position lies in blocks [i_j, i_j + NB), as [NB, RP] --
@@ -155,17 +152,12 @@ def _score_pass(
         m_qk = m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None])
         # mask the scores, not the probabilities: an invisible score may exceed lse
         b_p = tl.exp2(tl.where(m_qk, b_s, float("-inf")) - b_lse[:, None])  # [M, BC]
-        if ADD_O:
-            b_v = tl.load(p_v + (o_tok.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
-                          mask=m_tok[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BC, BDV]
-            b_acc += tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
         b_pg = tl.sum(tl.reshape(b_p, [BT, GP, BC]), 1)  # [BT, BC]: Eq. 10 group sum
         o_blk = i_j + o_nb
         m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
         for shift in tl.static_range(NSPILL):
             b_mass = _block_mass(b_pg, shift, BT, NB, R, RP, KC)
             tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
-    return b_acc
 
 
 @triton.jit(do_not_specialize=["TQ", "NC", "q_offset", "T0", "T1", "NSEL"])
@@ -181,7 +173,7 @@ def compressed_fwd_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SEL: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr,
-    STORE_O: tl.constexpr, SELECT: tl.constexpr, O_FIRST: tl.constexpr, PREC: tl.constexpr,
+    STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
     # queries [T0, T1) with T0 a multiple of BT; the last tiles see the most tokens: launch them first
@@ -198,31 +190,27 @@ def compressed_fwd_kernel(
     n_hi = visible_cmp(t_last, NC, L, S)
     p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
     p_v = v + (i_b.to(tl.int64) * NC * H + i_h) * DV
-    # -- pass 1: online softmax; it carries o unless pass 2 adds it from exact probabilities --
-    ONE_PASS_O: tl.constexpr = STORE_O and (O_FIRST or not SELECT)
+    # -- pass 1: online softmax, lse and o --
     b_m = tl.full([M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([M], dtype=tl.float32)
     b_acc = tl.zeros([M, BDV], dtype=tl.float32)
     n_full = (n_lo // BN) * BN
     for i_n in range(0, n_full, BN):
         b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
-                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, ONE_PASS_O, PREC)
+                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, STORE_O, PREC)
     for i_n in range(n_full, n_hi, BN):
         b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
-                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, ONE_PASS_O, PREC)
+                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, STORE_O, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-    # -- pass 2: exact probabilities -> block masses (and o when pass 1 did not carry it) --
+    # -- pass 2: exact probabilities -> block masses --
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T1
         p_sc = scores + ((i_b.to(tl.int64) * (T1 - T0) + (o_t - T0)) * H + i_h) * (NSPILL * NSEL)  # [BT]
         # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
         b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
-        ADD_O: tl.constexpr = STORE_O and not O_FIRST
-        b_acc = _score_pass(b_q, p_k, p_v, nv, n_hi, b_lse_safe, m_row, t_last, b_acc, qk_scale, p_sc, m_t, NSEL,
-                            BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, BDV, DK, DV, H * DK, H * DV, ADD_O, PREC)
-        if ADD_O:
-            b_o = b_acc
+        _score_pass(b_q, p_k, nv, n_hi, b_lse_safe, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
+                    BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, DK, H * DK, PREC)
     if STORE_O:
         o_dv = tl.arange(0, BDV)
         tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
@@ -267,7 +255,6 @@ def compressed_fwd(
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
     score_buffer_bytes: int = SCORE_BUFFER_BYTES,
-    o_first: bool = True,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
 
@@ -277,9 +264,7 @@ def compressed_fwd(
         rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
             token tile; blocks_per_step: selection blocks scored per pass-2 step;
             num_warps/num_stages: launch options (defaults from the shapes);
-            score_buffer_bytes: cap on the block-score buffer (queries run in chunks);
-            o_first: with ``select``, compute ``o`` in pass 1 (online softmax) rather
-            than from pass 2's exact probabilities.
+            score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
 
     Returns:
         ``(o [B, Tq, HQ, Dv] in q's dtype, lse [B, Tq, HQ] float32, block_idx
@@ -313,7 +298,6 @@ def compressed_fwd(
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
-        O_FIRST=o_first,
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo,
     )
