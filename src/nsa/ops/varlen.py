@@ -14,16 +14,17 @@ positions; packs of similar lengths waste little.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 
-def check_cu_seqlens(cu_seqlens: object, total: int, batch: int) -> torch.Tensor:
-    """``cu_seqlens`` is a 1-D int32/int64 tensor ``[N + 1]`` of boundaries from 0 to ``total``.
+def check_cu_seqlens(cu_seqlens: object, total: int, batch: int) -> List[int]:
+    """``cu_seqlens`` is a 1-D int32/int64 tensor ``[N + 1]`` of boundaries from 0 to ``total``;
+    returns the boundaries as host integers.
 
-    The values are checked on the host, once per call: packed inputs come with host
-    boundaries in practice, and a wrong boundary would silently mix sequences.
+    The values are read on the host once per call (the only sync of a packed call): a
+    wrong boundary would silently mix sequences, and the padded shape needs the longest.
     """
     if batch != 1:
         raise ValueError(f"with cu_seqlens the inputs are packed as [1, total, ...], got batch size {batch}")
@@ -36,7 +37,7 @@ def check_cu_seqlens(cu_seqlens: object, total: int, batch: int) -> torch.Tensor
         raise ValueError(
             f"cu_seqlens must rise from 0 to the packed length {total} without decreasing, got {values}"
         )
-    return cu_seqlens
+    return values
 
 
 def _describe(x: object) -> str:
@@ -45,17 +46,20 @@ def _describe(x: object) -> str:
     return type(x).__name__
 
 
-def pack_index(cu_seqlens: torch.Tensor, max_seqlen: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def pack_index(cu_seqlens: torch.Tensor, max_seqlen: int, total: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(source [N * max_seqlen], real_slots [total])``: the packed position each padded
     slot reads (a slot past its sequence's end repeats the sequence's last token; an empty
     sequence reads any valid token) and, in packed order, the slot of every real position."""
     cu = cu_seqlens.long()
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     offset = torch.arange(max_seqlen, device=cu.device)
-    real = offset[None, :] < lens[:, None]  # [N, max_seqlen]
     last = torch.clamp(lens - 1, min=0)
-    source = (starts[:, None] + torch.minimum(offset[None, :], last[:, None])).clamp(max=max(int(cu[-1]) - 1, 0))
-    return source.reshape(-1), real.reshape(-1).nonzero().squeeze(1)
+    source = (starts[:, None] + torch.minimum(offset[None, :], last[:, None])).clamp(max=max(total - 1, 0))
+    # the slot of packed position p: its sequence i (the first boundary above p), then its offset
+    position = torch.arange(total, device=cu.device)
+    seq = torch.searchsorted(cu[1:], position, right=True)
+    real_slots = seq * max_seqlen + position - starts[seq]
+    return source.reshape(-1), real_slots
 
 
 def pad(x: torch.Tensor, source: torch.Tensor, n: int, max_seqlen: int) -> torch.Tensor:
@@ -68,9 +72,9 @@ def unpad(x: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:]).index_select(0, real_slots).unsqueeze(0)
 
 
-def max_length(cu_seqlens: torch.Tensor, max_seqlen: Optional[int]) -> int:
-    """The longest sequence: ``max_seqlen`` when given (checked), else read from the boundaries."""
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+def max_length(boundaries: List[int], max_seqlen: Optional[int]) -> int:
+    """The longest sequence: ``max_seqlen`` when given (checked), else from the host boundaries."""
+    longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
     if max_seqlen is None:
         return longest
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
