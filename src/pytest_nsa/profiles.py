@@ -4,7 +4,7 @@ No pytest import here (unit-testable). A profile is one YAML file (schema in
 :mod:`pytest_nsa.schema`); ``extends: <name>`` inherits another profile's
 values, mappings merged key by key and everything else replaced. Profiles are
 found by name in a :class:`Catalog` of directories (the project's
-``gpu_profiles/`` first, then the ones shipped with this checkout), or loaded
+``gpu_profiles/`` first, then the ones shipped with nsa), or loaded
 from a path.
 """
 
@@ -19,8 +19,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from pytest_nsa import _yaml
 from pytest_nsa.schema import DTYPES, FEATURES, KINDS, ProfileError, lookup, missing, validate
 
-#: Profiles shipped with the source checkout: ``<repo>/gpu_profiles``.
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "gpu_profiles"
+
+def _shipped_dir(module: Path) -> Path:
+    """Where the shipped profiles of ``module`` (this file's resolved path) are."""
+    checkout = module.parents[2] / "gpu_profiles"
+    # A checkout (or editable install) keeps the one copy at the repository root (also
+    # where --nsa-baseline=save writes when run there); a wheel carries a copy inside the package.
+    return checkout if checkout.is_dir() else module.parent / "gpu_profiles"
+
+
+#: Profiles shipped with nsa: ``<repo>/gpu_profiles`` in a source checkout or editable
+#: install, else the copy a wheel installs as ``pytest_nsa/gpu_profiles``.
+SHIPPED_DIR = _shipped_dir(Path(__file__).resolve())
 
 
 class AbstractProfileError(ProfileError):
