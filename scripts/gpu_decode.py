@@ -44,15 +44,14 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (9, 4, k) are the default
 # compressed and window splits at B = 16, 64k on 132 SMs, (16, 4, k) at B = 1, 64k
 VARIANTS = {
-    True: [{"topn_per_round": 1}, {"topn_per_round": 8}, {"sel_desc": True, "splits": (16, 4, 2)},
-           {"sel_desc": True, "splits": (16, 4, 4)}, {"token_tile": 32, "cmp_tile": 64}],
-    False: [{"sel_desc": False, "topn_per_round": 1}, {"topn_per_round": 8}, {"score_blocks": 64},
-            {"cmp_warps": 8}, {"combine_heads": 2}, {"combine_heads": 4}],
+    True: [{"splits": (16, 2, 1)}, {"splits": (12, 4, 1)}, {"splits": (24, 4, 1)}, {"score_blocks": 64},
+           {"token_tile": 32}, {"cmp_desc": True}, {"combine_chunk": 16}],
+    False: [{"score_blocks": 64}, {"cmp_stages": 4}, {"cmp_stages": 2}, {"cmp_tile": 64}, {"cmp_tile": 64, "cmp_stages": 2},
+            {"splits": (18, 4, 4)}, {"splits": (12, 4, 4)}, {"splits": (6, 4, 4)}, {"splits": (9, 2, 4)},
+            {"splits": (9, 8, 4)}, {"splits": (9, 4, 2)}, {"splits": (9, 4, 8)}, {"win_desc": True},
+            {"combine_chunk": 16}],
 }
-CONTEXT_VARIANTS = {
-    (True, 8192): [{"splits": (4, 4, 1)}, {"splits": (8, 4, 1)}],
-    (False, 8192): [{"splits": (8, 4, 4)}],
-}
+CONTEXT_VARIANTS = {}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:
