@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import pytest
 
-from pytest_nsa import env, hardware, versions, xdist
+from pytest_nsa import env, hardware, sharing, versions, xdist
 from pytest_nsa.markers import Context
 from pytest_nsa.profiles import SHIPPED_DIR, Catalog, ProfileError
 from pytest_nsa.selection import Selection, select
@@ -143,3 +143,9 @@ def configure(config: pytest.Config) -> None:
         previous = xdist.publish(hw.gpu_count, os.environ)
         if previous:
             config.add_cleanup(lambda: xdist.restore(previous, os.environ))
+        locks = sharing.publish(os.environ)
+        if locks is not None:
+            config.add_cleanup(lambda: sharing.remove(locks, os.environ))
+    state.turns = sharing.turns_for(state.pin, os.environ)
+    if state.turns is not None:
+        config.pluginmanager.register(state.turns, "pytest_nsa_device_turns")

@@ -21,6 +21,7 @@ from pytest_nsa.markers import MARKERS, Context
 from pytest_nsa.profiles import Catalog
 from pytest_nsa.selection import Selection
 from pytest_nsa.versions import SoftwareInfo, Verdict
+from pytest_nsa.sharing import DeviceTurns
 from pytest_nsa.xdist import Pin
 
 
@@ -126,6 +127,8 @@ class NSAState:
         context: what requirement markers are judged against (set in ``pytest_configure``).
         warnings: problems worth a line in the report header (unknown ``NSA_``
             variables, kernels imported too early, ...).
+        turns: on an xdist worker that shares its GPU, the device turns it takes
+            (:mod:`~pytest_nsa.sharing`).
         workers: ``{worker id: note}`` reported back by xdist workers.
     """
 
@@ -139,6 +142,7 @@ class NSAState:
     verdicts: Tuple[Verdict, ...] = ()
     env: Optional[AppliedEnv] = None
     pin: Optional[Pin] = None
+    turns: Optional[DeviceTurns] = None
     warnings: List[str] = field(default_factory=list)
     context: Optional[Context] = None
     workers: Dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,145 @@
+"""xdist workers that share one GPU take turns with the memory-hungry tests.
+
+With more xdist workers than GPUs, several workers run tests on one device at once.
+A test that needs most of the device's memory then fails with out-of-memory errors
+that it would not have alone, and so do the tests beside it (three workers on one
+80 GB H100: the 64k long-context test took 50 GiB and it and two kernel tests failed).
+
+So on a worker that shares its device, every test holds a lock on the device for its
+whole run (setup, call and teardown): a shared lock for ordinary tests, an exclusive
+one for the tests that need the whole device (marked ``long_context``, or
+``requires(memory_gib=...)``). Those run alone on the device while the other workers'
+tests wait. The locks are ``flock`` locks on files of a per-session directory that the
+controller publishes in :data:`LOCK_DIR_ENV`. A gate file keeps a waiting exclusive
+test from being starved: it holds the gate while it waits, and every test passes the
+gate before it takes its shared lock. Where ``fcntl`` is missing (Windows), nothing
+is locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+import pytest
+
+from pytest_nsa.xdist import WORKER_ENV, Pin
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+#: Set by the controller for its workers: the directory of this session's device locks.
+LOCK_DIR_ENV = "PYTEST_NSA_LOCK_DIR"
+#: Set by pytest-xdist in every worker.
+WORKER_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
+
+
+def workers_on_device(pin: Optional[Pin], environ: Mapping[str, str]) -> int:
+    """How many workers (this one included) run on this worker's device: worker ``gwI``
+    gets ``pool[I % len(pool)]``, so those with the same ``I % len(pool)``."""
+    if pin is None:
+        return 1
+    count = int(environ.get(WORKER_COUNT_ENV) or 1)
+    mine = int(pin.worker[2:]) % len(pin.pool)
+    return sum(1 for i in range(count) if i % len(pin.pool) == mine)
+
+
+def needs_whole_device(item: pytest.Item) -> bool:
+    """Whether ``item`` must run alone on its device: ``long_context`` or ``requires(memory_gib=...)``."""
+    for mark in item.iter_markers():
+        if mark.name == "long_context" or (mark.name == "requires" and mark.kwargs.get("memory_gib") is not None):
+            return True
+    return False
+
+
+class DeviceLock:
+    """Shared/exclusive turns on one device, between processes: ``<dir>/gpu-<device>.lock``
+    and its gate ``<dir>/gpu-<device>.gate``. Each hold opens its own file descriptions,
+    so holds of one process exclude each other like those of different processes."""
+
+    def __init__(self, directory: Path, device: str) -> None:
+        name = "gpu-" + "".join(c if c.isalnum() else "_" for c in device)
+        self.lock_path = directory / f"{name}.lock"
+        self.gate_path = directory / f"{name}.gate"
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool, blocking: bool = True) -> Iterator[None]:
+        """Hold the device, alone (``exclusive``) or beside other shared holders.
+        Without ``blocking``, raise ``BlockingIOError`` instead of waiting."""
+        wait = 0 if blocking else fcntl.LOCK_NB
+        with open(self.gate_path, "a") as gate, open(self.lock_path, "a") as lock:
+            fcntl.flock(gate, fcntl.LOCK_EX | wait)
+            try:
+                # an exclusive holder keeps the gate until it has the device, so shared
+                # holders arriving meanwhile queue behind it instead of overtaking it
+                fcntl.flock(lock, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | wait)
+            finally:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class DeviceTurns:
+    """Registered on a worker that shares its device: every test holds :class:`DeviceLock`,
+    exclusively where :func:`needs_whole_device`. Counts what it did for the worker note."""
+
+    def __init__(self, lock: DeviceLock, sharing: int) -> None:
+        self.lock = lock
+        self.sharing = sharing
+        self.alone = 0
+        self.waited_s = 0.0
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[Any]:
+        if item.get_closest_marker("skip") is not None:  # skipped at collection: touches nothing
+            yield
+            return
+        exclusive = needs_whole_device(item)
+        start = time.monotonic()
+        with self.lock.hold(exclusive):
+            self.waited_s += time.monotonic() - start
+            self.alone += exclusive
+            yield
+
+    def describe(self) -> str:
+        return (f"device shared by {self.sharing} workers: {self.alone} memory-hungry tests ran alone on it, "
+                f"{self.waited_s:.1f} s spent waiting for turns")
+
+
+def turns_for(pin: Optional[Pin], environ: Mapping[str, str]) -> Optional[DeviceTurns]:
+    """The turns of this process, if it is a worker sharing its device in a session that
+    published a lock directory (and ``fcntl`` exists); else ``None``."""
+    directory = environ.get(LOCK_DIR_ENV)
+    sharing = workers_on_device(pin, environ)
+    if pin is None or fcntl is None or not directory or sharing < 2 or WORKER_ENV not in environ:
+        return None
+    return DeviceTurns(DeviceLock(Path(directory), pin.device), sharing)
+
+
+def publish(environ: Any) -> Optional[Path]:
+    """On the controller: create this session's lock directory and publish it for the
+    workers (a directory the user set wins). Returns the directory created, if any."""
+    if environ.get(LOCK_DIR_ENV):
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="pytest-nsa-locks-"))
+    environ[LOCK_DIR_ENV] = str(directory)
+    return directory
+
+
+def remove(directory: Path, environ: Any) -> None:
+    """Undo :func:`publish`: drop the variable and the lock files."""
+    if environ.get(LOCK_DIR_ENV) == str(directory):
+        del environ[LOCK_DIR_ENV]
+    for path in directory.glob("*"):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
