@@ -9,7 +9,7 @@ So on a worker that shares its device, every test holds a lock on the device for
 whole run (setup, call and teardown): a shared lock for ordinary tests, an exclusive
 one for the tests that need the whole device (marked ``long_context``, or
 ``requires(memory_gib=...)``). Those run alone on the device while the other workers'
-tests wait. The locks are ``flock`` locks on files of a per-session directory that the
+tests wait, and after every test the worker gives its cached CUDA memory back. The locks are ``flock`` locks on files of a per-session directory that the
 controller publishes in :data:`LOCK_DIR_ENV`. A gate file keeps a waiting exclusive
 test from being starved: it holds the gate while it waits, and every test passes the
 gate before it takes its shared lock. Where ``fcntl`` is missing (Windows), nothing
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,9 +88,20 @@ class DeviceLock:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def release_cached_gpu_memory() -> None:
+    """Give this process's cached, unused CUDA memory back to the device. A worker's
+    allocator otherwise keeps what its biggest test took (50 GiB after the 64k
+    long-context test), and the turn of the next memory-hungry test, or the tests of
+    the other workers, would run out of memory beside it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 class DeviceTurns:
     """Registered on a worker that shares its device: every test holds :class:`DeviceLock`,
-    exclusively where :func:`needs_whole_device`. Counts what it did for the worker note."""
+    exclusively where :func:`needs_whole_device`, and leaves no cached CUDA memory behind
+    (:func:`release_cached_gpu_memory`). Counts what it did for the worker note."""
 
     def __init__(self, lock: DeviceLock, sharing: int) -> None:
         self.lock = lock
@@ -107,7 +119,10 @@ class DeviceTurns:
         with self.lock.hold(exclusive):
             self.waited_s += time.monotonic() - start
             self.alone += exclusive
-            yield
+            try:
+                yield
+            finally:
+                release_cached_gpu_memory()
 
     def describe(self) -> str:
         return (f"device shared by {self.sharing} workers: {self.alone} memory-hungry tests ran alone on it, "

@@ -111,3 +111,25 @@ def test_memory_hungry_tests_run_alone_on_a_shared_device(pytester, fake, subpro
         assert overlapping == [], f"{alone} ran beside {overlapping}"
     small = sorted((s["start"], s["end"]) for n, s in spans.items() if n.startswith("small"))
     assert any(b[0] < a[1] for a, b in zip(small, small[1:])), "ordinary tests never ran side by side"
+
+
+def test_every_turn_gives_cached_gpu_memory_back(tmp_path, monkeypatch):
+    """After a test, a sharing worker empties torch's CUDA cache (where CUDA is in use), so
+    the memory a test took is free for the next turn; without CUDA it does nothing."""
+    import sys
+    import types
+
+    calls = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    turns = sharing.DeviceTurns(sharing.DeviceLock(tmp_path, "0"), sharing=2)
+    item = types.SimpleNamespace(get_closest_marker=lambda name: None, iter_markers=lambda: iter(()))
+    protocol = turns.pytest_runtest_protocol(item, None)
+    next(protocol)
+    assert calls == []  # not during the test
+    with pytest.raises(StopIteration):
+        next(protocol)
+    assert calls == ["empty"]
+    cuda.is_initialized = lambda: False
+    sharing.release_cached_gpu_memory()
+    assert calls == ["empty"]
