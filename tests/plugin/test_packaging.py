@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKOUT_PROFILES = REPO / "gpu_profiles"
 #: Top-level files and folders the build reads (pyproject.toml names README.md as readme).
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "src", "gpu_profiles")
-#: Tracked files the task names, checked by name so that a pattern matching nothing fails.
+#: Files checked by name as well, so that a copy pattern that matches nothing fails.
 NAMED = ("base.yaml", "h100.yaml", "baselines/h100/benchmarks.json")
 
 
