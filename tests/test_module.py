@@ -101,3 +101,44 @@ def test_bad_arguments_name_themselves() -> None:
         NSAAttention(24, 4, 2, 7, config=SMALL)
     with pytest.raises(ValueError, match=r"x must be \[B, T, 24\]"):
         _layer()(torch.randn(2, 5, 23, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("compression", ["mlp", "mean"])
+def test_packed_sequences_equal_each_sequence_alone(compression: str) -> None:
+    """``cu_seqlens``: every sequence of the pack gets its own positions and compressed
+    tokens; outputs, input gradients and parameter gradients equal separate runs."""
+    layer = _layer(compression)
+    lengths = [19, 0, 5, 40]
+    cu = torch.tensor([0, 19, 19, 24, 64], dtype=torch.int32)
+    x = torch.randn(1, sum(lengths), 24, dtype=torch.float64, requires_grad=True)
+    out = layer(x, cu_seqlens=cu, max_seqlen=40)
+    do = torch.randn_like(out)
+    (out * do).sum().backward()
+    packed_grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    layer.zero_grad()
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if a == b:
+            continue
+        x_i = x.detach()[:, a:b].clone().requires_grad_()
+        o_i = layer(x_i)
+        (o_i * do[:, a:b]).sum().backward()
+        torch.testing.assert_close(out[:, a:b], o_i, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(x.grad[:, a:b], x_i.grad, rtol=1e-12, atol=1e-12)
+    for name, p in layer.named_parameters():  # the separate runs accumulated their gradients
+        torch.testing.assert_close(packed_grads[name], p.grad, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+def test_packed_sequences_refuse_a_cache_and_bad_packs() -> None:
+    layer = _layer("mean")
+    x = torch.randn(1, 10, 24, dtype=torch.float64)
+    cu = torch.tensor([0, 4, 10])
+    with pytest.raises(ValueError, match="cannot continue a cache"):
+        layer(x, layer.new_cache(1), cu_seqlens=cu)
+    with pytest.raises(ValueError, match="max_seqlen needs cu_seqlens"):
+        layer(x, max_seqlen=10)
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to the packed length 10"):
+        layer(x, cu_seqlens=torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= the longest sequence"):
+        layer(x, cu_seqlens=cu, max_seqlen=5)
+    with pytest.raises(ValueError, match="packed as \\[1, total"):
+        layer(x.expand(2, 10, 24), cu_seqlens=cu)

@@ -11,7 +11,7 @@ from nsa.config import NSAConfig
 from nsa.modules.cache import NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
 from nsa.modules.rotary import RotaryEmbedding
-from nsa.ops import nsa_attention
+from nsa.ops import nsa_attention, varlen
 from nsa.ops.decode import nsa_decode
 
 BRANCHES = ("cmp", "slc", "win")
@@ -128,7 +128,10 @@ class NSAAttention(nn.Module):
         cache.record(block_idx, positions[0])
         return self.o_proj(o.flatten(2))
 
-    def forward(self, x: torch.Tensor, cache: Optional[NSACache] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: Optional[NSACache] = None, *, cu_seqlens: Optional[torch.Tensor] = None,
+        max_seqlen: Optional[int] = None,
+    ) -> torch.Tensor:
         """``x [B, T, hidden]`` -> ``[B, T, hidden]``.
 
         Without a cache, ``x`` is a whole sequence from position 0. With a
@@ -136,12 +139,25 @@ class NSAAttention(nn.Module):
         the cache is empty, then one or more tokens per call); the cache is
         updated in place and records the selected blocks and tokens read.
 
+        With ``cu_seqlens`` (no cache), ``x [1, total, hidden]`` packs whole
+        sequences along time, flash-attn style (``[0, len_0, len_0 + len_1, ...,
+        total]``, int32/int64; ``max_seqlen`` optional): each sequence gets its own
+        positions from 0 and its own compressed tokens, exactly as if it ran alone.
+        The layer runs them as one padded batch (see :mod:`nsa.ops.varlen`).
+
         On a ``static`` cache, calls of at most ``DEVICE_STEP_MAX_TOKENS`` tokens
         take the graph-safe decode path (positions from ``cache.seq_lens``, no
         backward: run them under ``torch.no_grad()``); see :mod:`nsa.modules.graph`.
         """
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
+        if cu_seqlens is not None:
+            if cache is not None:
+                raise ValueError("cu_seqlens packs whole sequences from position 0; it cannot continue a cache")
+            n, longest, source, real_slots = varlen.layout(cu_seqlens, max_seqlen, x.shape[1], x.shape[0], x.device)
+            return varlen.unpad(self.forward(varlen.pad(x, source, n, longest)), real_slots)
+        if max_seqlen is not None:
+            raise ValueError("max_seqlen needs cu_seqlens")
         if cache is not None and cache.static and x.shape[1] <= DEVICE_STEP_MAX_TOKENS:
             return self._device_step(x, cache)
         start = cache.length if cache is not None else 0

@@ -125,9 +125,7 @@ def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_bl
         _check_pair("kv_win", kv_win, q, v)
         if kv_win[0].shape[1] != q.shape[1]:
             raise ValueError(f"with cu_seqlens kv_win must be packed like q: {q.shape[1]} positions, got {kv_win[0].shape[1]}")
-    boundaries = varlen.check_cu_seqlens(cu_seqlens, q.shape[1], q.shape[0])
-    n, longest = len(boundaries) - 1, varlen.max_length(boundaries, max_seqlen)
-    source, real_slots = varlen.pack_index(cu_seqlens.to(q.device), longest, q.shape[1])
+    n, longest, source, real_slots = varlen.layout(cu_seqlens, max_seqlen, q.shape[1], q.shape[0], q.device)
 
     def padded(x: torch.Tensor) -> torch.Tensor:
         return varlen.pad(x, source, n, longest)

@@ -72,6 +72,16 @@ def unpad(x: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:]).index_select(0, real_slots).unsqueeze(0)
 
 
+def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batch: int,
+           device: torch.device) -> Tuple[int, int, torch.Tensor, torch.Tensor]:
+    """Checks a pack and lays it out: ``(sequences N, padded length, source, real_slots)``
+    (see :func:`check_cu_seqlens`, :func:`max_length` and :func:`pack_index`)."""
+    boundaries = check_cu_seqlens(cu_seqlens, total, batch)
+    n, longest = len(boundaries) - 1, max_length(boundaries, max_seqlen)
+    source, real_slots = pack_index(cu_seqlens.to(device), longest, total)
+    return n, longest, source, real_slots
+
+
 def max_length(boundaries: List[int], max_seqlen: Optional[int]) -> int:
     """The longest sequence: ``max_seqlen`` when given (checked), else from the host boundaries."""
     longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
