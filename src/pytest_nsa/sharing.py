@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, MutableMapping, Optional
 
 import pytest
 
@@ -136,12 +136,14 @@ def turns_for(pin: Optional[Pin], environ: Mapping[str, str]) -> Optional[Device
     sharing = workers_on_device(pin, environ)
     if pin is None or fcntl is None or not directory or sharing < 2 or WORKER_ENV not in environ:
         return None
+    Path(directory).mkdir(parents=True, exist_ok=True)  # a directory the user named may not exist yet
     return DeviceTurns(DeviceLock(Path(directory), pin.device), sharing)
 
 
-def publish(environ: Any) -> Optional[Path]:
+def publish(environ: MutableMapping[str, str]) -> Optional[Path]:
     """On the controller: create this session's lock directory and publish it for the
-    workers (a directory the user set wins). Returns the directory created, if any."""
+    workers. A directory the user set wins (then concurrent sessions that set the same one
+    take turns with each other too). Returns the directory created, if any."""
     if environ.get(LOCK_DIR_ENV):
         return None
     directory = Path(tempfile.mkdtemp(prefix="pytest-nsa-locks-"))
@@ -149,7 +151,7 @@ def publish(environ: Any) -> Optional[Path]:
     return directory
 
 
-def remove(directory: Path, environ: Any) -> None:
+def remove(directory: Path, environ: MutableMapping[str, str]) -> None:
     """Undo :func:`publish`: drop the variable and the lock files."""
     if environ.get(LOCK_DIR_ENV) == str(directory):
         del environ[LOCK_DIR_ENV]

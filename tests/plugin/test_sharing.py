@@ -133,3 +133,24 @@ def test_every_turn_gives_cached_gpu_memory_back(tmp_path, monkeypatch):
     cuda.is_initialized = lambda: False
     sharing.release_cached_gpu_memory()
     assert calls == ["empty"]
+
+
+def test_a_lock_dir_the_user_names_is_kept_and_created(tmp_path):
+    named = tmp_path / "shared-locks"
+    environ = {sharing.LOCK_DIR_ENV: str(named)}
+    assert sharing.publish(environ) is None and environ[sharing.LOCK_DIR_ENV] == str(named)
+    env = dict(environ, **{sharing.WORKER_COUNT_ENV: "2", "PYTEST_XDIST_WORKER": "gw1"})
+    turns = sharing.turns_for(Pin("gw1", "0", ("0",)), env)
+    assert turns is not None and named.is_dir()
+    with turns.lock.hold(exclusive=True, blocking=False):
+        pass
+
+
+def test_publish_creates_and_remove_deletes_the_session_lock_dir():
+    environ = {}
+    directory = sharing.publish(environ)
+    assert directory is not None and directory.is_dir() and environ[sharing.LOCK_DIR_ENV] == str(directory)
+    with sharing.DeviceLock(directory, "0").hold(exclusive=False):
+        pass
+    sharing.remove(directory, environ)
+    assert not directory.exists() and sharing.LOCK_DIR_ENV not in environ
