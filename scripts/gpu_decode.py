@@ -44,12 +44,8 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (9, 4, k) are the default
 # compressed and window splits at B = 16, 64k on 132 SMs, (16, 4, k) at B = 1, 64k
 VARIANTS = {
-    True: [{"splits": (16, 2, 1)}, {"splits": (12, 4, 1)}, {"splits": (24, 4, 1)}, {"score_blocks": 64},
-           {"token_tile": 32}, {"cmp_desc": True}, {"combine_chunk": 16}],
-    False: [{"score_blocks": 64}, {"cmp_stages": 4}, {"cmp_stages": 2}, {"cmp_tile": 64}, {"cmp_tile": 64, "cmp_stages": 2},
-            {"splits": (18, 4, 4)}, {"splits": (12, 4, 4)}, {"splits": (6, 4, 4)}, {"splits": (9, 2, 4)},
-            {"splits": (9, 8, 4)}, {"splits": (9, 4, 2)}, {"splits": (9, 4, 8)}, {"win_desc": True},
-            {"combine_chunk": 16}],
+    True: [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}, {"num_warps": 2, "cmp_warps": 4, "score_blocks": 64}],
+    False: [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}],
 }
 CONTEXT_VARIANTS = {}
 
