@@ -94,6 +94,21 @@ def _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K: tl.constexpr, V: tl.constexpr
 
 
 @triton.jit
+def _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr):
+    """One tile of the online softmax (log2 units): logits ``b_s [BG, BC]`` (``-inf`` where
+    masked) and values ``b_v [BC, BV]`` into the running max ``b_m``, sum ``b_l`` and
+    ``b_acc``. A fully masked tile leaves the state as it was: its max is taken as 0 for
+    the exponentials."""
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_alpha = tl.exp2(b_m - b_ref)
+    b_p = tl.exp2(b_s - b_ref[:, None])  # [BG, BC]
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
+    return b_mn, b_l, b_acc
+
+
+@triton.jit
 def _attend_range(
     b_q, p_k, p_v, s_kt, s_vt, lo, hi,  #
     b_m, b_l, b_acc, qk_scale,  #
@@ -120,13 +135,7 @@ def _attend_range(
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         if STORE_S:
             tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :])
-        # every processed tile holds a visible token, so the new max is finite
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_alpha = tl.exp2(b_m - b_mn)
-        b_p = tl.exp2(b_s - b_mn[:, None])  # [BG, BC]
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
-        b_m = b_mn
+        b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
@@ -151,12 +160,7 @@ def _attend_full_tiles_desc(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         if STORE_S:
             tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G))
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_alpha = tl.exp2(b_m - b_mn)
-        b_p = tl.exp2(b_s - b_mn[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
-        b_m = b_mn
+        b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
@@ -454,8 +458,8 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
     SEL_BLOCK``. A block that reaches past ``pos`` (the query's own) is read from
     ``pos + 1 - SEL_BLOCK`` on instead, so that no token past the length is read (a cache
     may hold anything there, NaN included, and 0 * NaN would reach the output); the tokens
-    before the block are masked, as is every token of an unused slot. A fully masked tile
-    leaves the state as it was: its max is taken as 0 for the exponentials."""
+    before the block are masked, as is every token of an unused slot (a fully masked tile
+    leaves the state as it was)."""
     i_b, i_h, last = i_b.to(tl.int32), i_h.to(tl.int32), pos.to(tl.int32) + 1  # descriptor offsets are 32-bit
     o_sb = tl.arange(0, SB)
     for r in range(SB):
@@ -468,13 +472,7 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
         o_t = i0 + tl.arange(0, SEL_BLOCK)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, SEL_BLOCK]
         b_s = tl.where(((o_t >= lo) & (o_t < hi))[None, :], b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_alpha = tl.exp2(b_m - b_ref)
-        b_p = tl.exp2(b_s - b_ref[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
-        b_m = b_mn
+        b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
