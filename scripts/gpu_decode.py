@@ -43,9 +43,13 @@ DEVICE = "cuda"
 # launch overrides timed with --variants (each default turned back, and candidates): {batch 1?: [...]},
 # and those of one context alone: {(batch 1?, context): [...]}; (9, 4, k) are the default
 # compressed and window splits at B = 16, 64k on 132 SMs, (16, 4, k) at B = 1, 64k
+WIN_SEL = {"window_in_selected": True}
 VARIANTS = {
-    True: [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}, {"num_warps": 2, "cmp_warps": 4, "score_blocks": 64}],
-    False: [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}],
+    True: [{}],
+    False: [dict(WIN_SEL, splits=(6, 2, 8)), dict(WIN_SEL, splits=(6, 1, 8)), dict(WIN_SEL, splits=(6, 2, 16)),
+            dict(WIN_SEL, splits=(6, 1, 16)), dict(WIN_SEL, splits=(6, 2, 4)), dict(WIN_SEL, splits=(5, 2, 8)),
+            dict(WIN_SEL, splits=(6, 2, 8), pdl=True), dict(WIN_SEL, splits=(6, 2, 8), num_warps=8, cmp_warps=4),
+            dict(WIN_SEL, splits=(6, 2, 8), win_tile=32), dict(WIN_SEL, splits=(6, 4, 8)), dict(WIN_SEL, splits=(6, 2, 8)), {}],
 }
 CONTEXT_VARIANTS = {}
 
@@ -60,6 +64,11 @@ def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str
     t["gates"] = torch.rand(B, 1, HQ, 3, device=dev, dtype=bf)
     t["seq_lens"] = torch.tensor(lens, device=dev, dtype=torch.int32)
     return t
+
+
+def head_major(x: torch.Tensor) -> torch.Tensor:
+    """A ``[B, T, H, D]`` cache tensor stored head-major (each head's tokens contiguous), same view."""
+    return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if x.dim() == 4 and x.shape[1] > 1 else x
 
 
 def run_nsa(t: Dict[str, torch.Tensor], backend: str = "triton", **launch):
@@ -78,11 +87,13 @@ def check(t: Dict[str, torch.Tensor], variants: List[dict] = ()) -> Dict[str, fl
     res = {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
            "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain)), "variants": {}}
     for launch in variants:
+        shown, launch = launch, dict(launch)
+        tt = {name: head_major(x) for name, x in t.items()} if launch.pop("head_major", False) else t
         try:
-            o_v, idx_v = run_nsa(t, **launch)
-            res["variants"][str(launch)] = f"{rel_error(o_v, ref_o):.2e}, {100 * float((idx_v == ref_idx).float().mean()):.2f}%"
+            o_v, idx_v = run_nsa(tt, **launch)
+            res["variants"][str(shown)] = f"{rel_error(o_v, ref_o):.2e}, {100 * float((idx_v == ref_idx).float().mean()):.2f}%"
         except Exception as err:  # noqa: BLE001 - a variant that fails is reported, not fatal
-            res["variants"][str(launch)] = f"failed ({type(err).__name__}: {str(err)[:100]})"
+            res["variants"][str(shown)] = f"failed ({type(err).__name__}: {str(err)[:100]})"
     return res
 
 
@@ -225,14 +236,17 @@ def main() -> None:
         lines += ["", f"Launch variants at context {S} (NSA us):", ""]
         for B in args.batches:
             t = make_inputs(B, S)
+            t_hm = {name: head_major(x) for name, x in t.items()}
             for launch in VARIANTS[B == 1] + CONTEXT_VARIANTS.get((B == 1, S), []):
+                shown, launch = launch, dict(launch)
+                tt = t_hm if launch.pop("head_major", False) else t
                 try:
-                    us = time_us(lambda: run_nsa(t, **launch))
-                    lines.append(f"- B={B} {launch}: {us:.1f} ({kernel_breakdown(t, **launch)})")
+                    us = time_us(lambda: run_nsa(tt, **launch))
+                    lines.append(f"- B={B} {shown}: {us:.1f} ({kernel_breakdown(tt, **launch)})")
                 except (OutOfResources, RuntimeError) as err:  # a variant that fails is reported, not fatal
-                    lines.append(f"- B={B} {launch}: failed ({type(err).__name__}: {str(err)[:80]})")
+                    lines.append(f"- B={B} {shown}: failed ({type(err).__name__}: {str(err)[:80]})")
                 print(lines[-1], flush=True)
-            del t
+            del t, t_hm
             torch.cuda.empty_cache()
     report = "\n".join(lines) + "\n"
     print("\n" + report)

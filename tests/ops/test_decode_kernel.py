@@ -132,6 +132,9 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (1, 1, 1), None, 16, {"topn_per_round": 2, "score_blocks": 2}, id="topn-rounds-of-2"),
         pytest.param(SMALL, (1, 1, 4), None, 16, {"topn_per_round": 4, "score_blocks": 2}, id="topn-rounds-of-4"),
         pytest.param(EIGHT, (1, 1, 2), None, 16, {"topn_per_round": 8, "score_blocks": 8}, id="topn-rounds-of-8"),
+        # the window's splits as programs of the selected launch (8-token tiles: several per split)
+        pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
+        pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
@@ -163,6 +166,7 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 2)}, id="sel-descriptors-wide"),
         pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
         pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
+        pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
     ],
 )
 def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):
@@ -270,3 +274,19 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
                                 kv_cmp=tuple(map(up, kw["kv_cmp"])), kv_win=tuple(map(up, kw["kv_win"])), return_block_idx=True)  # fmt: skip
     assert_close("o", o, ref_o, 1e-2)
     assert (idx == ref_idx).float().mean() >= 0.99
+
+
+def test_default_splits_by_batch(monkeypatch):
+    """132 SMs, paper defaults, 64k: batch 1 hides latency with many short compressed splits
+    and one block per selected program; batch 16 fills the GPU, so the compressed launch is
+    one wave of 3 programs per SM, the window (2 splits) joins the selected launch and each
+    selected program takes 8 blocks (the H100 measurements in ``default_splits``)."""
+    from nsa.ops.decode import kernel
+
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)
+    config, cpu = NSAConfig(), torch.device("cpu")
+    nc_cap = config.num_cmp(65536)
+    assert kernel.default_splits(1 * 4, nc_cap, config, cpu) == (16, 4, 1)
+    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 8)
+    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 2, 8)
+    assert not kernel._batch_fills_gpu(1 * 4, config, cpu) and kernel._batch_fills_gpu(16 * 4, config, cpu)

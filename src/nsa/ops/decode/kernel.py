@@ -8,14 +8,16 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
 1. ``decode_cmp_win_fwd_kernel``: grid ``(S_CMP + S_WIN, rows * H)``. Split-K
    over the visible compressed tokens (the split size follows the length at run
    time) and over the window; each split writes a partial ``(acc, max, sum)``,
-   and the compressed splits also write their log2-scaled logits.
+   and the compressed splits also write their log2-scaled logits. Once the batch
+   fills the GPU the window's splits move to launch 3 and the grid is ``(S_CMP, rows * H)``.
 2. ``decode_score_kernel``: grid ``(block tiles, rows * H)``. Merges the
    compressed splits into each head's log-sum-exp, turns the logits into
    probabilities, sums them over the group and maps them onto selection blocks
    with the mass-conserving overlap weights (spec Eqs. 8-10). Each program keeps
    its tile's scores in registers and writes only the tile's ``n`` best block
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
-3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``. Every program
+3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``, or ``(S_SLC + S_WIN,
+   rows * H)`` with the window's splits (which wait for nothing). Every selection program
    finds the n-th largest key among the candidates (forced blocks first, ties to
    the lower index: spec Eq. 11), attends over its share of the selected blocks,
    and the first one writes ``block_idx``. The n-th largest comes from ``n / 4``
@@ -70,6 +72,14 @@ def _row_position(seq_lens, i_r, TQ: tl.constexpr):
 def _visible_cmp(pos, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr):
     """Spec ``Nc(t)``: compressed tokens whose whole block lies at or before ``pos``."""
     return tl.where(pos + 1 >= CMP_BLOCK, (tl.maximum(pos + 1 - CMP_BLOCK, 0)) // CMP_STRIDE + 1, 0)
+
+
+@triton.jit
+def _window_split(pos, i_w, S_WIN, WINDOW: tl.constexpr):
+    """Tokens ``[lo, hi)`` of window split ``i_w`` of ``S_WIN`` equal parts of ``pos - w < s <= pos``."""
+    w_chunk = (WINDOW + S_WIN - 1) // S_WIN
+    lo = tl.maximum(pos + 1 - WINDOW, 0) + i_w * w_chunk
+    return lo, tl.minimum(lo + w_chunk, pos + 1)
 
 
 @triton.jit
@@ -224,10 +234,7 @@ def decode_cmp_win_fwd_kernel(
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
                                         G, K, V, BG, BK, BV, BC, True, PREC)  # fmt: skip
     else:
-        # -- window positions pos - w < s <= pos, split in S_WIN equal parts --
-        w_chunk = (WINDOW + S_WIN - 1) // S_WIN
-        lo = tl.maximum(pos + 1 - WINDOW, 0) + (i_s - S_CMP) * w_chunk
-        hi = tl.minimum(lo + w_chunk, pos + 1)
+        lo, hi = _window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         if WIN_DESC:
             whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
             b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
@@ -478,26 +485,67 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
 
 @triton.jit
 def decode_selected_fwd_kernel(
-    q, k, v, seq_lens, cand, block_idx,  #
+    q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
     o_part, m_part, l_part,  #
     s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
-    qk_scale, NCAND, SLOT0, S,  #
+    s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
+    qk_scale, NCAND, SLOT0, S, S_SLC, S_WIN, WIN_SLOT0,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
+    WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
-    block is one bulk copy in a loop the compiler pipelines (:func:`_attend_blocks_desc`)."""
+    block is one bulk copy in a loop the compiler pipelines (:func:`_attend_blocks_desc`).
+
+    With ``WIN``, programs ``S_SLC .. S_SLC + S_WIN - 1`` of a row-group are the window's
+    splits instead (slots from ``WIN_SLOT0``): they need nothing from the launches before,
+    so they do not wait for them, and their reads overlap the selection programs' top-n."""
     if PDL:
         gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     i_b, pos = _row_position(seq_lens, i_r, TQ)
-    own = pos // SEL_BLOCK
     b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    if WIN:
+        if i_s >= S_SLC:
+            lo, hi = _window_split(pos, i_s - S_SLC, S_WIN, WINDOW)
+            b_m = tl.full([BG], float("-inf"), tl.float32)
+            b_l = tl.zeros([BG], tl.float32)
+            b_acc = tl.zeros([BG, BV], tl.float32)
+            p_k = k_win + i_b * s_kwb + i_h * s_kwh
+            p_v = v_win + i_b * s_vwb + i_h * s_vwh
+            b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
+                                            G, K, V, BG, BK, BV, WIN_TILE, False, PREC)  # fmt: skip
+            _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
+        else:
+            _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                              qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
+                              H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
+                              PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v)  # fmt: skip
+    else:
+        _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                          qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
+                          H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v)  # fmt: skip
+
+
+@triton.jit
+def _selected_program(
+    q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
+    qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,  #
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
+    SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
+    TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+    PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
+):
+    """One selection program: waits for the scores, finds the top-n, attends over its
+    share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial."""
+    own = pos // SEL_BLOCK
     if PDL:
         gdc_wait()
     # -- top-n among the candidates of the score tiles that hold visible blocks --
@@ -665,14 +713,21 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     splits of 256 measured 3 us faster than 32 of 128: fewer partials to merge), but
     into 8 splits wherever that count allows, however short: at batch 1, 8k, 8 splits
     of 64 tokens measured 20.1 us against 22.1 for 2 of 256 (a few serial tiles each
-    instead of 4 programs per group in all; H200). The window takes ~128-token splits;
-    each selected program takes one block at small batch and several once the batch
-    alone fills the GPU."""
+    instead of 4 programs per group in all; H200). The window takes ~128-token splits
+    and each selected program one block.
+
+    Once the batch alone fills the GPU, the window runs in the selected launch
+    (``window_in_selected``) and the compressed launch is one wave: as many splits as
+    three programs per SM allow (the shared memory of its 32-token, 3-stage tiles admits
+    three), with 256-token window splits and 8 selected blocks a program. At batch 16,
+    64k on an H100 (132 SMs) that is (6, 2, 8): 106.6-107.2 us against 113.8-114.5 for
+    the earlier (9, 4, 4) with the window in the compressed launch; 7 compressed splits
+    (two waves) took 119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
     sms = _sm_count(device)
+    if _batch_fills_gpu(rows_groups, config, device):
+        return max(1, 3 * sms // rows_groups), max(1, triton.cdiv(config.window, 256)), 8
     s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), max(triton.cdiv(nc_cap, 256), 8)))
-    s_win = max(1, triton.cdiv(config.window, 128))
-    per_program = 4 if _batch_fills_gpu(rows_groups, config, device) else 1
-    return s_cmp, s_win, per_program
+    return s_cmp, max(1, triton.cdiv(config.window, 128)), 1
 
 
 def _sm_count(device: torch.device) -> int:
@@ -727,6 +782,8 @@ def decode_fwd(
     sel_desc: Optional[bool] = None,
     topn_per_round: Optional[int] = None,
     combine_heads: Optional[int] = None,
+    window_in_selected: Optional[bool] = None,
+    win_tile: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -756,6 +813,9 @@ def decode_fwd(
     97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
     ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
     64k (50.1 against 54.7 at 8k); 1 head per program otherwise (not measured at batch 1).
+    ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`); at
+    batch 1, 64k it measured 30.7-31.2 against 25.7 us (H100): there the window's programs
+    ran beside the compressed splits for free, and in the selected launch they lengthen it.
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -802,7 +862,9 @@ def decode_fwd(
         k_win, v_win = _descriptor_ready(k_win), _descriptor_ready(v_win)
         k_win_arg, v_win_arg = _token_tile_descriptor(k_win, cmp_attend["BC"], BK), _token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
-    decode_cmp_win_fwd_kernel[(s_cmp + s_win, rows * H)](
+    if window_in_selected is None:
+        window_in_selected = fills
+    decode_cmp_win_fwd_kernel[(s_cmp + (0 if window_in_selected else s_win), rows * H)](
         q, k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg, seq_lens, k_cmp, v_cmp, k_win, v_win,  #
         logits, o_part, m_part, l_part,  #
         q.stride(0), q.stride(1),  #
@@ -838,13 +900,16 @@ def decode_fwd(
     if sel_desc:
         k, v = _descriptor_ready(k), _descriptor_ready(v)
         d_k, d_v = _token_tile_descriptor(k, sel_block, BK), _token_tile_descriptor(v, sel_block, BV)
-    decode_selected_fwd_kernel[(s_slc, rows * H)](
-        q, k, v, seq_lens, cand, block_idx,  #
+    decode_selected_fwd_kernel[(s_slc + (s_win if window_in_selected else 0), rows * H)](
+        q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
-        qk_scale, n_cand, s_cmp + s_win, S,  #
+        k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
+        qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
         SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
-        PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v, num_warps=num_warps, **attend, **common, **after,
+        PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
+        WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot),
+        num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     # the interpreter prefers fewer, larger programs
     if combine_heads is None:

@@ -1,0 +1,56 @@
+"""One decode step per case between cudaProfilerStart/Stop, for Nsight Compute.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats python scripts/ncu_decode.py --cases 16:65536 1:65536
+
+Each case runs the default launch (PDL off, so every kernel's time is its own) and, with
+``--dense``, dense SDPA decode over the same context; warm-up launches (compilation, autotune)
+happen before profiling starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_decode import D, H, HQ, make_inputs, run_nsa  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", nargs="+", default=["16:65536", "1:65536"], help="batch:context pairs")
+    parser.add_argument("--dense", action="store_true", help="also profile dense SDPA decode")
+    parser.add_argument("--launch", default="", help="decode_fwd overrides, e.g. 'cmp_tile=64,cmp_stages=3'")
+    args = parser.parse_args()
+    launch = {"pdl": False}
+    for item in filter(None, args.launch.split(",")):
+        name, value = item.split("=")
+        launch[name] = int(value) if value.lstrip("-").isdigit() else value == "True"
+    steps = []
+    for case in args.cases:
+        B, S = (int(x) for x in case.split(":"))
+        t = make_inputs(B, S)
+        steps.append(lambda t=t: run_nsa(t, **launch))
+        if args.dense:
+            q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+            K, V = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            steps.append(lambda q=q, K=K, V=V: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
+    for step in steps:
+        for _ in range(3):
+            step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for step in steps:
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()
