@@ -41,15 +41,12 @@ HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants (each default turned back, and candidates): {batch 1?: [...]},
-# and those of one context alone: {(batch 1?, context): [...]}; (9, 4, k) are the default
-# compressed and window splits at B = 16, 64k on 132 SMs, (16, 4, k) at B = 1, 64k
-WIN_SEL = {"window_in_selected": True}
+# and those of one context alone: {(batch 1?, context): [...]}; (6, 2, 8) are the default
+# compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
+# A launch may carry "head_major": True, which times the same caches stored head-major.
 VARIANTS = {
-    True: [{}],
-    False: [dict(WIN_SEL, splits=(6, 2, 8)), dict(WIN_SEL, splits=(6, 1, 8)), dict(WIN_SEL, splits=(6, 2, 16)),
-            dict(WIN_SEL, splits=(6, 1, 16)), dict(WIN_SEL, splits=(6, 2, 4)), dict(WIN_SEL, splits=(5, 2, 8)),
-            dict(WIN_SEL, splits=(6, 2, 8), pdl=True), dict(WIN_SEL, splits=(6, 2, 8), num_warps=8, cmp_warps=4),
-            dict(WIN_SEL, splits=(6, 2, 8), win_tile=32), dict(WIN_SEL, splits=(6, 4, 8)), dict(WIN_SEL, splits=(6, 2, 8)), {}],
+    True: [{}, {"score_blocks": 32}, {}, {"score_blocks": 32}],
+    False: [{}, {"window_in_selected": False, "splits": (9, 4, 4)}],
 }
 CONTEXT_VARIANTS = {}
 

@@ -772,7 +772,7 @@ def decode_fwd(
     num_warps: int = 4,
     cmp_warps: Optional[int] = None,
     combine_chunk: int = 64,
-    score_blocks: int = 32,
+    score_blocks: Optional[int] = None,
     pdl: Optional[bool] = None,
     score_contig: bool = True,
     cmp_desc: Optional[bool] = None,
@@ -791,8 +791,9 @@ def decode_fwd(
     window, selected blocks per program)``, ``block_tile`` (candidates scanned at once by
     top-n), ``token_tile`` (tokens per attention tile), ``num_warps`` of the attention
     kernels (``cmp_warps`` of the compressed/window one alone), ``combine_chunk`` (splits
-    the combine reads at once), ``score_blocks`` (selection blocks per scoring program;
-    32 measured 2 us faster than 64 at batch 1, 64k), ``pdl`` (programmatic dependent
+    the combine reads at once), ``score_blocks`` (selection blocks per scoring program:
+    32, which measured 2 us faster than 64 at batch 1, 64k, but 64 for a batch-1 cache of at
+    most 128 blocks), ``pdl`` (programmatic dependent
     launch), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
     descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile, at
@@ -874,6 +875,11 @@ def decode_fwd(
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
     )  # fmt: skip
+    if score_blocks is None:
+        # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
+        # blocks, 8k at l' = 64: 20.2-20.4 against 21.2 us on an H100; the selected kernel's
+        # top-n 5.0 against 6.2 us); at 16k and over, and at batch 16, no gain or a loss
+        score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = _pow2(score_blocks, 2)
     tokens_per_block = config.sel_block // config.cmp_stride
     contig_ok = (config.sel_block % config.cmp_stride == 0 and config.cmp_block % config.cmp_stride == 0
