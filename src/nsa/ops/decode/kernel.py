@@ -510,22 +510,18 @@ def decode_selected_fwd_kernel(
     i_r, i_h = i_rh // H, i_rh % H
     i_b, pos = _row_position(seq_lens, i_r, TQ)
     b_q = _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
-    if WIN:
-        if i_s >= S_SLC:
-            lo, hi = _window_split(pos, i_s - S_SLC, S_WIN, WINDOW)
-            b_m = tl.full([BG], float("-inf"), tl.float32)
-            b_l = tl.zeros([BG], tl.float32)
-            b_acc = tl.zeros([BG, BV], tl.float32)
-            p_k = k_win + i_b * s_kwb + i_h * s_kwh
-            p_v = v_win + i_b * s_vwb + i_h * s_vwh
-            b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, WIN_TILE, False, PREC)  # fmt: skip
-            _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
-        else:
-            _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                              qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
-                              H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                              PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v)  # fmt: skip
+    # a window split only where WIN; without it the window path is not compiled at all
+    is_window = i_s >= S_SLC if WIN else False
+    if is_window:
+        lo, hi = _window_split(pos, i_s - S_SLC, S_WIN, WINDOW)
+        b_m = tl.full([BG], float("-inf"), tl.float32)
+        b_l = tl.zeros([BG], tl.float32)
+        b_acc = tl.zeros([BG, BV], tl.float32)
+        p_k = k_win + i_b * s_kwb + i_h * s_kwh
+        p_v = v_win + i_b * s_vwb + i_h * s_vwh
+        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
+                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC)  # fmt: skip
+        _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
     else:
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
