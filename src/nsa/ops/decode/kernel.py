@@ -796,7 +796,8 @@ def decode_fwd(
     least 16 on a GPU, and pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
     through tensor descriptors, where ``l'`` is a power of two, and at least 16 on a GPU), ``topn_per_round`` (keys
     each top-n round takes: 1, 2, 4 or 8; one that does not divide ``n`` becomes 1),
-    ``combine_heads`` (heads per combine program on the GPU).
+    ``combine_heads`` (heads per combine program on the GPU), ``window_in_selected`` (the window's
+    splits as programs of the selected launch) and ``win_tile`` (their token tile).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
