@@ -45,8 +45,8 @@ DEVICE = "cuda"
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
 VARIANTS = {
-    True: [{}, {"score_blocks": 32}, {}, {"score_blocks": 32}],
-    False: [{}, {"window_in_selected": False, "splits": (9, 4, 4)}],
+    True: [{}, {"combine_heads": 1}, {}, {"combine_heads": 1}],
+    False: [{}],
 }
 CONTEXT_VARIANTS = {}
 

@@ -810,7 +810,10 @@ def decode_fwd(
     at batch 1, 64k. Selected blocks through descriptors once the batch fills the GPU:
     97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
     ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
-    64k (50.1 against 54.7 at 8k); 1 head per program otherwise (not measured at batch 1).
+    64k (50.1 against 54.7 at 8k). At batch 1 (H200): 4 at 8k, 18.7 against 19.6-19.8 us for 1,
+    but 27.6 against 24.4 at 64k, whose 36 slots make the tile of 4 heads too large; 2 there,
+    23.9 us. Hence as many heads (4, 2 or 1) as keep heads x slots (rounded up to a power of
+    two) within 128.
     ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`); at
     batch 1, 64k it measured 30.7-31.2 against 25.7 us (H100): there the window's programs
     ran beside the compressed splits for free, and in the selected launch they lengthen it.
@@ -916,7 +919,8 @@ def decode_fwd(
     )  # fmt: skip
     # the interpreter prefers fewer, larger programs
     if combine_heads is None:
-        combine_heads = 4 if fills and HQ % 4 == 0 else 1
+        # up to 4 heads a program while its (head, slot) tile stays within 128 rows
+        combine_heads = next(hb for hb in (4, 2, 1) if (HQ % hb == 0 and hb * _pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G
