@@ -917,13 +917,12 @@ def decode_fwd(
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot),
         num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
-    # the interpreter prefers fewer, larger programs
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
         combine_heads = next(hb for hb in (4, 2, 1) if (HQ % hb == 0 and hb * _pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
-    hb = combine_heads if on_gpu else G
+    hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
