@@ -68,6 +68,15 @@ def head_major(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if x.dim() == 4 and x.shape[1] > 1 else x
 
 
+def inputs_for(t: Dict[str, torch.Tensor], launch: dict):
+    """``(inputs, decode_fwd overrides)`` of one variant: its ``"head_major"`` key, if any, turns
+    into head-major copies of the caches (made only for the variants that ask)."""
+    launch = dict(launch)
+    if launch.pop("head_major", False):
+        t = {name: head_major(x) for name, x in t.items()}
+    return t, launch
+
+
 def run_nsa(t: Dict[str, torch.Tensor], backend: str = "triton", **launch):
     args = (t["q"], t["k"], t["v"], t["gates"], t["seq_lens"], t["k_cmp"], t["v_cmp"], t["k_win"], t["v_win"])
     if launch:
@@ -83,9 +92,8 @@ def check(t: Dict[str, torch.Tensor], variants: List[dict] = ()) -> Dict[str, fl
     ref_o, ref_idx = run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
     res = {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
            "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain)), "variants": {}}
-    for launch in variants:
-        shown, launch = launch, dict(launch)
-        tt = {name: head_major(x) for name, x in t.items()} if launch.pop("head_major", False) else t
+    for shown in variants:
+        tt, launch = inputs_for(t, shown)
         try:
             o_v, idx_v = run_nsa(tt, **launch)
             res["variants"][str(shown)] = f"{rel_error(o_v, ref_o):.2e}, {100 * float((idx_v == ref_idx).float().mean()):.2f}%"
@@ -233,17 +241,16 @@ def main() -> None:
         lines += ["", f"Launch variants at context {S} (NSA us):", ""]
         for B in args.batches:
             t = make_inputs(B, S)
-            t_hm = {name: head_major(x) for name, x in t.items()}
-            for launch in VARIANTS[B == 1] + CONTEXT_VARIANTS.get((B == 1, S), []):
-                shown, launch = launch, dict(launch)
-                tt = t_hm if launch.pop("head_major", False) else t
+            for shown in VARIANTS[B == 1] + CONTEXT_VARIANTS.get((B == 1, S), []):
+                tt, launch = inputs_for(t, shown)
                 try:
                     us = time_us(lambda: run_nsa(tt, **launch))
                     lines.append(f"- B={B} {shown}: {us:.1f} ({kernel_breakdown(tt, **launch)})")
                 except (OutOfResources, RuntimeError) as err:  # a variant that fails is reported, not fatal
                     lines.append(f"- B={B} {shown}: failed ({type(err).__name__}: {str(err)[:80]})")
                 print(lines[-1], flush=True)
-            del t, t_hm
+                del tt
+            del t
             torch.cuda.empty_cache()
     report = "\n".join(lines) + "\n"
     print("\n" + report)
