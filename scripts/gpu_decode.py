@@ -41,14 +41,17 @@ HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants (each default turned back, and candidates): {batch 1?: [...]},
-# and those of one context alone: {(batch 1?, context): [...]}; (6, 2, 8) are the default
+# and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-VARIANTS = {
-    True: [{}, {"combine_heads": 1}, {}, {"combine_heads": 1}],
-    False: [{}],
+# Now: the defaults against those they replaced in session 5 (the window in the selected launch
+# at batch 1 up to 128 blocks; at batch 16, 4 compressed programs per SM in 2 stages, not 3 in 3).
+VARIANTS = {True: [{}], False: [{}]}
+_BEFORE_B1, _BEFORE_B16 = {"window_in_selected": False}, {"splits": (6, 2, 8), "cmp_stages": 3}
+CONTEXT_VARIANTS = {
+    **{(True, S): [_BEFORE_B1, {}, _BEFORE_B1] for S in (4096, 8192)},
+    **{(False, S): [_BEFORE_B16, {}, _BEFORE_B16] for S in (8192, 16384, 32768, 65536)},
 }
-CONTEXT_VARIANTS = {}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:
@@ -175,6 +178,37 @@ def kernel_breakdown(t: Dict[str, torch.Tensor], **launch) -> str:
     return ", ".join(f"{n} {getattr(e, 'device_time', None) or e.cuda_time:.1f}us" for n, e in zip(names, rows))
 
 
+def persist_l2(mb: float) -> str:
+    """Set aside ``mb`` MB of L2 for persisting (evict-last) lines, -1 for the device's most,
+    through the driver API (``cuCtxSetLimit``); returns what the device reports afterwards."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    limit_persisting_l2, attr_max_persisting_l2 = 0x06, 108  # CU_LIMIT_..., CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE
+    most = ctypes.c_int()
+    assert cuda.cuDeviceGetAttribute(ctypes.byref(most), attr_max_persisting_l2, torch.cuda.current_device()) == 0
+    want = most.value if mb < 0 else int(mb * 2**20)
+    torch.cuda.synchronize()
+    assert cuda.cuCtxSetLimit(limit_persisting_l2, ctypes.c_size_t(want)) == 0
+    got = ctypes.c_size_t()
+    assert cuda.cuCtxGetLimit(ctypes.byref(got), limit_persisting_l2) == 0
+    return f"persisting L2 set-aside {got.value / 2**20:.1f} MB (device most {most.value / 2**20:.1f} MB)"
+
+
+def compiled_resources() -> List[str]:
+    """Registers, spills and shared memory of every decode kernel compiled so far (one line each)."""
+    import nsa.ops.decode.kernel as decode_kernel
+
+    out = []
+    for name in ("decode_cmp_win_fwd_kernel", "decode_score_kernel", "decode_selected_fwd_kernel", "decode_combine_kernel"):
+        for entry in getattr(decode_kernel, name).device_caches.values():
+            for compiled in entry[0].values():
+                meta = compiled.metadata
+                out.append(f"- {name} (warps {meta.num_warps}, stages {meta.num_stages}): {compiled.n_regs} registers, "
+                           f"{compiled.n_spills} spills, {meta.shared} B shared")  # fmt: skip
+    return out
+
+
 def time_row(t: Dict[str, torch.Tensor], S: int, B: int, reads: Dict[int, tuple]) -> str:
     nsa = time_us(lambda: run_nsa(t))
     plain = time_us(lambda: run_nsa(t, pdl=False))
@@ -196,10 +230,13 @@ def main() -> None:
     parser.add_argument("--variants", type=int, nargs="*", default=None,
                         help="also time launch variants at these contexts (none given: the longest)")
     parser.add_argument("--check-variants", action="store_true", help="check every launch variant against the reference too")
+    parser.add_argument("--l2-persist-mb", type=float, default=None,
+                        help="set aside this much L2 for evict-last lines first (-1: the device's most)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
+    persisting = persist_l2(args.l2_persist_mb) if args.l2_persist_mb is not None else "persisting L2 set-aside: as found"
     lines = [
         "# NSA decode vs dense SDPA (CUDA-graph replay, one layer)",
         "",
@@ -213,7 +250,7 @@ def main() -> None:
         "| context | batch (lengths) | rel. error | selected blocks equal | PDL on == off (bitwise) |",
         "|---|---|---|---|---|",
     ]
-    lines.insert(4, f"Programmatic dependent launch: {pdl_or_fallback()}.")
+    lines.insert(4, f"Programmatic dependent launch: {pdl_or_fallback()}; {persisting}.")
     reads = {}
     for S in args.check_contexts or args.contexts:
         for lens in ([S], unequal_lengths(S, 16)):
@@ -252,6 +289,10 @@ def main() -> None:
                 del tt
             del t
             torch.cuda.empty_cache()
+    try:
+        lines += ["", "Compiled decode kernels:", ""] + compiled_resources()
+    except Exception as err:  # noqa: BLE001 - the resource report is informative only
+        lines.append(f"(resources unavailable: {type(err).__name__}: {err})")
     report = "\n".join(lines) + "\n"
     print("\n" + report)
     if args.out:

@@ -108,7 +108,8 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
 @pytest.mark.parametrize(
     "config, splits, block_tile, token_tile, extra",
     [
-        pytest.param(SMALL, (3, 2, 2), None, None, {}, id="cmp3-win2-slc2"),
+        # the window's splits in the compressed launch (small caches default to the selected one)
+        pytest.param(SMALL, (3, 2, 2), None, None, {"window_in_selected": False}, id="cmp3-win2-slc2"),
         pytest.param(SMALL, (1, 1, 4), 4, 16, {}, id="one-split-each-multi-tile-topn"),
         pytest.param(MISALIGNED, (2, 1, 1), None, 16, {}, id="tiles-off-block-boundaries"),
         pytest.param(SPAN3, (3, 1, 2), 8, 16, {}, id="cmp-block-spans-3-sel-blocks"),
@@ -119,7 +120,8 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         # whole compressed tiles through tensor descriptors, the last partial one through
         # masked loads; 8-token tiles so that rows have both
         pytest.param(SMALL, (2, 1, 2), None, None, {"cmp_desc": True, "cmp_tile": 8}, id="cmp-tensor-descriptors"),
-        pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"cmp_desc": True, "win_desc": True, "cmp_tile": 4}, id="cmp-win-descriptors"),
+        pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"cmp_desc": True, "win_desc": True, "cmp_tile": 4, "window_in_selected": False},
+                     id="cmp-win-descriptors"),  # fmt: skip
         # contiguous scoring reads, with several score tiles per row (and the SPAN3 geometry,
         # where l/d = 3 reaches two tokens back)
         pytest.param(SMALL, (3, 1, 2), None, None, {"score_contig": True, "score_blocks": 2}, id="score-contiguous"),
@@ -135,6 +137,7 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         # the window's splits as programs of the selected launch (8-token tiles: several per split)
         pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
         pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
+        pytest.param(SMALL, (2, 1, 2), None, None, {"l2_hints": True, "cmp_desc": True, "cmp_tile": 8}, id="l2-hints"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
@@ -167,6 +170,8 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
         pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
+        pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),
+        pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
     ],
 )
 def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):
@@ -279,7 +284,7 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
 def test_default_splits_by_batch(monkeypatch):
     """132 SMs, paper defaults, 64k: batch 1 hides latency with many short compressed splits
     and one block per selected program; batch 16 fills the GPU, so the compressed launch is
-    one wave of 3 programs per SM, the window (2 splits) joins the selected launch and each
+    one wave of 4 programs per SM, the window (2 splits) joins the selected launch and each
     selected program takes 8 blocks (the H100 measurements in ``default_splits``)."""
     from nsa.ops.decode import kernel
 
@@ -287,6 +292,6 @@ def test_default_splits_by_batch(monkeypatch):
     config, cpu = NSAConfig(), torch.device("cpu")
     nc_cap = config.num_cmp(65536)
     assert kernel.default_splits(1 * 4, nc_cap, config, cpu) == (16, 4, 1)
-    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 8)
-    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 2, 8)
+    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (8, 2, 8)
+    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (4, 2, 8)
     assert not kernel._batch_fills_gpu(1 * 4, config, cpu) and kernel._batch_fills_gpu(16 * 4, config, cpu)

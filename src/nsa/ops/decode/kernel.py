@@ -125,12 +125,13 @@ def _attend_range(
     p_s, s_sg,  #
     G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
-    STORE_S: tl.constexpr, PREC: tl.constexpr,
+    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
 ):
     """Online softmax of the group's queries over tokens ``[lo, hi)`` (log2 units).
 
     ``b_m [BG]`` running max, ``b_l [BG]`` running sum, ``b_acc [BG, BV]``; with
-    ``STORE_S`` the scaled logits of every token are written to ``p_s`` (head stride ``s_sg``).
+    ``STORE_S`` the scaled logits of every token are written to ``p_s`` (head stride ``s_sg``,
+    L2 eviction policy ``KEEP``).
     Keys and values of a tile are requested together, before the math on either: the
     compiler does not pipeline this loop (its loads go straight to registers), so this is
     what overlaps the two round trips. (Requesting the next tile a whole iteration ahead
@@ -144,7 +145,8 @@ def _attend_range(
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         if STORE_S:
-            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :])
+            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :],
+                     eviction_policy=KEEP)
         b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
@@ -154,7 +156,7 @@ def _attend_full_tiles_desc(
     b_q, d_k, d_v, i_b, i_h, lo, hi,  #
     b_m, b_l, b_acc, qk_scale, p_s, s_sg,  #
     G: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
-    STORE_S: tl.constexpr, PREC: tl.constexpr,
+    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
 ):
     """:func:`_attend_range` over the whole tiles ``[lo, hi)`` (``hi - lo`` a multiple of
     ``BC``), keys and values read through the tensor descriptors ``d_k``/``d_v`` of a
@@ -169,23 +171,25 @@ def _attend_full_tiles_desc(
         b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         if STORE_S:
-            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G))
+            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G), eviction_policy=KEEP)
         b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
 @triton.jit
 def _store_partial(o_part, m_part, l_part, i_r, i_h, slot, S, b_m, b_l, b_acc,  #
-                   HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr):
-    """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads."""
+                   HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr,
+                   KEEP: tl.constexpr):
+    """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads
+    (L2 eviction policy ``KEEP``)."""
     o_g = tl.arange(0, BG)
     o_v = tl.arange(0, BV)
     m_g = o_g < G
     i_rq = (i_r * HQ + i_h * G + o_g).to(tl.int64)  # [BG] global head rows
-    tl.store(m_part + i_rq * S + slot, b_m, mask=m_g)
-    tl.store(l_part + i_rq * S + slot, b_l, mask=m_g)
+    tl.store(m_part + i_rq * S + slot, b_m, mask=m_g, eviction_policy=KEEP)
+    tl.store(l_part + i_rq * S + slot, b_l, mask=m_g, eviction_policy=KEEP)
     p_o = o_part + (i_rq[:, None] * S + slot) * V + o_v[None, :]
-    tl.store(p_o, b_acc, mask=m_g[:, None] & (o_v[None, :] < V))
+    tl.store(p_o, b_acc, mask=m_g[:, None] & (o_v[None, :] < V), eviction_policy=KEEP)
 
 
 @triton.jit
@@ -199,12 +203,12 @@ def decode_cmp_win_fwd_kernel(
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr,
+    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
 ):
     """With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
     and the whole tiles of a compressed split go through them; the masked last tile, if
     any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
-    for the window."""
+    for the window. Logits and partials are stored with the L2 eviction policy ``KEEP``."""
     if PDL:
         gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
@@ -224,7 +228,7 @@ def decode_cmp_win_fwd_kernel(
         if CMP_DESC:
             whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
             b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_cmp, v_cmp, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                      p_s, NC_CAP, G, BG, BK, BV, BC, True, PREC)  # fmt: skip
+                                                      p_s, NC_CAP, G, BG, BK, BV, BC, True, PREC, KEEP)  # fmt: skip
             lo = whole
             p_k = k_cmp_ptr + i_b * s_kcb + i_h * s_kch
             p_v = v_cmp_ptr + i_b * s_vcb + i_h * s_vch
@@ -232,13 +236,13 @@ def decode_cmp_win_fwd_kernel(
             p_k = k_cmp + i_b * s_kcb + i_h * s_kch
             p_v = v_cmp + i_b * s_vcb + i_h * s_vch
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
-                                        G, K, V, BG, BK, BV, BC, True, PREC)  # fmt: skip
+                                        G, K, V, BG, BK, BV, BC, True, PREC, KEEP)  # fmt: skip
     else:
         lo, hi = _window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         if WIN_DESC:
             whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
             b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                      logits, 0, G, BG, BK, BV, BC, False, PREC)  # fmt: skip
+                                                      logits, 0, G, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
             lo = whole
             p_k = k_win_ptr + i_b * s_kwb + i_h * s_kwh
             p_v = v_win_ptr + i_b * s_vwb + i_h * s_vwh
@@ -246,8 +250,8 @@ def decode_cmp_win_fwd_kernel(
             p_k = k_win + i_b * s_kwb + i_h * s_kwh
             p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
-                                        G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
-    _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
+                                        G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
+    _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
 @triton.jit
@@ -316,45 +320,50 @@ def _top8_merge(a1, a2, a3, a4, a5, a6, a7, a8, b1, b2, b3, b4, b5, b6, b7, b8):
 
 
 @triton.jit
+def _top_n_of_keys(b_key, N: tl.constexpr, PER_ROUND: tl.constexpr):
+    """The ``N``-th largest of the distinct keys ``b_key`` (a 1-D tile in registers), by
+    rounds of "largest keys below the last one". Each round can take the ``PER_ROUND`` (1,
+    2, 4 or 8, dividing ``N``) largest at once in one tuple reduction: the rounds are
+    serial, each a reduction across the warps, so fewer of them is shorter."""
+    thr = tl.full([], INT64_MAX, tl.int64)
+    # Distinct names for the rounds: the compiler types a name reassigned inside a loop as
+    # loop-carried, and an int round counter cannot become an int64 tensor.
+    b_none = tl.zeros_like(b_key) - 1
+    if PER_ROUND == 8:
+        for i_round in range(N // 8):
+            b_below = tl.where(b_key < thr, b_key, -1)
+            t1, t2, t3, t4, t5, t6, t7, t8 = tl.reduce(
+                (b_below, b_none, b_none, b_none, b_none, b_none, b_none, b_none), 0, _top8_merge)
+            thr = t8
+    elif PER_ROUND == 4:
+        for i_round in range(N // 4):
+            b_below = tl.where(b_key < thr, b_key, -1)
+            t1, t2, t3, t4 = tl.reduce((b_below, b_none, b_none, b_none), 0, _top4_merge)
+            thr = t4
+    elif PER_ROUND == 2:
+        for i_round in range(N // 2):
+            b_below = tl.where(b_key < thr, b_key, -1)
+            t1, t2 = tl.reduce((b_below, b_none), 0, _top2_merge)
+            thr = t2
+    else:
+        for i_round in range(N):
+            thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
+    return thr
+
+
+@triton.jit
 def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,
                      PER_ROUND: tl.constexpr):
     """The smallest of the ``N`` largest candidate keys (0 when all visible blocks fit).
-
-    Keys are distinct, so the n-th largest is found by rounds of "largest keys below the
-    last one"; with ``ONE_TILE`` every key stays in registers, and each round can take the
-    ``PER_ROUND`` (1, 2, 4 or 8, dividing ``N``) largest at once in one tuple reduction: the
-    rounds are serial, each a reduction across the warps, so fewer of them is shorter."""
+    With ``ONE_TILE`` every key stays in registers (:func:`_top_n_of_keys`); otherwise each
+    round scans the candidates ``TJ`` at a time."""
     thr = tl.full([], 0, tl.int64)
     if own + 1 > N:
-        thr = tl.full([], INT64_MAX, tl.int64)
-        # Distinct names for the rounds and the unused block indices: the compiler types a
-        # name reassigned inside a loop as loop-carried, and an int round counter cannot
-        # become an int64 tensor.
         if ONE_TILE:
             o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
-            if PER_ROUND == 8:
-                b_none = tl.full([TJ], -1, tl.int64)
-                for i_round in range(N // 8):
-                    b_below = tl.where(b_key < thr, b_key, -1)
-                    t1, t2, t3, t4, t5, t6, t7, t8 = tl.reduce(
-                        (b_below, b_none, b_none, b_none, b_none, b_none, b_none, b_none), 0, _top8_merge)
-                    thr = t8
-            elif PER_ROUND == 4:
-                b_none = tl.full([TJ], -1, tl.int64)
-                for i_round in range(N // 4):
-                    b_below = tl.where(b_key < thr, b_key, -1)
-                    t1, t2, t3, t4 = tl.reduce((b_below, b_none, b_none, b_none), 0, _top4_merge)
-                    thr = t4
-            elif PER_ROUND == 2:
-                b_none = tl.full([TJ], -1, tl.int64)
-                for i_round in range(N // 2):
-                    b_below = tl.where(b_key < thr, b_key, -1)
-                    t1, t2 = tl.reduce((b_below, b_none), 0, _top2_merge)
-                    thr = t2
-            else:
-                for i_round in range(N):
-                    thr = tl.max(tl.where(b_key < thr, b_key, -1), 0)
+            thr = _top_n_of_keys(b_key, N, PER_ROUND)
         else:
+            thr = tl.full([], INT64_MAX, tl.int64)
             for i_round in range(N):
                 best = tl.full([], -1, tl.int64)
                 for c0 in range(0, n_cand, TJ):
@@ -365,6 +374,77 @@ def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE
 
 
 @triton.jit
+def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
+                H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
+                SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+                BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr,
+                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr):
+    """Keys ``[BJ]`` of blocks ``o_j = [j0, j0 + BJ)`` (-1 past the query's own block) from
+    their group scores: each head's log-sum-exp over the compressed splits turns its
+    logits into probabilities, summed over the group and mapped onto selection blocks
+    with the mass-conserving overlap weights (spec Eqs. 8-10). Returns ``(o_j, b_key)``.
+
+    A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
+    defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
+    over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (with that
+    matrix the score launch took 32.5 us at batch 16, 64k on an H200; 20.3 us without).
+    With ``CONTIG`` (``d`` divides ``l`` and ``l'``, ``R = l'/d`` a power of two) the
+    gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
+    (10.3 against 15.1 us at batch 16, 64k, H200), read with the L2 eviction policy ``DROP``."""
+    own = pos // SEL_BLOCK
+    nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
+    o_g = tl.arange(0, BG)
+    m_g = o_g < G
+    i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
+    # -- log2-sum-exp of each head over all compressed splits --
+    o_sp = tl.arange(0, BSC)
+    m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
+    b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
+    b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
+    b_mx = tl.max(b_ms, 1)
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
+    b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
+    # -- each block gathers the NCOVER compressed tokens that can overlap it: the
+    # first is the one whose [i*d, i*d + l) ends just past the block's start --
+    o_j = j0 + tl.arange(0, BJ)
+    j_lo = o_j * SEL_BLOCK
+    b_score = tl.zeros([BJ], tl.float32)
+    if CONTIG:
+        # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
+        # tile's one contiguous range [j0*R, (j0 + BJ)*R), read once and folded [BJ, R]
+        # with weights min(l, (R - r)*d)/l; the C - 1 tokens j*R - u before it (C = l/d)
+        # reach into the block by min(l - u*d, l') and are gathered, one load each.
+        o_c = j0 * R + tl.arange(0, BJ * R)
+        m_c = (o_c < nc) & (o_c // R <= own)
+        b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"),
+                      eviction_policy=DROP)  # fmt: skip
+        b_pc = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ*R] group probability (Eq. 10)
+        o_r = tl.arange(0, R)
+        b_wr = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK  # [R]
+        b_score = tl.sum(tl.reshape(b_pc, (BJ, R)) * b_wr[None, :], 1)
+        for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
+            o_i = o_j * R - u
+            m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
+            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
+            b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
+            b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
+    else:
+        i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
+        for u in tl.static_range(NCOVER):
+            o_i = i_first + u
+            c_lo = o_i * CMP_STRIDE
+            # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
+            b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
+            m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
+            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
+            b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
+    return o_j, _pack_keys(b_score, o_j, own, INIT, LOCAL)
+
+
+@triton.jit
 def decode_score_kernel(
     seq_lens, logits, m_part, l_part, cand,  #
     NC_CAP, NCAND, S_CMP, S,  #
@@ -372,80 +452,24 @@ def decode_score_kernel(
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
-    CONTIG: tl.constexpr, R: tl.constexpr,
+    CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr,
 ):
-    """Group scores of blocks ``[j0, j0 + BJ)``, kept in registers: the program writes
-    only its tile's ``N`` best keys (the candidates), in ascending block order, padded with -1.
-    The global top-n lies among the candidates of all tiles, and tile-major slots keep
-    the candidates of a row in ascending block order.
-
-    A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
-    defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
-    over the tile's tokens against a dense ``[tokens, blocks]`` overlap matrix (with that
-    matrix this kernel took 32.5 us at batch 16, 64k on an H200; 20.3 us without).
-    With ``CONTIG`` (``d`` divides ``l`` and ``l'``, ``R = l'/d`` a power of two) the
-    gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
-    (10.3 against 15.1 us at batch 16, 64k, H200)."""
+    """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
+    program writes only its tile's ``N`` best keys (the candidates), in ascending block
+    order, padded with -1. The global top-n lies among the candidates of all tiles, and
+    tile-major slots keep the candidates of a row in ascending block order."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     _, pos = _row_position(seq_lens, i_r, TQ)
-    own = pos // SEL_BLOCK
     j0 = i_j * BJ
     if PDL:
         gdc_wait()
-    if j0 <= own:
-        nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
-        o_g = tl.arange(0, BG)
-        m_g = o_g < G
-        i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
-        # -- log2-sum-exp of each head over all compressed splits --
-        o_sp = tl.arange(0, BSC)
-        m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
-        b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
-        b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
-        b_mx = tl.max(b_ms, 1)
-        b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-        b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
-        b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
-        # -- each block gathers the NCOVER compressed tokens that can overlap it: the
-        # first is the one whose [i*d, i*d + l) ends just past the block's start --
-        o_j = j0 + tl.arange(0, BJ)
-        j_lo = o_j * SEL_BLOCK
-        b_score = tl.zeros([BJ], tl.float32)
-        if CONTIG:
-            # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
-            # tile's one contiguous range [j0*R, (j0 + BJ)*R), read once and folded [BJ, R]
-            # with weights min(l, (R - r)*d)/l; the C - 1 tokens j*R - u before it (C = l/d)
-            # reach into the block by min(l - u*d, l') and are gathered, one load each.
-            o_c = j0 * R + tl.arange(0, BJ * R)
-            m_c = (o_c < nc) & (o_c // R <= own)
-            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"))
-            b_pc = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ*R] group probability (Eq. 10)
-            o_r = tl.arange(0, R)
-            b_wr = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK  # [R]
-            b_score = tl.sum(tl.reshape(b_pc, (BJ, R)) * b_wr[None, :], 1)
-            for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
-                o_i = o_j * R - u
-                m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
-                b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-                b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
-                b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
-                b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
-        else:
-            i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
-            for u in tl.static_range(NCOVER):
-                o_i = i_first + u
-                c_lo = o_i * CMP_STRIDE
-                # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
-                b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
-                m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
-                b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-                b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
-                b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
+    if j0 <= pos // SEL_BLOCK:
+        o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,
+                                 H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP)  # fmt: skip
         # -- this tile's candidates: keys with fewer than N larger keys in the tile --
-        b_key = _pack_keys(b_score, o_j, own, INIT, LOCAL)
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
         b_cand = (b_rank < N) & (b_key >= 0)
         b_slot = tl.cumsum(b_cand.to(tl.int32), 0) - 1
@@ -496,6 +520,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
+    KEEP: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -520,13 +545,28 @@ def decode_selected_fwd_kernel(
         p_k = k_win + i_b * s_kwb + i_h * s_kwh
         p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC)  # fmt: skip
-        _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
+                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC, KEEP)  # fmt: skip
+        _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
     else:
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP)  # fmt: skip
+
+
+@triton.jit
+def _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s):
+    """One tile of keys in ascending block order: the blocks it selects (keys ``>= thr``)
+    take the next ranks after ``count``; the program's blocks ``b_j [SB]`` (ranks ``o_sb``)
+    are filled in and program 0 writes the tile's blocks to ``block_idx``. Returns
+    ``(b_j, count)``."""
+    b_sel = (b_key >= thr) & (b_key >= 0)
+    b_rank = tl.cumsum(b_sel.to(tl.int32), 0) + count  # 1-based among the selected
+    b_hit = b_sel[None, :] & (b_rank[None, :] == o_sb[:, None] + 1)  # [SB, tile]
+    b_j = tl.maximum(b_j, tl.max(tl.where(b_hit, o_j[None, :], -1), 1))
+    if i_s == 0:
+        tl.store(p_idx + b_rank - 1, o_j.to(tl.int32), mask=b_sel)
+    return b_j, count + tl.sum(b_sel.to(tl.int32), 0)
 
 
 @triton.jit
@@ -537,31 +577,25 @@ def _selected_program(
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-    PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
+    PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial."""
     own = pos // SEL_BLOCK
     if PDL:
         gdc_wait()
-    # -- top-n among the candidates of the score tiles that hold visible blocks --
-    p_cand = cand + i_rh.to(tl.int64) * NCAND
-    n_cand = (own // BJ + 1) * N
-    thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
     # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
     o_sb = i_s * SB + tl.arange(0, SB)
     b_j = tl.full([SB], -1, tl.int64)
     p_idx = block_idx + i_rh.to(tl.int64) * N
     count = tl.full([], 0, tl.int32)
+    # -- top-n among the candidates of the score tiles that hold visible blocks --
+    p_cand = cand + i_rh.to(tl.int64) * NCAND
+    n_cand = (own // BJ + 1) * N
+    thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
     for c0 in range(0, n_cand, TJ):
         o_j, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
-        b_sel = (b_key >= thr) & (b_key >= 0)
-        b_rank = tl.cumsum(b_sel.to(tl.int32), 0) + count  # [TJ] 1-based among the selected
-        b_hit = b_sel[None, :] & (b_rank[None, :] == o_sb[:, None] + 1)  # [SB, TJ]
-        b_j = tl.maximum(b_j, tl.max(tl.where(b_hit, o_j[None, :], -1), 1))
-        if i_s == 0:
-            tl.store(p_idx + b_rank - 1, o_j.to(tl.int32), mask=b_sel)
-        count += tl.sum(b_sel.to(tl.int32), 0)
+        b_j, count = _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s)
     o_n = tl.arange(0, NP)
     if i_s == 0:
         tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
@@ -583,7 +617,7 @@ def _selected_program(
             j = tl.sum(tl.where(tl.arange(0, SB) == 0, b_j, 0), 0)
             hi = tl.where(j == 0, pos + 1, 0)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, 0, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC)  # fmt: skip
+                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC, KEEP)  # fmt: skip
     else:
         p_k = k + i_b * s_kb + i_h * s_kh
         p_v = v + i_b * s_vb + i_h * s_vh
@@ -592,8 +626,8 @@ def _selected_program(
             lo = tl.maximum(j, 0) * SEL_BLOCK
             hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, BC, False, PREC)  # fmt: skip
-    _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV)
+                                            G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
+    _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
 @triton.jit
@@ -612,14 +646,15 @@ def _branch_scale(b_m, b_l, m_c, b_mx, b_g):
 
 
 @triton.jit
-def _load_acc_chunk(o_part, m_part, o_h, s0, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr):
+def _load_acc_chunk(o_part, m_part, o_h, s0, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr):
     """Slots ``[s0, s0 + BSX)`` of heads ``o_h``: max ``[HB, BSX]`` and acc ``[HB, BSX, BV]``."""
     o_x = s0 + tl.arange(0, BSX)
     o_v = tl.arange(0, BV)
     m_x = o_x < S
     p_x = o_h[:, None] * S + o_x[None, :]  # [HB, BSX]
-    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"))
-    b_acc = tl.load(o_part + p_x[:, :, None] * V + o_v[None, None, :], mask=m_x[None, :, None] & (o_v[None, None, :] < V), other=0.0)
+    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"), eviction_policy=DROP)
+    b_acc = tl.load(o_part + p_x[:, :, None] * V + o_v[None, None, :], mask=m_x[None, :, None] & (o_v[None, None, :] < V), other=0.0,
+                    eviction_policy=DROP)  # fmt: skip
     return b_mx, b_acc
 
 
@@ -641,6 +676,7 @@ def decode_combine_kernel(
     o_part, m_part, l_part, gates, o,  #
     S_CMP, S_WIN, S,  #
     V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
+    DROP: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
     splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``.
@@ -649,7 +685,8 @@ def decode_combine_kernel(
     gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
     the ``acc`` rows are read ``BSX`` slots at a time, so the tile stays small at any
     split count. The first chunk is loaded with the ``(max, sum)``, not after them:
-    usually it is the only one, and the kernel then waits on memory once."""
+    usually it is the only one, and the kernel then waits on memory once. Partials are
+    read with the L2 eviction policy ``DROP``: nothing reads them again."""
     o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     o_v = tl.arange(0, BV)
     b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
@@ -659,9 +696,9 @@ def decode_combine_kernel(
         gdc_wait()
     o_s = tl.arange(0, BS)
     m_s = o_s < S
-    b_m = tl.load(m_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=float("-inf"))  # [HB, BS]
-    b_l = tl.load(l_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=0.0)
-    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, 0, S, V, BSX, BV)
+    b_m = tl.load(m_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=float("-inf"), eviction_policy=DROP)  # [HB, BS]
+    b_l = tl.load(l_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=0.0, eviction_policy=DROP)
+    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, 0, S, V, BSX, BV, DROP)
     m_cmp = (o_s < S_CMP)[None, :]
     m_win = ((o_s >= S_CMP) & (o_s < S_CMP + S_WIN))[None, :]
     m_slc = ((o_s >= S_CMP + S_WIN) & m_s)[None, :]
@@ -672,7 +709,7 @@ def decode_combine_kernel(
     b_o = _gated_chunk(b_mx0, b_acc0, 0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
                        b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
     for s0 in range(BSX, S, BSX):
-        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, S, V, BSX, BV)
+        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, S, V, BSX, BV, DROP)
         b_o += _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
                             b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
@@ -701,6 +738,12 @@ def _token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDe
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, tokens, 1, width])
 
 
+# Once the batch fills the GPU the compressed launch is one wave of this many programs per
+# SM, each pipelining its tiles through FILL_CMP_STAGES stages (their shared memory is what
+# bounds the programs per SM).
+FILL_CMP_PROGRAMS_PER_SM, FILL_CMP_STAGES = 4, 2
+
+
 def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
     """``(compressed splits, window splits, selected blocks per program)``.
 
@@ -714,14 +757,16 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
 
     Once the batch alone fills the GPU, the window runs in the selected launch
     (``window_in_selected``) and the compressed launch is one wave: as many splits as
-    three programs per SM allow (the shared memory of its 32-token, 3-stage tiles admits
-    three), with 256-token window splits and 8 selected blocks a program. At batch 16,
-    64k on an H100 (132 SMs) that is (6, 2, 8): 106.6-107.2 us against 113.8-114.5 for
-    the earlier (9, 4, 4) with the window in the compressed launch; 7 compressed splits
-    (two waves) took 119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
+    four programs per SM allow (the shared memory of its 32-token tiles in 2 pipeline
+    stages admits four; see :func:`decode_fwd`), with 256-token window splits and 8
+    selected blocks a program. At batch 16, 64k on an H100 (132 SMs) that is (8, 2, 8):
+    106.0-106.4 us against 107.3-107.6 for three programs per SM in 3 stages, (6, 2, 8);
+    that one took 106.6-107.2 us against 113.8-114.5 for the earlier (9, 4, 4) with the
+    window in the compressed launch; 7 compressed splits of 3 stages (two waves) took
+    119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
     sms = _sm_count(device)
     if _batch_fills_gpu(rows_groups, config, device):
-        return max(1, 3 * sms // rows_groups), max(1, triton.cdiv(config.window, 256)), 8
+        return max(1, FILL_CMP_PROGRAMS_PER_SM * sms // rows_groups), max(1, triton.cdiv(config.window, 256)), 8
     s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), max(triton.cdiv(nc_cap, 256), 8)))
     return s_cmp, max(1, triton.cdiv(config.window, 128)), 1
 
@@ -780,6 +825,7 @@ def decode_fwd(
     combine_heads: Optional[int] = None,
     window_in_selected: Optional[bool] = None,
     win_tile: Optional[int] = None,
+    l2_hints: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -797,7 +843,9 @@ def decode_fwd(
     through tensor descriptors, where ``l'`` is a power of two, and at least 16 on a GPU), ``topn_per_round`` (keys
     each top-n round takes: 1, 2, 4 or 8; one that does not divide ``n`` becomes 1),
     ``combine_heads`` (heads per combine program on the GPU), ``window_in_selected`` (the window's
-    splits as programs of the selected launch) and ``win_tile`` (their token tile).
+    splits as programs of the selected launch), ``win_tile`` (their token tile) and
+    ``l2_hints`` (logits and partials stored with the L2 policy evict-last and read back,
+    once, with evict-first).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -862,9 +910,15 @@ def decode_fwd(
     if win_desc:
         k_win, v_win = _descriptor_ready(k_win), _descriptor_ready(v_win)
         k_win_arg, v_win_arg = _token_tile_descriptor(k_win, cmp_attend["BC"], BK), _token_tile_descriptor(v_win, cmp_attend["BC"], BV)
+    if cmp_stages is None and fills:
+        cmp_stages = FILL_CMP_STAGES
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     if window_in_selected is None:
-        window_in_selected = fills
+        # at batch 1 only for short caches, whose compressed pass is a few tiles a split
+        window_in_selected = fills or nblk_cap <= 128
+    if l2_hints is None:
+        l2_hints = on_gpu
+    keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
     decode_cmp_win_fwd_kernel[(s_cmp + (0 if window_in_selected else s_win), rows * H)](
         q, k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg, seq_lens, k_cmp, v_cmp, k_win, v_win,  #
         logits, o_part, m_part, l_part,  #
@@ -873,7 +927,7 @@ def decode_fwd(
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, nc_cap, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
+        KEEP=keep, num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
     )  # fmt: skip
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
@@ -892,7 +946,7 @@ def decode_fwd(
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
-        CONTIG=score_contig and contig_ok, R=config.sel_block // config.cmp_stride if contig_ok else 1,
+        CONTIG=score_contig and contig_ok, R=config.sel_block // config.cmp_stride if contig_ok else 1, DROP=drop,
         **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
@@ -914,7 +968,7 @@ def decode_fwd(
         qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
         SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
-        WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot),
+        WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
         num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
@@ -926,7 +980,8 @@ def decode_fwd(
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
-        V=V, HB=hb, BS=_pow2(S, 2), BSX=min(_pow2(combine_chunk, 2), _pow2(S, 2)), BV=_pow2(V, 2), PDL=pdl, **after,
+        V=V, HB=hb, BS=_pow2(S, 2), BSX=min(_pow2(combine_chunk, 2), _pow2(S, 2)), BV=_pow2(V, 2), PDL=pdl, DROP=drop,
+        **after,
     )  # fmt: skip
     return o, block_idx
 
