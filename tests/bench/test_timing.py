@@ -90,6 +90,20 @@ def test_measure_within_times_the_planned_rounds():
     assert 3 <= len(samples.times) <= 5 and min(samples.times) >= 0.019
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph, syncs", [(False, 1), (True, 0)])
+def test_graph_replay_is_submitted_while_the_flush_runs(graph, syncs, nsa_device, monkeypatch):
+    """An eager call starts on a synchronised device (it pays its launches); a graph
+    replay is enqueued behind the flush, so the host's submission is not timed."""
+    x = torch.randn(1024, device=nsa_device)
+    runner = Runner(lambda t: t * 2, [(x,)], nsa_device, graph=graph)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append(a))
+    runner.setup()
+    assert len(calls) == syncs
+    assert ("submitted during the flush" in runner.method) == graph
+
+
 class _DisabledBenchmark:
     """pytest-benchmark's fixture with timing off (xdist): pedantic runs the target once."""
 
