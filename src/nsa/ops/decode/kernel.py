@@ -9,7 +9,8 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    over the visible compressed tokens (the split size follows the length at run
    time) and over the window; each split writes a partial ``(acc, max, sum)``,
    and the compressed splits also write their log2-scaled logits. Once the batch
-   fills the GPU the window's splits move to launch 3 and the grid is ``(S_CMP, rows * H)``.
+   fills the GPU, or while a row holds at most 128 selection blocks, the window's
+   splits move to launch 3 and the grid is ``(S_CMP, rows * H)``.
 2. ``decode_score_kernel``: grid ``(block tiles, rows * H)``. Merges the
    compressed splits into each head's log-sum-exp, turns the logits into
    probabilities, sums them over the group and maps them onto selection blocks
@@ -34,7 +35,8 @@ the work that needs nothing from it (positions, query, gates), then waits for it
 of all launches before it. Once the batch fills the GPU, PDL is off, and launches 1 and
 3 read the compressed keys and values and the selected blocks through tensor
 descriptors: bulk copies into shared memory that the compiler issues stages ahead (see
-:func:`decode_fwd` for the timings).
+:func:`decode_fwd` for the timings). Logits and partials, written by one launch and read
+by the next, carry L2 eviction hints (stored evict-last, read once evict-first).
 """
 
 from __future__ import annotations
@@ -862,9 +864,21 @@ def decode_fwd(
     but 27.6 against 24.4 at 64k, whose 36 slots make the tile of 4 heads too large; 2 there,
     23.9 us. Hence as many heads (4, 2 or 1) as keep heads x slots (rounded up to a power of
     two) within 128.
-    ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`); at
-    batch 1, 64k it measured 30.7-31.2 against 25.7 us (H100): there the window's programs
-    ran beside the compressed splits for free, and in the selected launch they lengthen it.
+    ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`), and at
+    batch 1 for caches of at most 128 blocks (8k), whose compressed splits are a few tiles
+    each: there the compressed launch shrinks (3.2 against 4.2 us) and the window's programs
+    run beside the selection programs' top-n (H100, 8k: 17.6-18.1 against 18.7-18.9 us; 4k:
+    17.9-18.1 against 18.7-18.9; H200, 8k: 17.4-17.6 against 18.3-18.5). At batch 1 and 16k
+    no difference, at 32k +0.3 us, and at 64k 30.7-31.2 against 25.7 us (H100): there the
+    window's programs ran beside the compressed splits for free, and in the selected launch
+    they lengthen it.
+    ``l2_hints`` on (H100, graph replay): batch 16 at 8k 50.5-50.6 against 51.7-52.1 us, 16k
+    58.6-58.9 against 60.9-61.4, 64k 106.6-107.1 against 107.1-107.2; batch 1 within 0.4 us.
+    The compressed launch at batch 16 keeps its tiles in 2 stages (``FILL_CMP_STAGES``), which
+    lets 4 programs share an SM: 105.8-106.0 against 106.1-106.5 us for 3 programs of 3
+    stages at 64k, 50.3-50.7 against 50.8-51.0 at 8k (H100). On the H200 the two are within
+    1.3 us of each other the other way at 64k (88.0-88.1 against 86.8-87.3 us) and the
+    same way at 8k (42.7-42.8 against 43.1-43.3); the H100's choice stands.
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
