@@ -44,13 +44,14 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: the defaults against those they replaced in session 5 (the window in the selected launch
-# at batch 1 up to 128 blocks; at batch 16, 4 compressed programs per SM in 2 stages, not 3 in 3).
+# Now: one score tile for a whole batch-1 row (its candidates are the top-n, so the selected
+# launch skips the rounds) against the current tiles.
 VARIANTS = {True: [{}], False: [{}]}
-_BEFORE_B1, _BEFORE_B16 = {"window_in_selected": False}, {"splits": (6, 2, 8), "cmp_stages": 3}
 CONTEXT_VARIANTS = {
-    **{(True, S): [_BEFORE_B1, {}, _BEFORE_B1] for S in (4096, 8192)},
-    **{(False, S): [_BEFORE_B16, {}, _BEFORE_B16] for S in (8192, 16384, 32768, 65536)},
+    (True, 4096): [{"score_blocks": 32}, {}, {"score_blocks": 32}],
+    (True, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
+    (False, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
+    (True, 16384): [{"score_blocks": 256}, {}, {"score_blocks": 256}],
 }
 
 

@@ -138,6 +138,9 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
         pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
         pytest.param(SMALL, (2, 1, 2), None, None, {"l2_hints": True, "cmp_desc": True, "cmp_tile": 8}, id="l2-hints"),
+        # one score tile holds every block of a row: its candidates are the top-n, no rounds
+        pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 16}, id="one-score-tile-ranked"),
+        pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 4}, id="score-tiles-then-rounds"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
@@ -172,6 +175,8 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
         pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
+        pytest.param(SMALL, {"score_blocks": 8, "splits": (2, 1, 1)}, id="one-score-tile-ranked"),
+        pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-rounds"),
     ],
 )
 def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):

@@ -522,7 +522,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -553,7 +553,7 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED)  # fmt: skip
 
 
 @triton.jit
@@ -580,9 +580,12 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
+    RANKED: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
-    share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial."""
+    share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
+    With ``RANKED`` (one score tile holds all of a row's blocks) the candidates already are
+    the top-n, and the rounds are skipped."""
     own = pos // SEL_BLOCK
     if PDL:
         gdc_wait()
@@ -594,7 +597,10 @@ def _selected_program(
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
     n_cand = (own // BJ + 1) * N
-    thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
+    if RANKED:
+        thr = tl.full([], 0, tl.int64)  # every candidate: the tile's rank kept exactly the top-n
+    else:
+        thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
     for c0 in range(0, n_cand, TJ):
         o_j, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
         b_j, count = _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s)
@@ -983,7 +989,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        num_warps=num_warps, **attend, **common, **after,
+        RANKED=n_cand == n, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
