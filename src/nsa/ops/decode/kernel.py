@@ -22,7 +22,9 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    finds the n-th largest key among the candidates (forced blocks first, ties to
    the lower index: spec Eq. 11), attends over its share of the selected blocks,
    and the first one writes ``block_idx``. The n-th largest comes from ``n / 4``
-   rounds that each reduce to the 4 largest keys below the last round's smallest.
+   rounds that each reduce to the 4 largest keys below the last round's smallest;
+   when one score tile holds a whole row, its candidates are the top-n and the
+   rounds are skipped.
    (Counting, for each candidate, the larger ones instead of rounds of maxima measured
    slower on an H200: 34 us against 29 us at batch 1, 64k.)
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
@@ -952,7 +954,9 @@ def decode_fwd(
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
         # blocks, 8k at l' = 64: 20.2-20.4 against 21.2 us on an H100; the selected kernel's
-        # top-n 5.0 against 6.2 us); at 16k and over, and at batch 16, no gain or a loss
+        # top-n 5.0 against 6.2 us), or hold the whole row (4k: no top-n rounds at all,
+        # 16.4-16.6 against 17.2-17.4 us, H200); at 16k and over, and at batch 16, no gain
+        # or a loss; one tile of 128 (8k) measured 18.8 against 17.5 us
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = _pow2(score_blocks, 2)
     tokens_per_block = config.sel_block // config.cmp_stride
