@@ -44,13 +44,14 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: cache reads with the L2 policy evict-first (plain loads only; the bulk copies take no
-# policy), against the defaults.
-_STREAM = {"stream_hints": True}
-VARIANTS = {True: [{}, _STREAM, {}, _STREAM], False: [{}, _STREAM, {}, _STREAM]}
+# Now: one score tile for a whole batch-1 row (its candidates are the top-n, so the selected
+# launch skips the rounds) against the current tiles.
+VARIANTS = {True: [{}], False: [{}]}
 CONTEXT_VARIANTS = {
-    (False, 65536): [{**_STREAM, "cmp_desc": False}, {**_STREAM, "cmp_desc": False, "sel_desc": False},
-                     {"cmp_desc": False}],
+    (True, 4096): [{"score_blocks": 32}, {}, {"score_blocks": 32}],
+    (True, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
+    (False, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
+    (True, 16384): [{"score_blocks": 256}, {}, {"score_blocks": 256}],
 }
 
 

@@ -96,17 +96,14 @@ def _load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG:
 
 @triton.jit
 def _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K: tl.constexpr, V: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, STREAM: tl.constexpr):
-    """Keys ``[BC, BK]`` and values ``[BC, BV]`` of tokens ``[i0, i0 + BC)``, zero at and past ``hi``
-    (L2 eviction policy ``STREAM``: each is read once a step)."""
+                  BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """Keys ``[BC, BK]`` and values ``[BC, BV]`` of tokens ``[i0, i0 + BC)``, zero at and past ``hi``."""
     o_t = i0 + tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     m_t = o_t < hi
-    b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0,
-                  eviction_policy=STREAM)
-    b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0,
-                  eviction_policy=STREAM)
+    b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+    b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
     return b_k, b_v
 
 
@@ -132,7 +129,7 @@ def _attend_range(
     p_s, s_sg,  #
     G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
-    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr, STREAM: tl.constexpr,
+    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
 ):
     """Online softmax of the group's queries over tokens ``[lo, hi)`` (log2 units).
 
@@ -148,7 +145,7 @@ def _attend_range(
     for i0 in range(lo, hi, BC):
         o_t = i0 + tl.arange(0, BC)
         m_t = o_t < hi
-        b_k, b_v = _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K, V, BK, BV, BC, STREAM)
+        b_k, b_v = _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K, V, BK, BV, BC)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         if STORE_S:
@@ -210,7 +207,7 @@ def decode_cmp_win_fwd_kernel(
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr, STREAM: tl.constexpr,
+    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
 ):
     """With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
     and the whole tiles of a compressed split go through them; the masked last tile, if
@@ -243,7 +240,7 @@ def decode_cmp_win_fwd_kernel(
             p_k = k_cmp + i_b * s_kcb + i_h * s_kch
             p_v = v_cmp + i_b * s_vcb + i_h * s_vch
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
-                                        G, K, V, BG, BK, BV, BC, True, PREC, KEEP, STREAM)  # fmt: skip
+                                        G, K, V, BG, BK, BV, BC, True, PREC, KEEP)  # fmt: skip
     else:
         lo, hi = _window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         if WIN_DESC:
@@ -257,7 +254,7 @@ def decode_cmp_win_fwd_kernel(
             p_k = k_win + i_b * s_kwb + i_h * s_kwh
             p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
-                                        G, K, V, BG, BK, BV, BC, False, PREC, KEEP, STREAM)  # fmt: skip
+                                        G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
@@ -527,7 +524,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr, RANKED: tl.constexpr, STREAM: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -552,13 +549,13 @@ def decode_selected_fwd_kernel(
         p_k = k_win + i_b * s_kwb + i_h * s_kwh
         p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC, KEEP, STREAM)  # fmt: skip
+                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC, KEEP)  # fmt: skip
         _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
     else:
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, STREAM)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED)  # fmt: skip
 
 
 @triton.jit
@@ -585,7 +582,7 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
-    RANKED: tl.constexpr, STREAM: tl.constexpr,
+    RANKED: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -630,7 +627,7 @@ def _selected_program(
             j = tl.sum(tl.where(tl.arange(0, SB) == 0, b_j, 0), 0)
             hi = tl.where(j == 0, pos + 1, 0)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, 0, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC, KEEP, STREAM)  # fmt: skip
+                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC, KEEP)  # fmt: skip
     else:
         p_k = k + i_b * s_kb + i_h * s_kh
         p_v = v + i_b * s_vb + i_h * s_vh
@@ -639,7 +636,7 @@ def _selected_program(
             lo = tl.maximum(j, 0) * SEL_BLOCK
             hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, BC, False, PREC, KEEP, STREAM)  # fmt: skip
+                                            G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
@@ -839,7 +836,6 @@ def decode_fwd(
     window_in_selected: Optional[bool] = None,
     win_tile: Optional[int] = None,
     l2_hints: Optional[bool] = None,
-    stream_hints: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -945,9 +941,6 @@ def decode_fwd(
     if l2_hints is None:
         l2_hints = on_gpu
     keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
-    if stream_hints is None:
-        stream_hints = False
-    stream = "evict_first" if stream_hints else ""
     decode_cmp_win_fwd_kernel[(s_cmp + (0 if window_in_selected else s_win), rows * H)](
         q, k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg, seq_lens, k_cmp, v_cmp, k_win, v_win,  #
         logits, o_part, m_part, l_part,  #
@@ -956,7 +949,7 @@ def decode_fwd(
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, nc_cap, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, STREAM=stream, num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
+        KEEP=keep, num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
     )  # fmt: skip
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
@@ -1000,7 +993,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=n_cand == n, STREAM=stream, num_warps=num_warps, **attend, **common, **after,
+        RANKED=n_cand == n, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
