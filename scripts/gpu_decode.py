@@ -14,8 +14,10 @@ For each context S and batch B (bf16, HQ=64, H=4, D=128, paper defaults, one lay
 * tokens read per step from the real selected blocks vs the spec's expected count.
 
 Usage: ``python scripts/gpu_decode.py [--contexts 8192 65536] [--check-contexts 8192] [--batches 1 16]
-[--variants [8192 65536]] [--check-variants] [--out decode.md]``.
-Prints a markdown report (device, versions, date, tables) and writes it to ``--out``.
+[--variants [8192 65536]] [--check-variants] [--l2-persist-mb MB] [--out decode.md]``.
+Prints a markdown report (device, versions, date, tables, the registers and spills of every
+compiled decode kernel) and writes it to ``--out``. ``--l2-persist-mb`` first sets aside that
+much L2 for evict-last lines (-1: the device's most); it changes the whole process, dense included.
 """
 
 from __future__ import annotations
