@@ -46,15 +46,10 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: one score tile for a whole batch-1 row (its candidates are the top-n, so the selected
-# launch skips the rounds) against the current tiles.
-VARIANTS = {True: [{}], False: [{}]}
-CONTEXT_VARIANTS = {
-    (True, 4096): [{"score_blocks": 32}, {}, {"score_blocks": 32}],
-    (True, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
-    (False, 8192): [{"score_blocks": 128}, {}, {"score_blocks": 128}],
-    (True, 16384): [{"score_blocks": 256}, {}, {"score_blocks": 256}],
-}
+# Now: the compressed pass leaving block masses (the default) against its logits.
+_LOGITS = {"score_mass": False}
+VARIANTS = {True: [{}, _LOGITS, {}, _LOGITS], False: [{}, _LOGITS, {}, _LOGITS]}
+CONTEXT_VARIANTS = {}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:

@@ -127,6 +127,12 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (3, 1, 2), None, None, {"score_contig": True, "score_blocks": 2}, id="score-contiguous"),
         pytest.param(SPAN3, (2, 1, 2), 8, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-span3"),
         pytest.param(TINY, (2, 1, 1), None, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-many-tiles"),
+        # the compressed pass leaves block masses by default where the geometry allows; the
+        # logits it leaves otherwise, on a geometry that allows masses; tiles of one block,
+        # where every block takes the previous tile's tail; masses through descriptors
+        pytest.param(SMALL, (3, 1, 2), None, None, {"score_mass": False, "score_blocks": 2}, id="score-logits-contiguous"),
+        pytest.param(WIDE, (2, 1, 1), None, 16, {"cmp_tile": 4, "score_blocks": 2}, id="score-mass-one-block-tiles"),
+        pytest.param(WIDE, (3, 1, 1), None, 16, {"cmp_desc": True, "cmp_tile": 8}, id="score-mass-descriptors"),
         # selected blocks through tensor descriptors, 2 and 1 blocks a program; top-n
         # rounds of 2 and 4 keys (SMALL picks 4 blocks), and of 4 falling back to 1 (n = 3)
         pytest.param(SMALL, (2, 1, 2), None, None, {"sel_desc": True}, id="sel-tensor-descriptors"),
@@ -177,6 +183,8 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
         pytest.param(SMALL, {"score_blocks": 8, "splits": (2, 1, 1)}, id="one-score-tile-ranked"),
         pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-rounds"),
+        pytest.param(SMALL, {"score_mass": False, "splits": (2, 1, 1)}, id="score-logits"),
+        pytest.param(WIDE, {"cmp_tile": 4, "score_blocks": 2, "splits": (3, 1, 1)}, id="score-mass-one-block-tiles"),
     ],
 )
 def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):

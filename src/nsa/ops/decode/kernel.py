@@ -123,19 +123,78 @@ def _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr):
 
 
 @triton.jit
+def _store_block_mass(b_p, b_ref, i0, p_s, s_sg, G: tl.constexpr, BG: tl.constexpr, BC: tl.constexpr, R: tl.constexpr,
+                      CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr, KEEP: tl.constexpr):
+    """Each head's selection-block masses of one tile of compressed tokens ``[i0, i0 + BC)``
+    (probabilities ``b_p [BG, BC]`` relative to the running max ``b_ref`` after the tile:
+    spec Eqs. 9-10 before the sum over heads and the division by the head's total), written
+    in place of the tile's logits.
+
+    Block ``j`` starts at token ``j*R`` (``R = l'/d``); token ``j*R + r`` gives it weight
+    ``min(l, (R - r)*d)/l`` and, ``u = R - r`` tokens before block ``j + 1``, gives that one
+    ``min(l - u*d, l')/l`` while ``u*d < l`` (nothing reaches ``j + 2``: ``l <= l' + d``).
+    A head row of ``p_s`` holds ``[mass (NT*BC/R) | max (NT) | tail (NT)]`` for ``NT`` tiles:
+    the mass of every block of the tile, what the tile's previous block hands on included;
+    the tile's reference max; and what its last block hands to the first block of the next
+    tile, which the score launch adds with that tile's max. Per head and tile that is
+    ``BC/R + 2`` floats instead of ``BC`` logits."""
+    NBT: tl.constexpr = BC // R
+    o_g = tl.arange(0, BG)
+    o_r = tl.arange(0, R)
+    o_b = tl.arange(0, NBT)
+    n_tiles = s_sg // (NBT + 2)
+    b_p3 = tl.reshape(b_p, (BG, NBT, R))
+    w_own = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK
+    u_next = (R - o_r) * CMP_STRIDE
+    w_next = tl.where(u_next < CMP_BLOCK, tl.minimum(CMP_BLOCK - u_next, SEL_BLOCK), 0).to(tl.float32) / CMP_BLOCK
+    b_own = tl.sum(b_p3 * w_own[None, None, :], 2)  # [BG, NBT]
+    b_next = tl.sum(b_p3 * w_next[None, None, :], 2)  # [BG, NBT]: what block b hands to block b + 1
+    b_prev = (o_b[:, None] == o_b[None, :] + 1)[None, :, :]  # [1, NBT, NBT]: b' = b - 1
+    b_mass = b_own + tl.sum(tl.where(b_prev, b_next[:, None, :], 0.0), 2)
+    b_tail = tl.sum(tl.where((o_b == NBT - 1)[None, :], b_next, 0.0), 1)  # [BG]
+    m_g = o_g < G
+    t = i0 // BC
+    p_row = p_s + o_g.to(tl.int64) * s_sg  # [BG]
+    tl.store(p_row[:, None] + i0 // R + o_b[None, :], b_mass, mask=m_g[:, None], eviction_policy=KEEP)
+    tl.store(p_row + n_tiles * NBT + t, b_ref, mask=m_g, eviction_policy=KEEP)
+    tl.store(p_row + n_tiles * (NBT + 1) + t, b_tail, mask=m_g, eviction_policy=KEEP)
+
+
+@triton.jit
+def _store_scores(b_s, b_m, i0, m_t, p_s, s_sg, G: tl.constexpr, BG: tl.constexpr, BC: tl.constexpr,
+                  STORE_S: tl.constexpr, KEEP: tl.constexpr, R: tl.constexpr, CMP_BLOCK: tl.constexpr,
+                  CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr):
+    """What a compressed tile leaves for scoring (``STORE_S``): 1, its logits ``b_s [BG, BC]``
+    (rows of ``p_s``, head stride ``s_sg``, tokens ``m_t``); 2, its block masses
+    (:func:`_store_block_mass`) relative to the running max after the tile (``b_m`` before it)."""
+    o_g = tl.arange(0, BG)
+    if STORE_S == 1:
+        o_t = i0 + tl.arange(0, BC)
+        tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :],
+                 eviction_policy=KEEP)
+    elif STORE_S == 2:
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        _store_block_mass(tl.exp2(b_s - b_ref[:, None]), b_ref, i0, p_s, s_sg, G, BG, BC, R, CMP_BLOCK, CMP_STRIDE,
+                          SEL_BLOCK, KEEP)  # fmt: skip
+
+
+@triton.jit
 def _attend_range(
     b_q, p_k, p_v, s_kt, s_vt, lo, hi,  #
     b_m, b_l, b_acc, qk_scale,  #
     p_s, s_sg,  #
     G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
-    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
+    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,  #
+    R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
 ):
     """Online softmax of the group's queries over tokens ``[lo, hi)`` (log2 units).
 
     ``b_m [BG]`` running max, ``b_l [BG]`` running sum, ``b_acc [BG, BV]``; with
-    ``STORE_S`` the scaled logits of every token are written to ``p_s`` (head stride ``s_sg``,
-    L2 eviction policy ``KEEP``).
+    ``STORE_S`` 1 or 2 every tile leaves its logits or its block masses in ``p_s`` (head
+    stride ``s_sg``, L2 eviction policy ``KEEP``; :func:`_store_scores`, geometry ``R``,
+    ``CMP_*``, ``SEL_BLOCK``).
     Keys and values of a tile are requested together, before the math on either: the
     compiler does not pipeline this loop (its loads go straight to registers), so this is
     what overlaps the two round trips. (Requesting the next tile a whole iteration ahead
@@ -148,9 +207,8 @@ def _attend_range(
         b_k, b_v = _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K, V, BK, BV, BC)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
-        if STORE_S:
-            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :],
-                     eviction_policy=KEEP)
+        if STORE_S != 0:
+            _store_scores(b_s, b_m, i0, m_t, p_s, s_sg, G, BG, BC, STORE_S, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
         b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
@@ -160,7 +218,8 @@ def _attend_full_tiles_desc(
     b_q, d_k, d_v, i_b, i_h, lo, hi,  #
     b_m, b_l, b_acc, qk_scale, p_s, s_sg,  #
     G: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
-    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
+    STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,  #
+    R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
 ):
     """:func:`_attend_range` over the whole tiles ``[lo, hi)`` (``hi - lo`` a multiple of
     ``BC``), keys and values read through the tensor descriptors ``d_k``/``d_v`` of a
@@ -174,8 +233,8 @@ def _attend_full_tiles_desc(
         b_k = d_k.load([i_b, i0, i_h, 0]).reshape(BC, BK)
         b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
-        if STORE_S:
-            tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G), eviction_policy=KEEP)
+        if STORE_S != 0:
+            _store_scores(b_s, b_m, i0, o_t >= 0, p_s, s_sg, G, BG, BC, STORE_S, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
         b_m, b_l, b_acc = _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
@@ -203,13 +262,16 @@ def decode_cmp_win_fwd_kernel(
     s_qr, s_qh,  #
     s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
     s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
-    qk_scale, NC_CAP, S_CMP, S_WIN, S,  #
+    qk_scale, SINK_STRIDE, S_CMP, S_WIN, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
+    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
 ):
-    """With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
+    """The compressed splits leave, per head, either every logit (``logits`` rows of
+    ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses (:func:`_store_block_mass`,
+    same rows). With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
     and the whole tiles of a compressed split go through them; the masked last tile, if
     any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
     for the window. Logits and partials are stored with the L2 eviction policy ``KEEP``."""
@@ -228,25 +290,27 @@ def decode_cmp_win_fwd_kernel(
         chunk = tl.cdiv(tl.cdiv(nc, S_CMP), BC) * BC
         lo = i_s * chunk
         hi = tl.minimum(lo + chunk, nc)
-        p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * NC_CAP
+        p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * SINK_STRIDE
+        STORE: tl.constexpr = 2 if MASS else 1
         if CMP_DESC:
             whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
             b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_cmp, v_cmp, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                      p_s, NC_CAP, G, BG, BK, BV, BC, True, PREC, KEEP)  # fmt: skip
+                                                      p_s, SINK_STRIDE, G, BG, BK, BV, BC, STORE, PREC, KEEP,
+                                                      R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
             lo = whole
             p_k = k_cmp_ptr + i_b * s_kcb + i_h * s_kch
             p_v = v_cmp_ptr + i_b * s_vcb + i_h * s_vch
         else:
             p_k = k_cmp + i_b * s_kcb + i_h * s_kch
             p_v = v_cmp + i_b * s_vcb + i_h * s_vch
-        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, NC_CAP,
-                                        G, K, V, BG, BK, BV, BC, True, PREC, KEEP)  # fmt: skip
+        b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, SINK_STRIDE,
+                                        G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
     else:
         lo, hi = _window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         if WIN_DESC:
             whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
             b_m, b_l, b_acc = _attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                      logits, 0, G, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
+                                                      logits, 0, G, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
             lo = whole
             p_k = k_win_ptr + i_b * s_kwb + i_h * s_kwh
             p_v = v_win_ptr + i_b * s_vwb + i_h * s_vwh
@@ -254,7 +318,7 @@ def decode_cmp_win_fwd_kernel(
             p_k = k_win + i_b * s_kwb + i_h * s_kwh
             p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
-                                        G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
+                                        G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
@@ -378,11 +442,11 @@ def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE
 
 
 @triton.jit
-def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
+def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,  #
                 H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
                 BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr,
-                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr):
+                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr):
     """Keys ``[BJ]`` of blocks ``o_j = [j0, j0 + BJ)`` (-1 past the query's own block) from
     their group scores: each head's log-sum-exp over the compressed splits turns its
     logits into probabilities, summed over the group and mapped onto selection blocks
@@ -394,7 +458,11 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
     matrix the score launch took 32.5 us at batch 16, 64k on an H200; 20.3 us without).
     With ``CONTIG`` (``d`` divides ``l`` and ``l'``, ``R = l'/d`` a power of two) the
     gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
-    (10.3 against 15.1 us at batch 16, 64k, H200), read with the L2 eviction policy ``DROP``."""
+    (10.3 against 15.1 us at batch 16, 64k, H200), read with the L2 eviction policy ``DROP``.
+    With ``MASS`` the compressed pass left each tile of ``CMP_TILE`` tokens' block masses
+    instead (:func:`_store_block_mass`): a block's score is then its tile's mass, and for a
+    tile's first block the previous tile's tail, each scaled by its tile's max against
+    the head's log-sum-exp."""
     own = pos // SEL_BLOCK
     nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
     o_g = tl.arange(0, BG)
@@ -414,14 +482,30 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
     o_j = j0 + tl.arange(0, BJ)
     j_lo = o_j * SEL_BLOCK
     b_score = tl.zeros([BJ], tl.float32)
-    if CONTIG:
+    if MASS:
+        # block j's tokens lie in compressed tile j // NBT; a tile exists where its first
+        # token is visible
+        NBT: tl.constexpr = CMP_TILE // R
+        n_tiles = SINK_STRIDE // (NBT + 2)
+        p_row = logits + i_rq[:, None] * SINK_STRIDE  # [BG, 1]
+        t_j = o_j // NBT
+        m_own = m_g[:, None] & ((t_j * CMP_TILE < nc) & (o_j <= own))[None, :]
+        b_ref = tl.load(p_row + n_tiles * NBT + t_j[None, :], mask=m_own, other=float("-inf"))
+        b_mass = tl.load(p_row + o_j[None, :], mask=m_own, other=0.0, eviction_policy=DROP)
+        b_score = tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_mass, 0)
+        first = (o_j % NBT == 0) & (o_j > 0) & (t_j * CMP_TILE <= nc) & (o_j <= own)
+        m_tail = m_g[:, None] & first[None, :]
+        b_ref = tl.load(p_row + n_tiles * NBT + t_j[None, :] - 1, mask=m_tail, other=float("-inf"))
+        b_tail = tl.load(p_row + n_tiles * (NBT + 1) + t_j[None, :] - 1, mask=m_tail, other=0.0)
+        b_score += tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_tail, 0)
+    elif CONTIG:
         # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
         # tile's one contiguous range [j0*R, (j0 + BJ)*R), read once and folded [BJ, R]
         # with weights min(l, (R - r)*d)/l; the C - 1 tokens j*R - u before it (C = l/d)
         # reach into the block by min(l - u*d, l') and are gathered, one load each.
         o_c = j0 * R + tl.arange(0, BJ * R)
         m_c = (o_c < nc) & (o_c // R <= own)
-        b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"),
+        b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"),
                       eviction_policy=DROP)  # fmt: skip
         b_pc = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ*R] group probability (Eq. 10)
         o_r = tl.arange(0, R)
@@ -430,7 +514,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
         for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
             o_i = o_j * R - u
             m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
-            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
             b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
             b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
             b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
@@ -442,7 +526,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
             # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
             b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
             m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
-            b_s = tl.load(logits + i_rq[:, None] * NC_CAP + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
             b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
             b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
     return o_j, _pack_keys(b_score, o_j, own, INIT, LOCAL)
@@ -451,12 +535,12 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,  #
 @triton.jit
 def decode_score_kernel(
     seq_lens, logits, m_part, l_part, cand,  #
-    NC_CAP, NCAND, S_CMP, S,  #
+    SINK_STRIDE, NCAND, S_CMP, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
-    CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr,
+    CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
     program writes only its tile's ``N`` best keys (the candidates), in ascending block
@@ -471,8 +555,9 @@ def decode_score_kernel(
     if PDL:
         gdc_wait()
     if j0 <= pos // SEL_BLOCK:
-        o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, NC_CAP, S_CMP, S,
-                                 H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP)  # fmt: skip
+        o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,
+                                 H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP,
+                                 MASS, CMP_TILE)  # fmt: skip
         # -- this tile's candidates: keys with fewer than N larger keys in the tile --
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
         b_cand = (b_rank < N) & (b_key >= 0)
@@ -549,7 +634,7 @@ def decode_selected_fwd_kernel(
         p_k = k_win + i_b * s_kwb + i_h * s_kwh
         p_v = v_win + i_b * s_vwb + i_h * s_vwh
         b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                        G, K, V, BG, BK, BV, WIN_TILE, False, PREC, KEEP)  # fmt: skip
+                                        G, K, V, BG, BK, BV, WIN_TILE, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
         _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
     else:
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
@@ -627,7 +712,7 @@ def _selected_program(
             j = tl.sum(tl.where(tl.arange(0, SB) == 0, b_j, 0), 0)
             hi = tl.where(j == 0, pos + 1, 0)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, 0, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, SMALL_TILE, False, PREC, KEEP)  # fmt: skip
+                                            G, K, V, BG, BK, BV, SMALL_TILE, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
     else:
         p_k = k + i_b * s_kb + i_h * s_kh
         p_v = v + i_b * s_vb + i_h * s_vh
@@ -636,7 +721,7 @@ def _selected_program(
             lo = tl.maximum(j, 0) * SEL_BLOCK
             hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, pos + 1), lo)
             b_m, b_l, b_acc = _attend_range(b_q, p_k, p_v, s_kt, s_vt, lo, hi, b_m, b_l, b_acc, qk_scale, o_part, 0,
-                                            G, K, V, BG, BK, BV, BC, False, PREC, KEEP)  # fmt: skip
+                                            G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
     _store_partial(o_part, m_part, l_part, i_r, i_h, SLOT0 + i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
@@ -836,6 +921,7 @@ def decode_fwd(
     window_in_selected: Optional[bool] = None,
     win_tile: Optional[int] = None,
     l2_hints: Optional[bool] = None,
+    score_mass: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -853,9 +939,10 @@ def decode_fwd(
     through tensor descriptors, where ``l'`` is a power of two, and at least 16 on a GPU), ``topn_per_round`` (keys
     each top-n round takes: 1, 2, 4 or 8; one that does not divide ``n`` becomes 1),
     ``combine_heads`` (heads per combine program on the GPU), ``window_in_selected`` (the window's
-    splits as programs of the selected launch), ``win_tile`` (their token tile) and
+    splits as programs of the selected launch), ``win_tile`` (their token tile),
     ``l2_hints`` (logits and partials stored with the L2 policy evict-last and read back,
-    once, with evict-first).
+    once, with evict-first) and ``score_mass`` (the compressed pass leaves each tile's block
+    masses instead of its logits, where the geometry allows).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -917,14 +1004,27 @@ def decode_fwd(
     # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
     after = dict(launch_pdl=True) if pdl else {}
     f32 = dict(device=q.device, dtype=torch.float32)
-    logits = torch.empty(rows * HQ, nc_cap, **f32)
+    # what the compressed pass leaves for scoring: each tile's block masses where the
+    # geometry allows (blocks of R = l'/d whole tokens, a power of two; a token reaching at
+    # most one block further, l <= l' + d; tiles of whole blocks), else every logit
+    tokens_per_block = config.sel_block // config.cmp_stride
+    contig_ok = (config.sel_block % config.cmp_stride == 0 and config.cmp_block % config.cmp_stride == 0
+                 and tokens_per_block == triton.next_power_of_2(tokens_per_block))  # fmt: skip
+    r_blk = tokens_per_block if contig_ok else 1
+    cmp_bc = cmp_tile or BC  # the compressed pass's token tile
+    if score_mass is None:
+        score_mass = True
+    score_mass = (score_mass and score_contig and contig_ok and config.cmp_block <= config.sel_block + config.cmp_stride
+                  and cmp_bc % r_blk == 0)  # fmt: skip
+    sink_stride = triton.cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
+    logits = torch.empty(rows * HQ, sink_stride, **f32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
     block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
     o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
     qk_scale = scale * LOG2E
     common = dict(TQ=TQ, H=H, G=G, BG=BG, PDL=pdl)
     attend = dict(K=K, V=V, BK=BK, BV=BV, BC=BC, PREC=PREC)
-    cmp_attend = dict(attend, BC=cmp_tile or BC)
+    cmp_attend = dict(attend, BC=cmp_bc)
     k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg = k_cmp, v_cmp, k_win, v_win
     if cmp_desc:
         k_cmp, v_cmp = _descriptor_ready(k_cmp), _descriptor_ready(v_cmp)
@@ -947,9 +1047,10 @@ def decode_fwd(
         q.stride(0), q.stride(1),  #
         k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
-        qk_scale, nc_cap, s_cmp, s_win, S,  #
+        qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
+        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
+        num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
     )  # fmt: skip
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
@@ -959,18 +1060,15 @@ def decode_fwd(
         # or a loss; one tile of 128 (8k) measured 18.8 against 17.5 us
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = _pow2(score_blocks, 2)
-    tokens_per_block = config.sel_block // config.cmp_stride
-    contig_ok = (config.sel_block % config.cmp_stride == 0 and config.cmp_block % config.cmp_stride == 0
-                 and tokens_per_block == triton.next_power_of_2(tokens_per_block))  # fmt: skip
     n_cand = triton.cdiv(nblk_cap, BJ) * n  # n candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
     decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
-        nc_cap, n_cand, s_cmp, S,  #
+        sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
-        CONTIG=score_contig and contig_ok, R=config.sel_block // config.cmp_stride if contig_ok else 1, DROP=drop,
+        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
         **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
