@@ -1013,7 +1013,11 @@ def decode_fwd(
     r_blk = tokens_per_block if contig_ok else 1
     cmp_bc = cmp_tile or BC  # the compressed pass's token tile
     if score_mass is None:
-        score_mass = True
+        # once the batch fills the GPU, where the compressed pass is bound by its writes:
+        # 100.4-101.4 against 104.9-105.2 us at batch 16, 64k (the pass 51.3-51.6 against
+        # 55.0-55.1); at batch 1 the extra register work costs more (64k: 26.2-26.4 against
+        # 25.6-25.8; 8k: 19.0-19.2 against 18.5-18.7; H100)
+        score_mass = fills
     score_mass = (score_mass and score_contig and contig_ok and config.cmp_block <= config.sel_block + config.cmp_stride
                   and cmp_bc % r_blk == 0)  # fmt: skip
     sink_stride = triton.cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
