@@ -8,13 +8,15 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
 1. ``decode_cmp_win_fwd_kernel``: grid ``(S_CMP + S_WIN, rows * H)``. Split-K
    over the visible compressed tokens (the split size follows the length at run
    time) and over the window; each split writes a partial ``(acc, max, sum)``,
-   and the compressed splits also write their log2-scaled logits. Once the batch
+   and the compressed splits also write their log2-scaled logits, or, once the batch
+   fills the GPU, each tile's block masses (a quarter of the bytes). Once the batch
    fills the GPU, or while a row holds at most 128 selection blocks, the window's
    splits move to launch 3 and the grid is ``(S_CMP, rows * H)``.
 2. ``decode_score_kernel``: grid ``(block tiles, rows * H)``. Merges the
    compressed splits into each head's log-sum-exp, turns the logits into
    probabilities, sums them over the group and maps them onto selection blocks
-   with the mass-conserving overlap weights (spec Eqs. 8-10). Each program keeps
+   with the mass-conserving overlap weights (spec Eqs. 8-10); from block masses it
+   only rescales and sums them. Each program keeps
    its tile's scores in registers and writes only the tile's ``n`` best block
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
 3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``, or ``(S_SLC + S_WIN,
