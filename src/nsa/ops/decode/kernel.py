@@ -202,7 +202,6 @@ def _attend_range(
     what overlaps the two round trips. (Requesting the next tile a whole iteration ahead
     measured slower: it spills at 4 warps.)
     """
-    o_g = tl.arange(0, BG)
     for i0 in range(lo, hi, BC):
         o_t = i0 + tl.arange(0, BC)
         m_t = o_t < hi
@@ -228,7 +227,6 @@ def _attend_full_tiles_desc(
     ``[B, T, H, D]`` cache: bulk copies into shared memory that the compiler can issue
     stages ahead, instead of loads into registers that this loop cannot pipeline. Every
     tile is whole, so nothing is masked."""
-    o_g = tl.arange(0, BG)
     i_b, i_h = i_b.to(tl.int32), i_h.to(tl.int32)  # descriptor offsets are 32-bit
     for i0 in range(lo.to(tl.int32), hi.to(tl.int32), BC):
         o_t = i0 + tl.arange(0, BC)
