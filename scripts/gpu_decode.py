@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -139,12 +139,18 @@ def time_us(fn: Callable[[], object]) -> float:
     return 1e3 * do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
 
 
+def dense_inputs(B: int, S: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dense decode's ``q [B, HQ, 1, D]`` and whole-cache ``K``, ``V [B, H, S, D]`` (SDPA's layout, bf16)."""
+    q = torch.randn(B, HQ, 1, D, device=DEVICE, dtype=torch.bfloat16)
+    K, V = (torch.randn(B, H, S, D, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    return q, K, V
+
+
 def dense_us(B: int, S: int) -> Dict[str, float]:
     """Dense decode over the whole cache in SDPA's layout, per SDPA backend that runs."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-    K, V = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q, K, V = dense_inputs(B, S)
     out = {}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)):  # fmt: skip

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_decode import D, H, HQ, graph_of, make_inputs, run_nsa  # noqa: E402
+from gpu_decode import dense_inputs, graph_of, make_inputs, run_nsa  # noqa: E402
 
 
 def median_us(graph: torch.cuda.CUDAGraph, flush: str, buf: torch.Tensor, reps: int) -> float:
@@ -55,8 +55,7 @@ def main() -> None:
         for B in args.batches:
             t = make_inputs(B, S)
             nsa = graph_of(lambda: run_nsa(t))
-            q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-            K, V = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            q, K, V = dense_inputs(B, S)
             dense = graph_of(lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
             for flush in ("zero", "read", "none"):
                 n, d = median_us(nsa, flush, buf, args.reps), median_us(dense, flush, buf, args.reps)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_decode import D, H, HQ, make_inputs, run_nsa  # noqa: E402
+from gpu_decode import dense_inputs, make_inputs, run_nsa  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +38,7 @@ def main() -> None:
         t = make_inputs(B, S)
         steps.append(lambda t=t: run_nsa(t, **launch))
         if args.dense:
-            q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-            K, V = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            q, K, V = dense_inputs(B, S)
             steps.append(lambda q=q, K=K, V=V: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
     for step in steps:
         for _ in range(3):
