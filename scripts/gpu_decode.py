@@ -46,9 +46,9 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: the compressed pass leaving block masses (the default once the batch fills the GPU) against its logits.
-_LOGITS = {"score_mass": False}
-VARIANTS = {True: [{}, _LOGITS, {}, _LOGITS], False: [{}, _LOGITS, {}, _LOGITS]}
+# Now: the score launch's warps, by default one past four programs per SM, against four.
+_FOUR = {"score_warps": 4}
+VARIANTS = {True: [], False: [{}, _FOUR] * 2}
 CONTEXT_VARIANTS = {}
 
 

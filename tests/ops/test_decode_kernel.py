@@ -271,6 +271,9 @@ def test_decode_rejects_bad_arguments():
     [
         pytest.param([8192, 5001], 64, 4, 128, 128, id="B2-8k-5001-HQ64-H4-D128"),
         pytest.param([4099], 16, 1, 192, 128, id="B1-4099-HQ16-H1-DK192-DV128"),
+        # a batch that fills the GPU: one-wave compressed launch, block masses, window in the
+        # selected launch, one-warp score programs (past four a SM at 32k)
+        pytest.param([32768 - 1531 * i for i in range(16)], 64, 4, 128, 128, id="B16-32k-unequal-HQ64-H4-D128"),
     ],
 )
 def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
@@ -292,6 +295,24 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
                                 kv_cmp=tuple(map(up, kw["kv_cmp"])), kv_win=tuple(map(up, kw["kv_win"])), return_block_idx=True)  # fmt: skip
     assert_close("o", o, ref_o, 1e-2)
     assert (idx == ref_idx).float().mean() >= 0.99
+
+
+def test_score_warps_by_launch_size(monkeypatch):
+    """132 SMs, paper defaults: the score launch keeps 4-warp programs up to four per SM
+    (batch 1 at 64k, batch 16 up to 16k) and takes one warp beyond (batch 16 at 32k, 64k)."""
+    from nsa.ops.decode import kernel
+
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)
+    config, cpu = NSAConfig(), torch.device("cpu")
+
+    def programs(batch: int, context: int) -> int:  # 32-block score tiles, 4 KV groups a row
+        return -(-config.num_sel_blocks(context) // 32) * batch * 4
+
+    assert kernel.default_score_warps(programs(1, 65536), cpu) == 4
+    assert kernel.default_score_warps(programs(16, 16384), cpu) == 4
+    assert kernel.default_score_warps(programs(16, 32768), cpu) == 1
+    assert kernel.default_score_warps(programs(16, 65536), cpu) == 1
+    assert kernel.default_score_warps(4 * 132, cpu) == 4 and kernel.default_score_warps(4 * 132 + 1, cpu) == 1
 
 
 def test_default_splits_by_batch(monkeypatch):

@@ -866,6 +866,17 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     return s_cmp, max(1, triton.cdiv(config.window, 128)), 1
 
 
+def default_score_warps(programs: int, device: torch.device) -> int:
+    """Warps of a score program: 4, or 1 once the score launch has more than four programs
+    per SM. Past that point its 4-warp programs (56 registers) no longer fit in one wave, and
+    each program's cross-warp reductions (the group sum, the rank in its tile) wait at
+    barriers; one warp needs none. Batch 16 on an H200 (132 SMs), graph replay: 64k (2048
+    programs) 83.9-84.1 against 86.5-86.9 us (the score kernel 8.2 against 11.2 us), 32k
+    (1024) 61.3-61.4 against 62.3-62.5; 16k (512) equal; 8k (256) 43.4 against 42.7, and at
+    batch 1 (128 programs at 64k) 26.6 against 23.5."""
+    return 1 if programs > 4 * _sm_count(device) else 4
+
+
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
@@ -922,6 +933,7 @@ def decode_fwd(
     win_tile: Optional[int] = None,
     l2_hints: Optional[bool] = None,
     score_mass: Optional[bool] = None,
+    score_warps: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -941,8 +953,9 @@ def decode_fwd(
     ``combine_heads`` (heads per combine program on the GPU), ``window_in_selected`` (the window's
     splits as programs of the selected launch), ``win_tile`` (their token tile),
     ``l2_hints`` (logits and partials stored with the L2 policy evict-last and read back,
-    once, with evict-first) and ``score_mass`` (the compressed pass leaves each tile's block
-    masses instead of its logits, where the geometry allows).
+    once, with evict-first), ``score_mass`` (the compressed pass leaves each tile's block
+    masses instead of its logits, where the geometry allows) and ``score_warps`` (warps of a score
+    program; :func:`default_score_warps`).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -1073,7 +1086,7 @@ def decode_fwd(
         N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
-        **common, **after,
+        num_warps=score_warps or default_score_warps(triton.cdiv(nblk_cap, BJ) * rows * H, q.device), **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
     sel_block = config.sel_block
