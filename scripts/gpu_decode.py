@@ -46,10 +46,10 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: warps of the selected launch (its top-n rounds reduce across warps through shared memory;
-# with one warp they are shuffles alone), and at batch 16 four selected blocks a program.
-_SEL1, _SEL2 = dict(num_warps=1, cmp_warps=4), dict(num_warps=2, cmp_warps=4)
-VARIANTS = {True: [{}, _SEL1, _SEL2] * 2, False: [{}, _SEL2, {"splits": (8, 2, 4)}] * 2}
+# Now: the score launch's warps, by default one past four programs per SM (batch 16 at 32k and
+# over), against four (session 6).
+_FOUR = {"score_warps": 4}
+VARIANTS = {True: [], False: [{}, _FOUR] * 2}
 CONTEXT_VARIANTS = {}
 
 
