@@ -28,6 +28,11 @@ def mean_compress_fwd_kernel(
     BC: tl.constexpr,
     BD: tl.constexpr,
 ):
+    """``BC`` compressed tokens x ``BD`` channels, summed row by row in float32.
+
+    The ``L`` row loads are unrolled: none waits for the sum before it, so they are all in
+    flight at once. As a loop each load waited for the one before (a chain of L memory round
+    trips): on an H100 one 64k-token tensor took 44.5 against 80.5 us, 8k 9.0-9.8 against 39."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = i_c * BC + tl.arange(0, BC)
@@ -38,7 +43,7 @@ def mean_compress_fwd_kernel(
     # int64 base offsets: B * T * H * D passes 2**31 at long T.
     p_x = x + (i_b.to(tl.int64) * T * H + i_h) * D + (o_c.to(tl.int64) * S * H * D)[:, None] + o_d[None, :]
     b_acc = tl.zeros([BC, BD], dtype=tl.float32)
-    for o in range(L):
+    for o in tl.static_range(L):
         b_acc += tl.load(p_x + o * H * D, mask=m_cd, other=0.0).to(tl.float32)  # [BC, BD]
     p_y = y + (i_b.to(tl.int64) * NC * H + i_h) * D + (o_c.to(tl.int64) * H * D)[:, None] + o_d[None, :]
     tl.store(p_y, (b_acc / L).to(y.dtype.element_ty), mask=m_cd)
@@ -65,7 +70,7 @@ def mean_compress_bwd_kernel(
     m_d = o_d < D
     b_acc = tl.zeros([BT, BD], dtype=tl.float32)
     # Raw position t lies in compressed tokens t//S - k for k < L//S (those that exist).
-    for k in range(L // S):
+    for k in tl.static_range(L // S):  # unrolled: the loads do not wait for each other
         o_c = o_t // S - k
         m_c = m_t & (o_c >= 0) & (o_c < NC)
         p_dy = dy + (i_b.to(tl.int64) * NC * H + i_h) * D + (o_c.to(tl.int64) * H * D)[:, None] + o_d[None, :]
@@ -85,7 +90,9 @@ def mean_compress_fwd(x: torch.Tensor, config: NSAConfig) -> torch.Tensor:
     y = torch.empty(B, NC, H, D, dtype=x.dtype, device=x.device)
     if NC == 0 or y.numel() == 0:
         return y
-    BC, BD = 32, _block_d(D)
+    # 8 tokens x 64 channels a program: H100, [8, 128] tiles took 58.5 and [16, 64] 60.5 against
+    # 44.5 us at 64k tokens (one tensor), and 2 warps 60.4
+    BC, BD = 8, min(_block_d(D), 64)
     grid = (triton.cdiv(NC, BC), triton.cdiv(D, BD), B * H)
     mean_compress_fwd_kernel[grid](
         x, y, T, NC, H=H, D=D, L=config.cmp_block, S=config.cmp_stride, BC=BC, BD=BD
