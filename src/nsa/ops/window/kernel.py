@@ -333,12 +333,20 @@ def window_fwd(
     return o, lse
 
 
-#: Launch parameters of the backward kernels (H200, bf16, D = 128, G = 16: scripts/gpu_selected_window.py).
-BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, num_warps=4, num_stages=2)}
+#: Launch parameters of the backward kernels (bf16, D = 128, G = 16: dQ measured on an H200 with
+#: scripts/gpu_selected_window.py). dK/dV takes 128-key tiles: each key tile re-reads q and do
+#: over its whole band (W + BN positions), and at 64k those re-reads miss L2 and bound the kernel
+#: by DRAM (74 %), so wider tiles read less. H100: 6.25-6.46 against 7.85-7.88 ms at 64k and 0.76
+#: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
+#: 16.5, 128-key tiles with 4 warps 20.4 ms.
+BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3)}
+#: dK/dV tiles for heads wider than 128, whose 128-key accumulators would not fit.
+WIDE_DKDV_TILES = dict(rows=64, BN=64, num_warps=4, num_stages=2)
 
 
 def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict:
-    cfg = dict(BWD_TILES[kind])
+    wide = kind == "dkdv" and max(next_pow2(DK), next_pow2(DV)) > 128
+    cfg = dict(WIDE_DKDV_TILES if wide else BWD_TILES[kind])
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
