@@ -92,3 +92,15 @@ def test_window_gpu_backward_deterministic(nsa_device):
     q, k, v = qkv(1, 2048, 32, 2, 128, 128, torch.bfloat16, nsa_device)
     do = torch.randn(1, 2048, 32, 128, device=nsa_device, dtype=torch.float64)
     assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, NSAConfig(), 0, "triton", do))
+
+
+def test_window_dkdv_tiles_by_head_width():
+    """dK/dV takes 128-key tiles for heads up to 128 wide (half the q/do re-reads of 64-key
+    tiles) and 64-key tiles beyond, whose accumulators fit; a caller's override wins."""
+    from nsa.ops.window import kernel
+
+    assert kernel._bwd_cfg("dkdv", 16, 128, 128, None)["BN"] == 128
+    assert kernel._bwd_cfg("dkdv", 16, 192, 128, None)["BN"] == 64
+    assert kernel._bwd_cfg("dkdv", 16, 128, 256, None)["BN"] == 64
+    assert kernel._bwd_cfg("dkdv", 16, 128, 128, {"dkdv": {"BN": 32}})["BN"] == 32
+    assert kernel._bwd_cfg("dq", 16, 128, 128, None)["BN"] == 64
