@@ -125,6 +125,14 @@ def _online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr):
 
 
 @triton.jit
+def _mass_row_sections(s_sg, NBT: tl.constexpr):
+    """Offsets of the max and tail sections of a block-mass row of ``s_sg`` floats, laid out
+    ``[mass (NT*NBT) | max (NT) | tail (NT)]`` for ``NT`` tiles of ``NBT`` blocks."""
+    n_tiles = s_sg // (NBT + 2)
+    return n_tiles * NBT, n_tiles * (NBT + 1)
+
+
+@triton.jit
 def _store_block_mass(b_p, b_ref, i0, p_s, s_sg, G: tl.constexpr, BG: tl.constexpr, BC: tl.constexpr, R: tl.constexpr,
                       CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr, KEEP: tl.constexpr):
     """Each head's selection-block masses of one tile of compressed tokens ``[i0, i0 + BC)``
@@ -144,7 +152,7 @@ def _store_block_mass(b_p, b_ref, i0, p_s, s_sg, G: tl.constexpr, BG: tl.constex
     o_g = tl.arange(0, BG)
     o_r = tl.arange(0, R)
     o_b = tl.arange(0, NBT)
-    n_tiles = s_sg // (NBT + 2)
+    at_max, at_tail = _mass_row_sections(s_sg, NBT)
     b_p3 = tl.reshape(b_p, (BG, NBT, R))
     w_own = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK
     u_next = (R - o_r) * CMP_STRIDE
@@ -158,8 +166,8 @@ def _store_block_mass(b_p, b_ref, i0, p_s, s_sg, G: tl.constexpr, BG: tl.constex
     t = i0 // BC
     p_row = p_s + o_g.to(tl.int64) * s_sg  # [BG]
     tl.store(p_row[:, None] + i0 // R + o_b[None, :], b_mass, mask=m_g[:, None], eviction_policy=KEEP)
-    tl.store(p_row + n_tiles * NBT + t, b_ref, mask=m_g, eviction_policy=KEEP)
-    tl.store(p_row + n_tiles * (NBT + 1) + t, b_tail, mask=m_g, eviction_policy=KEEP)
+    tl.store(p_row + at_max + t, b_ref, mask=m_g, eviction_policy=KEEP)
+    tl.store(p_row + at_tail + t, b_tail, mask=m_g, eviction_policy=KEEP)
 
 
 @triton.jit
@@ -169,8 +177,8 @@ def _store_scores(b_s, b_m, i0, m_t, p_s, s_sg, G: tl.constexpr, BG: tl.constexp
     """What a compressed tile leaves for scoring (``STORE_S``): 1, its logits ``b_s [BG, BC]``
     (rows of ``p_s``, head stride ``s_sg``, tokens ``m_t``); 2, its block masses
     (:func:`_store_block_mass`) relative to the running max after the tile (``b_m`` before it)."""
-    o_g = tl.arange(0, BG)
     if STORE_S == 1:
+        o_g = tl.arange(0, BG)
         o_t = i0 + tl.arange(0, BC)
         tl.store(p_s + o_g[:, None].to(tl.int64) * s_sg + o_t[None, :], b_s, mask=(o_g[:, None] < G) & m_t[None, :],
                  eviction_policy=KEEP)
@@ -486,17 +494,17 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
         # block j's tokens lie in compressed tile j // NBT; a tile exists where its first
         # token is visible
         NBT: tl.constexpr = CMP_TILE // R
-        n_tiles = SINK_STRIDE // (NBT + 2)
+        at_max, at_tail = _mass_row_sections(SINK_STRIDE, NBT)
         p_row = logits + i_rq[:, None] * SINK_STRIDE  # [BG, 1]
         t_j = o_j // NBT
         m_own = m_g[:, None] & ((t_j * CMP_TILE < nc) & (o_j <= own))[None, :]
-        b_ref = tl.load(p_row + n_tiles * NBT + t_j[None, :], mask=m_own, other=float("-inf"))
+        b_ref = tl.load(p_row + at_max + t_j[None, :], mask=m_own, other=float("-inf"))
         b_mass = tl.load(p_row + o_j[None, :], mask=m_own, other=0.0, eviction_policy=DROP)
         b_score = tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_mass, 0)
         first = (o_j % NBT == 0) & (o_j > 0) & (t_j * CMP_TILE <= nc) & (o_j <= own)
         m_tail = m_g[:, None] & first[None, :]
-        b_ref = tl.load(p_row + n_tiles * NBT + t_j[None, :] - 1, mask=m_tail, other=float("-inf"))
-        b_tail = tl.load(p_row + n_tiles * (NBT + 1) + t_j[None, :] - 1, mask=m_tail, other=0.0)
+        b_ref = tl.load(p_row + at_max + t_j[None, :] - 1, mask=m_tail, other=float("-inf"))
+        b_tail = tl.load(p_row + at_tail + t_j[None, :] - 1, mask=m_tail, other=0.0)
         b_score += tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_tail, 0)
     elif CONTIG:
         # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
@@ -1078,16 +1086,17 @@ def decode_fwd(
         # or a loss; one tile of 128 (8k) measured 18.8 against 17.5 us
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = _pow2(score_blocks, 2)
-    n_cand = triton.cdiv(nblk_cap, BJ) * n  # n candidate slots per score tile
+    score_tiles = triton.cdiv(nblk_cap, BJ)
+    n_cand = score_tiles * n  # n candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
-    decode_score_kernel[(triton.cdiv(nblk_cap, BJ), rows * H)](
+    decode_score_kernel[(score_tiles, rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
-        num_warps=score_warps or default_score_warps(triton.cdiv(nblk_cap, BJ) * rows * H, q.device), **common, **after,
+        num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after,
     )  # fmt: skip
     tj = block_tile or min(1024, _pow2(n_cand))
     sel_block = config.sel_block
