@@ -17,7 +17,7 @@ import torch
 
 from nsa import NSAConfig
 from nsa.ops import selected_attention
-from nsa.ops.selected.kernel import selected_bwd, selected_fwd
+from nsa.ops.selected.kernel import BWD_TILES, FWD_TILES, _forced_launch, _warps, selected_bwd, selected_fwd
 from nsa.testing import assert_close
 
 from _kernel_inputs import GPU_SHAPES, assert_bitwise_repeatable, qkv
@@ -141,3 +141,14 @@ def test_selected_gpu_backward_deterministic(nsa_device):
     block_idx = random_blocks(1, 4096, 2, 16, 64, nsa_device)
     do = torch.randn(1, 4096, 32, 128, device=nsa_device, dtype=torch.float64)
     assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, block_idx, config, 0, "triton", do))
+
+
+@pytest.mark.parametrize("dk, dv, warps", [(128, 128, (1, 2, 4, 4)), (192, 128, (2, 4, 8, 8)), (64, 256, (2, 4, 8, 8))])
+def test_selected_warps_follow_the_head_width(dk, dv, warps):
+    """Measured launch shapes at head dims up to 128; wider heads get twice the warps to hold
+    their accumulators (forward, dQ, dK/dV, forced-block kernels)."""
+    dims = dict(BK=dk, BV=dv, G=16)
+    got = (_warps(FWD_TILES, dims, 1)["num_warps"], _warps(BWD_TILES["dq"], dims, 2)["num_warps"],
+           _warps(BWD_TILES["dkdv"], dims, 4)["num_warps"], _forced_launch(dims)[0]["num_warps"])
+    assert got == warps
+    assert _warps(dict(num_warps=8), dims, 1)["num_warps"] == 8  # an explicit count stands
