@@ -96,6 +96,20 @@ def test_prefill_and_replot(tmp_path, capsys):
     assert again.read_bytes()[:8] == PNG and "wrote" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, queued", [([], True), (["--sync-calls"], False)], ids=["queued", "sync-calls"])
+def test_prefill_queues_its_calls_unless_asked_to_sync(flags, queued, tmp_path, monkeypatch):
+    """The prefill table is device time, as do_bench takes it, unless --sync-calls."""
+    import nsa.bench.cli as cli
+
+    seen = []
+    real = cli.prefill_runner
+    monkeypatch.setattr(cli, "prefill_runner", lambda *a, **k: (seen.append(k["queued"]), real(*a, **k))[1])
+    out_csv = tmp_path / "p.csv"
+    main(["prefill", "--lengths", "64", *TINY, "--baseline", "none", "--csv", str(out_csv), *flags])
+    assert seen and set(seen) == {queued}
+    assert rows_of(out_csv)[0]["timing"].startswith("cpu perf_counter")  # a CPU has no device queue
+
+
 def test_module_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "nsa.bench", "--help"], capture_output=True, text=True, check=True)
     assert "decode" in done.stdout and "prefill" in done.stdout and "plot" in done.stdout

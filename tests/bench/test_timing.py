@@ -91,17 +91,42 @@ def test_measure_within_times_the_planned_rounds():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph, syncs", [(False, 1), (True, 0)])
-def test_graph_replay_is_submitted_while_the_flush_runs(graph, syncs, nsa_device, monkeypatch):
+@pytest.mark.parametrize("graph, queued, syncs", [(False, False, 1), (True, False, 0), (False, True, 0)])
+def test_graph_replay_is_submitted_while_the_flush_runs(graph, queued, syncs, nsa_device, monkeypatch):
     """An eager call starts on a synchronised device (it pays its launches); a graph
-    replay is enqueued behind the flush, so the host's submission is not timed."""
+    replay, or any call of a queued runner, is enqueued behind the flush, so the host's
+    submission is not timed."""
     x = torch.randn(1024, device=nsa_device)
-    runner = Runner(lambda t: t * 2, [(x,)], nsa_device, graph=graph)
+    runner = Runner(lambda t: t * 2, [(x,)], nsa_device, graph=graph, queued=queued)
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append(a))
     runner.setup()
     assert len(calls) == syncs
     assert ("submitted during the flush" in runner.method) == graph
+    assert ("queued back to back" in runner.method) == queued
+
+
+@pytest.mark.gpu
+def test_queued_calls_wait_for_the_device_once(nsa_device, monkeypatch):
+    """Every round is enqueued before any is read: one synchronisation for all of them, and
+    each sample is its own call's device time (a longer call, a longer sample)."""
+    small, large = torch.randn(1 << 10, device=nsa_device), torch.randn(1 << 24, device=nsa_device)
+    runner = Runner(lambda t: (t * 2).sum(), [(small,), (large,)], nsa_device, queued=True)
+    syncs = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: (syncs.append(a), real(*a, **k)))
+    samples = measure(runner, rounds=6, warmup=2)
+    assert len(syncs) == 1 and len(samples.times) == 6 and all(t > 0 for t in samples.times)
+    # rounds alternate small, large: the large calls (rounds 1, 3, 5) take longer
+    assert min(samples.times[1::2]) > max(samples.times[0::2])
+
+
+def test_queued_needs_a_device_queue_and_stays_out_of_pytest_benchmark():
+    cpu = Runner(lambda: None, [()], CPU, queued=True)
+    assert not cpu.queued and cpu.method == "cpu perf_counter, 1 input set(s)"  # no device queue on a CPU
+    cpu.queued = True  # as a CUDA runner would be
+    with pytest.raises(ValueError, match="not queued"):
+        run_pedantic(_DisabledBenchmark(), cpu, rounds=3, warmup=1)
 
 
 class _DisabledBenchmark:

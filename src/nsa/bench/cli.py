@@ -9,7 +9,9 @@ Defaults (contexts, lengths, batch sizes, rounds) come from the GPU profile that
 matches the device (``--profile``), shapes from the device (64 query heads, 4 KV
 heads, head dim 128, bf16 on a GPU; a small float32 shape on the CPU). Timing is
 :mod:`nsa.bench.timing`'s; the per-branch columns of the decode table time each
-branch's op alone. ``--baseline auto`` draws the profile's stored baseline
+branch's op alone. Prefill calls are queued back to back, so each sample is the
+call's device time as ``triton.testing.do_bench`` takes it (``--sync-calls``: each
+call from an idle device instead, the host's launches included). ``--baseline auto`` draws the profile's stored baseline
 (``gpu_profiles/baselines/<profile>/benchmarks.json``, written by
 ``pytest tests/benchmarks --nsa-baseline=save``) into the plot, for the points of
 the same shape; a baseline from another machine is refused with the reason.
@@ -40,7 +42,7 @@ DECODE_COLUMNS = ("batch", "context", "mode", "status", "rounds", "nsa_ms", "nsa
                   "nsa_over_dense", "baseline_nsa_ms", "baseline_dense_ms")  # fmt: skip
 PREFILL_COLUMNS = ("batch", "length", "status", "rounds", "nsa_fwd_ms", "dense_fwd_ms", "dense_fwd_backend",
                    "fwd_speedup", "nsa_fwdbwd_ms", "dense_fwdbwd_ms", "dense_fwdbwd_backend", "fwdbwd_speedup", "baseline_fwd_speedup",
-                   "baseline_fwdbwd_speedup")  # fmt: skip
+                   "baseline_fwdbwd_speedup", "timing")  # fmt: skip
 
 
 def parse_sizes(text: str) -> Tuple[int, ...]:
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--no-branches", action="store_true", help="skip timing each branch alone")
         else:
             p.add_argument("--lengths", type=parse_sizes, help="sequence lengths (default: the profile's)")
+            p.add_argument("--sync-calls", action="store_true",
+                           help="start each call on an idle device, so the host's launches count (default: calls "
+                                "queued back to back, device time as triton.testing.do_bench takes it)")
         p.add_argument("--batch", type=parse_sizes, help="batch sizes, e.g. 1,16 (default: the profile's; prefill 1)")
         p.add_argument("--heads", type=int, help="query heads (default 64 on GPU)")
         p.add_argument("--kv-heads", type=int, help="key/value heads (default 4 on GPU)")
@@ -224,7 +229,7 @@ def _decode_point(bench: Bench, shape: Shape, graph: bool) -> Dict[str, Any]:
 
 def _prefill_point(bench: Bench, shape: Shape) -> Dict[str, Any]:
     row: Dict[str, Any] = {"batch": shape.batch, "length": shape.length}
-    kw = bench.runner_kwargs()
+    kw = dict(bench.runner_kwargs(), queued=not bench.args.sync_calls)
     # On a GPU, dense is the faster of SDPA's flash and cuDNN backends, each measured here.
     dense_impls = ("dense_flash", "dense_cudnn") if bench.device.type == "cuda" else ("dense",)
     for mode, backward in (("fwd", False), ("fwdbwd", True)):
@@ -235,6 +240,7 @@ def _prefill_point(bench: Bench, shape: Shape) -> Dict[str, Any]:
         row[f"dense_{mode}_backend"] = fastest.replace("dense_", "") if fastest != "dense" else "sdpa"
         row[f"{mode}_speedup"] = times[fastest].median / times["nsa"].median
         row["rounds"] = len(times["nsa"].times)
+        row["timing"] = times["nsa"].method
     return row
 
 

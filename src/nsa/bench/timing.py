@@ -11,7 +11,10 @@ One sample is one call of the measured function (or one replay of its CUDA graph
   the flush still runs, so its sample is the replay's device time, as
   ``triton.testing.do_bench`` measures it: a decode loop enqueues the next replay
   while the last one runs, and the host's few microseconds of graph submission
-  would otherwise count as step time.
+  would otherwise count as step time. A ``queued`` runner (the prefill tables)
+  enqueues its calls back to back and waits for the device once, after the last:
+  the host runs ahead, so a sample is the call's device time, as ``do_bench``
+  takes it, and the launches count only where the device outruns the host.
 - **CPU**: :func:`time.perf_counter` around the call.
 
 :class:`Runner` holds the function and its input sets; :func:`measure` runs the
@@ -176,6 +179,9 @@ class Runner:
         flush_l2: overwrite the L2 cache before each call (CUDA only). Default True.
         graph: capture ``fn`` once per input set into a CUDA graph and replay it.
             Raises whatever torch raises when ``fn`` cannot be captured (a host sync).
+        queued: never wait for the device before a call; :func:`measure` then
+            enqueues every round and reads the events after the last (CUDA only;
+            pytest-benchmark's timer reads each call at once, so not there).
     """
 
     def __init__(
@@ -186,6 +192,7 @@ class Runner:
         *,
         flush_l2: bool = True,
         graph: bool = False,
+        queued: bool = False,
     ) -> None:
         if not input_sets:
             raise ValueError("Runner needs at least one input set")
@@ -194,6 +201,7 @@ class Runner:
         if graph and not cuda:
             raise ValueError(f"graph replay needs a CUDA device, got {self.device}")
         self.fn, self.input_sets, self.graph = fn, [tuple(s) for s in input_sets], graph
+        self.queued = queued and cuda
         self._next = 0
         self._flush: Optional[torch.Tensor] = None
         if cuda and flush_l2:
@@ -209,16 +217,19 @@ class Runner:
         replay = "eager"
         if self.graph:
             replay = "graph replay submitted during the flush" if self._flush is not None else "graph replay"
+        if self.queued:
+            replay += ", calls queued back to back"
         return f"cuda-events, {flushed}, {len(self.input_sets)} input set(s), {replay}"
 
     def setup(self) -> Tuple[Tuple[int], Dict[str, Any]]:
-        """Untimed: pick the next input set, flush L2, wait for the device.
-        Returns pytest-benchmark's ``(args, kwargs)`` for :meth:`target`."""
+        """Untimed: pick the next input set, flush L2, wait for the device (not when
+        ``queued``). Returns pytest-benchmark's ``(args, kwargs)`` for :meth:`target`."""
         index = self._next
         self._next = (self._next + 1) % len(self.input_sets)
         if self._flush is not None:
             self._flush.zero_()
-        if self.device.type == "cuda" and not (self.graph and self._flush is not None):
+        idle_start = not self.queued and not (self.graph and self._flush is not None)
+        if self.device.type == "cuda" and idle_start:
             torch.cuda.synchronize(self.device)  # a replay is submitted while the flush runs instead
         return (index,), {}
 
@@ -231,9 +242,12 @@ class Runner:
 
 
 def measure(runner: Runner, *, rounds: int, warmup: int, timer: Optional[PairTimer] = None) -> Samples:
-    """Time ``rounds`` calls of ``runner`` after ``warmup`` untimed ones (never in the samples)."""
+    """Time ``rounds`` calls of ``runner`` after ``warmup`` untimed ones (never in the samples);
+    a ``queued`` runner's calls are all enqueued first and read at the end."""
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}")
+    if runner.queued:
+        return _measure_queued(runner, rounds=rounds, warmup=warmup)
     timer = timer or PairTimer()
     timer.reset(runner.device)
     for _ in range(warmup + rounds):
@@ -242,6 +256,21 @@ def measure(runner: Runner, *, rounds: int, warmup: int, timer: Optional[PairTim
         runner.target(index)
         timer()
     return Samples(tuple(timer.durations[warmup:]), runner.method)
+
+
+def _measure_queued(runner: Runner, *, rounds: int, warmup: int) -> Samples:
+    """Every call enqueued behind the last one's flush, its events read once the device is done."""
+    pairs = []
+    for i in range(warmup + rounds):
+        (index,), _ = runner.setup()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner.target(index)
+        end.record()
+        if i >= warmup:
+            pairs.append((start, end))
+    torch.cuda.synchronize(runner.device)
+    return Samples(tuple(start.elapsed_time(end) / 1e3 for start, end in pairs), runner.method)
 
 
 def plan_rounds(runner: Runner, *, rounds: int, warmup: int, budget_s: float, min_rounds: int = 3) -> int:
@@ -278,6 +307,8 @@ def run_pedantic(
     or ``None`` when its timing is disabled (under xdist, ``--benchmark-disable``):
     then the work runs once, untimed, as a smoke test.
     """
+    if runner.queued:
+        raise ValueError("pytest-benchmark's timer reads each call at once: give run_pedantic a runner that is not queued")
     if not benchmark.enabled:
         benchmark.pedantic(runner.target, setup=runner.setup)
         return None

@@ -169,10 +169,12 @@ def _runner(
     flush_l2: bool,
     graph: bool = False,
     sets: Optional[int] = None,
+    queued: bool = False,
 ) -> Runner:
     first = make_set()
     count = sets if sets is not None else input_set_count(_nbytes(first), device)
-    return Runner(fn, [first] + [make_set() for _ in range(count - 1)], device, flush_l2=flush_l2, graph=graph)
+    input_sets = [first] + [make_set() for _ in range(count - 1)]
+    return Runner(fn, input_sets, device, flush_l2=flush_l2, graph=graph, queued=queued)
 
 
 # -- decode ------------------------------------------------------------------------------
@@ -335,11 +337,13 @@ def prefill_runner(
     backward: bool,
     flush_l2: bool = True,
     sets: Optional[int] = None,
+    queued: bool = False,
 ) -> Runner:
     """A :class:`Runner` of one prefill of ``impl`` at ``shape``: forward only, or
     (``backward``) forward and the gradients of every input. ``impl`` is ``"nsa"``,
-    ``"dense"`` (SDPA's own backend choice) or ``"dense_flash"``/``"dense_cudnn"``."""
+    ``"dense"`` (SDPA's own backend choice) or ``"dense_flash"``/``"dense_cudnn"``.
+    ``queued``: calls enqueued back to back (device time, as ``do_bench``), see :class:`Runner`."""
     if impl != "nsa" and impl not in DENSE_PREFILL_BACKENDS:
         raise ValueError(f"impl must be 'nsa' or one of {', '.join(DENSE_PREFILL_BACKENDS)}, got {impl!r}")
     return _runner(_prefill_fn(impl, config, backward), lambda: _prefill_set(impl, shape, device, backward),
-                   device, flush_l2=flush_l2, sets=sets)  # fmt: skip
+                   device, flush_l2=flush_l2, sets=sets, queued=queued)  # fmt: skip
