@@ -1,0 +1,225 @@
+"""Prefill probes on a GPU: what the host's launches add to a timing, and kernel variants.
+
+Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-host out.txt]``
+
+1. **Launch gaps.** The whole ``nsa_attention`` (forward, forward+backward) and dense cuDNN
+   timed three ways, L2 flushed each time: ``triton.testing.do_bench`` (calls queued back to
+   back, the issue's method); each call from an idle device (synchronised first, the
+   repository's eager method until session 7); each call submitted behind a device-side
+   wait long enough for the host to enqueue all of it. Also the host's submission time
+   of one call (``perf_counter`` around it, nothing synchronised).
+2. **Selected attention.** Warps and stages of the forward and of the dQ (outputs
+   compared bitwise with the defaults'), and each piece of the backward alone.
+3. **Selection inversion.** The device kernels of the dK/dV query lists, by time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from typing import Callable, List
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from nsa import NSAConfig
+from nsa.ops import mean_compress, nsa_attention, select_blocks
+from nsa.ops.selected.kernel import (
+    BWD_TILES,
+    invert_selection,
+    selected_bwd,
+    selected_bwd_dkdv,
+    selected_bwd_dq,
+    selected_fwd,
+)
+from nsa.ops._triton.attention import attn_bwd_delta
+
+DEV = "cuda"
+HQ, H, D = 64, 4, 128
+#: (warps, stages) tried for the selected forward and dQ; session 7 measured (2, 3), (4, 2), (4, 3)
+#: for the forward and (4, 3), (8, 2) for the dQ too, all slower (docs/perf/prefill.md)
+FWD_SWEEP = ((2, 2), (1, 2), (1, 3))
+DQ_SWEEP = ((4, 2), (2, 2), (1, 2), (2, 3))
+FLUSH = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.int32, device=DEV)
+
+
+def bench(fn: Callable[[], object]) -> float:
+    return do_bench(fn, warmup=25, rep=1000, return_mode="median")
+
+
+def cycles_per_ms() -> float:
+    torch.cuda._sleep(1000)  # load the kernel
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(20_000_000)
+    e1.record()
+    e1.synchronize()
+    return 20_000_000 / e0.elapsed_time(e1)
+
+
+def timed(fn: Callable[[], object], rounds: int, hide_ms: float, cpms: float) -> tuple:
+    """Medians (device ms, host submission ms) of calls from an idle device (``hide_ms`` 0)
+    or behind a device wait of ``hide_ms``."""
+    dev, host = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        if hide_ms:
+            torch.cuda._sleep(int(hide_ms * cpms))
+        FLUSH.zero_()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        e1.record()
+        e1.synchronize()
+        dev.append(e0.elapsed_time(e1))
+    return statistics.median(dev), statistics.median(host)
+
+
+def fwd_bwd(fn: Callable[[], torch.Tensor], inputs: List[torch.Tensor]) -> Callable[[], object]:
+    grad = torch.randn_like(fn())
+    return lambda: torch.autograd.grad(fn(), inputs, grad)
+
+
+def launch_gaps(T: int, config: NSAConfig, cpms: float, profile_path: str) -> None:
+    torch.manual_seed(T)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(1, T, HQ, D, **bf, requires_grad=True)
+    k = torch.randn(1, T, H, D, **bf, requires_grad=True)
+    v = torch.randn(1, T, H, D, **bf, requires_grad=True)
+    gates = torch.rand(1, T, HQ, 3, **bf, requires_grad=True)
+
+    def nsa_fwd():
+        with torch.no_grad():
+            return nsa_attention(q, k, v, gates, config)
+
+    def dense_fwd():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=True)
+
+    def dense_call():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=True)
+
+    cases = {
+        "nsa fwd": nsa_fwd,
+        "nsa fwd+bwd": fwd_bwd(lambda: nsa_attention(q, k, v, gates, config), [q, k, v, gates]),
+        "dense cudnn fwd": dense_fwd,
+        "dense cudnn fwd+bwd": fwd_bwd(dense_call, [q, k, v]),
+    }
+    rounds = 30 if T <= 16384 else 8
+    for name, fn in cases.items():
+        fn()
+        queued = bench(fn)
+        idle, host = timed(fn, rounds, 0.0, cpms)
+        hidden, host2 = timed(fn, rounds, max(2.0, 3 * host + 1.0), cpms)
+        print(f"T={T} {name}: do_bench {queued:.3f} ms | idle device {idle:.3f} | behind a wait {hidden:.3f} | "
+              f"host submission {host:.3f} / {host2:.3f} ms", flush=True)
+    if profile_path and T == 8192:
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(20):
+            cases["nsa fwd+bwd"]()
+        prof.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(40)
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(60)
+        with open(profile_path, "w") as f:
+            f.write(out.getvalue())
+
+
+def selected_variants(T: int, config: NSAConfig) -> None:
+    """Launch shapes of the selected forward and dQ, and the backward's pieces alone."""
+    torch.manual_seed(T + 1)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(1, T, HQ, D, **bf)
+    k = torch.randn(1, T, H, D, **bf)
+    v = torch.randn(1, T, H, D, **bf)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    scale = config.softmax_scale(D)
+    forced = (config.init_blocks, config.local_blocks)
+    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    torch.manual_seed(T + 2)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    want_dq = selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, dict(BWD_TILES["dq"]), forced)
+    for warps, stages in FWD_SWEEP:
+        tiles = dict(num_warps=warps, num_stages=stages)
+        fn = lambda: selected_fwd(q, k, v, idx, config.sel_block, scale, 0, tiles=tiles, forced=forced)
+        same = all(torch.equal(a, b) for a, b in zip(fn(), (o, lse)))
+        print(f"T={T} selected fwd {warps} warps {stages} stages: {bench(fn):.3f} ms (equal: {same})", flush=True)
+    for warps, stages in DQ_SWEEP:
+        cfg = dict(num_warps=warps, num_stages=stages)
+        fn = lambda: selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, cfg, forced)
+        same = torch.equal(fn(), want_dq)
+        print(f"T={T} selected dQ {warps} warps {stages} stages: {bench(fn):.3f} ms (equal: {same})", flush=True)
+    pieces = {
+        "delta = rowsum(o * do)": lambda: attn_bwd_delta(o, do),
+        "dQ (forced + rest)": lambda: selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0,
+                                                      dict(BWD_TILES["dq"]), forced),
+        "inversion": lambda: invert_selection(idx, config.sel_block, 0, triton.cdiv(T, config.sel_block),
+                                              BWD_TILES["dkdv"]["QSEG"]),
+        "dK/dV (inversion included)": lambda: selected_bwd_dkdv(q, k, v, idx, do, lse, delta, config.sel_block, scale,
+                                                                0, dict(BWD_TILES["dkdv"])),
+        "whole backward": lambda: selected_bwd(q, k, v, idx, o, lse, do, config.sel_block, scale, 0, forced=forced),
+        "forward": lambda: selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced),
+    }
+    for name, fn in pieces.items():
+        print(f"T={T} selected {name}: {bench(fn):.3f} ms", flush=True)
+
+
+def inversion_profile(T: int, config: NSAConfig) -> None:
+    """The device kernels of one selection inversion (dK/dV's query lists), by time."""
+    torch.manual_seed(T + 3)
+    q = torch.randn(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    nb, qseg = triton.cdiv(T, config.sel_block), BWD_TILES["dkdv"]["QSEG"]
+    for _ in range(3):
+        invert_selection(idx, config.sel_block, 0, nb, qseg)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            invert_selection(idx, config.sel_block, 0, nb, qseg)
+        torch.cuda.synchronize()
+    print(f"T={T} inversion, 10 calls:", flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
+    parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion"])
+    args = parser.parse_args()
+    config = NSAConfig()
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
+    cpms = cycles_per_ms()
+    print(f"device sleep: {cpms:.0f} cycles per ms", flush=True)
+    for T in args.lengths:
+        if "gaps" not in args.skip:
+            launch_gaps(T, config, cpms, args.profile_host)
+        if "selected" not in args.skip:
+            selected_variants(T, config)
+        if "inversion" not in args.skip:
+            inversion_profile(T, config)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
