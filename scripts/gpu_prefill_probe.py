@@ -11,6 +11,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 2. **Selected attention.** Warps and stages of the forward and of the dQ (outputs
    compared bitwise with the defaults'), and each piece of the backward alone.
 3. **Selection inversion.** The device kernels of the dK/dV query lists, by time.
+4. **Compressed forward with selection** against a saved copy of the previous code.
 """
 
 from __future__ import annotations
@@ -201,11 +202,40 @@ def inversion_profile(T: int, config: NSAConfig) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
 
 
+def cmp_select_ab(T: int, config: NSAConfig) -> None:
+    """The fused compressed forward with selection against a saved copy of the previous code
+    (``scripts/_old_compressed_fwd.py``, when present): time and bitwise equality."""
+    import importlib.util
+    import os
+
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    path = os.path.join(os.path.dirname(__file__), "_old_compressed_fwd.py")
+    if not os.path.exists(path):
+        return
+    spec = importlib.util.spec_from_file_location("_old_compressed_fwd", path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    torch.manual_seed(T + 4)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(1, T, HQ, D, **bf)
+    k_cmp = mean_compress(torch.randn(1, T, H, D, **bf), config)
+    v_cmp = mean_compress(torch.randn(1, T, H, D, **bf), config)
+    scale = config.softmax_scale(D)
+    outs = {}
+    for name, fn in (("previous", old.compressed_fwd), ("now", compressed_fwd)):
+        call = lambda: fn(q, k_cmp, v_cmp, config, scale, 0, select=True)
+        outs[name] = call()
+        print(f"T={T} compressed + selection, {name}: {bench(call):.3f} ms", flush=True)
+    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
+    print(f"T={T} compressed + selection: o, lse, block_idx bitwise equal {same}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp"])
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
@@ -218,6 +248,8 @@ def main() -> None:
             selected_variants(T, config)
         if "inversion" not in args.skip:
             inversion_profile(T, config)
+        if "cmp" not in args.skip:
+            cmp_select_ab(T, config)
         torch.cuda.empty_cache()
 
 

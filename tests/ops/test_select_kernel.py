@@ -10,6 +10,8 @@ exists; exact ties are tested separately with inputs whose scores are exact.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -160,6 +162,25 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
         assert torch.equal(a, b)
     ref = select_blocks(q.double(), k.double(), config, q_offset=9, backend="reference")
     assert torch.equal(chunked[2].long(), ref.long())
+
+
+@pytest.mark.parametrize("HQ, H, T, local", [(4, 1, 141, 2), (6, 2, 134, 2), (4, 1, 141, 0)],
+                         ids=["G4", "G3-padded-heads", "G4-own-block-free"])
+def test_select_with_unmasked_score_steps(HQ, H, T, local, nsa_device):
+    """Steps of 4 blocks (16 compressed tokens): past the first tiles, pass 2 runs most steps
+    without masks (every row of the tile sees every token); padding head rows (G = 3),
+    queries past the last and tokens a row cannot see yet (which would land in its own
+    block, scored when no local block is forced) must still add nothing. Same blocks as
+    the reference."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    config = dataclasses.replace(SMALL, local_blocks=local)
+    q = torch.randn(1, T, HQ, 16, device=nsa_device)
+    k = torch.randn(1, config.num_cmp(T), H, 16, device=nsa_device)
+    _, _, idx = compressed_fwd(q, k, k, config, config.softmax_scale(16), 0, select=True, blocks_per_step=4)
+    ref = select_blocks(q.double(), k.double(), config, backend="reference")
+    assert_valid_topn(idx, ref, reference_scores(q, k, config, 0), config, 0)
+    assert torch.equal(idx.long(), ref.long())
 
 
 def test_block_topn_rules(nsa_device):

@@ -120,8 +120,42 @@ def _block_mass(b_pg, SHIFT: tl.constexpr, BT: tl.constexpr, NB: tl.constexpr, R
 
 
 @triton.jit
+def _score_step(
+    b_q, p_k, i_j, nv, n_hi, b_lse, m_row, qk_scale, p_sc, m_t, NSEL,
+    BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    KC: tl.constexpr, NSPILL: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, HDK: tl.constexpr,
+    MASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """Block masses of the tokens whose first raw position lies in blocks ``[i_j, i_j + NB)``
+    (laid out ``[NB, RP]``). Without ``MASK`` every row sees every token of the step and the
+    ``[M, NB * RP]`` scores go unmasked: padding rows carry ``lse = +inf``, so their
+    probabilities are 0 either way."""
+    BC: tl.constexpr = NB * RP
+    o_c = tl.arange(0, BC)
+    o_dk = tl.arange(0, BDK)
+    o_tok = (i_j + o_c // RP) * R + o_c % RP  # [BC]
+    p_tok = p_k + (o_tok.to(tl.int64) * HDK)[:, None] + o_dk[None, :]
+    if MASK:
+        m_tok = (o_c % RP < R) & (o_tok < n_hi)
+        b_k = tl.load(p_tok, mask=m_tok[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BC, BDK]
+    else:
+        b_k = tl.load(p_tok, mask=(o_dk < DK)[None, :], other=0.0)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BC]
+    if MASK:
+        # mask the scores, not the probabilities: an invisible score may exceed lse
+        b_s = tl.where(m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None]), b_s, float("-inf"))
+    b_p = tl.exp2(b_s - b_lse[:, None])  # [M, BC]
+    b_pg = tl.sum(tl.reshape(b_p, [BT, GP, BC]), 1)  # [BT, BC]: Eq. 10 group sum
+    o_blk = i_j + tl.arange(0, NB)
+    m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
+    for shift in tl.static_range(NSPILL):
+        b_mass = _block_mass(b_pg, shift, BT, NB, R, RP, KC)
+        tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
+
+
+@triton.jit
 def _score_pass(
-    b_q, p_k, nv, n_hi, b_lse, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
+    b_q, p_k, nv, n_lo, n_hi, b_lse, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
     BT: tl.constexpr, GP: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, SEL: tl.constexpr,
     BDK: tl.constexpr, DK: tl.constexpr, HDK: tl.constexpr, PREC: tl.constexpr,
@@ -132,32 +166,21 @@ def _score_pass(
     of the score row (``[NSPILL, NSEL]``, indexed by the tokens' block); the top-n kernel
     adds the planes with the shift. No value is carried from one step to the next.
     (``o`` comes from pass 1: adding ``p @ v`` here instead measured 1 ms slower at 64k.)
+    Steps whose tokens every row of the tile sees (all but the last one or two, where
+    ``R`` needs no padding) run without masks.
 
     Args:
-        nv: ``[M]`` visible tokens per row; n_hi: the most any row sees; b_lse: ``[M]``
-            log2-domain lse; m_row: ``[M]`` real rows; p_sc: ``[BT]`` score rows;
-            m_t: ``[BT]`` real queries; NSEL: blocks per plane.
+        nv: ``[M]`` visible tokens per row; n_lo/n_hi: the fewest/most any row sees;
+            b_lse: ``[M]`` log2-domain lse (``+inf`` on padding rows); m_row: ``[M]`` real
+            rows; p_sc: ``[BT]`` score rows; m_t: ``[BT]`` real queries; NSEL: blocks per plane.
     """
-    BC: tl.constexpr = NB * RP
-    o_c = tl.arange(0, BC)
-    o_dk = tl.arange(0, BDK)
-    o_nb = tl.arange(0, NB)
-    for i_j in range(0, t_last // SEL + 1, NB):
-        # -- tokens whose first raw position lies in blocks [i_j, i_j + NB), as [NB, RP] --
-        o_tok = (i_j + o_c // RP) * R + o_c % RP  # [BC]
-        m_tok = (o_c % RP < R) & (o_tok < n_hi)
-        b_k = tl.load(p_k + (o_tok.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
-                      mask=m_tok[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BC, BDK]
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BC]
-        m_qk = m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None])
-        # mask the scores, not the probabilities: an invisible score may exceed lse
-        b_p = tl.exp2(tl.where(m_qk, b_s, float("-inf")) - b_lse[:, None])  # [M, BC]
-        b_pg = tl.sum(tl.reshape(b_p, [BT, GP, BC]), 1)  # [BT, BC]: Eq. 10 group sum
-        o_blk = i_j + o_nb
-        m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
-        for shift in tl.static_range(NSPILL):
-            b_mass = _block_mass(b_pg, shift, BT, NB, R, RP, KC)
-            tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
+    full_end = (n_lo // (NB * R)) * NB if R == RP else 0  # blocks of the unmasked steps
+    for i_j in range(0, full_end, NB):
+        _score_step(b_q, p_k, i_j, nv, n_hi, b_lse, m_row, qk_scale, p_sc, m_t, NSEL,
+                    BT, GP, NB, R, RP, KC, NSPILL, BDK, DK, HDK, False, PREC)
+    for i_j in range(full_end, t_last // SEL + 1, NB):
+        _score_step(b_q, p_k, i_j, nv, n_hi, b_lse, m_row, qk_scale, p_sc, m_t, NSEL,
+                    BT, GP, NB, R, RP, KC, NSPILL, BDK, DK, HDK, True, PREC)
 
 
 @triton.jit(do_not_specialize=["TQ", "NC", "q_offset", "T0", "T1", "NSEL"])
@@ -207,9 +230,10 @@ def compressed_fwd_kernel(
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T1
         p_sc = scores + ((i_b.to(tl.int64) * (T1 - T0) + (o_t - T0)) * H + i_h) * (NSPILL * NSEL)  # [BT]
-        # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf
-        b_lse_safe = tl.where(b_lse == float("-inf"), 0.0, b_lse)
-        _score_pass(b_q, p_k, nv, n_hi, b_lse_safe, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
+        # a row with lse = -inf sees nothing and is masked everywhere: shift it by 0, not -inf;
+        # a padding row shifts by +inf, so that its probabilities are 0 in unmasked steps too
+        b_lse_safe = tl.where(m_row, tl.where(b_lse == float("-inf"), 0.0, b_lse), float("inf"))
+        _score_pass(b_q, p_k, nv, n_lo, n_hi, b_lse_safe, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
                     BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, DK, H * DK, PREC)
     if STORE_O:
         o_dv = tl.arange(0, BDV)
