@@ -11,7 +11,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 2. **Selected attention.** Warps and stages of the forward and of the dQ (outputs
    compared bitwise with the defaults'), and each piece of the backward alone.
 3. **Selection inversion.** The device kernels of the dK/dV query lists, by time.
-4. **Compressed forward with selection** against a saved copy of the previous code.
+4. **Compressed forward with selection, selected dK/dV** against saved copies of the
+   previous code (``scripts/_old_<module>.py``, not committed), where present.
 """
 
 from __future__ import annotations
@@ -202,20 +203,28 @@ def inversion_profile(T: int, config: NSAConfig) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
 
 
-def cmp_select_ab(T: int, config: NSAConfig) -> None:
-    """The fused compressed forward with selection against a saved copy of the previous code
-    (``scripts/_old_compressed_fwd.py``, when present): time and bitwise equality."""
+def _previous(name: str):
+    """The saved copy ``scripts/_old_<name>.py`` of a module before a change, or None."""
     import importlib.util
     import os
 
+    path = os.path.join(os.path.dirname(__file__), f"_old_{name}.py")
+    if not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location(f"_old_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cmp_select_ab(T: int, config: NSAConfig) -> None:
+    """The fused compressed forward with selection against a saved copy of the previous code
+    (``scripts/_old_compressed_fwd.py``, when present): time and bitwise equality."""
     from nsa.ops._triton.compressed_fwd import compressed_fwd
 
-    path = os.path.join(os.path.dirname(__file__), "_old_compressed_fwd.py")
-    if not os.path.exists(path):
+    old = _previous("compressed_fwd")
+    if old is None:
         return
-    spec = importlib.util.spec_from_file_location("_old_compressed_fwd", path)
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
     torch.manual_seed(T + 4)
     bf = dict(device=DEV, dtype=torch.bfloat16)
     q = torch.randn(1, T, HQ, D, **bf)
@@ -231,11 +240,34 @@ def cmp_select_ab(T: int, config: NSAConfig) -> None:
     print(f"T={T} compressed + selection: o, lse, block_idx bitwise equal {same}", flush=True)
 
 
+def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
+    """The selected dK/dV against a saved copy of the previous kernels
+    (``scripts/_old_selected_kernel.py``, when present): time and bitwise equality."""
+    old = _previous("selected_kernel")
+    if old is None:
+        return
+    torch.manual_seed(T + 5)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    scale = config.softmax_scale(D)
+    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=(config.init_blocks, config.local_blocks))
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    outs = {}
+    for name, fn in (("previous", old.selected_bwd_dkdv), ("now", selected_bwd_dkdv)):
+        call = lambda: fn(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, dict(BWD_TILES["dkdv"]))
+        outs[name] = call()
+        print(f"T={T} selected dK/dV (inversion included), {name}: {bench(call):.3f} ms", flush=True)
+    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
+    print(f"T={T} selected dK/dV: dk, dv bitwise equal {same}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv"])
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
@@ -250,6 +282,8 @@ def main() -> None:
             inversion_profile(T, config)
         if "cmp" not in args.skip:
             cmp_select_ab(T, config)
+        if "dkdv" not in args.skip:
+            selected_dkdv_ab(T, config)
         torch.cuda.empty_cache()
 
 
