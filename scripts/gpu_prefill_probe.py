@@ -11,8 +11,10 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 2. **Selected attention.** Warps and stages of the forward and of the dQ (outputs
    compared bitwise with the defaults'), and each piece of the backward alone.
 3. **Selection inversion.** The device kernels of the dK/dV query lists, by time.
-4. **Compressed forward with selection, selected dK/dV** against saved copies of the
-   previous code (``scripts/_old_<module>.py``, not committed), where present.
+4. **Compressed forward with selection, selected dK/dV, forced-block kernels** against saved
+   copies of the previous code (``scripts/_old_<module>.py``, not committed), where present.
+5. **Window tiles**: forward and dQ by (rows, key tile, warps, stages).
+6. **Forced-block kernels** alone by (rows, warps, stages), and the selected forward without them.
 """
 
 from __future__ import annotations
@@ -40,14 +42,18 @@ from nsa.ops.selected.kernel import (
     selected_bwd_dq,
     selected_fwd,
 )
-from nsa.ops._triton.attention import attn_bwd_delta
+from nsa.ops._triton.attention import LOG2E, attn_bwd_delta
 
 DEV = "cuda"
 HQ, H, D = 64, 4, 128
-#: (warps, stages) tried for the selected forward and dQ; session 7 measured (2, 3), (4, 2), (4, 3)
-#: for the forward and (4, 3), (8, 2) for the dQ too, all slower (docs/perf/prefill.md)
-FWD_SWEEP = ((2, 2), (1, 2), (1, 3))
-DQ_SWEEP = ((4, 2), (2, 2), (1, 2), (2, 3))
+#: (warps, stages) tried for the selected forward and dQ; session 7 also measured (2, 2), (2, 3),
+#: (4, 2), (4, 3), (1, 3) for the forward and (4, 2), (4, 3), (8, 2), (1, 2), (2, 3) for the dQ,
+#: all slower than the defaults (1, 2) and (2, 2) (docs/perf/prefill.md)
+FWD_SWEEP = ((1, 2), (1, 1), (2, 1))
+DQ_SWEEP = ((2, 2), (2, 1), (4, 1))
+#: (rows, warps, stages) of the forced-block kernels; session 7 also measured (128, 8, 2), (32, 2, 2),
+#: (64, 4, 3) and (64, 8, 2), all slower than the default (64, 4, 2)
+FORCED_SWEEP = ((64, 4, 2), (64, 4, 1), (128, 8, 1))
 FLUSH = torch.empty(2 * 64 * 2**20 // 4, dtype=torch.int32, device=DEV)
 
 
@@ -263,11 +269,101 @@ def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
     print(f"T={T} selected dK/dV: dk, dv bitwise equal {same}", flush=True)
 
 
+def window_variants(T: int, config: NSAConfig) -> None:
+    """Tiles of the window forward and dQ: (rows, BN, warps, stages), error against the default."""
+    from nsa.ops.window import kernel as win
+
+    torch.manual_seed(T + 7)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    scale = config.softmax_scale(D)
+    o, lse = win.window_fwd(q, k, v, config.window, scale, 0)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    want_dq = win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, win._bwd_cfg("dq", 16, D, D, None))
+    for rows, bn, warps, stages in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2), (64, 128, 4, 3),
+                                    (128, 64, 8, 3)):
+        tiles = dict(rows=rows, BN=bn, num_warps=warps, num_stages=stages)
+        fn = lambda: win.window_fwd(q, k, v, config.window, scale, 0, tiles=tiles)
+        err = (fn()[0].float() - o.float()).abs().max().item()
+        print(f"T={T} window fwd {tiles}: {bench(fn):.3f} ms (max abs diff {err:.1e})", flush=True)
+        cfg = win._bwd_cfg("dq", 16, D, D, {"dq": tiles})
+        fn = lambda: win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, cfg)
+        err = (fn().float() - want_dq.float()).abs().max().item()
+        print(f"T={T} window dQ {tiles}: {bench(fn):.3f} ms (max abs diff {err:.1e})", flush=True)
+
+
+def forced_variants(T: int, config: NSAConfig) -> None:
+    """The forced-block kernels alone, by (rows, warps, stages), and the rest of the forward."""
+    from nsa.ops.selected import kernel as sel
+
+    torch.manual_seed(T + 8)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    scale = config.softmax_scale(D)
+    forced = (config.init_blocks, config.local_blocks)
+    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    dims = sel._dims(q, k, v, idx, config.sel_block, forced)
+    fargs = (q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, 0, scale * LOG2E)
+    dq = torch.empty_like(q)
+    dargs = (q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+             T, 0, scale * LOG2E, scale)
+    rest = lambda: sel.selected_fwd_kernel[(T, H)](*fargs, **sel._warps(dict(sel.FWD_TILES), dims, 1), **dims)
+    print(f"T={T} selected fwd without the forced kernel: {bench(rest):.3f} ms", flush=True)
+    saved = dict(sel.FORCED_TILES)
+    for rows, warps, stages in FORCED_SWEEP:
+        sel.FORCED_TILES.update(rows=rows, num_warps=warps, num_stages=stages)
+        meta, BT = sel._forced_launch(dims)
+        fwd = lambda: sel.selected_forced_fwd_kernel[(triton.cdiv(T, BT), H)](*fargs, **meta)
+        bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), H)](*dargs, **meta)
+        print(f"T={T} forced fwd / dQ, rows {rows}, {warps} warps, {stages} stages: {bench(fwd):.3f} / {bench(bwd):.3f} ms",
+              flush=True)
+    sel.FORCED_TILES.clear()
+    sel.FORCED_TILES.update(saved)
+
+
+def forced_ab(T: int, config: NSAConfig) -> None:
+    """The forced-block kernels against a saved copy of the previous selected kernels
+    (``scripts/_old_selected_kernel.py``, when present): time and bitwise equality."""
+    from nsa.ops.selected import kernel as sel
+
+    old = _previous("selected_kernel")
+    if old is None:
+        return
+    torch.manual_seed(T + 9)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    scale = config.softmax_scale(D)
+    forced = (config.init_blocks, config.local_blocks)
+    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    dims = sel._dims(q, k, v, idx, config.sel_block, forced)
+    meta, BT = sel._forced_launch(dims)
+    outs = {}
+    for name, mod in (("previous", old), ("now", sel)):
+        fo, flse, fdq = torch.empty_like(o), torch.empty_like(lse), torch.empty_like(q)
+        fargs = (q, k, v, idx, fo, flse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, 0, scale * LOG2E)
+        dargs = (q, k, v, idx, do, lse, delta, fdq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                 *do.stride()[:3], T, 0, scale * LOG2E, scale)
+        fwd = lambda: mod.selected_forced_fwd_kernel[(triton.cdiv(T, BT), H)](*fargs, **meta)
+        bwd = lambda: mod.selected_forced_dq_kernel[(triton.cdiv(T, BT), H)](*dargs, **meta)
+        fwd(), bwd()
+        outs[name] = (fo, flse, fdq)
+        print(f"T={T} forced fwd / dQ, {name}: {bench(fwd):.3f} / {bench(bwd):.3f} ms", flush=True)
+    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
+    print(f"T={T} forced kernels: o, lse, dq bitwise equal {same}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv", "window", "forced", "forced_ab"])
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
@@ -284,6 +380,12 @@ def main() -> None:
             cmp_select_ab(T, config)
         if "dkdv" not in args.skip:
             selected_dkdv_ab(T, config)
+        if "window" not in args.skip:
+            window_variants(T, config)
+        if "forced" not in args.skip:
+            forced_variants(T, config)
+        if "forced_ab" not in args.skip:
+            forced_ab(T, config)
         torch.cuda.empty_cache()
 
 

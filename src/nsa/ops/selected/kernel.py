@@ -84,16 +84,16 @@ def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, B
 @triton.jit
 def _forced_kv(
     p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
-    BS: tl.constexpr, BSP: tl.constexpr, IS_INIT: tl.constexpr, LOCAL: tl.constexpr,
+    BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
 ):
     """K ``[BSP, BK]``, V ``[BSP, BV]`` of forced block ``i_f`` and its ``[BM, BSP]``
     visibility for a tile of rows whose selection lists are ``b_list [BM, NP]``.
 
     A row counts the block only if its list holds it and it is forced for the row's
-    own block ``o_j`` (always for an initial block, for the ``LOCAL`` last ones else)."""
+    own block ``o_j`` (always for an initial block, ``i_f < INIT``; for the ``LOCAL``
+    last ones else)."""
     m_rows = (tl.max((b_list == i_f).to(tl.int32), 1) > 0) & m_r  # [BM]
-    if not IS_INIT:
-        m_rows = m_rows & (o_j - LOCAL < i_f) & (i_f <= o_j)
+    m_rows = m_rows & ((i_f < INIT) | ((o_j - LOCAL < i_f) & (i_f <= o_j)))
     o_c = tl.arange(0, BSP)
     o_s = o_c.to(tl.int64) + i_f * BS  # i_f * BS is a position: int32 is enough
     t_use = tl.max(tl.where(m_rows, o_pos, -1), 0)  # last position that needs the block, -1 if none
@@ -102,6 +102,17 @@ def _forced_kv(
     b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
     m_qk = m_rows[:, None] & (o_s[None, :] <= o_pos[:, None]) & m_s[None, :]
     return b_k, b_v, m_qk
+
+
+@triton.jit
+def _forced_range(j_lo, j_hi, INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """The forced blocks of a tile whose queries' own blocks are ``j_lo .. j_hi``: the ``INIT``
+    initial ones, then the local ones from ``l_lo`` that are not initial. Returns ``(l_lo,
+    count)``; one loop walks them all, so that the pipeline fetches each block while the one
+    before is in use (two loops, initial then local: H100 8k forward 0.275 against 0.259 ms,
+    dQ 0.308 against 0.295; 64k 2.07 against 1.99 and 2.32 against 2.26)."""
+    l_lo = tl.maximum(j_lo - LOCAL + 1, INIT)
+    return l_lo, INIT + tl.maximum(j_hi + 1 - l_lo, 0)
 
 
 @triton.jit
@@ -246,12 +257,10 @@ def selected_forced_fwd_kernel(
     b_acc = tl.zeros([BM, BV], dtype=tl.float32)
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BM], dtype=tl.float32)
-    # initial blocks, then the local blocks of the tile's own blocks that are not initial
-    for i_f in range(0, INIT):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, True, LOCAL)
-        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
-    for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, False, LOCAL)
+    l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
+    for i in range(n_forced):
+        i_f = tl.where(i < INIT, i, l_lo + i - INIT)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
@@ -288,11 +297,10 @@ def selected_forced_dq_kernel(
     j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
 
     b_dq = tl.zeros([BT * GP, BK], dtype=tl.float32)
-    for i_f in range(0, INIT):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, True, LOCAL)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
-    for i_f in range(tl.maximum(j_lo - LOCAL + 1, INIT), j_hi + 1):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, False, LOCAL)
+    l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
+    for i in range(n_forced):
+        i_f = tl.where(i < INIT, i, l_lo + i - INIT)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
