@@ -108,19 +108,16 @@ def launch_gaps(T: int, config: NSAConfig, cpms: float, profile_path: str) -> No
         with torch.no_grad():
             return nsa_attention(q, k, v, gates, config)
 
-    def dense_fwd():
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=True, enable_gqa=True)
-
     def dense_call():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=True, enable_gqa=True)
+
+    def dense_fwd():
+        with torch.no_grad():
+            return dense_call()
 
     cases = {
         "nsa fwd": nsa_fwd,
