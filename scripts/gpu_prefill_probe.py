@@ -15,6 +15,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
    copies of the previous code (``scripts/_old_<module>.py``, not committed), where present.
 5. **Window tiles**: forward and dQ by (rows, key tile, warps, stages).
 6. **Forced-block kernels** alone by (rows, warps, stages), and the selected forward without them.
+7. **Inference gated sum**: window then gated sum, against the window kernel writing the sum.
 """
 
 from __future__ import annotations
@@ -356,11 +357,32 @@ def forced_ab(T: int, config: NSAConfig) -> None:
     print(f"T={T} forced kernels: o, lse, dq bitwise equal {same}", flush=True)
 
 
+def gated_window_ab(T: int, config: NSAConfig) -> None:
+    """Inference: the window branch then the gated sum (two launches, ``o_win`` stored) against
+    the window kernel writing the gated sum itself; results compared bitwise."""
+    from nsa.ops import combine_branches, sliding_window_attention
+    from nsa.ops.window.kernel import window_gated_sum
+
+    torch.manual_seed(T + 11)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    gates = torch.rand(1, T, HQ, 3, **bf)
+    o_cmp, o_slc = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, HQ, D, **bf)
+    scale = config.softmax_scale(D)
+    apart = lambda: combine_branches(gates, o_cmp, o_slc, sliding_window_attention(q, k, v, config, backend="triton"),
+                                     backend="triton")
+    fused = lambda: window_gated_sum(q, k, v, gates, o_cmp, o_slc, config, scale, 0)
+    with torch.no_grad():
+        same = torch.equal(apart(), fused())
+        print(f"T={T} window + gated sum: apart {bench(apart):.3f} ms, in one kernel {bench(fused):.3f} ms "
+              f"(bitwise equal: {same})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv", "window", "forced", "forced_ab"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv", "window", "forced", "forced_ab", "gated"])
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
@@ -383,6 +405,8 @@ def main() -> None:
             forced_variants(T, config)
         if "forced_ab" not in args.skip:
             forced_ab(T, config)
+        if "gated" not in args.skip:
+            gated_window_ab(T, config)
         torch.cuda.empty_cache()
 
 

@@ -56,3 +56,41 @@ def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, nsa_device,
 @pytest.mark.gpu
 def test_nsa_attention_triton_bf16_real_size(nsa_device, nsa_tolerance):
     _check(1, 4096 + 77, 64, 4, 128, 128, NSAConfig(), torch.bfloat16, torch.float32, nsa_device, nsa_tolerance)
+
+
+def _inference_and_training(T, HQ, H, D, config, dtype, device):
+    """``nsa_attention`` without a gradient (the window kernel sums the branches) and with
+    one (window, then the separate gated sum), on the same inputs."""
+    q = torch.randn(1, T, HQ, D, device=device, dtype=dtype)
+    k = torch.randn(1, T, H, D, device=device, dtype=dtype)
+    v = torch.randn(1, T, H, D, device=device, dtype=dtype)
+    gates = torch.rand(1, T, HQ, 3, device=device, dtype=dtype)
+    with torch.no_grad():
+        fused = nsa_attention(q, k, v, gates, config, backend="triton")
+    trained = nsa_attention(q.requires_grad_(), k, v, gates, config, backend="triton")
+    return fused, trained
+
+
+def test_inference_sums_the_branches_in_the_window_kernel(nsa_device, monkeypatch):
+    """Without a gradient the window kernel writes the gated sum itself: the same output,
+    bitwise, as the window branch followed by the gated sum (taken when q needs a gradient),
+    and that path is only taken when both ops run on Triton."""
+    from nsa.ops.window import kernel
+
+    calls = []
+    real = kernel.window_gated_sum
+    monkeypatch.setattr(kernel, "window_gated_sum", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    fused, trained = _inference_and_training(83, 4, 2, 16, SMALL, torch.float32, nsa_device)
+    assert len(calls) == 1 and torch.equal(fused, trained.detach())
+    monkeypatch.setenv("NSA_BACKEND", "triton")
+    monkeypatch.setenv("NSA_BACKEND_GATES", "reference")
+    with torch.no_grad():
+        q = torch.randn(1, 40, 4, 16, device=nsa_device)
+        nsa_attention(q, q[:, :, :2], q[:, :, :2], torch.rand(1, 40, 4, 3, device=nsa_device), SMALL)
+    assert len(calls) == 1  # the reference gated sum takes o_win: the window kernel does not sum
+
+
+@pytest.mark.gpu
+def test_inference_gated_sum_real_size(nsa_device):
+    fused, trained = _inference_and_training(4096 + 77, 64, 4, 128, NSAConfig(), torch.bfloat16, nsa_device)
+    assert torch.equal(fused, trained.detach())

@@ -107,9 +107,32 @@ def nsa_attention(
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
-    o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
-    o = combine_branches(gates, o_cmp, o_slc, o_win, backend=backend)
+    o = _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend)
     return (o, block_idx) if return_block_idx else o
+
+
+def _window_and_gated_sum(
+    q: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, gates: torch.Tensor, o_cmp: torch.Tensor,
+    o_slc: torch.Tensor, config: NSAConfig, q_offset: int, backend: Optional[str],
+) -> torch.Tensor:
+    """The window branch and the gated sum of all three.
+
+    When both ops route to Triton and no gradient is needed, the window kernel sums the
+    branches as it writes its output, so ``o_win`` never reaches memory and the separate
+    pass over all three outputs goes away (same result, bitwise). Training keeps them
+    apart: the gates' gradient needs ``o_win``.
+    """
+    from nsa import routing  # lazily, like nsa.ops._dispatch
+
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_win, v_win, gates, o_cmp, o_slc))
+    if not grad and all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ("window", "gates")):
+        _guards.check_attention_inputs(q, k_win, v_win, ("q", "k_win", "v_win"))
+        _guards.check_q_offset(q_offset, q, k_win.shape[1])
+        from nsa.ops.window.kernel import window_gated_sum
+
+        return window_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, config.softmax_scale(q.shape[-1]), q_offset)
+    o_win = sliding_window_attention(q, k_win, v_win, config, q_offset=q_offset, backend=backend)
+    return combine_branches(gates, o_cmp, o_slc, o_win, backend=backend)
 
 
 def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_block_idx, cu_seqlens, max_seqlen):

@@ -112,14 +112,17 @@ def _fwd_keys(
 
 @triton.jit(do_not_specialize=["T", "q_offset", "W"])
 def window_fwd_kernel(
-    q, k, v, o, lse,  #
+    q, k, v, o, lse, gates, o_cmp, o_slc,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, W, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, GATED: tl.constexpr,
 ):
-    """Grid ``(cdiv(T, BT), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``."""
+    """Grid ``(cdiv(T, BT), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
+
+    With ``GATED``, ``o`` receives the gated sum of the three branches instead (``gates
+    [B, T, HQ, 3]``, ``o_cmp``/``o_slc`` contiguous like ``o``) and ``lse`` is not written."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -152,9 +155,22 @@ def window_fwd_kernel(
     )
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
-    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_dv[None, :])
-    tl.store(lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1), b_lse, mask=m_r)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)  # [BM] rows of [B * T * HQ]
+    o_x = o_row[:, None] * DV + o_dv[None, :]
+    m_x = m_r[:, None] & m_dv[None, :]
+    if GATED:
+        # ops/gates' sum, in its order and from the window output rounded as stored
+        b_win = b_o.to(o.dtype.element_ty).to(tl.float32)
+        g_cmp = tl.load(gates + o_row * 3, mask=m_r, other=0.0).to(tl.float32)
+        g_slc = tl.load(gates + o_row * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
+        g_win = tl.load(gates + o_row * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
+        b_sum = g_cmp[:, None] * tl.load(o_cmp + o_x, mask=m_x, other=0.0).to(tl.float32)
+        b_sum += g_slc[:, None] * tl.load(o_slc + o_x, mask=m_x, other=0.0).to(tl.float32)
+        b_sum += g_win[:, None] * b_win
+        tl.store(o + o_x, b_sum.to(o.dtype.element_ty), mask=m_x)
+    else:
+        tl.store(o + o_x, b_o.to(o.dtype.element_ty), mask=m_x)
+        tl.store(lse + o_row, b_lse, mask=m_r)
 
 
 @triton.jit
@@ -310,11 +326,13 @@ def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
 
 def window_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float, q_offset: int,
-    tiles: Optional[dict] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    tiles: Optional[dict] = None, gated: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
 
     ``tiles`` overrides :data:`FWD_TILES` (``rows``, ``BN``, ``num_warps``, ``num_stages``).
+    ``gated = (gates, o_cmp, o_slc)``: ``o`` is the gated sum of the three branches
+    (:func:`nsa.ops.combine_branches`'s result, bitwise) and ``lse`` is ``None``.
     """
     B, T, HQ, DK = q.shape
     H, DV = k.shape[2], v.shape[-1]
@@ -322,13 +340,14 @@ def window_fwd(
     cfg = dict(FWD_TILES, **(tiles or {}))
     cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
+    lse = None if gated else torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
+    gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
     grid = (triton.cdiv(T, cfg["BT"]), B * H)
     window_fwd_kernel[grid](
-        q, k, v, o, lse,  #
+        q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
         T, q_offset, window, scale * LOG2E,  #
-        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg,
+        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, **cfg,
     )
     return o, lse
 
@@ -411,6 +430,20 @@ class WindowAttentionFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = window_bwd(q, k, v, o, lse, do, ctx.window, ctx.scale, ctx.q_offset)
         return dq, dk, dv, None, None, None
+
+
+def window_gated_sum(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor,
+    config: NSAConfig, scale: float, q_offset: int,
+) -> torch.Tensor:
+    """``g_cmp * o_cmp + g_slc * o_slc + g_win * o_win`` with the window branch's ``o_win``
+    computed and summed in one launch: ``o_win`` never reaches memory. No backward (for
+    inference: training needs ``o_win`` for the gates' gradient). Bitwise the result of
+    :func:`sliding_window_attention` followed by :func:`nsa.ops.combine_branches`."""
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    if q.shape[1] == 0:
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    return window_fwd(q, k, v, config.window, scale, q_offset, gated=(gates, o_cmp, o_slc))[0]
 
 
 def sliding_window_attention(
