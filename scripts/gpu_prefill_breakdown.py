@@ -25,6 +25,7 @@ import triton
 from triton.testing import do_bench
 
 from nsa import NSAConfig
+from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import (
     compressed_attention,
     mean_compress,
@@ -81,11 +82,7 @@ def check_selection(T: int, config: NSAConfig, tail: int = 256) -> str:
 
 def breakdown(T: int, config: NSAConfig, variants: bool) -> Dict[str, float]:
     torch.manual_seed(T)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q = torch.randn(1, T, HQ, D, **bf, requires_grad=True)
-    k = torch.randn(1, T, H, D, **bf, requires_grad=True)
-    v = torch.randn(1, T, H, D, **bf, requires_grad=True)
-    gates = torch.rand(1, T, HQ, 3, **bf, requires_grad=True)
+    q, k, v, gates, _ = prefill_inputs("nsa", Shape.default(torch.device(DEV), 1, T), torch.device(DEV), backward=True)
     k_cmp = mean_compress(k.detach(), config).requires_grad_()
     v_cmp = mean_compress(v.detach(), config).requires_grad_()
     scale = config.softmax_scale(D)

@@ -26,7 +26,8 @@ import io
 import pstats
 import statistics
 import time
-from typing import Callable, List
+from types import SimpleNamespace
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ import triton
 from triton.testing import do_bench
 
 from nsa import NSAConfig
+from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress, nsa_attention, select_blocks
 from nsa.ops.selected.kernel import (
     BWD_TILES,
@@ -45,8 +47,8 @@ from nsa.ops.selected.kernel import (
 )
 from nsa.ops._triton.attention import LOG2E, attn_bwd_delta
 
-DEV = "cuda"
-HQ, H, D = 64, 4, 128
+DEV = torch.device("cuda")
+D = 128  # the workload's head dim (Shape.default on a GPU: 64 query heads, 4 KV heads, bf16)
 #: (warps, stages) tried for the selected forward and dQ; session 7 also measured (2, 2), (2, 3),
 #: (4, 2), (4, 3), (1, 3) for the forward and (4, 2), (4, 3), (8, 2), (1, 2), (2, 3) for the dQ,
 #: all slower than the defaults (1, 2) and (2, 2) (docs/perf/prefill.md)
@@ -97,13 +99,34 @@ def fwd_bwd(fn: Callable[[], torch.Tensor], inputs: List[torch.Tensor]) -> Calla
     return lambda: torch.autograd.grad(fn(), inputs, grad)
 
 
+def inputs(T: int, seed: int, backward: bool = False) -> Tuple[torch.Tensor, ...]:
+    """``(q, k, v, gates)`` of the workload at length ``T`` (and ``do`` with ``backward``), seeded."""
+    torch.manual_seed(seed)
+    return prefill_inputs("nsa", Shape.default(DEV, 1, T), DEV, backward)
+
+
+def selected_case(T: int, config: NSAConfig, seed: int) -> SimpleNamespace:
+    """The selected branch at length ``T``: inputs, the real selection, the forward's ``o``/``lse``,
+    an output gradient ``do`` and ``delta = rowsum(o * do)``."""
+    q, k, v, _ = inputs(T, seed)
+    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    do = torch.randn_like(o)
+    return SimpleNamespace(T=T, q=q, k=k, v=v, idx=idx, scale=scale, forced=forced, o=o, lse=lse, do=do,
+                           delta=attn_bwd_delta(o, do))
+
+
+def forced_kernel_args(c: SimpleNamespace, o: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor) -> Tuple[tuple, tuple]:
+    """Arguments of the forced-block forward (writing ``o``/``lse``) and dQ (writing ``dq``) kernels."""
+    strides = (*c.q.stride()[:3], *c.k.stride()[:3], *c.v.stride()[:3])
+    fargs = (c.q, c.k, c.v, c.idx, o, lse, *strides, c.T, 0, c.scale * LOG2E)
+    dargs = (c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, dq, *strides, *c.do.stride()[:3], c.T, 0, c.scale * LOG2E, c.scale)
+    return fargs, dargs
+
+
 def launch_gaps(T: int, config: NSAConfig, cpms: float, profile_path: str) -> None:
-    torch.manual_seed(T)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q = torch.randn(1, T, HQ, D, **bf, requires_grad=True)
-    k = torch.randn(1, T, H, D, **bf, requires_grad=True)
-    v = torch.randn(1, T, H, D, **bf, requires_grad=True)
-    gates = torch.rand(1, T, HQ, 3, **bf, requires_grad=True)
+    q, k, v, gates, _ = inputs(T, T, backward=True)
 
     def nsa_fwd():
         with torch.no_grad():
@@ -151,18 +174,8 @@ def launch_gaps(T: int, config: NSAConfig, cpms: float, profile_path: str) -> No
 
 def selected_variants(T: int, config: NSAConfig) -> None:
     """Launch shapes of the selected forward and dQ, and the backward's pieces alone."""
-    torch.manual_seed(T + 1)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q = torch.randn(1, T, HQ, D, **bf)
-    k = torch.randn(1, T, H, D, **bf)
-    v = torch.randn(1, T, H, D, **bf)
-    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
-    scale = config.softmax_scale(D)
-    forced = (config.init_blocks, config.local_blocks)
-    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
-    torch.manual_seed(T + 2)
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
+    c = selected_case(T, config, T + 1)
+    q, k, v, idx, scale, forced, o, lse, do, delta = c.q, c.k, c.v, c.idx, c.scale, c.forced, c.o, c.lse, c.do, c.delta
     want_dq = selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, dict(BWD_TILES["dq"]), forced)
     for warps, stages in FWD_SWEEP:
         tiles = dict(num_warps=warps, num_stages=stages)
@@ -191,9 +204,7 @@ def selected_variants(T: int, config: NSAConfig) -> None:
 
 def inversion_profile(T: int, config: NSAConfig) -> None:
     """The device kernels of one selection inversion (dK/dV's query lists), by time."""
-    torch.manual_seed(T + 3)
-    q = torch.randn(1, T, HQ, D, device=DEV, dtype=torch.bfloat16)
-    k = torch.randn(1, T, H, D, device=DEV, dtype=torch.bfloat16)
+    q, k, _, _ = inputs(T, T + 3)
     idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
     nb, qseg = triton.cdiv(T, config.sel_block), BWD_TILES["dkdv"]["QSEG"]
     for _ in range(3):
@@ -229,11 +240,8 @@ def cmp_select_ab(T: int, config: NSAConfig) -> None:
     old = _previous("compressed_fwd")
     if old is None:
         return
-    torch.manual_seed(T + 4)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q = torch.randn(1, T, HQ, D, **bf)
-    k_cmp = mean_compress(torch.randn(1, T, H, D, **bf), config)
-    v_cmp = mean_compress(torch.randn(1, T, H, D, **bf), config)
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     scale = config.softmax_scale(D)
     outs = {}
     for name, fn in (("previous", old.compressed_fwd), ("now", compressed_fwd)):
@@ -250,17 +258,10 @@ def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
     old = _previous("selected_kernel")
     if old is None:
         return
-    torch.manual_seed(T + 5)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
-    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
-    scale = config.softmax_scale(D)
-    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=(config.init_blocks, config.local_blocks))
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
+    c = selected_case(T, config, T + 5)
     outs = {}
     for name, fn in (("previous", old.selected_bwd_dkdv), ("now", selected_bwd_dkdv)):
-        call = lambda: fn(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, dict(BWD_TILES["dkdv"]))
+        call = lambda: fn(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0, dict(BWD_TILES["dkdv"]))
         outs[name] = call()
         print(f"T={T} selected dK/dV (inversion included), {name}: {bench(call):.3f} ms", flush=True)
     same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
@@ -271,9 +272,7 @@ def window_variants(T: int, config: NSAConfig) -> None:
     """Tiles of the window forward and dQ: (rows, BN, warps, stages), error against the default."""
     from nsa.ops.window import kernel as win
 
-    torch.manual_seed(T + 7)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
+    q, k, v, _ = inputs(T, T + 7)
     scale = config.softmax_scale(D)
     o, lse = win.window_fwd(q, k, v, config.window, scale, 0)
     do = torch.randn_like(o)
@@ -295,28 +294,17 @@ def forced_variants(T: int, config: NSAConfig) -> None:
     """The forced-block kernels alone, by (rows, warps, stages), and the rest of the forward."""
     from nsa.ops.selected import kernel as sel
 
-    torch.manual_seed(T + 8)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
-    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
-    scale = config.softmax_scale(D)
-    forced = (config.init_blocks, config.local_blocks)
-    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
-    dims = sel._dims(q, k, v, idx, config.sel_block, forced)
-    fargs = (q, k, v, idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, 0, scale * LOG2E)
-    dq = torch.empty_like(q)
-    dargs = (q, k, v, idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-             T, 0, scale * LOG2E, scale)
-    rest = lambda: sel.selected_fwd_kernel[(T, H)](*fargs, **sel._warps(dict(sel.FWD_TILES), dims, 1), **dims)
+    c = selected_case(T, config, T + 8)
+    dims = sel._dims(c.q, c.k, c.v, c.idx, config.sel_block, c.forced)
+    fargs, dargs = forced_kernel_args(c, c.o, c.lse, torch.empty_like(c.q))
+    rest = lambda: sel.selected_fwd_kernel[(T, dims["H"])](*fargs, **sel._warps(dict(sel.FWD_TILES), dims, 1), **dims)
     print(f"T={T} selected fwd without the forced kernel: {bench(rest):.3f} ms", flush=True)
     saved = dict(sel.FORCED_TILES)
     for rows, warps, stages in FORCED_SWEEP:
         sel.FORCED_TILES.update(rows=rows, num_warps=warps, num_stages=stages)
         meta, BT = sel._forced_launch(dims)
-        fwd = lambda: sel.selected_forced_fwd_kernel[(triton.cdiv(T, BT), H)](*fargs, **meta)
-        bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), H)](*dargs, **meta)
+        fwd = lambda: sel.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
+        bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
         print(f"T={T} forced fwd / dQ, rows {rows}, {warps} warps, {stages} stages: {bench(fwd):.3f} / {bench(bwd):.3f} ms",
               flush=True)
     sel.FORCED_TILES.clear()
@@ -331,25 +319,15 @@ def forced_ab(T: int, config: NSAConfig) -> None:
     old = _previous("selected_kernel")
     if old is None:
         return
-    torch.manual_seed(T + 9)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
-    idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
-    scale = config.softmax_scale(D)
-    forced = (config.init_blocks, config.local_blocks)
-    o, lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
-    dims = sel._dims(q, k, v, idx, config.sel_block, forced)
+    c = selected_case(T, config, T + 9)
+    dims = sel._dims(c.q, c.k, c.v, c.idx, config.sel_block, c.forced)
     meta, BT = sel._forced_launch(dims)
     outs = {}
     for name, mod in (("previous", old), ("now", sel)):
-        fo, flse, fdq = torch.empty_like(o), torch.empty_like(lse), torch.empty_like(q)
-        fargs = (q, k, v, idx, fo, flse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, 0, scale * LOG2E)
-        dargs = (q, k, v, idx, do, lse, delta, fdq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                 *do.stride()[:3], T, 0, scale * LOG2E, scale)
-        fwd = lambda: mod.selected_forced_fwd_kernel[(triton.cdiv(T, BT), H)](*fargs, **meta)
-        bwd = lambda: mod.selected_forced_dq_kernel[(triton.cdiv(T, BT), H)](*dargs, **meta)
+        fo, flse, fdq = torch.empty_like(c.o), torch.empty_like(c.lse), torch.empty_like(c.q)
+        fargs, dargs = forced_kernel_args(c, fo, flse, fdq)
+        fwd = lambda: mod.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
+        bwd = lambda: mod.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
         fwd(), bwd()
         outs[name] = (fo, flse, fdq)
         print(f"T={T} forced fwd / dQ, {name}: {bench(fwd):.3f} / {bench(bwd):.3f} ms", flush=True)
@@ -363,11 +341,8 @@ def gated_window_ab(T: int, config: NSAConfig) -> None:
     from nsa.ops import combine_branches, sliding_window_attention
     from nsa.ops.window.kernel import window_gated_sum
 
-    torch.manual_seed(T + 11)
-    bf = dict(device=DEV, dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, H, D, **bf), torch.randn(1, T, H, D, **bf)
-    gates = torch.rand(1, T, HQ, 3, **bf)
-    o_cmp, o_slc = torch.randn(1, T, HQ, D, **bf), torch.randn(1, T, HQ, D, **bf)
+    q, k, v, gates = inputs(T, T + 11)
+    o_cmp, o_slc = torch.randn_like(q), torch.randn_like(q)
     scale = config.softmax_scale(D)
     apart = lambda: combine_branches(gates, o_cmp, o_slc, sliding_window_attention(q, k, v, config, backend="triton"),
                                      backend="triton")
@@ -378,11 +353,18 @@ def gated_window_ab(T: int, config: NSAConfig) -> None:
               f"(bitwise equal: {same})", flush=True)
 
 
+#: The sections after the launch gaps, in the order they run (``--skip`` names them).
+SECTIONS = {
+    "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
+    "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["gaps", "selected", "inversion", "cmp", "dkdv", "window", "forced", "forced_ab", "gated"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS) + ["gaps"])
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
@@ -391,22 +373,9 @@ def main() -> None:
     for T in args.lengths:
         if "gaps" not in args.skip:
             launch_gaps(T, config, cpms, args.profile_host)
-        if "selected" not in args.skip:
-            selected_variants(T, config)
-        if "inversion" not in args.skip:
-            inversion_profile(T, config)
-        if "cmp" not in args.skip:
-            cmp_select_ab(T, config)
-        if "dkdv" not in args.skip:
-            selected_dkdv_ab(T, config)
-        if "window" not in args.skip:
-            window_variants(T, config)
-        if "forced" not in args.skip:
-            forced_variants(T, config)
-        if "forced_ab" not in args.skip:
-            forced_ab(T, config)
-        if "gated" not in args.skip:
-            gated_window_ab(T, config)
+        for name, section in SECTIONS.items():
+            if name not in args.skip:
+                section(T, config)
         torch.cuda.empty_cache()
 
 

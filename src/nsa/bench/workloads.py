@@ -294,7 +294,10 @@ def _sdpa_backend(impl: str):
     return sdpa_kernel([getattr(SDPBackend, name)])
 
 
-def _prefill_set(impl: str, shape: Shape, device: torch.device, backward: bool) -> Tuple[torch.Tensor, ...]:
+def prefill_inputs(impl: str, shape: Shape, device: torch.device, backward: bool) -> Tuple[torch.Tensor, ...]:
+    """Fresh random inputs of one prefill call of ``impl`` (see :func:`prefill_runner`): NSA's
+    ``(q, k, v, gates)`` in ``[B, T, heads, D]``, dense SDPA's ``(q, k, v)`` in its own
+    ``[B, heads, T, D]``; with ``backward`` they require gradients and an output gradient follows."""
     B, T, HQ, H, D = shape.batch, shape.length, shape.heads, shape.kv_heads, shape.head_dim
     like = dict(dtype=shape.dtype, device=device, grad=backward)
     if impl in DENSE_PREFILL_BACKENDS:  # SDPA's own layout: [B, heads, T, D]
@@ -345,5 +348,5 @@ def prefill_runner(
     ``queued``: calls enqueued back to back (device time, as ``do_bench``), see :class:`Runner`."""
     if impl != "nsa" and impl not in DENSE_PREFILL_BACKENDS:
         raise ValueError(f"impl must be 'nsa' or one of {', '.join(DENSE_PREFILL_BACKENDS)}, got {impl!r}")
-    return _runner(_prefill_fn(impl, config, backward), lambda: _prefill_set(impl, shape, device, backward),
+    return _runner(_prefill_fn(impl, config, backward), lambda: prefill_inputs(impl, shape, device, backward),
                    device, flush_l2=flush_l2, sets=sets, queued=queued)  # fmt: skip

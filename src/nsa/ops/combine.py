@@ -28,6 +28,13 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
     return pair[0], pair[1]
 
 
+def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, backend: Optional[str]) -> bool:
+    """Whether every op of ``ops`` routes to its Triton kernel for ``q`` (a fused launch needs all)."""
+    from nsa import routing  # lazily, like nsa.ops._dispatch
+
+    return all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ops)
+
+
 def _compressed_and_blocks(
     q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig, q_offset: int, backend: Optional[str]
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -37,9 +44,7 @@ def _compressed_and_blocks(
     blocks from the compressed-attention probabilities also produces the output,
     so ``q @ k_cmp`` is not computed by two separate kernels.
     """
-    from nsa import routing  # lazily, like nsa.ops._dispatch
-
-    if all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ("compressed", "select")):
+    if _on_triton(("compressed", "select"), q, backend):
         _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
         _guards.check_q_offset(q_offset, q, None)
         from nsa.ops.compressed.kernel import compressed_attention_select
@@ -122,10 +127,8 @@ def _window_and_gated_sum(
     pass over all three outputs goes away (same result, bitwise). Training keeps them
     apart: the gates' gradient needs ``o_win``.
     """
-    from nsa import routing  # lazily, like nsa.ops._dispatch
-
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_win, v_win, gates, o_cmp, o_slc))
-    if not grad and all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ("window", "gates")):
+    if not grad and _on_triton(("window", "gates"), q, backend):
         _guards.check_attention_inputs(q, k_win, v_win, ("q", "k_win", "v_win"))
         _guards.check_q_offset(q_offset, q, k_win.shape[1])
         from nsa.ops.window.kernel import window_gated_sum

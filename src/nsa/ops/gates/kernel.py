@@ -27,15 +27,26 @@ def _tiles(i_p, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     return o_r, m_r, o_r[:, None] * DV + o_d[None, :], m_r[:, None] & (o_d < DV)[None, :]
 
 
-@triton.jit(do_not_specialize=["ROWS"])
-def gates_fwd_kernel(gates, o_cmp, o_slc, o_win, o, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
+@triton.jit
+def gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x):
+    """``g_cmp * o_cmp + g_slc * o_slc + g_win * b_win`` in float32 for rows ``o_r`` of
+    ``[rows, Dv]`` (elements ``p_x``, masks ``m_r``/``m_x``), ``b_win`` the window output
+    already in registers. One order of summation for every caller (this kernel and the
+    window kernel's inference epilogue), so their results are bitwise equal."""
     g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
     g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
     g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
     b_o = g_cmp[:, None] * tl.load(o_cmp + p_x, mask=m_x, other=0.0).to(tl.float32)
     b_o += g_slc[:, None] * tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_o += g_win[:, None] * tl.load(o_win + p_x, mask=m_x, other=0.0).to(tl.float32)
+    b_o += g_win[:, None] * b_win
+    return b_o
+
+
+@triton.jit(do_not_specialize=["ROWS"])
+def gates_fwd_kernel(gates, o_cmp, o_slc, o_win, o, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
+    b_win = tl.load(o_win + p_x, mask=m_x, other=0.0).to(tl.float32)
+    b_o = gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x)
     tl.store(o + p_x, b_o.to(o.dtype.element_ty), mask=m_x)
 
 

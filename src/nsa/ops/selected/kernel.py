@@ -83,15 +83,17 @@ def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, B
 
 @triton.jit
 def _forced_kv(
-    p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
+    p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
     BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
 ):
-    """K ``[BSP, BK]``, V ``[BSP, BV]`` of forced block ``i_f`` and its ``[BM, BSP]``
-    visibility for a tile of rows whose selection lists are ``b_list [BM, NP]``.
+    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the tile's ``i``-th forced block ``i_f`` (the
+    initial ones, then the local ones from ``l_lo``: :func:`_forced_range`) and its
+    ``[BM, BSP]`` visibility for rows whose selection lists are ``b_list [BM, NP]``.
 
     A row counts the block only if its list holds it and it is forced for the row's
     own block ``o_j`` (always for an initial block, ``i_f < INIT``; for the ``LOCAL``
     last ones else)."""
+    i_f = tl.where(i < INIT, i, l_lo + i - INIT)
     m_rows = (tl.max((b_list == i_f).to(tl.int32), 1) > 0) & m_r  # [BM]
     m_rows = m_rows & ((i_f < INIT) | ((o_j - LOCAL < i_f) & (i_f <= o_j)))
     o_c = tl.arange(0, BSP)
@@ -259,8 +261,7 @@ def selected_forced_fwd_kernel(
     b_l = tl.zeros([BM], dtype=tl.float32)
     l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
     for i in range(n_forced):
-        i_f = tl.where(i < INIT, i, l_lo + i - INIT)
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
@@ -299,8 +300,7 @@ def selected_forced_dq_kernel(
     b_dq = tl.zeros([BT * GP, BK], dtype=tl.float32)
     l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
     for i in range(n_forced):
-        i_f = tl.where(i < INIT, i, l_lo + i - INIT)
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i_f, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
+        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
+from nsa.ops.gates.kernel import gated_sum
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
@@ -159,14 +160,9 @@ def window_fwd_kernel(
     o_x = o_row[:, None] * DV + o_dv[None, :]
     m_x = m_r[:, None] & m_dv[None, :]
     if GATED:
-        # ops/gates' sum, in its order and from the window output rounded as stored
+        # the gates kernel's sum, from the window output rounded as it would be stored
         b_win = b_o.to(o.dtype.element_ty).to(tl.float32)
-        g_cmp = tl.load(gates + o_row * 3, mask=m_r, other=0.0).to(tl.float32)
-        g_slc = tl.load(gates + o_row * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
-        g_win = tl.load(gates + o_row * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
-        b_sum = g_cmp[:, None] * tl.load(o_cmp + o_x, mask=m_x, other=0.0).to(tl.float32)
-        b_sum += g_slc[:, None] * tl.load(o_slc + o_x, mask=m_x, other=0.0).to(tl.float32)
-        b_sum += g_win[:, None] * b_win
+        b_sum = gated_sum(gates, o_cmp, o_slc, b_win, o_row, m_r, o_x, m_x)
         tl.store(o + o_x, b_sum.to(o.dtype.element_ty), mask=m_x)
     else:
         tl.store(o + o_x, b_o.to(o.dtype.element_ty), mask=m_x)
