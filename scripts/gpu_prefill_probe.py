@@ -232,10 +232,24 @@ def _previous(name: str):
     return module
 
 
+def compare_versions(T: int, what: str, fields: str, old, new, version: Callable) -> None:
+    """A saved copy ``old`` of a module against the current ``new``: ``version(module)`` gives
+    ``(run, timed)``, ``run()`` returning the outputs and ``timed`` the calls to time, each
+    printed; then whether the outputs (``fields``) are bitwise equal."""
+    outs = {}
+    for name, module in (("previous", old), ("now", new)):
+        run, timed = version(module)
+        outs[name] = run()
+        times = " / ".join(f"{bench(fn):.3f}" for fn in timed)
+        print(f"T={T} {what}, {name}: {times} ms", flush=True)
+    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
+    print(f"T={T} {what}: {fields} bitwise equal {same}", flush=True)
+
+
 def cmp_select_ab(T: int, config: NSAConfig) -> None:
     """The fused compressed forward with selection against a saved copy of the previous code
     (``scripts/_old_compressed_fwd.py``, when present): time and bitwise equality."""
-    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops._triton import compressed_fwd as current
 
     old = _previous("compressed_fwd")
     if old is None:
@@ -243,29 +257,30 @@ def cmp_select_ab(T: int, config: NSAConfig) -> None:
     q, k, v, _ = inputs(T, T + 4)
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     scale = config.softmax_scale(D)
-    outs = {}
-    for name, fn in (("previous", old.compressed_fwd), ("now", compressed_fwd)):
-        call = lambda: fn(q, k_cmp, v_cmp, config, scale, 0, select=True)
-        outs[name] = call()
-        print(f"T={T} compressed + selection, {name}: {bench(call):.3f} ms", flush=True)
-    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
-    print(f"T={T} compressed + selection: o, lse, block_idx bitwise equal {same}", flush=True)
+
+    def version(module):
+        call = lambda: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True)
+        return call, (call,)
+
+    compare_versions(T, "compressed + selection", "o, lse, block_idx", old, current, version)
 
 
 def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
     """The selected dK/dV against a saved copy of the previous kernels
     (``scripts/_old_selected_kernel.py``, when present): time and bitwise equality."""
+    from nsa.ops.selected import kernel as current
+
     old = _previous("selected_kernel")
     if old is None:
         return
     c = selected_case(T, config, T + 5)
-    outs = {}
-    for name, fn in (("previous", old.selected_bwd_dkdv), ("now", selected_bwd_dkdv)):
-        call = lambda: fn(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0, dict(BWD_TILES["dkdv"]))
-        outs[name] = call()
-        print(f"T={T} selected dK/dV (inversion included), {name}: {bench(call):.3f} ms", flush=True)
-    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
-    print(f"T={T} selected dK/dV: dk, dv bitwise equal {same}", flush=True)
+
+    def version(module):
+        call = lambda: module.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale,
+                                                0, dict(BWD_TILES["dkdv"]))
+        return call, (call,)
+
+    compare_versions(T, "selected dK/dV (inversion included)", "dk, dv", old, current, version)
 
 
 def window_variants(T: int, config: NSAConfig) -> None:
@@ -322,17 +337,15 @@ def forced_ab(T: int, config: NSAConfig) -> None:
     c = selected_case(T, config, T + 9)
     dims = sel._dims(c.q, c.k, c.v, c.idx, config.sel_block, c.forced)
     meta, BT = sel._forced_launch(dims)
-    outs = {}
-    for name, mod in (("previous", old), ("now", sel)):
-        fo, flse, fdq = torch.empty_like(c.o), torch.empty_like(c.lse), torch.empty_like(c.q)
-        fargs, dargs = forced_kernel_args(c, fo, flse, fdq)
-        fwd = lambda: mod.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
-        bwd = lambda: mod.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
-        fwd(), bwd()
-        outs[name] = (fo, flse, fdq)
-        print(f"T={T} forced fwd / dQ, {name}: {bench(fwd):.3f} / {bench(bwd):.3f} ms", flush=True)
-    same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
-    print(f"T={T} forced kernels: o, lse, dq bitwise equal {same}", flush=True)
+
+    def version(module):
+        outs = torch.empty_like(c.o), torch.empty_like(c.lse), torch.empty_like(c.q)
+        fargs, dargs = forced_kernel_args(c, *outs)
+        fwd = lambda: module.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
+        bwd = lambda: module.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
+        return (lambda: (fwd(), bwd(), outs)[-1]), (fwd, bwd)
+
+    compare_versions(T, "forced fwd / dQ", "o, lse, dq", old, sel, version)
 
 
 def gated_window_ab(T: int, config: NSAConfig) -> None:

@@ -15,6 +15,13 @@ import torch
 _MODULE_OF_BACKEND = {"reference": "reference", "triton": "kernel"}
 
 
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether a call on ``tensors`` records autograd: grad mode on and one of them requires
+    a gradient. Decides between an autograd Function (which saves tensors for backward) and
+    a plain forward, and where a path has no backward, whether it must refuse the call."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str]) -> Callable:
     """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and dtype."""
     # Imported here, not at module level: ``import nsa`` must not load nsa.routing, or

@@ -8,6 +8,7 @@ import torch
 
 from nsa.config import NSAConfig
 from nsa.ops import _guards, varlen
+from nsa.ops._dispatch import needs_grad
 from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
 from nsa.ops.gates import combine_branches
@@ -127,8 +128,7 @@ def _window_and_gated_sum(
     pass over all three outputs goes away (same result, bitwise). Training keeps them
     apart: the gates' gradient needs ``o_win``.
     """
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_win, v_win, gates, o_cmp, o_slc))
-    if not grad and _on_triton(("window", "gates"), q, backend):
+    if not needs_grad(q, k_win, v_win, gates, o_cmp, o_slc) and _on_triton(("window", "gates"), q, backend):
         _guards.check_attention_inputs(q, k_win, v_win, ("q", "k_win", "v_win"))
         _guards.check_q_offset(q_offset, q, k_win.shape[1])
         from nsa.ops.window.kernel import window_gated_sum

@@ -9,7 +9,7 @@ import torch
 from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation
+from nsa.ops._dispatch import implementation, needs_grad
 
 KVPair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -119,7 +119,7 @@ def nsa_decode(
         )
     _guards.check_gates(gates, q)
     _check_seq_lens(seq_lens, q, k, k_cmp, config)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gates, k_cmp, v_cmp, k_win, v_win)):
+    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win):
         raise RuntimeError("nsa_decode has no backward; call it under torch.no_grad() or torch.inference_mode()")
     scale = config.softmax_scale(Dk)
     fn = implementation("decode", "nsa_decode", q, backend)

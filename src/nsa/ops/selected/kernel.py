@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
+from nsa.ops._dispatch import needs_grad
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
@@ -422,13 +423,13 @@ def _group_rows(G: int) -> int:
 #: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit.
 FWD_TILES = dict(num_warps=0, num_stages=2)
 BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=2)}
+FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
 def _warps(cfg: dict, dims: dict, narrow: int) -> dict:
     """``cfg`` with ``num_warps`` 0 resolved by head width: ``narrow`` up to 128, twice that beyond."""
     wide = max(dims["BK"], dims["BV"]) > 128
     return dict(cfg, num_warps=cfg["num_warps"] or (2 * narrow if wide else narrow))
-FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
 def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) -> dict:
@@ -618,6 +619,6 @@ def selected_attention(
         return q.new_zeros(*q.shape[:3], v.shape[-1])
     # the config's forced blocks are shared by whole tiles of queries (any block_idx stays exact)
     forced = (config.init_blocks, config.local_blocks)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         return SelectedAttentionFunction.apply(q, k, v, block_idx, config.sel_block, scale, q_offset, forced)
     return selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)[0]

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
+from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops._triton.attention import (
     LOG2E,
@@ -454,6 +455,6 @@ def sliding_window_attention(
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     if q.shape[1] == 0:
         return q.new_zeros(*q.shape[:3], v.shape[-1])
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         return WindowAttentionFunction.apply(q, k, v, config.window, scale, q_offset)
     return window_fwd(q, k, v, config.window, scale, q_offset)[0]
