@@ -1,6 +1,6 @@
 """Prefill probes on a GPU: what the host's launches add to a timing, and kernel variants.
 
-Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-host out.txt]``
+Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-host out.txt] [--only SECTION ...]``
 
 1. **Launch gaps.** The whole ``nsa_attention`` (forward, forward+backward) and dense cuDNN
    timed three ways, L2 flushed each time: ``triton.testing.do_bench`` (calls queued back to
@@ -16,6 +16,10 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 5. **Window tiles**: forward and dQ by (rows, key tile, warps, stages).
 6. **Forced-block kernels** alone by (rows, warps, stages), and the selected forward without them.
 7. **Inference gated sum**: window then gated sum, against the window kernel writing the sum.
+8. **Compressed dK/dV tiles** (``cmp_dkdv``): the compressed backward by (rows, token tile, warps,
+   stages, split cap), then the whole forward+backward with the fastest as the default.
+9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
+10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler.
 """
 
 from __future__ import annotations
@@ -366,10 +370,101 @@ def gated_window_ab(T: int, config: NSAConfig) -> None:
               f"(bitwise equal: {same})", flush=True)
 
 
+#: (rows, block_n, warps, stages, max_splits) of the compressed dK/dV kernel; the first is the
+#: default before session 9. Session 9's first call also measured (64, 128, 8, 2, 8), (32, 128, 8, 3, 8),
+#: (128, 128, 8, 2, 8) and (32, 64, 4, 3, 8), all slower than (64, 128, 8, 3, 16) (docs/perf/prefill.md)
+CMP_DKDV_SWEEP = ((64, 64, 4, 2, 8), (64, 128, 8, 3, 16), (64, 128, 8, 3, 32), (64, 128, 8, 4, 16),
+                  (64, 128, 8, 4, 32), (64, 128, 8, 3, 64), (64, 64, 4, 2, 32), (64, 64, 4, 3, 32))
+#: overrides of the selected dK/dV launch (``BWD_TILES["dkdv"]``), each against the default (3 stages
+#: on Hopper); session 9 also measured 8 warps (with 2 or 3 stages, and with 8 queries a step) and
+#: QSEG 512 or 2048 at 2 stages, all slower or no faster at 64k (docs/perf/prefill.md)
+SEL_DKDV_SWEEP = ({}, {"num_stages": 2}, {"num_stages": 4}, {"QSEG": 512}, {"QSEG": 2048})
+
+
+def sel_dkdv_variants(T: int, config: NSAConfig) -> None:
+    """Launches of the selected dK/dV kernel (the inversion included), dk/dv against the default's."""
+    from nsa.ops.selected import kernel as sel
+    from nsa.testing import rel_error
+
+    c = selected_case(T, config, T + 16)
+    first = None
+    for override in SEL_DKDV_SWEEP:
+        cfg = dict(sel.BWD_TILES["dkdv"], **override)
+        fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0, cfg)
+        try:
+            out = fn()
+        except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
+            print(f"T={T} selected dK/dV {override}: {type(err).__name__}: {err}", flush=True)
+            continue
+        first = first or out
+        errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out, first))
+        print(f"T={T} selected dK/dV {override or 'default'}: {bench(fn):.3f} ms (dk, dv vs default: {errs})", flush=True)
+
+
+def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
+    """Tiles of the compressed dK/dV kernel: the whole compressed backward (dq unchanged) per
+    variant, its dk/dv against the first variant's (relative error), then the whole
+    ``nsa_attention`` forward+backward with the first and the fastest variant as the default."""
+    from nsa.ops.compressed import kernel as ck
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.testing import rel_error
+
+    q, k, v, gates = inputs(T, T + 13)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
+    do = torch.randn_like(o)
+    first, times = None, {}
+    for *tiles, cap in CMP_DKDV_SWEEP:
+        fn = lambda: ck.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, dkdv=tuple(tiles),
+                                       max_splits=cap)
+        try:
+            out = fn()
+        except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
+            print(f"T={T} cmp dK/dV {tiles} splits<={cap}: {type(err).__name__}: {err}", flush=True)
+            continue
+        first = first or out
+        times[(*tiles, cap)] = bench(fn)
+        errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out[1:], first[1:]))
+        print(f"T={T} cmp bwd, dK/dV {tiles} splits<={cap}: {times[(*tiles, cap)]:.3f} ms (dk, dv vs first: {errs})",
+              flush=True)
+    best = min(times, key=times.get)
+    q, k, v, gates, _ = inputs(T, T + 14, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    saved = dict(ck.DKDV_TILES)
+    for _ in range(2):
+        for variant in (CMP_DKDV_SWEEP[0], best):
+            ck.DKDV_TILES.update(tiles=tuple(variant[:4]), max_splits=variant[4])
+            print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {bench(run):.3f} ms", flush=True)
+    ck.DKDV_TILES.clear()
+    ck.DKDV_TILES.update(saved)
+
+
+def kernel_times(T: int, config: NSAConfig) -> None:
+    """Device time of every kernel of one ``nsa_attention`` forward+backward (torch profiler,
+    after two warm-up calls), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v, gates, _ = inputs(T, T + 15, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    run(), run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in events) / 1e3
+    print(f"T={T} kernels of one forward+backward: {total:.2f} ms in all", flush=True)
+    for e in events[:16]:
+        print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
+
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
+    "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
 }
 
 
@@ -378,16 +473,19 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 65536])
     parser.add_argument("--profile-host", default="", help="write a cProfile of 20 forward+backward calls at 8k here")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS) + ["gaps"])
+    parser.add_argument("--only", nargs="*", default=None, choices=list(SECTIONS) + ["gaps"],
+                        help="run these sections alone")
     args = parser.parse_args()
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
     cpms = cycles_per_ms()
     print(f"device sleep: {cpms:.0f} cycles per ms", flush=True)
     for T in args.lengths:
-        if "gaps" not in args.skip:
+        wanted = lambda name: name not in args.skip and (args.only is None or name in args.only)
+        if wanted("gaps"):
             launch_gaps(T, config, cpms, args.profile_host)
         for name, section in SECTIONS.items():
-            if name not in args.skip:
+            if wanted(name):
                 section(T, config)
         torch.cuda.empty_cache()
 

@@ -20,6 +20,8 @@ the mask, only edge tiles pay for it.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,31 @@ def dot_precision(dtype: torch.dtype) -> str:
     """``input_precision`` of ``tl.dot``: exact ``ieee`` for float32 inputs (tf32 would
     cost about 1e-3 relative error), irrelevant for 16-bit inputs."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+#: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on
+#: Hopper (227 KiB) are used; the A100 (163 KiB) and consumer GPUs (99 KiB) keep the smaller ones.
+LARGE_SHARED_MEMORY = 200 * 1024
+
+
+def large_shared_memory(device: torch.device) -> bool:
+    """Whether programs on ``device`` may use Hopper-sized shared memory. True on the CPU, where
+    the interpreter has no such limit, so that CI runs the launch configurations of the H100/H200."""
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _shared_memory_per_program(index) >= LARGE_SHARED_MEMORY
+
+
+@lru_cache(maxsize=None)
+def _shared_memory_per_program(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is None:  # older torch: ask Triton's driver
+        from triton.runtime import driver
+
+        optin = driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return int(optin)
 
 
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,14 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.attention import LOG2E, attn_bwd_dkdv_step, attn_bwd_dq_step, dot_precision, next_pow2
+from nsa.ops._triton.attention import (
+    LOG2E,
+    attn_bwd_dkdv_step,
+    attn_bwd_dq_step,
+    dot_precision,
+    large_shared_memory,
+    next_pow2,
+)
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 
 
@@ -158,7 +165,16 @@ def compressed_bwd_dkdv_kernel(
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
 
 
-def _dkdv_splits(device: torch.device, programs: int) -> int:
+#: ``(rows, block_n, num_warps, num_stages)`` of the dK/dV kernel for 16-bit inputs with heads up
+#: to 128 wide on GPUs with Hopper-sized shared memory; elsewhere it keeps the dq kernel's tiles.
+#: ``max_splits`` caps the programs that share one token tile's query range. Token tiles of 128
+#: halve the passes over ``q`` and ``do``, which do not fit in L2 at long lengths (H100, compressed
+#: backward: 64k 31.5-31.6 against 36.7-36.8 ms for (64, 64, 4, 2) with 8 splits; 8k 0.83 against
+#: 0.93; docs/perf/prefill.md, session 9).
+DKDV_TILES = dict(tiles=(64, 128, 8, 3), max_splits=32)
+
+
+def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     """Splits of each token tile's query range: enough programs to fill the GPU (a
     token tile near the start sees every query, so unsplit it is the critical path);
     partial sums are added in a fixed order afterwards, so the result is deterministic."""
@@ -166,9 +182,7 @@ def _dkdv_splits(device: torch.device, programs: int) -> int:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 1  # the interpreter: small problems still split, so tests cover the reduction
-    return max(1, min(8, triton.cdiv(8 * sms, max(programs, 1))))
-
-
+    return max(1, min(cap, triton.cdiv(8 * sms, max(programs, 1))))
 
 
 def compressed_bwd(
@@ -188,11 +202,13 @@ def compressed_bwd(
     num_warps: Optional[int] = None,
     num_stages: int = 2,
     dkdv: Optional[Tuple[int, int, int, int]] = None,
+    max_splits: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
-    ``rows``/``block_n``/``num_warps``/``num_stages`` set both kernels' tiles; ``dkdv =
-    (rows, block_n, num_warps, num_stages)`` overrides them for the dK/dV kernel alone.
+    ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
+    dK/dV kernel's where :data:`DKDV_TILES` does not apply; ``dkdv = (rows, block_n,
+    num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query splits.
     """
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
@@ -212,11 +228,13 @@ def compressed_bwd(
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
     if B * NC * H:
+        if dkdv is None and q.dtype != torch.float32 and max(DK, DV) <= 128 and large_shared_memory(q.device):
+            dkdv = DKDV_TILES["tiles"]
         if dkdv is not None:
             kv_rows, block_n, kv_warps, kv_stages = dkdv
             common.update(BT=max(1, kv_rows // GP), BN=block_n, num_warps=kv_warps, num_stages=kv_stages)
         n_tiles = triton.cdiv(NC, block_n)
-        split = _dkdv_splits(q.device, n_tiles * B * H)
+        split = _dkdv_splits(q.device, n_tiles * B * H, max_splits or DKDV_TILES["max_splits"])
         if split > 1:
             dk_part = torch.empty(split, *dk.shape, dtype=torch.float32, device=q.device)
             dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)

@@ -37,6 +37,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_finish,
     attn_fwd_step,
     dot_precision,
+    large_shared_memory,
     last_dim_contiguous,
     next_pow2,
     row_offsets,
@@ -420,9 +421,11 @@ def _group_rows(G: int) -> int:
 #: ``QSEG`` (queries per dK/dV program), ``num_warps`` (0: by head dim); ``FORCED_TILES`` serve
 #: both forced-block kernels. At head dims up to 128 the forward takes 1 warp (H100, 8k 1.70
 #: against 1.77 ms for 2 warps, 64k 16.1 against 16.4) and the dQ 2 (8k 1.89 against 2.09 for 4,
-#: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit.
+#: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit. The dK/dV kernel's
+#: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
+#: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2.
 FWD_TILES = dict(num_warps=0, num_stages=2)
-BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=2)}
+BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
@@ -540,6 +543,9 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     cfg["BQ"] = max(cfg["BQ"] or 64 // GP, -(-16 // GP))
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg = _warps(cfg, dims, 4)
+    if not cfg["num_stages"]:
+        deep = q.dtype != torch.float32 and max(dims["BK"], dims["BV"]) <= 128 and large_shared_memory(q.device)
+        cfg["num_stages"] = 3 if deep else 2
     num_blocks = triton.cdiv(TK, sel_block)
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
