@@ -20,6 +20,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
    stages, split cap), then the whole forward+backward with the fastest as the default.
 9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
 10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler.
+11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
 """
 
 from __future__ import annotations
@@ -460,11 +461,58 @@ def kernel_times(T: int, config: NSAConfig) -> None:
         print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
 
 
+def _ptx_counts(fn) -> List[str]:
+    """Per compiled variant of the Triton function ``fn``: counts of a few float32 instructions."""
+    out = []
+    for cache in fn.device_caches.values():
+        kernels = cache[0] if isinstance(cache, tuple) else cache
+        for compiled in kernels.values():
+            ptx = compiled.asm.get("ptx", "")
+            counts = {op: ptx.count(op) for op in ("fma.rn.f32", "mul.f32", "mul.rn.f32", "add.f32", "add.rn.f32",
+                                                   "div.full.f32", "div.rn.f32", "rcp.")}
+            out.append(f"{getattr(compiled, 'name', '?')}: {counts}")
+    return out
+
+
+def gated_bits(T: int, config: NSAConfig) -> None:
+    """Why the inference gated sum (window kernel epilogue) and the two launches (window, then
+    the gates kernel) can differ: both against float32 sums emulated in float64, with and without
+    a fused multiply-add, from the stored window output; then the kernels' float32 instructions."""
+    from nsa.ops.gates.kernel import gates_fwd_kernel
+    from nsa.ops import combine_branches
+    from nsa.ops.window import kernel as win
+
+    for dtype, t, hq, h, d in ((torch.float32, 83, 4, 2, 16), (torch.float32, T, 64, 4, 128), (torch.bfloat16, T, 64, 4, 128)):
+        torch.manual_seed(t + 17)
+        q = torch.randn(1, t, hq, d, device=DEV, dtype=dtype)
+        k, v = torch.randn(1, t, h, d, device=DEV, dtype=dtype), torch.randn(1, t, h, d, device=DEV, dtype=dtype)
+        gates = torch.rand(1, t, hq, 3, device=DEV, dtype=dtype)
+        o_cmp, o_slc = torch.randn_like(q), torch.randn_like(q)
+        scale = config.softmax_scale(d)
+        with torch.no_grad():
+            o_win, _ = win.window_fwd(q, k, v, config.window, scale, 0)
+            two = combine_branches(gates, o_cmp, o_slc, o_win, backend="triton")
+            fused = win.window_fwd(q, k, v, config.window, scale, 0, gated=(gates, o_cmp, o_slc))[0]
+        g = gates.double()
+        f32 = lambda x: x.float().double()
+        p1 = f32(g[..., 0:1] * o_cmp.double())
+        e_fma = f32(g[..., 2:3] * o_win.double() + f32(g[..., 1:2] * o_slc.double() + p1))
+        e_plain = f32(f32(p1 + f32(g[..., 1:2] * o_slc.double())) + f32(g[..., 2:3] * o_win.double()))
+        e_fma, e_plain = e_fma.to(dtype), e_plain.to(dtype)
+        n = lambda a, b: int((a != b).sum())
+        print(f"gated bits {dtype} T={t} HQ={hq} D={d}: fused!=two {n(fused, two)}, two!=fma {n(two, e_fma)}, "
+              f"two!=plain {n(two, e_plain)}, fused!=fma {n(fused, e_fma)}, fused!=plain {n(fused, e_plain)} "
+              f"of {fused.numel()}", flush=True)
+    for line in _ptx_counts(win.window_fwd_kernel) + _ptx_counts(gates_fwd_kernel):
+        print(f"ptx {line}", flush=True)
+
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
+    "gated_bits": gated_bits,
 }
 
 

@@ -32,14 +32,16 @@ def gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x):
     """``g_cmp * o_cmp + g_slc * o_slc + g_win * b_win`` in float32 for rows ``o_r`` of
     ``[rows, Dv]`` (elements ``p_x``, masks ``m_r``/``m_x``), ``b_win`` the window output
     already in registers. One order of summation for every caller (this kernel and the
-    window kernel's inference epilogue), so their results are bitwise equal."""
+    window kernel's inference epilogue), so their results are bitwise equal. The multiply-adds
+    are explicit: left to the compiler, ``a*b + c*d`` is contracted into either of two fused
+    multiply-adds depending on the surrounding code, which changes float32 results (16-bit
+    operands multiply exactly in float32, so only float32 inputs could tell)."""
     g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
     g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
     g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
     b_o = g_cmp[:, None] * tl.load(o_cmp + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_o += g_slc[:, None] * tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_o += g_win[:, None] * b_win
-    return b_o
+    b_o = tl.fma(g_slc[:, None], tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32), b_o)
+    return tl.fma(g_win[:, None], b_win, b_o)
 
 
 @triton.jit(do_not_specialize=["ROWS"])
