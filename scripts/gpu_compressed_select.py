@@ -136,8 +136,9 @@ def timings(T, config, table, variants):
                                           num_stages=stages))
         table.append({"T": T, "variant": f"fused rows={rows} warps={warps} stages={stages}", "ms": ms})
     for rows, bn, warps in ((64, 64, 4), (128, 32, 8), (128, 64, 8)):
+        # both kernels on the variant's tiles (dkdv= overrides the dK/dV kernel's own DKDV_TILES)
         ms = bench(lambda: cmp_kernel.compressed_bwd(q, k, v, o, lse, do, None, config, scale, 0, rows=rows,
-                                                     block_n=bn, num_warps=warps))
+                                                     block_n=bn, num_warps=warps, dkdv=(rows, bn, warps, 2)))
         table.append({"T": T, "variant": f"bwd rows={rows} block_n={bn} warps={warps}", "ms": ms})
 
 
