@@ -32,7 +32,7 @@ import pstats
 import statistics
 import time
 from types import SimpleNamespace
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -382,24 +382,35 @@ CMP_DKDV_SWEEP = ((64, 64, 4, 2, 8), (64, 128, 8, 3, 16), (64, 128, 8, 3, 32), (
 SEL_DKDV_SWEEP = ({}, {"num_stages": 2}, {"num_stages": 4}, {"QSEG": 512}, {"QSEG": 2048})
 
 
+def timed_variant(T: int, label: str, fn: Callable[[], tuple], first: Optional[tuple],
+                  outputs: slice = slice(None)) -> Tuple[Optional[tuple], Optional[float]]:
+    """One variant of a sweep: run ``fn`` (a variant that fails is reported, not fatal), time it and
+    print the relative error of its ``outputs`` against ``first``, the first variant's result (this
+    one's when ``first`` is None). Returns ``(first, ms)``, ``ms`` None for a failed variant."""
+    from nsa.testing import rel_error
+
+    try:
+        out = fn()
+    except Exception as err:  # noqa: BLE001
+        print(f"T={T} {label}: {type(err).__name__}: {err}", flush=True)
+        return first, None
+    first = first or out
+    ms = bench(fn)
+    errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out[outputs], first[outputs]))
+    print(f"T={T} {label}: {ms:.3f} ms (relative error against the first variant: {errs})", flush=True)
+    return first, ms
+
+
 def sel_dkdv_variants(T: int, config: NSAConfig) -> None:
     """Launches of the selected dK/dV kernel (the inversion included), dk/dv against the default's."""
     from nsa.ops.selected import kernel as sel
-    from nsa.testing import rel_error
 
     c = selected_case(T, config, T + 16)
     first = None
     for override in SEL_DKDV_SWEEP:
         cfg = dict(sel.BWD_TILES["dkdv"], **override)
         fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0, cfg)
-        try:
-            out = fn()
-        except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
-            print(f"T={T} selected dK/dV {override}: {type(err).__name__}: {err}", flush=True)
-            continue
-        first = first or out
-        errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out, first))
-        print(f"T={T} selected dK/dV {override or 'default'}: {bench(fn):.3f} ms (dk, dv vs default: {errs})", flush=True)
+        first, _ = timed_variant(T, f"selected dK/dV {override or 'default'}", fn, first)
 
 
 def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
@@ -408,7 +419,6 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     ``nsa_attention`` forward+backward with the first and the fastest variant as the default."""
     from nsa.ops.compressed import kernel as ck
     from nsa.ops._triton.compressed_fwd import compressed_fwd
-    from nsa.testing import rel_error
 
     q, k, v, gates = inputs(T, T + 13)
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
@@ -419,16 +429,9 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     for *tiles, cap in CMP_DKDV_SWEEP:
         fn = lambda: ck.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, dkdv=tuple(tiles),
                                        max_splits=cap)
-        try:
-            out = fn()
-        except Exception as err:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
-            print(f"T={T} cmp dK/dV {tiles} splits<={cap}: {type(err).__name__}: {err}", flush=True)
-            continue
-        first = first or out
-        times[(*tiles, cap)] = bench(fn)
-        errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out[1:], first[1:]))
-        print(f"T={T} cmp bwd, dK/dV {tiles} splits<={cap}: {times[(*tiles, cap)]:.3f} ms (dk, dv vs first: {errs})",
-              flush=True)
+        first, ms = timed_variant(T, f"cmp bwd, dK/dV {tiles} splits<={cap} (dk, dv)", fn, first, slice(1, None))
+        if ms is not None:
+            times[(*tiles, cap)] = ms
     best = min(times, key=times.get)
     q, k, v, gates, _ = inputs(T, T + 14, backward=True)
     run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
