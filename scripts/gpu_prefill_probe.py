@@ -44,13 +44,14 @@ from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress, nsa_attention, select_blocks
 from nsa.ops.selected.kernel import (
     BWD_TILES,
+    _dkdv_queries_per_program,
     invert_selection,
     selected_bwd,
     selected_bwd_dkdv,
     selected_bwd_dq,
     selected_fwd,
 )
-from nsa.ops._triton.attention import LOG2E, attn_bwd_delta
+from nsa.ops._triton.attention import LOG2E, attn_bwd_delta, sm_count
 
 DEV = torch.device("cuda")
 D = 128  # the workload's head dim (Shape.default on a GPU: 64 query heads, 4 KV heads, bf16)
@@ -192,12 +193,13 @@ def selected_variants(T: int, config: NSAConfig) -> None:
         fn = lambda: selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, cfg, forced)
         same = torch.equal(fn(), want_dq)
         print(f"T={T} selected dQ {warps} warps {stages} stages: {bench(fn):.3f} ms (equal: {same})", flush=True)
+    nb = triton.cdiv(T, config.sel_block)
+    qseg = BWD_TILES["dkdv"]["QSEG"] or _dkdv_queries_per_program(tuple(idx.shape), nb, sm_count(DEV))
     pieces = {
         "delta = rowsum(o * do)": lambda: attn_bwd_delta(o, do),
         "dQ (forced + rest)": lambda: selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0,
                                                       dict(BWD_TILES["dq"]), forced),
-        "inversion": lambda: invert_selection(idx, config.sel_block, 0, triton.cdiv(T, config.sel_block),
-                                              BWD_TILES["dkdv"]["QSEG"]),
+        "inversion": lambda: invert_selection(idx, config.sel_block, 0, nb, qseg),
         "dK/dV (inversion included)": lambda: selected_bwd_dkdv(q, k, v, idx, do, lse, delta, config.sel_block, scale,
                                                                 0, dict(BWD_TILES["dkdv"])),
         "whole backward": lambda: selected_bwd(q, k, v, idx, o, lse, do, config.sel_block, scale, 0, forced=forced),
@@ -211,7 +213,8 @@ def inversion_profile(T: int, config: NSAConfig) -> None:
     """The device kernels of one selection inversion (dK/dV's query lists), by time."""
     q, k, _, _ = inputs(T, T + 3)
     idx = select_blocks(q, mean_compress(k, config), config, backend="triton")
-    nb, qseg = triton.cdiv(T, config.sel_block), BWD_TILES["dkdv"]["QSEG"]
+    nb = triton.cdiv(T, config.sel_block)
+    qseg = BWD_TILES["dkdv"]["QSEG"] or _dkdv_queries_per_program(tuple(idx.shape), nb, sm_count(DEV))
     for _ in range(3):
         invert_selection(idx, config.sel_block, 0, nb, qseg)
     torch.cuda.synchronize()

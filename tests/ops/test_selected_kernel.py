@@ -152,3 +152,17 @@ def test_selected_warps_follow_the_head_width(dk, dv, warps):
            _warps(BWD_TILES["dkdv"], dims, 4)["num_warps"], _forced_launch(dims)[0]["num_warps"])
     assert got == warps
     assert _warps(dict(num_warps=8), dims, 1)["num_warps"] == 8  # an explicit count stands
+
+
+def test_dkdv_queries_per_program_by_launch_size():
+    """132 SMs, 4 KV heads, 16 blocks a query, 64-token blocks: 512 queries a dK/dV program
+    while 1024 would launch fewer than about nine programs per SM (up to 12k tokens, measured
+    faster on an H100), 1024 from 14k on (measured faster there)."""
+    from nsa.ops.selected.kernel import _dkdv_queries_per_program
+
+    def qseg(T: int, batch: int = 1) -> int:
+        return _dkdv_queries_per_program((batch, T, 4, 16), -(-T // 64), 132)
+
+    assert [qseg(T) for T in (4096, 8192, 10240, 12288)] == [512] * 4
+    assert [qseg(T) for T in (14336, 16384, 65536)] == [1024] * 3
+    assert qseg(8192, batch=2) == 1024  # twice the programs of one sequence

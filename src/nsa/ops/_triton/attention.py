@@ -47,6 +47,14 @@ def dot_precision(dtype: torch.dtype) -> str:
 LARGE_SHARED_MEMORY = 200 * 1024
 
 
+def sm_count(device: torch.device, interpreter: int = 1) -> int:
+    """Streaming multiprocessors of ``device``; on the CPU, ``interpreter`` stands in (launch
+    heuristics then see a tiny GPU, so small test problems still take their multi-program paths)."""
+    if device.type != "cuda":
+        return interpreter
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def large_shared_memory(device: torch.device) -> bool:
     """Whether programs on ``device`` may use Hopper-sized shared memory. True on the CPU, where
     the interpreter has no such limit, so that CI runs the launch configurations of the H100/H200."""

@@ -30,6 +30,7 @@ from nsa.ops._triton.attention import (
     dot_precision,
     large_shared_memory,
     next_pow2,
+    sm_count,
 )
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 
@@ -178,11 +179,8 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     """Splits of each token tile's query range: enough programs to fill the GPU (a
     token tile near the start sees every query, so unsplit it is the critical path);
     partial sums are added in a fixed order afterwards, so the result is deterministic."""
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        sms = 1  # the interpreter: small problems still split, so tests cover the reduction
-    return max(1, min(cap, triton.cdiv(8 * sms, max(programs, 1))))
+    # the interpreter counts as one SM: small problems still split, so tests cover the reduction
+    return max(1, min(cap, triton.cdiv(8 * sm_count(device), max(programs, 1))))
 
 
 def compressed_bwd(

@@ -55,6 +55,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
+from nsa.ops._triton.attention import sm_count
 
 LOG2E = 1.4426950408889634
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
@@ -887,7 +888,8 @@ def default_score_warps(programs: int, device: torch.device) -> int:
 
 
 def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    """SMs the launch heuristics plan for; the interpreter counts as two."""
+    return sm_count(device, interpreter=2)
 
 
 def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) -> bool:

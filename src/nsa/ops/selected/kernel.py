@@ -41,6 +41,7 @@ from nsa.ops._triton.attention import (
     last_dim_contiguous,
     next_pow2,
     row_offsets,
+    sm_count,
 )
 
 
@@ -423,9 +424,23 @@ def _group_rows(G: int) -> int:
 #: against 1.77 ms for 2 warps, 64k 16.1 against 16.4) and the dQ 2 (8k 1.89 against 2.09 for 4,
 #: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit. The dK/dV kernel's
 #: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
-#: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2.
+#: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2;
+#: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
 FWD_TILES = dict(num_warps=0, num_stages=2)
-BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=1024, num_warps=0, num_stages=0)}
+BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
+
+
+def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
+    """Queries per dK/dV program: 1024, or 512 while 1024 would launch fewer than about nine
+    programs per SM. The launch count is only known on the device after the inversion; from
+    shapes it is about 1.5x ``max(owners, entries / 1024)`` (owners' counts spread around the
+    mean and each rounds up). H100, selected dK/dV with 3 stages, 512 against 1024 queries: 8k
+    (5.8 programs per SM) 1.75 against 1.89 ms, 10k (7.2) 2.22 against 2.30, 12k (8.7) 2.63
+    against 2.73, 14k (10.2) 3.10 against 3.06, 16k (11.7) 3.51 against 3.43, 64k 14.07 against
+    13.55 (docs/perf/prefill.md, session 9). ``selection`` is ``block_idx``'s shape ``(B, T, H, n)``."""
+    B, T, H, N = selection
+    estimate = max(B * H * num_blocks, B * T * H * N // 1024)
+    return 512 if 3 * estimate < 2 * 9 * sms else 1024
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
@@ -547,6 +562,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         deep = q.dtype != torch.float32 and max(dims["BK"], dims["BV"]) <= 128 and large_shared_memory(q.device)
         cfg["num_stages"] = 3 if deep else 2
     num_blocks = triton.cdiv(TK, sel_block)
+    cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
     dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
