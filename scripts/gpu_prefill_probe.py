@@ -240,6 +240,13 @@ def _previous(name: str):
     return module
 
 
+def _previous_selected(T: int, config: NSAConfig, seed: int) -> tuple:
+    """``(saved copy of the selected kernels, selected case)`` for an A/B section, or ``(None,
+    None)`` without a saved copy (then nothing is computed)."""
+    old = _previous("selected_kernel")
+    return (None, None) if old is None else (old, selected_case(T, config, seed))
+
+
 def compare_versions(T: int, what: str, fields: str, old, new, version: Callable) -> None:
     """A saved copy ``old`` of a module against the current ``new``: ``version(module)`` gives
     ``(run, timed)``, ``run()`` returning the outputs and ``timed`` the calls to time, each
@@ -278,10 +285,9 @@ def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
     (``scripts/_old_selected_kernel.py``, when present): time and bitwise equality."""
     from nsa.ops.selected import kernel as current
 
-    old = _previous("selected_kernel")
+    old, c = _previous_selected(T, config, T + 5)
     if old is None:
         return
-    c = selected_case(T, config, T + 5)
 
     def version(module):
         call = lambda: module.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale,
@@ -339,10 +345,9 @@ def forced_ab(T: int, config: NSAConfig) -> None:
     (``scripts/_old_selected_kernel.py``, when present): time and bitwise equality."""
     from nsa.ops.selected import kernel as sel
 
-    old = _previous("selected_kernel")
+    old, c = _previous_selected(T, config, T + 9)
     if old is None:
         return
-    c = selected_case(T, config, T + 9)
     dims = sel._dims(c.q, c.k, c.v, c.idx, config.sel_block, c.forced)
     meta, BT = sel._forced_launch(dims)
 

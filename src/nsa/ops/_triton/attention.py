@@ -55,9 +55,13 @@ def sm_count(device: torch.device, interpreter: int = 1) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def large_shared_memory(device: torch.device) -> bool:
-    """Whether programs on ``device`` may use Hopper-sized shared memory. True on the CPU, where
-    the interpreter has no such limit, so that CI runs the launch configurations of the H100/H200."""
+def hopper_tiles_fit(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether the deeper pipelines and wider tiles tuned on Hopper fit: 16-bit inputs, heads up
+    to 128 wide, and Hopper-sized shared memory per program. The CPU counts as large,
+    since the interpreter has no such limit, so that CI runs the launch configurations of the
+    H100/H200."""
+    if dtype == torch.float32 or head_dim > 128:
+        return False
     if device.type != "cuda":
         return True
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -28,7 +28,7 @@ from nsa.ops._triton.attention import (
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     dot_precision,
-    large_shared_memory,
+    hopper_tiles_fit,
     next_pow2,
     sm_count,
 )
@@ -226,7 +226,7 @@ def compressed_bwd(
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
     if B * NC * H:
-        if dkdv is None and q.dtype != torch.float32 and max(DK, DV) <= 128 and large_shared_memory(q.device):
+        if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
             dkdv = DKDV_TILES["tiles"]
         if dkdv is not None:
             kv_rows, block_n, kv_warps, kv_stages = dkdv

@@ -37,7 +37,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_finish,
     attn_fwd_step,
     dot_precision,
-    large_shared_memory,
+    hopper_tiles_fit,
     last_dim_contiguous,
     next_pow2,
     row_offsets,
@@ -428,6 +428,13 @@ def _group_rows(G: int) -> int:
 #: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
 FWD_TILES = dict(num_warps=0, num_stages=2)
 BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
+FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
+
+
+def _warps(cfg: dict, dims: dict, narrow: int) -> dict:
+    """``cfg`` with ``num_warps`` 0 resolved by head width: ``narrow`` up to 128, twice that beyond."""
+    wide = max(dims["BK"], dims["BV"]) > 128
+    return dict(cfg, num_warps=cfg["num_warps"] or (2 * narrow if wide else narrow))
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
@@ -441,13 +448,6 @@ def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: 
     B, T, H, N = selection
     estimate = max(B * H * num_blocks, B * T * H * N // 1024)
     return 512 if 3 * estimate < 2 * 9 * sms else 1024
-FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
-
-
-def _warps(cfg: dict, dims: dict, narrow: int) -> dict:
-    """``cfg`` with ``num_warps`` 0 resolved by head width: ``narrow`` up to 128, twice that beyond."""
-    wide = max(dims["BK"], dims["BV"]) > 128
-    return dict(cfg, num_warps=cfg["num_warps"] or (2 * narrow if wide else narrow))
 
 
 def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) -> dict:
@@ -559,8 +559,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg = _warps(cfg, dims, 4)
     if not cfg["num_stages"]:
-        deep = q.dtype != torch.float32 and max(dims["BK"], dims["BV"]) <= 128 and large_shared_memory(q.device)
-        cfg["num_stages"] = 3 if deep else 2
+        cfg["num_stages"] = 3 if hopper_tiles_fit(q.dtype, max(dims["BK"], dims["BV"]), q.device) else 2
     num_blocks = triton.cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
