@@ -21,6 +21,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
 10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler.
 11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
+12. **Training as one Function** (``training``): ``nsa_attention``'s training path against the
+    ops' own autograd Functions composed, timed and compared.
 """
 
 from __future__ import annotations
@@ -452,6 +454,39 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     ck.DKDV_TILES.update(saved)
 
 
+def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
+    """``nsa_attention`` as the ops' own autograd Functions (the training path before
+    :mod:`nsa.ops.training`)."""
+    from nsa.ops import combine_branches, selected_attention, sliding_window_attention
+    from nsa.ops.compressed.kernel import compressed_attention_select
+
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, config.softmax_scale(D), 0)
+    o_slc = selected_attention(q, k, v, idx, config)
+    o_win = sliding_window_attention(q, k, v, config)
+    return combine_branches(gates, o_cmp, o_slc, o_win)
+
+
+def training_ab(T: int, config: NSAConfig) -> None:
+    """The training step as one autograd Function against the composed ops: forward and
+    forward+backward times (twice, interleaved), and the gradients' relative differences."""
+    q, k, v, gates, _ = inputs(T, T + 20, backward=True)
+    leaves = [q, k, v, gates]
+    one = lambda: nsa_attention(q, k, v, gates, config, backend="triton")
+    composed = lambda: _composed_training(q, k, v, gates, config)
+    runs = {"one function": (one, fwd_bwd(one, leaves)), "composed ops": (composed, fwd_bwd(composed, leaves))}
+    for _ in range(2):
+        for name, (fwd, step) in runs.items():
+            print(f"T={T} training, {name}: fwd {bench(fwd):.3f} ms, fwd+bwd {bench(step):.3f} ms", flush=True)
+    from nsa.testing import rel_error
+
+    grad = torch.randn_like(one())
+    got = torch.autograd.grad(one(), leaves, grad)
+    want = torch.autograd.grad(composed(), leaves, grad)
+    errs = ", ".join(f"{name} {rel_error(a, b):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"), got, want))
+    print(f"T={T} training, one function against composed: {errs}", flush=True)
+
+
 def kernel_times(T: int, config: NSAConfig) -> None:
     """Device time of every kernel of one ``nsa_attention`` forward+backward (torch profiler,
     after two warm-up calls), largest first."""
@@ -523,7 +558,7 @@ SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
-    "gated_bits": gated_bits,
+    "gated_bits": gated_bits, "training": training_ab,
 }
 
 

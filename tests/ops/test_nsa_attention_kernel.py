@@ -94,3 +94,58 @@ def test_inference_sums_the_branches_in_the_window_kernel(nsa_device, monkeypatc
 def test_inference_gated_sum_real_size(nsa_device):
     fused, trained = _inference_and_training(4096 + 77, 64, 4, 128, NSAConfig(), torch.bfloat16, nsa_device)
     assert torch.equal(fused, trained.detach())
+
+
+def _composed_ops(q, k, v, gates, config, kv_cmp, kv_win):
+    """``nsa_attention`` as the ops' own autograd Functions, one after the other: what
+    :mod:`nsa.ops.training` replaces in training."""
+    from nsa.ops import combine_branches, selected_attention, sliding_window_attention
+    from nsa.ops.compressed.kernel import compressed_attention_select
+
+    o_cmp, _, idx = compressed_attention_select(q, *kv_cmp, config, config.softmax_scale(q.shape[-1]), 0)
+    o_slc = selected_attention(q, k, v, idx, config, backend="triton")
+    o_win = sliding_window_attention(q, *kv_win, config, backend="triton")
+    return combine_branches(gates, o_cmp, o_slc, o_win, backend="triton"), idx
+
+
+@pytest.mark.parametrize(
+    "T, HQ, H, D, config, dtype, own_window_kv",
+    [
+        pytest.param(83, 4, 2, 16, SMALL, torch.float32, False, id="cpu-shared-kv"),
+        pytest.param(70, 4, 1, 16, SMALL, torch.float32, True, id="cpu-own-window-kv"),
+        pytest.param(4096 + 77, 64, 4, 128, NSAConfig(), torch.bfloat16, False, marks=pytest.mark.gpu, id="gpu-bf16"),
+    ],
+)
+def test_training_function_equals_the_composed_ops(T, HQ, H, D, config, dtype, own_window_kv, nsa_device, monkeypatch):
+    """Training runs one autograd Function (the gates' backward hands each branch its softmax
+    delta, the dQ kernels add into one ``dq``). Same kernels forward: ``o`` and the blocks
+    bitwise equal those of the composed ops. Backward: every gradient, of ``k_cmp``/``v_cmp``
+    and a window's own ``(k, v)`` too, equals the composed ops' up to the order of the sums
+    (float32 rounding), or bf16 rounding at real size."""
+    from nsa.ops import mean_compress, training
+
+    calls = []
+    real = training.NSATrainingFunction.apply
+    monkeypatch.setattr(training.NSATrainingFunction, "apply", lambda *a: (calls.append(1), real(*a))[1])
+    x = [torch.randn(1, T, n, D, device=nsa_device, dtype=dtype) for n in (HQ, H, H, H, H)]
+    x.insert(3, torch.rand(1, T, HQ, 3, device=nsa_device, dtype=dtype))
+    leaves = [t.requires_grad_() for t in x]  # q, k, v, gates, k_win, v_win
+    q, k, v, gates, k_win, v_win = leaves
+    kv_cmp = (mean_compress(k, config, backend="triton"), mean_compress(v, config, backend="triton"))
+    kv_win = (k_win, v_win) if own_window_kv else (k, v)
+    do = torch.randn(1, T, HQ, D, device=nsa_device, dtype=dtype)
+    outputs = {}
+    for name in ("one function", "composed"):
+        if name == "one function":
+            o, idx = nsa_attention(q, k, v, gates, config, kv_cmp=kv_cmp, kv_win=kv_win if own_window_kv else None,
+                                   backend="triton", return_block_idx=True)
+        else:
+            o, idx = _composed_ops(q, k, v, gates, config, kv_cmp, kv_win)
+        grads = torch.autograd.grad(o, leaves if own_window_kv else leaves[:4], do)
+        outputs[name] = (o, idx, grads)
+    assert calls == [1]
+    (o, idx, grads), (o_ref, idx_ref, grads_ref) = outputs["one function"], outputs["composed"]
+    assert torch.equal(o, o_ref) and torch.equal(idx, idx_ref)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, got, want in zip(("dq", "dk", "dv", "dgates", "dk_win", "dv_win"), grads, grads_ref):
+        assert_close(name, got, want, tol)

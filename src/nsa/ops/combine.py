@@ -29,6 +29,11 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
     return pair[0], pair[1]
 
 
+#: The ops of a training step that :mod:`nsa.ops.training` runs as one autograd Function when all
+#: route to Triton (its backward shares the softmax deltas and sums ``dq`` inside the kernels).
+_TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
+
+
 def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, backend: Optional[str]) -> bool:
     """Whether every op of ``ops`` routes to its Triton kernel for ``q`` (a fused launch needs all)."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
@@ -111,6 +116,12 @@ def nsa_attention(
         mean_compress(v, config, backend=backend),
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
+    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1] and _on_triton(_TRAINING_OPS, q, backend):
+        from nsa.ops.training import nsa_attention_training
+
+        own_win = (k_win, v_win) if kv_win is not None else (None, None)
+        o, block_idx = nsa_attention_training(q, k, v, gates, k_cmp, v_cmp, *own_win, config, q_offset)
+        return (o, block_idx) if return_block_idx else o
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     o = _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend)

@@ -66,12 +66,12 @@ def compressed_bwd_dq_kernel(
     q, k, v, o, do,  # q/o/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
     lse,  # [B, TQ, HQ] float32, natural log
     dlse,  # [B, TQ, HQ] float32, read when HAS_DLSE
-    delta,  # [B, TQ, HQ] float32, written
+    delta,  # [B, TQ, HQ] float32: written, or read with HAS_DELTA
     dq,  # [B, TQ, HQ, DK]
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_DELTA: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
     i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
@@ -84,12 +84,15 @@ def compressed_bwd_dq_kernel(
     m_qv_d = m_row[:, None] & (o_dv < DV)[None, :]
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_qk_d, other=0.0)  # [M, BDK]
     b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)  # [M, BDV]
-    b_o = tl.load(o + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)
-    # -- delta = rowsum(o * do) - dlse: d(lse)/ds = p enters ds like -delta --
-    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [M]
-    if HAS_DLSE:
-        b_delta -= tl.load(dlse + o_q, mask=m_row, other=0.0)
-    tl.store(delta + o_q, b_delta, mask=m_row)
+    if HAS_DELTA:  # rowsum(o * do) from the caller (no lse gradient)
+        b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
+    else:
+        # -- delta = rowsum(o * do) - dlse: d(lse)/ds = p enters ds like -delta --
+        b_o = tl.load(o + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)
+        b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)  # [M]
+        if HAS_DLSE:
+            b_delta -= tl.load(dlse + o_q, mask=m_row, other=0.0)
+        tl.store(delta + o_q, b_delta, mask=m_row)
     b_lse = _load_lse2(lse + o_q, m_row)
     nv = visible_cmp(q_offset + o_tq, NC, L, S)
     n_lo = visible_cmp(q_offset + i_t * BT, NC, L, S)
@@ -201,12 +204,15 @@ def compressed_bwd(
     num_stages: int = 2,
     dkdv: Optional[Tuple[int, int, int, int]] = None,
     max_splits: Optional[int] = None,
+    delta: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
     dK/dV kernel's where :data:`DKDV_TILES` does not apply; ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query splits.
+    ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
+    read, and ``dlse`` must be None).
     """
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
@@ -217,14 +223,17 @@ def compressed_bwd(
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
-    delta = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
+    has_delta = delta is not None
+    if has_delta and dlse is not None:
+        raise ValueError("compressed_bwd: pass delta or dlse, not both (delta would have to include dlse)")
+    delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
                   num_warps=num_warps or 4, num_stages=num_stages)
     if B * TQ * HQ:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
-            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, **common)
+            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta, **common)
     if B * NC * H:
         if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
             dkdv = DKDV_TILES["tiles"]

@@ -7,7 +7,8 @@ not arithmetic, decide the time. Here each direction is one pass:
 
 - forward reads the three outputs and the gates once and writes ``o``;
 - backward reads ``do``, the three outputs and the gates once and writes the
-  three output gradients and ``dgates`` (row sums in float32).
+  three output gradients and ``dgates`` (row sums in float32), and on request each
+  branch's softmax-backward ``delta`` (:mod:`nsa.ops.training`).
 
 Each program owns ``BR`` rows of ``[B*T*HQ, Dv]``; arithmetic is float32.
 """
@@ -53,26 +54,33 @@ def gates_fwd_kernel(gates, o_cmp, o_slc, o_win, o, ROWS, DV: tl.constexpr, BR: 
 
 
 @triton.jit
-def _branch_bwd(p_o, p_do, b_do, g, dgates, o_r, m_r, p_x, m_x, SLOT: tl.constexpr):
-    """``do_branch = g * do`` and ``dgate = rowsum(do * o_branch)`` of one branch."""
+def _branch_bwd(p_o, p_do, b_do, g, dgates, delta, o_r, m_r, p_x, m_x, ROWS, SLOT: tl.constexpr, DELTA: tl.constexpr):
+    """``do_branch = g * do`` and ``dgate = rowsum(do * o_branch)`` of one branch; with
+    ``DELTA`` also the branch's softmax-backward ``rowsum(o_branch * do_branch)`` (float32,
+    from ``do_branch`` as stored), which its attention backward would otherwise read both
+    tensors again for."""
     b_x = tl.load(p_o + p_x, mask=m_x, other=0.0).to(tl.float32)
-    tl.store(p_do + p_x, (g[:, None] * b_do).to(p_do.dtype.element_ty), mask=m_x)
+    b_dx = (g[:, None] * b_do).to(p_do.dtype.element_ty)
+    tl.store(p_do + p_x, b_dx, mask=m_x)
     tl.store(dgates + o_r * 3 + SLOT, tl.sum(b_do * b_x, 1).to(dgates.dtype.element_ty), mask=m_r)
+    if DELTA:
+        tl.store(delta + SLOT * ROWS + o_r, tl.sum(b_x * b_dx.to(tl.float32), 1), mask=m_r)
 
 
 @triton.jit(do_not_specialize=["ROWS"])
 def gates_bwd_kernel(
     gates, o_cmp, o_slc, o_win, do, dgates, do_cmp, do_slc, do_win,
-    ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    delta,  # [3, ROWS] float32, written with DELTA
+    ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, DELTA: tl.constexpr,
 ):
     o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
     b_do = tl.load(do + p_x, mask=m_x, other=0.0).to(tl.float32)
     g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
     g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
     g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
-    _branch_bwd(o_cmp, do_cmp, b_do, g_cmp, dgates, o_r, m_r, p_x, m_x, 0)
-    _branch_bwd(o_slc, do_slc, b_do, g_slc, dgates, o_r, m_r, p_x, m_x, 1)
-    _branch_bwd(o_win, do_win, b_do, g_win, dgates, o_r, m_r, p_x, m_x, 2)
+    _branch_bwd(o_cmp, do_cmp, b_do, g_cmp, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 0, DELTA)
+    _branch_bwd(o_slc, do_slc, b_do, g_slc, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 1, DELTA)
+    _branch_bwd(o_win, do_win, b_do, g_win, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 2, DELTA)
 
 
 def _launch(dv: int):
@@ -81,30 +89,43 @@ def _launch(dv: int):
     return br, bd
 
 
+def gates_fwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor) -> torch.Tensor:
+    """Launch the forward on contiguous inputs: the gated sum, in the branches' dtype."""
+    o = torch.empty_like(o_cmp)
+    rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
+    br, bd = _launch(dv)
+    if o.numel():
+        gates_fwd_kernel[(triton.cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd)
+    return o
+
+
+def gates_bwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, do: torch.Tensor,
+              with_delta: bool = False):
+    """Launch the backward on contiguous inputs: ``(dgates, do_cmp, do_slc, do_win, delta)``,
+    ``delta`` float32 ``[3, B, T, HQ]`` (each branch's ``rowsum(o_branch * do_branch)``)
+    with ``with_delta``, else None."""
+    dgates = torch.empty_like(gates)
+    d_cmp, d_slc, d_win = (torch.empty_like(o_cmp) for _ in range(3))
+    delta = torch.empty(3, *o_cmp.shape[:-1], dtype=torch.float32, device=do.device) if with_delta else None
+    rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
+    br, bd = _launch(dv)
+    if do.numel():
+        gates_bwd_kernel[(triton.cdiv(rows, br),)](
+            gates, o_cmp, o_slc, o_win, do, dgates, d_cmp, d_slc, d_win, delta if with_delta else dgates,
+            rows, DV=dv, BR=br, BD=bd, DELTA=with_delta)
+    return dgates, d_cmp, d_slc, d_win, delta
+
+
 class GatesFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gates, o_cmp, o_slc, o_win):
         gates, o_cmp, o_slc, o_win = (x.contiguous() for x in (gates, o_cmp, o_slc, o_win))
-        o = torch.empty_like(o_cmp)
-        rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
-        br, bd = _launch(dv)
-        if o.numel():
-            gates_fwd_kernel[(triton.cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd)
         ctx.save_for_backward(gates, o_cmp, o_slc, o_win)
-        return o
+        return gates_fwd(gates, o_cmp, o_slc, o_win)
 
     @staticmethod
     def backward(ctx, do):
-        gates, o_cmp, o_slc, o_win = ctx.saved_tensors
-        do = do.contiguous()
-        dgates = torch.empty_like(gates)
-        d_cmp, d_slc, d_win = (torch.empty_like(o_cmp) for _ in range(3))
-        rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
-        br, bd = _launch(dv)
-        if do.numel():
-            gates_bwd_kernel[(triton.cdiv(rows, br),)](
-                gates, o_cmp, o_slc, o_win, do, dgates, d_cmp, d_slc, d_win, rows, DV=dv, BR=br, BD=bd)
-        return dgates, d_cmp, d_slc, d_win
+        return gates_bwd(*ctx.saved_tensors, do.contiguous())[:4]
 
 
 def combine_branches(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor) -> torch.Tensor:

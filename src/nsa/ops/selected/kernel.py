@@ -194,10 +194,11 @@ def selected_bwd_dq_kernel(
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
-    blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``."""
+    blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``, and with
+    ``ACC`` to what ``dq`` held before."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -226,7 +227,7 @@ def selected_bwd_dq_kernel(
 
     p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     b_dq = b_dq * scale
-    if INIT + LOCAL > 0:
+    if INIT + LOCAL > 0 or ACC:
         b_dq += tl.load(p_dq, mask=m_g[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_g[:, None] & m_dk[None, :])
 
@@ -280,10 +281,10 @@ def selected_forced_dq_kernel(
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(cdiv(T, BT), B * H)``: the forced blocks' share of ``dq``, written for
-    :func:`selected_bwd_dq_kernel` to add the rest to."""
+    """Grid ``(cdiv(T, BT), B * H)``: the forced blocks' share of ``dq`` (added to what ``dq``
+    held with ``ACC``), written for :func:`selected_bwd_dq_kernel` to add the rest to."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -307,7 +308,10 @@ def selected_forced_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
+    b_dq = b_dq * scale
+    if ACC:
+        b_dq += tl.load(p_dq, mask=m_r[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
 
 
 @triton.jit
@@ -531,13 +535,15 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
 
 
 def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
-                    forced: Tuple[int, int] = (0, 0)):
+                    forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None):
     """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
-    the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest."""
+    the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest. Given
+    ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor."""
     B, T, HQ, DK = q.shape
     H = k.shape[2]
-    dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
-    dims = _dims(q, k, v, block_idx, sel_block, forced)
+    acc = dq is not None
+    dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
+    dims = dict(_dims(q, k, v, block_idx, sel_block, forced), ACC=acc)
     args = (q, k, v, block_idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced):
@@ -586,17 +592,20 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
 def selected_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
-    forced: Tuple[int, int] = (0, 0),
+    forced: Tuple[int, int] = (0, 0), delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic
     (``forced`` as in :func:`selected_fwd`).
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
+    ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
+    unread); ``dq``: a gradient to add this branch's to (see :func:`selected_bwd_dq`).
     """
     do = last_dim_contiguous(do)
-    delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    if delta is None:
+        delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced)
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq)
     dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"])
     return dq, dk, dv
 

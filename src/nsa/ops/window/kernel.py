@@ -190,9 +190,10 @@ def window_bwd_dq_kernel(
     T, q_offset, W, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(cdiv(T, BT), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling."""
+    """Grid ``(cdiv(T, BT), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with
+    ``ACC`` added to what ``dq`` held."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -226,7 +227,10 @@ def window_bwd_dq_kernel(
     )
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
+    b_dq = b_dq * scale
+    if ACC:
+        b_dq += tl.load(p_dq, mask=m_r[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
 
 
 @triton.jit
@@ -367,16 +371,19 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
 
-def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict) -> torch.Tensor:
-    """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``)."""
+def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
+                  dq: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``); given
+    ``dq`` (contiguous, q's shape and dtype), it adds to it instead of a new tensor."""
     B, T, HQ, DK = q.shape
     H = k.shape[2]
-    dq = torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
+    acc = dq is not None
+    dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
     window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
         q, k, v, do, lse, delta, dq,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], PREC=dot_precision(q.dtype), **cfg,
+        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, PREC=dot_precision(q.dtype), **cfg,
     )
     return dq
 
@@ -399,15 +406,19 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
 def window_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
     window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
+    delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dq": {"num_warps": 8}}``.
+    ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
+    unread); ``dq``: a gradient to add this branch's to (see :func:`window_bwd_dq`).
     """
     G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
-    delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles))
+    if delta is None:
+        delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
+    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq)
     dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles))
     return dq, dk, dv
 

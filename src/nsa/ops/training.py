@@ -1,0 +1,90 @@
+"""The Triton training path of :func:`nsa.nsa_attention` as one autograd Function.
+
+Composed from the ops' own Functions, a training step's backward pays for work that
+only exists because the branches do not know about each other:
+
+- each branch recomputes ``delta = rowsum(o_branch * do_branch)``, reading two tensors of
+  ``[B, T, HQ, Dv]`` again, while the gates' backward already holds both in registers
+  (it writes ``do_branch`` and reads ``o_branch`` for the gates' gradient);
+- autograd adds the branches' ``dq`` (each ``[B, T, HQ, Dk]``) in two more passes.
+
+Here the gates' backward also writes the three deltas, the compressed branch writes
+``dq``, and the selected and window ``dQ`` kernels add their share as they store it. The
+forward and every kernel are the ops' own; only the plumbing between them differs. The
+keys' gradients of branches that share ``(k, v)`` are still summed by a plain add: those
+tensors are ``G`` times smaller than ``dq``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from nsa.config import NSAConfig
+from nsa.ops import _guards
+from nsa.ops._triton.compressed_fwd import compressed_fwd
+from nsa.ops.compressed.kernel import compressed_bwd
+from nsa.ops.gates.kernel import gates_bwd, gates_fwd
+from nsa.ops.selected.kernel import selected_bwd, selected_fwd
+from nsa.ops.window.kernel import window_bwd, window_fwd
+
+
+class NSATrainingFunction(torch.autograd.Function):
+    """``(o, block_idx)`` of the three branches and their gated sum; ``block_idx`` is not
+    differentiable. ``k_win``/``v_win`` None: the window reads ``(k, v)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, k_cmp, v_cmp, gates, k_win, v_win, config: NSAConfig, q_offset: int):
+        shared = k_win is None
+        kw, vw = (k, v) if shared else (k_win, v_win)
+        scale = config.softmax_scale(q.shape[-1])
+        forced = (config.init_blocks, config.local_blocks)
+        o_cmp, lse_cmp, block_idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, q_offset, select=True)
+        o_slc, lse_slc = selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)
+        o_win, lse_win = window_fwd(q, kw, vw, config.window, scale, q_offset)
+        o = gates_fwd(gates, o_cmp, o_slc, o_win)
+        ctx.save_for_backward(q, k, v, k_cmp, v_cmp, gates, kw, vw, block_idx,
+                              o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win)
+        ctx.config, ctx.q_offset, ctx.scale, ctx.forced, ctx.shared = config, q_offset, scale, forced, shared
+        ctx.mark_non_differentiable(block_idx)
+        ctx.set_materialize_grads(False)
+        return o, block_idx
+
+    @staticmethod
+    def backward(ctx, do, _):
+        if do is None:
+            return (None,) * 10
+        (q, k, v, k_cmp, v_cmp, gates, kw, vw, block_idx,
+         o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win) = ctx.saved_tensors
+        config, q_offset, scale = ctx.config, ctx.q_offset, ctx.scale
+        dgates, do_cmp, do_slc, do_win, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do.contiguous(), with_delta=True)
+        dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do_cmp, None, config, scale, q_offset,
+                                            delta=delta[0])
+        _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do_slc, config.sel_block, scale, q_offset,
+                                 forced=ctx.forced, delta=delta[1], dq=dq)
+        _, dk_win, dv_win = window_bwd(q, kw, vw, o_win, lse_win, do_win, config.window, scale, q_offset,
+                                       delta=delta[2], dq=dq)
+        if ctx.shared:
+            dk.add_(dk_win)
+            dv.add_(dv_win)
+            dk_win = dv_win = None
+        return dq, dk, dv, dk_cmp, dv_cmp, dgates, dk_win, dv_win, None, None
+
+
+def nsa_attention_training(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor, k_win: Optional[torch.Tensor], v_win: Optional[torch.Tensor], config: NSAConfig,
+    q_offset: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(o, block_idx)`` of :func:`nsa.nsa_attention` on Triton, differentiable in every
+    tensor but ``block_idx``; ``k_win``/``v_win`` None when the window reads ``(k, v)``.
+    The caller has checked ``q``, ``k``, ``v``, ``gates`` and the config."""
+    _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
+    _guards.check_q_offset(q_offset, q, k.shape[1])
+    if k_win is not None:
+        _guards.check_q_offset(q_offset, q, k_win.shape[1])
+    q, k, v, k_cmp, v_cmp, gates = (x.contiguous() for x in (q, k, v, k_cmp, v_cmp, gates))
+    if k_win is not None:
+        k_win, v_win = k_win.contiguous(), v_win.contiguous()
+    return NSATrainingFunction.apply(q, k, v, k_cmp, v_cmp, gates, k_win, v_win, config, q_offset)
