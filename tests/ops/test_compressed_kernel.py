@@ -141,3 +141,25 @@ def test_dkdv_tiles_of_their_own(dtype, tol, nsa_device, monkeypatch):
 )
 def test_compressed_gpu_bf16(shape, nsa_device, nsa_tolerance):
     check_against_reference(shape, NSAConfig(), 0, torch.bfloat16, nsa_device, nsa_tolerance)
+
+
+def test_compressed_backward_takes_delta_or_dlse_not_both(nsa_device):
+    """A ``delta`` from the caller replaces the kernel's ``rowsum(o * do)``: the same gradients
+    (``o`` is then not read, so it may be anything); with an lse gradient too, the call is refused."""
+    from nsa.ops._triton.attention import attn_bwd_delta
+    from nsa.ops.compressed.kernel import compressed_bwd
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    B, T, HQ, H, D = 1, 45, 4, 2, 16
+    q = torch.randn(B, T, HQ, D, device=nsa_device)
+    k, v = (torch.randn(B, SMALL.num_cmp(T), H, D, device=nsa_device) for _ in range(2))
+    scale = SMALL.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, 0)
+    do = torch.randn_like(o)
+    want = compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, 0)
+    got = compressed_bwd(q, k, v, torch.full_like(o, float("nan")), lse, do, None, SMALL, scale, 0,
+                         delta=attn_bwd_delta(o, do))
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert_close(name, a, b, 1e-6)
+    with pytest.raises(ValueError, match="delta or dlse"):
+        compressed_bwd(q, k, v, o, lse, do, torch.zeros_like(lse), SMALL, scale, 0, delta=attn_bwd_delta(o, do))

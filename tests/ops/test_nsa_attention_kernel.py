@@ -149,3 +149,23 @@ def test_training_function_equals_the_composed_ops(T, HQ, H, D, config, dtype, o
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for name, got, want in zip(("dq", "dk", "dv", "dgates", "dk_win", "dv_win"), grads, grads_ref):
         assert_close(name, got, want, tol)
+
+
+def test_training_function_skips_the_branches_for_a_gates_only_gradient(nsa_device, monkeypatch):
+    """When only the gates need a gradient, the one Function's backward is the gates' alone (as
+    with the composed ops, whose branch Functions would not even be recorded): no branch
+    backward runs, and ``dgates`` equals the composed ops'."""
+    from nsa.ops import mean_compress, training
+
+    calls = []
+    real = training.NSATrainingFunction.apply
+    monkeypatch.setattr(training.NSATrainingFunction, "apply", lambda *a: (calls.append("function"), real(*a))[1])
+    for name in ("compressed_bwd", "selected_bwd", "window_bwd"):
+        monkeypatch.setattr(training, name, lambda *a, name=name, **k: calls.append(name))
+    q, k, v = (torch.randn(1, 50, n, 16, device=nsa_device) for n in (4, 2, 2))
+    gates = torch.rand(1, 50, 4, 3, device=nsa_device, requires_grad=True)
+    do = torch.randn(1, 50, 4, 16, device=nsa_device)
+    (got,) = torch.autograd.grad(nsa_attention(q, k, v, gates, SMALL, backend="triton"), gates, do)
+    kv_cmp = (mean_compress(k, SMALL, backend="triton"), mean_compress(v, SMALL, backend="triton"))
+    (want,) = torch.autograd.grad(_composed_ops(q, k, v, gates, SMALL, kv_cmp, (k, v))[0], gates, do)
+    assert calls == ["function"] and torch.equal(got, want)

@@ -58,7 +58,12 @@ class NSATrainingFunction(torch.autograd.Function):
         (q, k, v, k_cmp, v_cmp, gates, kw, vw, block_idx,
          o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win) = ctx.saved_tensors
         config, q_offset, scale = ctx.config, ctx.q_offset, ctx.scale
-        dgates, do_cmp, do_slc, do_win, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do.contiguous(), with_delta=True)
+        # the branches' backwards only when a tensor other than the gates needs a gradient
+        attention = any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7))
+        dgates, do_cmp, do_slc, do_win, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do.contiguous(),
+                                                          with_delta=attention)
+        if not attention:
+            return None, None, None, None, None, dgates, None, None, None, None
         dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do_cmp, None, config, scale, q_offset,
                                             delta=delta[0])
         _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do_slc, config.sel_block, scale, q_offset,
