@@ -80,6 +80,9 @@ def nsa_attention(
 
     Blocks are selected from the compressed branch's attention probabilities
     (:func:`nsa.ops.select_blocks`); the selected branch reads raw ``(k, v)``.
+    With a gradient and every op on Triton, the call is one autograd Function
+    (:mod:`nsa.ops.training`) whose backward shares work between the branches; the
+    result is that of the ops composed, up to the order of gradient sums.
 
     Args:
         q: ``[B, T, HQ, Dk]``.
