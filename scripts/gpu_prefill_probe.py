@@ -457,14 +457,10 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
     """``nsa_attention`` as the ops' own autograd Functions (the training path before
     :mod:`nsa.ops.training`)."""
-    from nsa.ops import combine_branches, selected_attention, sliding_window_attention
-    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.combine import composed_branches
 
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, config.softmax_scale(D), 0)
-    o_slc = selected_attention(q, k, v, idx, config)
-    o_win = sliding_window_attention(q, k, v, config)
-    return combine_branches(gates, o_cmp, o_slc, o_win)
+    return composed_branches(q, k, v, gates, mean_compress(k, config), mean_compress(v, config), k, v, config, 0,
+                             "triton")[0]
 
 
 def training_ab(T: int, config: NSAConfig) -> None:

@@ -99,13 +99,9 @@ def test_inference_gated_sum_real_size(nsa_device):
 def _composed_ops(q, k, v, gates, config, kv_cmp, kv_win):
     """``nsa_attention`` as the ops' own autograd Functions, one after the other: what
     :mod:`nsa.ops.training` replaces in training."""
-    from nsa.ops import combine_branches, selected_attention, sliding_window_attention
-    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.combine import composed_branches
 
-    o_cmp, _, idx = compressed_attention_select(q, *kv_cmp, config, config.softmax_scale(q.shape[-1]), 0)
-    o_slc = selected_attention(q, k, v, idx, config, backend="triton")
-    o_win = sliding_window_attention(q, *kv_win, config, backend="triton")
-    return combine_branches(gates, o_cmp, o_slc, o_win, backend="triton"), idx
+    return composed_branches(q, k, v, gates, *kv_cmp, *kv_win, config, 0, "triton")
 
 
 @pytest.mark.parametrize(

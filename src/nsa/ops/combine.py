@@ -125,10 +125,21 @@ def nsa_attention(
         own_win = (k_win, v_win) if kv_win is not None else (None, None)
         o, block_idx = nsa_attention_training(q, k, v, gates, k_cmp, v_cmp, *own_win, config, q_offset)
         return (o, block_idx) if return_block_idx else o
+    o, block_idx = composed_branches(q, k, v, gates, k_cmp, v_cmp, k_win, v_win, config, q_offset, backend)
+    return (o, block_idx) if return_block_idx else o
+
+
+def composed_branches(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, config: NSAConfig, q_offset: int,
+    backend: Optional[str],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(o, block_idx)`` of :func:`nsa_attention` from the ops one after the other, each with
+    its own autograd Function: its path whenever :mod:`nsa.ops.training` does not apply (and
+    what that Function is compared with)."""
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
-    o = _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend)
-    return (o, block_idx) if return_block_idx else o
+    return _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend), block_idx
 
 
 def _window_and_gated_sum(

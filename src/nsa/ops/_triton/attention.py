@@ -7,7 +7,8 @@ loaded from memory serves the whole group. The helpers below are that tile
 step, written once:
 
 - :func:`attn_fwd_step`: one key tile of the online softmax (forward);
-- :func:`attn_bwd_dq_step`: one key tile's contribution to ``dQ``;
+- :func:`attn_bwd_dq_step`: one key tile's contribution to ``dQ``, and
+  :func:`store_dq` to write it (or add it to another branch's);
 - :func:`attn_bwd_dkdv_step`: one query tile's contribution to ``dK``/``dV``.
 
 Conventions: scores live in the log2 domain (``qk_scale = scale * log2(e)``, so
@@ -149,6 +150,16 @@ def attn_bwd_dq_step(
     b_ds = b_p * (b_dp - b_delta[:, None])
     b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
     return b_dq
+
+
+@triton.jit
+def store_dq(p_dq, b_dq, scale, mask, ADD: tl.constexpr):
+    """Store ``b_dq * scale`` (float32) at ``p_dq`` in its dtype; with ``ADD``, plus what
+    ``p_dq`` held (another kernel's share of the same gradient), rounded once."""
+    b_dq = b_dq * scale
+    if ADD:
+        b_dq += tl.load(p_dq, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -55,9 +55,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.attention import sm_count
+from nsa.ops._triton.attention import LOG2E, sm_count
 
-LOG2E = 1.4426950408889634
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
 # lower block win a tie. Forced blocks take the bits of +inf.

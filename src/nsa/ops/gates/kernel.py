@@ -29,6 +29,15 @@ def _tiles(i_p, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def _load_gates(gates, o_r, m_r):
+    """``(g_cmp, g_slc, g_win)`` in float32 of rows ``o_r`` of ``gates [rows, 3]``."""
+    g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
+    g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
+    g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
+    return g_cmp, g_slc, g_win
+
+
+@triton.jit
 def gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x):
     """``g_cmp * o_cmp + g_slc * o_slc + g_win * b_win`` in float32 for rows ``o_r`` of
     ``[rows, Dv]`` (elements ``p_x``, masks ``m_r``/``m_x``), ``b_win`` the window output
@@ -37,9 +46,7 @@ def gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x):
     are explicit: left to the compiler, ``a*b + c*d`` is contracted into either of two fused
     multiply-adds depending on the surrounding code, which changes float32 results (16-bit
     operands multiply exactly in float32, so only float32 inputs could tell)."""
-    g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
-    g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
-    g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
+    g_cmp, g_slc, g_win = _load_gates(gates, o_r, m_r)
     b_o = g_cmp[:, None] * tl.load(o_cmp + p_x, mask=m_x, other=0.0).to(tl.float32)
     b_o = tl.fma(g_slc[:, None], tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32), b_o)
     return tl.fma(g_win[:, None], b_win, b_o)
@@ -75,9 +82,7 @@ def gates_bwd_kernel(
 ):
     o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
     b_do = tl.load(do + p_x, mask=m_x, other=0.0).to(tl.float32)
-    g_cmp = tl.load(gates + o_r * 3, mask=m_r, other=0.0).to(tl.float32)
-    g_slc = tl.load(gates + o_r * 3 + 1, mask=m_r, other=0.0).to(tl.float32)
-    g_win = tl.load(gates + o_r * 3 + 2, mask=m_r, other=0.0).to(tl.float32)
+    g_cmp, g_slc, g_win = _load_gates(gates, o_r, m_r)
     _branch_bwd(o_cmp, do_cmp, b_do, g_cmp, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 0, DELTA)
     _branch_bwd(o_slc, do_slc, b_do, g_slc, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 1, DELTA)
     _branch_bwd(o_win, do_win, b_do, g_win, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 2, DELTA)

@@ -42,6 +42,7 @@ from nsa.ops._triton.attention import (
     next_pow2,
     row_offsets,
     sm_count,
+    store_dq,
 )
 
 
@@ -226,10 +227,7 @@ def selected_bwd_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s, qk_scale, MASK_KEYS, PREC)
 
     p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    b_dq = b_dq * scale
-    if INIT + LOCAL > 0 or ACC:
-        b_dq += tl.load(p_dq, mask=m_g[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
-    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_g[:, None] & m_dk[None, :])
+    store_dq(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -308,10 +306,7 @@ def selected_forced_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    b_dq = b_dq * scale
-    if ACC:
-        b_dq += tl.load(p_dq, mask=m_r[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
-    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
+    store_dq(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
 
 
 @triton.jit

@@ -43,6 +43,7 @@ from nsa.ops._triton.attention import (
     last_dim_contiguous,
     next_pow2,
     row_offsets,
+    store_dq,
 )
 
 
@@ -227,10 +228,7 @@ def window_bwd_dq_kernel(
     )
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    b_dq = b_dq * scale
-    if ACC:
-        b_dq += tl.load(p_dq, mask=m_r[:, None] & m_dk[None, :], other=0.0).to(tl.float32)
-    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None] & m_dk[None, :])
+    store_dq(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
 
 
 @triton.jit
