@@ -23,6 +23,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
 12. **Training as one Function** (``training``): ``nsa_attention``'s training path against the
     ops' own autograd Functions composed, timed and compared.
+13. **Gates inside the branch kernels** (``gate_ab``): training's forward and backward launches
+    with the gates applied in the branch kernels against the stored ``g * do`` copies, piece by piece.
 """
 
 from __future__ import annotations
@@ -125,11 +127,17 @@ def selected_case(T: int, config: NSAConfig, seed: int) -> SimpleNamespace:
                            delta=attn_bwd_delta(o, do))
 
 
+#: constexprs of the forced-block dQ kernel beyond the forward's: a fresh dq, no gate
+DQ_META = dict(ACC=False, GATED=False)
+
+
 def forced_kernel_args(c: SimpleNamespace, o: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor) -> Tuple[tuple, tuple]:
-    """Arguments of the forced-block forward (writing ``o``/``lse``) and dQ (writing ``dq``) kernels."""
+    """Arguments of the forced-block forward (writing ``o``/``lse``) and dQ (writing ``dq``, no gate:
+    launch it with ``DQ_META``) kernels."""
     strides = (*c.q.stride()[:3], *c.k.stride()[:3], *c.v.stride()[:3])
     fargs = (c.q, c.k, c.v, c.idx, o, lse, *strides, c.T, 0, c.scale * LOG2E)
-    dargs = (c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, dq, *strides, *c.do.stride()[:3], c.T, 0, c.scale * LOG2E, c.scale)
+    dargs = (c.q, c.k, c.v, c.idx, c.do, c.do, c.lse, c.delta, dq, *strides, *c.do.stride()[:3], c.T, 0,
+             c.scale * LOG2E, c.scale)
     return fargs, dargs
 
 
@@ -335,7 +343,7 @@ def forced_variants(T: int, config: NSAConfig) -> None:
         sel.FORCED_TILES.update(rows=rows, num_warps=warps, num_stages=stages)
         meta, BT = sel._forced_launch(dims)
         fwd = lambda: sel.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
-        bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
+        bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta, **DQ_META)
         print(f"T={T} forced fwd / dQ, rows {rows}, {warps} warps, {stages} stages: {bench(fwd):.3f} / {bench(bwd):.3f} ms",
               flush=True)
     sel.FORCED_TILES.clear()
@@ -357,7 +365,7 @@ def forced_ab(T: int, config: NSAConfig) -> None:
         outs = torch.empty_like(c.o), torch.empty_like(c.lse), torch.empty_like(c.q)
         fargs, dargs = forced_kernel_args(c, *outs)
         fwd = lambda: module.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
-        bwd = lambda: module.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta)
+        bwd = lambda: module.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta, **DQ_META)
         return (lambda: (fwd(), bwd(), outs)[-1]), (fwd, bwd)
 
     compare_versions(T, "forced fwd / dQ", "o, lse, dq", old, sel, version)
@@ -463,15 +471,56 @@ def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
                              "triton")[0]
 
 
+class _Session10Training(torch.autograd.Function):
+    """The training Function with session 10's plumbing, from today's launchers: the window then
+    the gates kernel forward; backward, the gates' kernel writes the three ``g * do`` copies (and
+    the deltas), which the branch backwards read. Same launches and bytes as that code; its
+    deltas are today's (``rowsum(o * do)``), so only its times are meaningful."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, k_cmp, v_cmp, gates, config):
+        from nsa.ops._triton.compressed_fwd import compressed_fwd
+        from nsa.ops.gates.kernel import gates_fwd
+        from nsa.ops.window.kernel import window_fwd
+
+        scale, forced = config.softmax_scale(q.shape[-1]), (config.init_blocks, config.local_blocks)
+        o_cmp, lse_cmp, idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True)
+        o_slc, lse_slc = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+        o_win, lse_win = window_fwd(q, k, v, config.window, scale, 0)
+        ctx.save_for_backward(q, k, v, k_cmp, v_cmp, gates, idx, o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win)
+        ctx.config, ctx.scale, ctx.forced = config, scale, forced
+        return gates_fwd(gates, o_cmp, o_slc, o_win)
+
+    @staticmethod
+    def backward(ctx, do):
+        from nsa.ops.compressed.kernel import compressed_bwd
+        from nsa.ops.gates.kernel import gates_bwd
+        from nsa.ops.window.kernel import window_bwd
+
+        q, k, v, k_cmp, v_cmp, gates, idx, o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win = ctx.saved_tensors
+        config, scale = ctx.config, ctx.scale
+        dgates, d_cmp, d_slc, d_win, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do.contiguous(), with_delta=True)
+        dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, d_cmp, None, config, scale, 0,
+                                            delta=delta[0])
+        _, dk, dv = selected_bwd(q, k, v, idx, o_slc, lse_slc, d_slc, config.sel_block, scale, 0, forced=ctx.forced,
+                                 delta=delta[1], dq=dq)
+        _, dk_win, dv_win = window_bwd(q, k, v, o_win, lse_win, d_win, config.window, scale, 0, delta=delta[2], dq=dq)
+        return dq, dk.add_(dk_win), dv.add_(dv_win), dk_cmp, dv_cmp, dgates, None
+
+
 def training_ab(T: int, config: NSAConfig) -> None:
-    """The training step as one autograd Function against the composed ops: forward and
-    forward+backward times (twice, interleaved), and the gradients' relative differences."""
+    """The training step as one autograd Function against the composed ops and against session
+    10's plumbing (``_Session10Training``): forward and forward+backward times (three
+    times, interleaved, in one process), and the gradients' relative differences to the composed ops."""
     q, k, v, gates, _ = inputs(T, T + 20, backward=True)
     leaves = [q, k, v, gates]
     one = lambda: nsa_attention(q, k, v, gates, config, backend="triton")
     composed = lambda: _composed_training(q, k, v, gates, config)
-    runs = {"one function": (one, fwd_bwd(one, leaves)), "composed ops": (composed, fwd_bwd(composed, leaves))}
-    for _ in range(2):
+    session10 = lambda: _Session10Training.apply(q, k, v, mean_compress(k, config), mean_compress(v, config), gates,
+                                                 config)
+    runs = {"one function": (one, fwd_bwd(one, leaves)), "composed ops": (composed, fwd_bwd(composed, leaves)),
+            "session 10 plumbing": (session10, fwd_bwd(session10, leaves))}
+    for _ in range(3):
         for name, (fwd, step) in runs.items():
             print(f"T={T} training, {name}: fwd {bench(fwd):.3f} ms, fwd+bwd {bench(step):.3f} ms", flush=True)
     from nsa.testing import rel_error
@@ -481,6 +530,71 @@ def training_ab(T: int, config: NSAConfig) -> None:
     want = torch.autograd.grad(composed(), leaves, grad)
     errs = ", ".join(f"{name} {rel_error(a, b):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"), got, want))
     print(f"T={T} training, one function against composed: {errs}", flush=True)
+
+
+def gate_ab(T: int, config: NSAConfig) -> None:
+    """Training's launches with the gates applied inside the branch kernels against the stored
+    ``g * do`` copies (session 11), piece by piece: the gates' backward with and without the
+    copies, each branch backward from its copy (delta given) against from ``do`` and its gate,
+    and the forward's window launch writing the gated sum beside its own output against the
+    window launch then the gates kernel. Relative differences against the first of each pair."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed.kernel import compressed_bwd
+    from nsa.ops.gates.kernel import gates_bwd, gates_fwd
+    from nsa.ops.selected.kernel import selected_bwd
+    from nsa.ops.window.kernel import window_bwd, window_fwd, window_fwd_summed
+    from nsa.testing import rel_error
+
+    q, k, v, gates, do = inputs(T, T + 21, backward=True)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    o_cmp, lse_cmp, idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True)
+    o_slc, lse_slc = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    o_win, lse_win = window_fwd(q, k, v, config.window, scale, 0)
+    outs = (o_cmp, o_slc, o_win)
+
+    def pair(label, before, after):
+        a, b = before(), after()
+        a, b = (a,) if torch.is_tensor(a) else a, (b,) if torch.is_tensor(b) else b
+        errs = ", ".join(f"{rel_error(y, x):.1e}" for x, y in zip(a, b) if x is not None and y is not None)
+        print(f"T={T} {label}: before {bench(before):.3f} ms, after {bench(after):.3f} ms, "
+              f"before {bench(before):.3f} ms (relative differences {errs})", flush=True)
+
+    pair("training forward: window then gates kernel / window writing the sum",
+         lambda: (gates_fwd(gates, o_cmp, o_slc, window_fwd(q, k, v, config.window, scale, 0)[0]),),
+         lambda: window_fwd_summed(q, k, v, config.window, scale, 0, gates, o_cmp, o_slc)[:1])
+    pair("gates backward: with the three g * do copies / without",
+         lambda: gates_bwd(gates, *outs, do, with_delta=True)[:1],
+         lambda: gates_bwd(gates, *outs, do, with_delta=True, store_do=False)[:1])
+    _, *copies, _ = gates_bwd(gates, *outs, do)
+    delta = gates_bwd(gates, *outs, do, with_delta=True, store_do=False)[4]
+    own_delta = [attn_bwd_delta(o, d) for o, d in zip(outs, copies)]
+    g32 = gates.float().permute(3, 0, 1, 2).contiguous()  # [3, B, T, HQ]: each branch's gates, unit stride
+    ln_g = g32.log()  # the gates fold into lse where they are positive: g p = exp(s - (lse - ln g))
+    lse_fold = (lse_cmp - ln_g[0], lse_slc - ln_g[1] * LOG2E, lse_win - ln_g[2] * LOG2E)  # natural, log2, log2
+    branches = {
+        "compressed": lambda d, lse, delta_i, **kw: compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse, d, None, config, scale,
+                                                                   0, delta=delta_i, **kw),
+        "selected": lambda d, lse, delta_i, **kw: selected_bwd(q, k, v, idx, o_slc, lse, d, config.sel_block, scale, 0,
+                                                               forced=forced, delta=delta_i, **kw),
+        "window": lambda d, lse, delta_i, **kw: window_bwd(q, k, v, o_win, lse, d, config.window, scale, 0,
+                                                           delta=delta_i, **kw),
+    }
+    lses = (lse_cmp, lse_slc, lse_win)
+    for i, (name, run) in enumerate(branches.items()):
+        variants = {
+            "from its g * do copy": lambda: run(copies[i], lses[i], own_delta[i]),
+            "from do, gate float32 unit stride": lambda: run(do, lses[i], delta[i], gate=g32[i]),
+            "from do, gate folded into lse": lambda: run(do, lse_fold[i], delta[i]),
+        }
+        first = None
+        for label, fn in variants.items():
+            out = fn()
+            first = first or out
+            errs = ", ".join(f"{rel_error(a, b):.1e}" for a, b in zip(out, first))
+            print(f"T={T} {name} backward {label}: {bench(fn):.3f} ms (against the first: {errs})", flush=True)
+        print(f"T={T} {name} backward {next(iter(variants))} again: {bench(next(iter(variants.values()))):.3f} ms",
+              flush=True)
 
 
 def kernel_times(T: int, config: NSAConfig) -> None:
@@ -554,7 +668,7 @@ SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
-    "gated_bits": gated_bits, "training": training_ab,
+    "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab,
 }
 
 

@@ -75,9 +75,10 @@ def test_gates_gpu_bf16(nsa_device, nsa_tolerance):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_gates_backward_writes_each_branch_delta(dtype, nsa_device):
-    """With ``with_delta`` the backward also writes each branch's softmax delta,
-    ``rowsum(o_branch * do_branch)`` from ``do_branch`` as stored, what the attention
-    backward of that branch would compute (float32 sums; odd sizes mask rows and columns)."""
+    """With ``with_delta`` the backward also writes each branch's ``rowsum(o_branch * do)`` in
+    float32, the softmax delta of that branch's backward when it applies the gate itself
+    (the gates' gradient before rounding; odd sizes mask rows and columns), and the branch
+    gradients only on request."""
     from nsa.ops._triton.attention import attn_bwd_delta
     from nsa.ops.gates.kernel import gates_bwd
 
@@ -85,8 +86,11 @@ def test_gates_backward_writes_each_branch_delta(dtype, nsa_device):
     do = torch.randn_like(outs[0])
     dgates, *d_outs, delta = gates_bwd(gates, *outs, do, with_delta=True)
     without = gates_bwd(gates, *outs, do)
+    unstored = gates_bwd(gates, *outs, do, with_delta=True, store_do=False)
     assert without[4] is None and torch.equal(dgates, without[0])
+    assert unstored[1:4] == (None, None, None) and torch.equal(unstored[0], dgates) and torch.equal(unstored[4], delta)
     assert delta.shape == (3, 2, 23, 3) and delta.dtype == torch.float32
     for i, (o, d_o, d_o_plain) in enumerate(zip(outs, d_outs, without[1:4])):
         assert torch.equal(d_o, d_o_plain)
-        assert_close(f"delta[{i}]", delta[i], attn_bwd_delta(o, d_o), 1e-6)
+        assert_close(f"delta[{i}]", delta[i], attn_bwd_delta(o, do), 1e-6)
+        assert torch.equal(delta[i], dgates[..., i])  # float32 gates: the same sums

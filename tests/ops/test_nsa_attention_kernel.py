@@ -60,7 +60,7 @@ def test_nsa_attention_triton_bf16_real_size(nsa_device, nsa_tolerance):
 
 def _inference_and_training(T, HQ, H, D, config, dtype, device):
     """``nsa_attention`` without a gradient (the window kernel sums the branches) and with
-    one (window, then the separate gated sum), on the same inputs."""
+    one (the training Function, whose window kernel also keeps its own output), on the same inputs."""
     q = torch.randn(1, T, HQ, D, device=device, dtype=dtype)
     k = torch.randn(1, T, H, D, device=device, dtype=dtype)
     v = torch.randn(1, T, H, D, device=device, dtype=dtype)
@@ -73,7 +73,7 @@ def _inference_and_training(T, HQ, H, D, config, dtype, device):
 
 def test_inference_sums_the_branches_in_the_window_kernel(nsa_device, monkeypatch):
     """Without a gradient the window kernel writes the gated sum itself: the same output,
-    bitwise, as the window branch followed by the gated sum (taken when q needs a gradient),
+    bitwise, as training's (see also :func:`test_window_forward_sums_and_keeps_its_output`),
     and that path is only taken when both ops run on Triton."""
     from nsa.ops.window import kernel
 
@@ -165,3 +165,97 @@ def test_training_function_skips_the_branches_for_a_gates_only_gradient(nsa_devi
     kv_cmp = (mean_compress(k, SMALL, backend="triton"), mean_compress(v, SMALL, backend="triton"))
     (want,) = torch.autograd.grad(_composed_ops(q, k, v, gates, SMALL, kv_cmp, (k, v))[0], gates, do)
     assert calls == ["function"] and torch.equal(got, want)
+
+
+def _branches_forward(T, HQ, H, D, config, dtype, device):
+    """Inputs and forward results of the three branches, as the training Function saves them."""
+    from nsa.ops import mean_compress
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.selected.kernel import selected_fwd
+    from nsa.ops.window.kernel import window_fwd
+
+    q, k, v = (torch.randn(1, T, n, D, device=device, dtype=dtype) for n in (HQ, H, H))
+    k_cmp, v_cmp = (mean_compress(x, config, backend="triton") for x in (k, v))
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    o_cmp, lse_cmp, idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True)
+    o_slc, lse_slc = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+    o_win, lse_win = window_fwd(q, k, v, config.window, scale, 0)
+    return dict(q=q, k=k, v=v, k_cmp=k_cmp, v_cmp=v_cmp, idx=idx, scale=scale, forced=forced,
+                o=(o_cmp, o_slc, o_win), lse=(lse_cmp, lse_slc, lse_win))
+
+
+def _branch_backwards(x, config):
+    """Each branch's backward launcher as ``run(do, delta, **kw)`` (``delta`` None: computed)."""
+    from nsa.ops.compressed.kernel import compressed_bwd
+    from nsa.ops.selected.kernel import selected_bwd
+    from nsa.ops.window.kernel import window_bwd
+
+    q, k, v, scale = x["q"], x["k"], x["v"], x["scale"]
+    (o_cmp, o_slc, o_win), (lse_cmp, lse_slc, lse_win) = x["o"], x["lse"]
+    return {
+        "compressed": lambda do, delta, **kw: compressed_bwd(q, x["k_cmp"], x["v_cmp"], o_cmp, lse_cmp, do, None,
+                                                             config, scale, 0, delta=delta, **kw),
+        "selected": lambda do, delta, **kw: selected_bwd(q, k, v, x["idx"], o_slc, lse_slc, do, config.sel_block, scale,
+                                                         0, forced=x["forced"], delta=delta, **kw),
+        "window": lambda do, delta, **kw: window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, 0, delta=delta,
+                                                     **kw),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_branch_backwards_apply_their_gate(dtype, nsa_device):
+    """Given its gates (``gate=``) and the gated sum's ``do``, a branch's backward scales its
+    probabilities by the gate: the gradients of the branch's own ``g * do`` (which the gates'
+    backward then need not write), with the gates' row sums ``rowsum(o * do)`` as deltas or
+    its own. float32 agrees to rounding; float16 differs by the rounding of ``g * do`` to 16
+    bits, which the gated path skips. G = 3 pads head rows, D = 24 columns."""
+    from nsa.ops.gates.kernel import gates_bwd
+
+    x = _branches_forward(61, 6, 2, 24, SMALL, dtype, nsa_device)
+    gates = torch.rand(1, 61, 6, 3, device=nsa_device, dtype=dtype)
+    do = torch.randn_like(x["o"][0])
+    dgates, *do_branch, _ = gates_bwd(gates, *x["o"], do)
+    dgates_only, *unstored, delta = gates_bwd(gates, *x["o"], do, with_delta=True, store_do=False)
+    assert unstored == [None] * 3 and torch.equal(dgates_only, dgates)
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    gate = gates.float().permute(3, 0, 1, 2).contiguous()
+    for i, (name, run) in enumerate(_branch_backwards(x, SMALL).items()):
+        want = run(do_branch[i], None)
+        for delta_i in (delta[i], None):
+            got = run(do, delta_i, gate=gate[i])
+            for grad, a, b in zip(("dq", "dk", "dv"), got, want):
+                assert_close(f"{name} {grad}", a, b, tol)
+
+
+def test_branch_backwards_check_their_gate(nsa_device):
+    """A gate must be one contiguous float32 row per query head (what the kernels load beside
+    lse), and it scales the output's gradient only: the compressed backward refuses it
+    together with an lse gradient."""
+    from nsa.ops.compressed.kernel import compressed_bwd
+
+    x = _branches_forward(40, 4, 2, 16, SMALL, torch.float32, nsa_device)
+    gates = torch.rand(1, 40, 4, 3, device=nsa_device)
+    do = torch.randn_like(x["o"][0])
+    for name, run in _branch_backwards(x, SMALL).items():
+        with pytest.raises(ValueError, match="contiguous float32"):
+            run(do, None, gate=gates[..., 0])  # a column of the gates: strided
+        with pytest.raises(ValueError, match=r"gate must be \[B, T, HQ\]"):
+            run(do, None, gate=gates[:, :20, :, 0])
+    with pytest.raises(ValueError, match="pass one of gate and dlse"):
+        compressed_bwd(x["q"], x["k_cmp"], x["v_cmp"], x["o"][0], x["lse"][0], do, torch.randn_like(x["lse"][0]),
+                       SMALL, x["scale"], 0, gate=gates[..., 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_window_forward_sums_and_keeps_its_output(dtype, nsa_device):
+    """Training's window launch writes the gated sum beside its own output and lse: the sum
+    bitwise the separate gates kernel's, the window's ``o``/``lse`` bitwise ``window_fwd``'s."""
+    from nsa.ops.gates.kernel import gates_fwd
+    from nsa.ops.window.kernel import window_fwd_summed
+
+    x = _branches_forward(61, 6, 2, 24, SMALL, dtype, nsa_device)
+    gates = torch.rand(1, 61, 6, 3, device=nsa_device, dtype=dtype)
+    o_cmp, o_slc, o_win = x["o"]
+    o, o_win_kept, lse = window_fwd_summed(x["q"], x["k"], x["v"], SMALL.window, x["scale"], 0, gates, o_cmp, o_slc)
+    assert torch.equal(o_win_kept, o_win) and torch.equal(lse, x["lse"][2])
+    assert torch.equal(o, gates_fwd(gates, o_cmp, o_slc, o_win))

@@ -3,14 +3,22 @@
 Composed from the ops' own Functions, a training step's backward pays for work that
 only exists because the branches do not know about each other:
 
-- each branch recomputes ``delta = rowsum(o_branch * do_branch)``, reading two tensors of
-  ``[B, T, HQ, Dv]`` again, while the gates' backward already holds both in registers
-  (it writes ``do_branch`` and reads ``o_branch`` for the gates' gradient);
-- autograd adds the branches' ``dq`` (each ``[B, T, HQ, Dk]``) in two more passes.
+- the gates' backward writes each branch's ``do_branch = g_branch * do``: three tensors of
+  ``[B, T, HQ, Dv]`` written once and read back by the branch's kernels;
+- each branch recomputes ``delta = rowsum(o_branch * do_branch)``, reading two such tensors
+  again, while the gates' backward already holds both in registers (it reads ``o_branch``
+  for the gates' gradient);
+- autograd adds the branches' ``dq`` (each ``[B, T, HQ, Dk]``) in two more passes;
+- forward, the gated sum reads the three branch outputs back from memory.
 
-Here the gates' backward also writes the three deltas, the compressed branch writes
-``dq``, and the selected and window ``dQ`` kernels add their share as they store it. The
-forward and every kernel are the ops' own; only the plumbing between them differs. The
+Here the gates' backward writes only ``dgates`` and the three deltas. The branches' kernels
+read ``do`` itself and scale their probabilities by their gate instead: ``dV = (g P)^T do``,
+``dS = g P * (do V^T - rowsum(o * do))`` (``nsa.ops._triton.attention``), so ``do`` keeps
+its plain, pipelined loads and each delta is the gates' gradient row sum, already at hand.
+The gradients equal the composed path's up to rounding (``g * do`` is never rounded to
+16 bits here). The compressed branch writes ``dq``, and the selected and window ``dQ`` kernels add their
+share as they store it. Forward, the window kernel writes the gated sum beside its own
+output (``window_fwd_summed``). Every kernel is the ops' own, specialised by constexprs. The
 keys' gradients of branches that share ``(k, v)`` are still summed by a plain add: those
 tensors are ``G`` times smaller than ``dq``.
 """
@@ -25,9 +33,9 @@ from nsa.config import NSAConfig
 from nsa.ops import _guards
 from nsa.ops._triton.compressed_fwd import compressed_fwd
 from nsa.ops.compressed.kernel import compressed_bwd
-from nsa.ops.gates.kernel import gates_bwd, gates_fwd
+from nsa.ops.gates.kernel import gates_bwd
 from nsa.ops.selected.kernel import selected_bwd, selected_fwd
-from nsa.ops.window.kernel import window_bwd, window_fwd
+from nsa.ops.window.kernel import window_bwd, window_fwd_summed
 
 
 class NSATrainingFunction(torch.autograd.Function):
@@ -42,8 +50,8 @@ class NSATrainingFunction(torch.autograd.Function):
         forced = (config.init_blocks, config.local_blocks)
         o_cmp, lse_cmp, block_idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, q_offset, select=True)
         o_slc, lse_slc = selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)
-        o_win, lse_win = window_fwd(q, kw, vw, config.window, scale, q_offset)
-        o = gates_fwd(gates, o_cmp, o_slc, o_win)
+        # the window kernel also sums the branches: no separate pass over the three outputs
+        o, o_win, lse_win = window_fwd_summed(q, kw, vw, config.window, scale, q_offset, gates, o_cmp, o_slc)
         ctx.save_for_backward(q, k, v, k_cmp, v_cmp, gates, kw, vw, block_idx,
                               o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win)
         ctx.config, ctx.q_offset, ctx.scale, ctx.forced, ctx.shared = config, q_offset, scale, forced, shared
@@ -60,16 +68,19 @@ class NSATrainingFunction(torch.autograd.Function):
         config, q_offset, scale = ctx.config, ctx.q_offset, ctx.scale
         # the branches' backwards only when a tensor other than the gates needs a gradient
         attention = any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6, 7))
-        dgates, do_cmp, do_slc, do_win, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do.contiguous(),
-                                                          with_delta=attention)
+        do = do.contiguous()
+        dgates, _, _, _, delta = gates_bwd(gates, o_cmp, o_slc, o_win, do, with_delta=attention, store_do=False)
         if not attention:
             return None, None, None, None, None, dgates, None, None, None, None
-        dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do_cmp, None, config, scale, q_offset,
-                                            delta=delta[0])
-        _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do_slc, config.sel_block, scale, q_offset,
-                                 forced=ctx.forced, delta=delta[1], dq=dq)
-        _, dk_win, dv_win = window_bwd(q, kw, vw, o_win, lse_win, do_win, config.window, scale, q_offset,
-                                       delta=delta[2], dq=dq)
+        # each branch's do is gates[..., i] * do: its kernels take do and the gate (one float32
+        # row per branch, unit stride so that they load it beside lse in their pipelined steps)
+        gate = gates.float().permute(3, 0, 1, 2).contiguous()  # [3, B, T, HQ]
+        dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do, None, config, scale, q_offset,
+                                            delta=delta[0], gate=gate[0])
+        _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do, config.sel_block, scale, q_offset,
+                                 forced=ctx.forced, delta=delta[1], dq=dq, gate=gate[1])
+        _, dk_win, dv_win = window_bwd(q, kw, vw, o_win, lse_win, do, config.window, scale, q_offset,
+                                       delta=delta[2], dq=dq, gate=gate[2])
         if ctx.shared:
             dk.add_(dk_win)
             dv.add_(dv_win)

@@ -11,6 +11,12 @@ step, written once:
   :func:`store_dq` to write it (or add it to another branch's);
 - :func:`attn_bwd_dkdv_step`: one query tile's contribution to ``dK``/``dV``.
 
+The backward steps take an optional per-row gate ``g`` (``GATED``, rows from
+:func:`load_gate`): given the gradient ``dO`` of a gated sum ``... + g * O``, the branch's
+own is ``g * dO``, and scaling the probabilities instead, ``dV = (g P)^T dO`` and
+``dS = (g P) * (dO V^T - rowsum(O * dO))``, gives the same gradients without a scaled
+copy of ``dO`` (its tiles stay plain loads the compiler pipelines).
+
 Conventions: scores live in the log2 domain (``qk_scale = scale * log2(e)``, so
 ``exp2`` replaces ``exp``), and the saved ``lse`` is ``log2(sum(exp2(s)))`` in
 float32 (``-inf`` for a row that sees nothing). Accumulators are float32; the
@@ -22,6 +28,7 @@ the mask, only edge tiles pay for it.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -86,11 +93,37 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def check_gate(gate: Optional[torch.Tensor], rows: Tuple[int, int, int]) -> bool:
+    """Whether a branch backward gets a gate (``GATED``), after checking it: a contiguous
+    float32 ``[B, T, HQ]`` tensor. The kernels load it beside ``lse`` in every step; a 16-bit
+    or strided gate (a column of ``gates [B, T, HQ, 3]``) cannot go through the pipelined
+    copies, and cost 30 % of the compressed backward at 64k (H100, docs/perf/prefill.md)."""
+    if gate is None:
+        return False
+    if tuple(gate.shape) != tuple(rows):
+        raise ValueError(f"gate must be [B, T, HQ] = {list(rows)}, got {list(gate.shape)}")
+    if gate.dtype != torch.float32 or not gate.is_contiguous():
+        raise ValueError(f"gate must be contiguous float32, got {gate.dtype} with strides {gate.stride()}")
+    return True
+
+
 @triton.jit
 def row_offsets(i_b, o_i, o_head, stride_b, stride_t, stride_h):
     """int64 element offsets of rows ``(batch i_b, position o_i, head o_head)`` of a
     ``[B, T, heads, D]`` tensor; 64-bit so that 128k+ tokens never overflow."""
     return i_b.to(tl.int64) * stride_b + o_i.to(tl.int64) * stride_t + o_head.to(tl.int64) * stride_h
+
+
+@triton.jit
+def load_gate(gate, o_row, m_row, GATED: tl.constexpr):
+    """``[BM]`` gates of the flat ``[B * T * HQ]`` rows ``o_row`` (float32, see
+    :func:`check_gate`); without ``GATED`` nothing is read and the result is a placeholder
+    that the steps ignore."""
+    if GATED:
+        b_g = tl.load(gate + o_row, mask=m_row, other=0.0)
+    else:
+        b_g = m_row.to(tl.float32)
+    return b_g
 
 
 @triton.jit
@@ -132,20 +165,24 @@ def attn_fwd_finish(b_acc, b_m, b_l):
 
 @triton.jit
 def attn_bwd_dq_step(
-    b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr
+    b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale,
+    MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dQ`` (unscaled) += one key tile's share.
 
     Args:
         b_q: ``[BM, BK]``; b_do: ``[BM, BV]``; b_lse, b_delta: ``[BM]`` (log2-domain
-            lse and ``rowsum(o * do)``); b_k: ``[BN, BK]``; b_v: ``[BN, BV]``;
-        b_dq: ``[BM, BK]`` float32; m_qk: ``[BM, BN]`` visibility when ``MASK``.
+            lse and ``rowsum(o * do)``); b_g: ``[BM]`` gates, read when ``GATED``;
+            b_k: ``[BN, BK]``; b_v: ``[BN, BV]``; b_dq: ``[BM, BK]`` float32;
+        m_qk: ``[BM, BN]`` visibility when ``MASK``.
     """
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BM, BN]
     b_p = tl.exp2(b_s - b_lse[:, None])
     if MASK:
         # where() rather than -inf scores: a row with lse = -inf must give 0, not inf * 0
         b_p = tl.where(m_qk, b_p, 0.0)
+    if GATED:
+        b_p = b_p * b_g[:, None]
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)  # [BM, BN]
     b_ds = b_p * (b_dp - b_delta[:, None])
     b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
@@ -164,13 +201,15 @@ def store_dq(p_dq, b_dq, scale, mask, ADD: tl.constexpr):
 
 @triton.jit
 def attn_bwd_dkdv_step(
-    b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr
+    b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
+    MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dK`` (unscaled) and ``dV`` += one query tile's share, in transposed form.
 
     Args:
         b_k: ``[BN, BK]``; b_v: ``[BN, BV]``; b_q: ``[BM, BK]``; b_do: ``[BM, BV]``;
-        b_lse, b_delta: ``[BM]``; b_dk: ``[BN, BK]`` and b_dv: ``[BN, BV]`` float32;
+        b_lse, b_delta: ``[BM]``; b_g: ``[BM]`` gates, read when ``GATED``;
+        b_dk: ``[BN, BK]`` and b_dv: ``[BN, BV]`` float32;
         m_kq: ``[BN, BM]`` visibility when ``MASK``. Padding rows must carry
         ``q = do = 0`` and a finite lse so that they add exactly zero.
     """
@@ -178,6 +217,8 @@ def attn_bwd_dkdv_step(
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK:
         b_pt = tl.where(m_kq, b_pt, 0.0)
+    if GATED:
+        b_pt = b_pt * b_g[None, :]
     b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)  # [BN, BV]
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
     b_dst = b_pt * (b_dpt - b_delta[None, :])

@@ -27,8 +27,10 @@ from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
+    check_gate,
     dot_precision,
     hopper_tiles_fit,
+    load_gate,
     next_pow2,
     sm_count,
     store_dq,
@@ -46,9 +48,9 @@ def _load_lse2(p_lse, m_row):
 
 
 @triton.jit
-def _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+def _dq_chunk(b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
               BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-              HDK: tl.constexpr, HDV: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+              HDK: tl.constexpr, HDV: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
     """``dq`` += tokens ``[i_n, i_n + BN)``; p_k/p_v point at token 0 of the (batch, KV head)."""
     o_n = i_n + tl.arange(0, BN)
     o_dk = tl.arange(0, BDK)
@@ -59,12 +61,13 @@ def _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale
     b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
                   mask=m_n[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BN, BDV]
     m_qk = o_n[None, :] < nv[:, None]  # [M, BN]
-    return attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK, PREC)
+    return attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
 
 
 @triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
 def compressed_bwd_dq_kernel(
     q, k, v, o, do,  # q/o/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
+    gate,  # with GATED: the branch's gates, do being the gated sum's gradient (load_gate)
     lse,  # [B, TQ, HQ] float32, natural log
     dlse,  # [B, TQ, HQ] float32, read when HAS_DLSE
     delta,  # [B, TQ, HQ] float32: written, or read with HAS_DELTA
@@ -72,7 +75,8 @@ def compressed_bwd_dq_kernel(
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_DELTA: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_DELTA: tl.constexpr,
+    GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     M: tl.constexpr = BT * GP
     i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)
@@ -85,6 +89,7 @@ def compressed_bwd_dq_kernel(
     m_qv_d = m_row[:, None] & (o_dv < DV)[None, :]
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_qk_d, other=0.0)  # [M, BDK]
     b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_qv_d, other=0.0)  # [M, BDV]
+    b_g = load_gate(gate, o_q, m_row, GATED)
     if HAS_DELTA:  # rowsum(o * do) from the caller (no lse gradient)
         b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
     else:
@@ -103,19 +108,19 @@ def compressed_bwd_dq_kernel(
     b_dq = tl.zeros([M, BDK], dtype=tl.float32)
     n_full = (n_lo // BN) * BN
     for i_n in range(0, n_full, BN):
-        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
-                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, PREC)
+        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, GATED, PREC)
     for i_n in range(n_full, n_hi, BN):
-        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
-                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, PREC)
+        b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
+                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, GATED, PREC)
     store_dq(dq + (o_q * DK)[:, None] + o_dk[None, :], b_dq, scale, m_qk_d, False)
 
 
 @triton.jit
-def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
+def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-               L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+               L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group)."""
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
@@ -124,19 +129,22 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, 
     b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :], other=0.0)
     b_lse = _load_lse2(lse + o_q, m_row)
     b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
+    b_g = load_gate(gate, o_q, m_row, GATED)
     m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
-    return attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK, PREC)
+    return attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
+                              GATED, PREC)
 
 
 @triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
 def compressed_bwd_dkdv_kernel(
     q, k, v, do,  # q/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
+    gate,  # with GATED: the branch's gates, do being the gated sum's gradient (load_gate)
     lse, delta,  # [B, TQ, HQ] float32
     dk, dv,  # [SPLIT, B, NC, H, D*]: one partial sum per split (the outputs when SPLIT == 1)
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-    L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -160,11 +168,11 @@ def compressed_bwd_dkdv_kernel(
     i_a = i_lo + i_s * seg
     i_z = tl.minimum(i_a + seg, NT)
     for i_t in range(i_a, tl.minimum(i_z, i_full)):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
-                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, PREC)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
+                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, GATED, PREC)
     for i_t in range(tl.maximum(i_a, i_full), i_z):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
-                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, PREC)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
+                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, GATED, PREC)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -206,6 +214,7 @@ def compressed_bwd(
     dkdv: Optional[Tuple[int, int, int, int]] = None,
     max_splits: Optional[int] = None,
     delta: Optional[torch.Tensor] = None,
+    gate: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
@@ -214,6 +223,9 @@ def compressed_bwd(
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query splits.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None).
+    ``gate``: ``do`` is the gradient of the gated sum, and this branch's is ``gate[..., None] * do``
+    (``gate`` float32 ``[B, Tq, HQ]``, see :func:`check_gate`); ``delta`` is then ``rowsum(o * do)`` of
+    that ``do``, and ``dlse`` must be None.
     """
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
@@ -227,14 +239,18 @@ def compressed_bwd(
     has_delta = delta is not None
     if has_delta and dlse is not None:
         raise ValueError("compressed_bwd: pass delta or dlse, not both (delta would have to include dlse)")
+    if gate is not None and dlse is not None:
+        raise ValueError("compressed_bwd: a gate scales the output's gradient, not the lse's: pass one of gate and dlse")
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
+    gated = check_gate(gate, (B, TQ, HQ))
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
                   num_warps=num_warps or 4, num_stages=num_stages)
     if B * TQ * HQ:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
-            q, k_cmp, v_cmp, o, do, lse, dlse if dlse is not None else lse, delta, dq,
-            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta, **common)
+            q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
+            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
+            GATED=gated, **common)
     if B * NC * H:
         if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
             dkdv = DKDV_TILES["tiles"]
@@ -249,8 +265,8 @@ def compressed_bwd(
         else:
             dk_part, dv_part = dk, dv
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
-            q, k_cmp, v_cmp, do, lse, delta, dk_part, dv_part, TQ, NC, q_offset, scale * LOG2E, scale,
-            SPLIT=split, **common)
+            q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
+            scale * LOG2E, scale, SPLIT=split, GATED=gated, **common)
         if split > 1:  # a reduction over a fixed axis: the same order every run
             dk.copy_(dk_part.sum(0))
             dv.copy_(dv_part.sum(0))

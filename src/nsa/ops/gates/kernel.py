@@ -7,8 +7,9 @@ not arithmetic, decide the time. Here each direction is one pass:
 
 - forward reads the three outputs and the gates once and writes ``o``;
 - backward reads ``do``, the three outputs and the gates once and writes the
-  three output gradients and ``dgates`` (row sums in float32), and on request each
-  branch's softmax-backward ``delta`` (:mod:`nsa.ops.training`).
+  three output gradients and ``dgates`` (row sums in float32); for training
+  (:mod:`nsa.ops.training`) it can write only ``dgates`` and each branch's
+  ``rowsum(o_branch * do)``, the branches' kernels applying the gates themselves.
 
 Each program owns ``BR`` rows of ``[B*T*HQ, Dv]``; arithmetic is float32.
 """
@@ -61,31 +62,33 @@ def gates_fwd_kernel(gates, o_cmp, o_slc, o_win, o, ROWS, DV: tl.constexpr, BR: 
 
 
 @triton.jit
-def _branch_bwd(p_o, p_do, b_do, g, dgates, delta, o_r, m_r, p_x, m_x, ROWS, SLOT: tl.constexpr, DELTA: tl.constexpr):
-    """``do_branch = g * do`` and ``dgate = rowsum(do * o_branch)`` of one branch; with
-    ``DELTA`` also the branch's softmax-backward ``rowsum(o_branch * do_branch)`` (float32,
-    from ``do_branch`` as stored), which its attention backward would otherwise read both
-    tensors again for."""
+def _branch_bwd(p_o, p_do, b_do, g, dgates, delta, o_r, m_r, p_x, m_x, ROWS, SLOT: tl.constexpr, DELTA: tl.constexpr,
+                STORE_DO: tl.constexpr):
+    """``dgate = rowsum(do * o_branch)`` of one branch and, with ``STORE_DO``, ``do_branch = g *
+    do``. With ``DELTA`` the row sum is also stored in float32 as the branch's softmax-backward
+    ``delta``: its kernels, given the gate, take ``dS = g P * (dP - rowsum(o * do))`` with the
+    ungated ``do`` (``nsa.ops._triton.attention``), and would otherwise read both tensors again."""
     b_x = tl.load(p_o + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_dx = (g[:, None] * b_do).to(p_do.dtype.element_ty)
-    tl.store(p_do + p_x, b_dx, mask=m_x)
-    tl.store(dgates + o_r * 3 + SLOT, tl.sum(b_do * b_x, 1).to(dgates.dtype.element_ty), mask=m_r)
+    if STORE_DO:
+        tl.store(p_do + p_x, (g[:, None] * b_do).to(p_do.dtype.element_ty), mask=m_x)
+    b_dg = tl.sum(b_do * b_x, 1)
+    tl.store(dgates + o_r * 3 + SLOT, b_dg.to(dgates.dtype.element_ty), mask=m_r)
     if DELTA:
-        tl.store(delta + SLOT * ROWS + o_r, tl.sum(b_x * b_dx.to(tl.float32), 1), mask=m_r)
+        tl.store(delta + SLOT * ROWS + o_r, b_dg, mask=m_r)
 
 
 @triton.jit(do_not_specialize=["ROWS"])
 def gates_bwd_kernel(
     gates, o_cmp, o_slc, o_win, do, dgates, do_cmp, do_slc, do_win,
     delta,  # [3, ROWS] float32, written with DELTA
-    ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, DELTA: tl.constexpr,
+    ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, DELTA: tl.constexpr, STORE_DO: tl.constexpr,
 ):
     o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
     b_do = tl.load(do + p_x, mask=m_x, other=0.0).to(tl.float32)
     g_cmp, g_slc, g_win = _load_gates(gates, o_r, m_r)
-    _branch_bwd(o_cmp, do_cmp, b_do, g_cmp, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 0, DELTA)
-    _branch_bwd(o_slc, do_slc, b_do, g_slc, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 1, DELTA)
-    _branch_bwd(o_win, do_win, b_do, g_win, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 2, DELTA)
+    _branch_bwd(o_cmp, do_cmp, b_do, g_cmp, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 0, DELTA, STORE_DO)
+    _branch_bwd(o_slc, do_slc, b_do, g_slc, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 1, DELTA, STORE_DO)
+    _branch_bwd(o_win, do_win, b_do, g_win, dgates, delta, o_r, m_r, p_x, m_x, ROWS, 2, DELTA, STORE_DO)
 
 
 def _launch(dv: int):
@@ -105,19 +108,20 @@ def gates_fwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_w
 
 
 def gates_bwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_win: torch.Tensor, do: torch.Tensor,
-              with_delta: bool = False):
+              with_delta: bool = False, store_do: bool = True):
     """Launch the backward on contiguous inputs: ``(dgates, do_cmp, do_slc, do_win, delta)``,
-    ``delta`` float32 ``[3, B, T, HQ]`` (each branch's ``rowsum(o_branch * do_branch)``)
-    with ``with_delta``, else None."""
+    ``delta`` float32 ``[3, B, T, HQ]`` (each branch's ``rowsum(o_branch * do)``, the delta of
+    its backward when given the gate) with ``with_delta``, else None. Without ``store_do`` the
+    three ``do_branch`` are None (the branches' backwards then take ``do`` and their gate)."""
     dgates = torch.empty_like(gates)
-    d_cmp, d_slc, d_win = (torch.empty_like(o_cmp) for _ in range(3))
+    d_cmp, d_slc, d_win = (torch.empty_like(o_cmp) if store_do else None for _ in range(3))
     delta = torch.empty(3, *o_cmp.shape[:-1], dtype=torch.float32, device=do.device) if with_delta else None
     rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
     br, bd = _launch(dv)
     if do.numel():
         gates_bwd_kernel[(triton.cdiv(rows, br),)](
-            gates, o_cmp, o_slc, o_win, do, dgates, d_cmp, d_slc, d_win, delta if with_delta else dgates,
-            rows, DV=dv, BR=br, BD=bd, DELTA=with_delta)
+            gates, o_cmp, o_slc, o_win, do, dgates, *((d_cmp, d_slc, d_win) if store_do else (do,) * 3),
+            delta if with_delta else dgates, rows, DV=dv, BR=br, BD=bd, DELTA=with_delta, STORE_DO=store_do)
     return dgates, d_cmp, d_slc, d_win, delta
 
 

@@ -36,9 +36,11 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     attn_fwd_finish,
     attn_fwd_step,
+    check_gate,
     dot_precision,
     hopper_tiles_fit,
     last_dim_contiguous,
+    load_gate,
     next_pow2,
     row_offsets,
     sm_count,
@@ -190,12 +192,13 @@ def selected_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
 def selected_bwd_dq_kernel(
-    q, k, v, block_idx, do, lse, delta, dq,  #
+    q, k, v, block_idx, do, gate, lse, delta, dq,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,  #
+    GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
     blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``, and with
@@ -211,8 +214,9 @@ def selected_bwd_dq_kernel(
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
     b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
-    b_do = tl.load(do + row_offsets(i_b, i_t, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [GP, BV]
     o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
+    b_do = tl.load(do + row_offsets(i_b, i_t, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [GP, BV]
+    b_g = load_gate(gate, o_row, m_g, GATED)
     b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
     b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
     # keys need a mask only without a local block (the own block is in the list) or past BS
@@ -224,7 +228,7 @@ def selected_bwd_dq_kernel(
     b_dq = tl.zeros([GP, BK], dtype=tl.float32)
     for i in range(n_entries):
         b_k, b_v, m_s = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_s, qk_scale, MASK_KEYS, PREC)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_s, qk_scale, MASK_KEYS, GATED, PREC)
 
     p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     store_dq(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
@@ -274,12 +278,13 @@ def selected_forced_fwd_kernel(
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
 def selected_forced_dq_kernel(
-    q, k, v, block_idx, do, lse, delta, dq,  #
+    q, k, v, block_idx, do, gate, lse, delta, dq,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,  #
+    GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: the forced blocks' share of ``dq`` (added to what ``dq``
     held with ``ACC``), written for :func:`selected_bwd_dq_kernel` to add the rest to."""
@@ -290,8 +295,9 @@ def selected_forced_dq_kernel(
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
     o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    b_g = load_gate(gate, o_row, m_r, GATED)
     b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
     b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
@@ -303,7 +309,7 @@ def selected_forced_dq_kernel(
     l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
     for i in range(n_forced):
         b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, True, PREC)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, True, GATED, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     store_dq(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
@@ -317,13 +323,13 @@ def _store_rows(p, b_x, o_c, o_d, m_c, m_d, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "TK", "q_offset", "NB", "NBHJ"])
 def selected_bwd_dkdv_kernel(
-    q, k, v, do, lse, delta, dk, dv, dk_part, dv_part,  #
+    q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_part,  #
     t_sorted, starts, counts, seg_first, seg_count, seg_owner,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, TK, q_offset, NB, NBHJ, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BQ: tl.constexpr, QSEG: tl.constexpr, PREC: tl.constexpr,
+    BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
 
@@ -357,12 +363,13 @@ def selected_bwd_dkdv_kernel(
             m_r = (e + o_r // GP < e_hi) & (o_r % GP < G)
             o_i = tl.load(t_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] query index of each row
             b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-            b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
             o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+            b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+            b_g = load_gate(gate, o_row, m_r, GATED)
             b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
             b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
             m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
-            b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, True, PREC)
+            b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, True, GATED, PREC)
 
         if tl.load(seg_count + i_o) == 1:
             o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
@@ -530,16 +537,19 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
 
 
 def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
-                    forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None):
+                    forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None,
+                    gate: Optional[torch.Tensor] = None):
     """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
     the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest. Given
-    ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor."""
+    ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor;
+    given ``gate``, the branch's gradient is ``gate[..., None] * do`` (see :func:`selected_bwd`)."""
     B, T, HQ, DK = q.shape
     H = k.shape[2]
     acc = dq is not None
     dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
-    dims = dict(_dims(q, k, v, block_idx, sel_block, forced), ACC=acc)
-    args = (q, k, v, block_idx, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+    dims = dict(_dims(q, k, v, block_idx, sel_block, forced), ACC=acc, GATED=check_gate(gate, (B, T, HQ)))
+    args = (q, k, v, block_idx, do, do if gate is None else gate, lse, delta, dq,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced):
         meta, BT = _forced_launch(dims)
@@ -548,8 +558,10 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     return dq
 
 
-def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict):
-    """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction."""
+def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
+                      gate: Optional[torch.Tensor] = None):
+    """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction
+    (``gate`` as in :func:`selected_bwd_dq`)."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dims = _dims(q, k, v, block_idx, sel_block)
@@ -571,11 +583,11 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     dv_part = torch.empty(n_prog, dims["BSP"], dims["BV"], device=q.device, dtype=torch.float32)
     keep = ("H", "G", "BS", "BSP", "DK", "DV", "BK", "BV")
     selected_bwd_dkdv_kernel[(n_prog,)](
-        q, k, v, do, lse, delta, dk, dv, dk_part, dv_part,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dk, dv, dk_part, dv_part,  #
         inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
-        GP=GP, PREC=dims["PREC"], **{key: dims[key] for key in keep}, **cfg,
+        GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
@@ -588,6 +600,7 @@ def selected_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
     forced: Tuple[int, int] = (0, 0), delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None,
+    gate: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic
     (``forced`` as in :func:`selected_fwd`).
@@ -595,13 +608,16 @@ def selected_bwd(
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
     unread); ``dq``: a gradient to add this branch's to (see :func:`selected_bwd_dq`).
+    ``gate [B, T, HQ]``: ``do`` is the gradient of the gated sum and this branch's is
+    ``gate[..., None] * do``; the kernels scale the probabilities by the gate instead, and
+    ``delta`` stays ``rowsum(o * do)`` of the ``do`` given.
     """
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq)
-    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"])
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate)
+    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate)
     return dq, dk, dv
 
 

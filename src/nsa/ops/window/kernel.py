@@ -39,8 +39,10 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     attn_fwd_finish,
     attn_fwd_step,
+    check_gate,
     dot_precision,
     last_dim_contiguous,
+    load_gate,
     next_pow2,
     row_offsets,
     store_dq,
@@ -115,17 +117,19 @@ def _fwd_keys(
 
 @triton.jit(do_not_specialize=["T", "q_offset", "W"])
 def window_fwd_kernel(
-    q, k, v, o, lse, gates, o_cmp, o_slc,  #
+    q, k, v, o, lse, gates, o_cmp, o_slc, o_win,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, W, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, GATED: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, GATED: tl.constexpr, KEEP: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
     With ``GATED``, ``o`` receives the gated sum of the three branches instead (``gates
-    [B, T, HQ, 3]``, ``o_cmp``/``o_slc`` contiguous like ``o``) and ``lse`` is not written."""
+    [B, T, HQ, 3]``, ``o_cmp``/``o_slc`` contiguous like ``o``) and ``lse`` is not written,
+    unless ``KEEP``: then the window's own output goes to ``o_win`` and ``lse`` is written
+    (training keeps both for the backward)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -166,6 +170,9 @@ def window_fwd_kernel(
         b_win = b_o.to(o.dtype.element_ty).to(tl.float32)
         b_sum = gated_sum(gates, o_cmp, o_slc, b_win, o_row, m_r, o_x, m_x)
         tl.store(o + o_x, b_sum.to(o.dtype.element_ty), mask=m_x)
+        if KEEP:
+            tl.store(o_win + o_x, b_o.to(o_win.dtype.element_ty), mask=m_x)
+            tl.store(lse + o_row, b_lse, mask=m_r)
     else:
         tl.store(o + o_x, b_o.to(o.dtype.element_ty), mask=m_x)
         tl.store(lse + o_row, b_lse, mask=m_r)
@@ -173,28 +180,28 @@ def window_fwd_kernel(
 
 @triton.jit
 def _dq_keys(
-    b_q, b_do, b_lse, b_delta, b_dq,  #
+    b_q, b_do, b_lse, b_delta, b_g, b_dq,  #
     p_k, p_v, stride_kt, stride_vt,  #
     o_pos, t_hi, W, s_lo, s_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
-    BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+    BN: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     for s0 in range(s_lo, s_hi, BN):
         b_k, b_v, m_qk = _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, MASK)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_k, b_v, b_dq, m_qk, qk_scale, MASK, PREC)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
     return b_dq
 
 
 @triton.jit(do_not_specialize=["T", "q_offset", "W"])
 def window_bwd_dq_kernel(
-    q, k, v, do, lse, delta, dq,  #
+    q, k, v, do, gate, lse, delta, dq,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, q_offset, W, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with
-    ``ACC`` added to what ``dq`` held."""
+    ``ACC`` added to what ``dq`` held (``gate``/``GATED``: :func:`load_gate`)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -204,8 +211,9 @@ def window_bwd_dq_kernel(
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
     o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    b_g = load_gate(gate, o_row, m_r, GATED)
     b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)  # [BM]
     b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)  # [BM]
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
@@ -215,16 +223,16 @@ def window_bwd_dq_kernel(
 
     b_dq = tl.zeros([BM, BK], dtype=tl.float32)
     b_dq = _dq_keys(
-        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+        b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, GATED, PREC,
     )
     b_dq = _dq_keys(
-        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_lo, mid_hi,  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, PREC,
+        b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_lo, mid_hi,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, GATED, PREC,
     )
     b_dq = _dq_keys(
-        b_q, b_do, b_lse, b_delta, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+        b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, GATED, PREC,
     )
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
@@ -234,37 +242,39 @@ def window_bwd_dq_kernel(
 @triton.jit
 def _dkdv_queries(
     b_k, b_v, b_dk, b_dv,  #
-    q, do, lse, delta, i_b, i_h,  #
+    q, do, gate, lse, delta, i_b, i_h,  #
     sqb, sqt, sqh, sdb, sdt, sdh,  #
     o_s, T, q_offset, W, i_lo, i_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    BT: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``."""
     HQ: tl.constexpr = H * G
     for i0 in range(i_lo, i_hi, BT):
         o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
         b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
         o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+        b_g = load_gate(gate, o_row, m_r, GATED)
         b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
         b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
         if MASK:
             m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]
         else:
             m_kq = None
-        b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_dk, b_dv, m_kq, qk_scale, MASK, PREC)
+        b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
+                                        GATED, PREC)
     return b_dk, b_dv
 
 
 @triton.jit(do_not_specialize=["T", "TK", "q_offset", "W"])
 def window_bwd_dkdv_kernel(
-    q, k, v, do, lse, delta, dk, dv,  #
+    q, k, v, do, gate, lse, delta, dk, dv,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, TK, q_offset, W, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``.
 
@@ -292,16 +302,16 @@ def window_bwd_dkdv_kernel(
     b_dk = tl.zeros([BN, BK], dtype=tl.float32)
     b_dv = tl.zeros([BN, BV], dtype=tl.float32)
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, PREC,
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, mid_lo, mid_hi, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, PREC,
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, mid_lo, mid_hi, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, PREC,
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
 
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
@@ -323,6 +333,27 @@ def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
     return dict(GP=GP, BK=next_pow2(DK), BV=next_pow2(DV), BT=max(1, rows // GP), BN=64)
 
 
+def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep):
+    """``(o, lse, o_win)`` of the forward kernel; see :func:`window_fwd` and :func:`window_fwd_summed`."""
+    B, T, HQ, DK = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    G = HQ // H
+    cfg = dict(FWD_TILES, **(tiles or {}))
+    cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
+    o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
+    o_win = torch.empty_like(o) if keep else None
+    lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32) if keep or not gated else None
+    gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
+    grid = (triton.cdiv(T, cfg["BT"]), B * H)
+    window_fwd_kernel[grid](
+        q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc, o if o_win is None else o_win,  #
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
+        T, q_offset, window, scale * LOG2E,  #
+        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, KEEP=keep, **cfg,
+    )
+    return o, lse, o_win
+
+
 def window_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float, q_offset: int,
     tiles: Optional[dict] = None, gated: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
@@ -333,22 +364,19 @@ def window_fwd(
     ``gated = (gates, o_cmp, o_slc)``: ``o`` is the gated sum of the three branches
     (:func:`nsa.ops.combine_branches`'s result, bitwise) and ``lse`` is ``None``.
     """
-    B, T, HQ, DK = q.shape
-    H, DV = k.shape[2], v.shape[-1]
-    G = HQ // H
-    cfg = dict(FWD_TILES, **(tiles or {}))
-    cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
-    o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
-    lse = None if gated else torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
-    gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
-    grid = (triton.cdiv(T, cfg["BT"]), B * H)
-    window_fwd_kernel[grid](
-        q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc,  #
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
-        T, q_offset, window, scale * LOG2E,  #
-        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, **cfg,
-    )
-    return o, lse
+    return _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, False)[:2]
+
+
+def window_fwd_summed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scale: float, q_offset: int,
+    gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, o_win, lse)``: the gated sum of the three branches (bitwise
+    :func:`nsa.ops.combine_branches`'s), and the window's own output and lse as
+    :func:`window_fwd` returns them, from one launch. Training needs both; the sum then
+    costs no separate pass over the three outputs."""
+    o, lse, o_win = _fwd_launch(q, k, v, window, scale, q_offset, tiles, (gates, o_cmp, o_slc), True)
+    return o, o_win, lse
 
 
 #: Launch parameters of the backward kernels (bf16, D = 128, G = 16: dQ measured on an H200 with
@@ -370,33 +398,38 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict
 
 
 def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
-                  dq: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``); given
-    ``dq`` (contiguous, q's shape and dtype), it adds to it instead of a new tensor."""
+    ``dq`` (contiguous, q's shape and dtype), it adds to it instead of a new tensor;
+    ``gate`` as in :func:`window_bwd`."""
     B, T, HQ, DK = q.shape
     H = k.shape[2]
     acc = dq is not None
     dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
     window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, lse, delta, dq,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dq,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, PREC=dot_precision(q.dtype), **cfg,
+        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
+        PREC=dot_precision(q.dtype), **cfg,
     )
     return dq
 
 
-def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict):
-    """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics."""
+def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
+                    gate: Optional[torch.Tensor] = None):
+    """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics (``gate`` as in
+    :func:`window_bwd`)."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
     dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
     window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dk, dv,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=DV, PREC=dot_precision(q.dtype), **cfg,
+        H=H, G=HQ // H, DK=DK, DV=DV, GATED=check_gate(gate, (B, T, HQ)), PREC=dot_precision(q.dtype),
+        **cfg,
     )
     return dk, dv
 
@@ -404,20 +437,24 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
 def window_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
     window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
-    delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None,
+    delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dq": {"num_warps": 8}}``.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
     unread); ``dq``: a gradient to add this branch's to (see :func:`window_bwd_dq`).
+    ``gate [B, T, HQ]``: ``do`` is the gradient of the gated sum and this branch's is
+    ``gate[..., None] * do``; the kernels scale the probabilities by the gate instead, and
+    ``delta`` stays ``rowsum(o * do)`` of the ``do`` given.
     """
     G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq)
-    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles))
+    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq, gate)
+    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles),
+                             gate)
     return dq, dk, dv
 
 
