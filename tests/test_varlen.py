@@ -57,8 +57,40 @@ def test_packed_equals_each_sequence_reference():
 @pytest.mark.triton
 @pytest.mark.parity
 def test_packed_equals_each_sequence_triton(nsa_device):
-    """Through the Triton kernels (the interpreter on a CPU)."""
-    check_pack([40, 23], "triton", torch.float32, nsa_device, 2e-5)
+    """Through the Triton kernels (the interpreter on a CPU); three length classes."""
+    check_pack([40, 23, 9], "triton", torch.float32, nsa_device, 2e-5)
+
+
+def test_packed_of_empty_sequences_only():
+    check_pack([0, 0], "reference", torch.float64, "cpu", 1e-12)
+
+
+def test_packed_runs_one_padded_batch_per_length_class(monkeypatch):
+    """Sequences run in batches of their length class ``(2^(k-1), 2^k]``, each padded to its
+    longest member (never to twice a sequence's length), not all to the pack's longest; the
+    result still equals each sequence alone (outputs, blocks, gradients)."""
+    from nsa.ops import combine, varlen
+
+    lengths = [3, 100, 0, 5, 60, 1, 64, 33]
+    assert varlen.length_classes(lengths) == [[5], [0], [3], [4, 6, 7], [1]]
+    shapes = []
+    real = combine.nsa_attention
+    monkeypatch.setattr(combine, "nsa_attention", lambda q, *a, **k: (shapes.append(tuple(q.shape[:2])), real(q, *a, **k))[1])
+    check_pack(lengths, "reference", torch.float64, "cpu", 1e-12)
+    assert shapes[:5] == [(1, 1), (1, 3), (1, 5), (3, 64), (1, 100)]  # then the per-sequence runs of check_pack
+    assert sum(n * t for n, t in shapes[:5]) == 301  # of 266 real positions; 800 padded to the longest
+
+
+@pytest.mark.parametrize("lengths", [[0, 0], [7], [4, 4, 0, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 1000]])
+def test_length_classes_pad_less_than_twice(lengths):
+    """Every non-empty sequence is in exactly one class, and no member is padded to twice its length."""
+    from nsa.ops import varlen
+
+    classes = varlen.length_classes(lengths)
+    assert sorted(i for c in classes for i in c) == [i for i, n in enumerate(lengths) if n > 0]
+    for members in classes:
+        assert all(max(lengths[j] for j in members) < 2 * lengths[i] for i in members)
+        assert members == sorted(members)
 
 
 def test_packed_with_own_window_keys():

@@ -143,7 +143,7 @@ class NSAAttention(nn.Module):
         sequences along time, flash-attn style (``[0, len_0, len_0 + len_1, ...,
         total]``, int32/int64; ``max_seqlen`` optional): each sequence gets its own
         positions from 0 and its own compressed tokens, exactly as if it ran alone.
-        The layer runs them as one padded batch (see :mod:`nsa.ops.varlen`).
+        The layer runs them as padded batches of similar lengths (see :mod:`nsa.ops.varlen`).
 
         On a ``static`` cache, calls of at most ``DEVICE_STEP_MAX_TOKENS`` tokens
         take the graph-safe decode path (positions from ``cache.seq_lens``, no
@@ -154,8 +154,8 @@ class NSAAttention(nn.Module):
         if cu_seqlens is not None:
             if cache is not None:
                 raise ValueError("cu_seqlens packs whole sequences from position 0; it cannot continue a cache")
-            n, longest, source, real_slots = varlen.layout(cu_seqlens, max_seqlen, x.shape[1], x.shape[0], x.device)
-            return varlen.unpad(self.forward(varlen.pad(x, source, n, longest)), real_slots)
+            pack = varlen.layout(cu_seqlens, max_seqlen, x.shape[1], x.shape[0], x.device)
+            return pack.unpad([self.forward(group) for group in pack.pad(x)])
         if max_seqlen is not None:
             raise ValueError("max_seqlen needs cu_seqlens")
         if cache is not None and cache.static and x.shape[1] <= DEVICE_STEP_MAX_TOKENS:

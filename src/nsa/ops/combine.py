@@ -101,7 +101,8 @@ def nsa_attention(
             ``cu_seqlens[i] : cu_seqlens[i + 1]``, each from position 0 (int32/int64
             ``[N + 1]``, rising from 0 to ``total``); see :mod:`nsa.ops.varlen`.
             Not with ``kv_cmp`` or a ``q_offset``.
-        max_seqlen: the longest sequence of the pack (read from ``cu_seqlens`` if not given).
+        max_seqlen: as in flash-attn, at least the longest sequence of the pack (checked; the
+            padded lengths come from the pack itself, one batch per length class).
 
     Returns:
         ``o [B, T, HQ, Dv]`` in q's dtype; with ``return_block_idx``, the pair
@@ -164,7 +165,8 @@ def _window_and_gated_sum(
 
 
 def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_block_idx, cu_seqlens, max_seqlen):
-    """:func:`nsa_attention` of a packed batch, run padded (see :mod:`nsa.ops.varlen`)."""
+    """:func:`nsa_attention` of a packed batch, run as padded batches of length classes (see
+    :mod:`nsa.ops.varlen`)."""
     if kv_cmp is not None:
         raise ValueError("kv_cmp cannot be combined with cu_seqlens: compressed tokens are made per sequence "
                          "inside nsa_attention; pass raw (k, v) instead")
@@ -176,13 +178,15 @@ def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_bl
         _check_pair("kv_win", kv_win, q, v)
         if kv_win[0].shape[1] != q.shape[1]:
             raise ValueError(f"with cu_seqlens kv_win must be packed like q: {q.shape[1]} positions, got {kv_win[0].shape[1]}")
-    n, longest, source, real_slots = varlen.layout(cu_seqlens, max_seqlen, q.shape[1], q.shape[0], q.device)
-
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        return varlen.pad(x, source, n, longest)
-
-    win = None if kv_win is None else (padded(kv_win[0]), padded(kv_win[1]))
-    o, block_idx = nsa_attention(padded(q), padded(k), padded(v), padded(gates), config, kv_win=win,
-                                 backend=backend, return_block_idx=True)
-    o = varlen.unpad(o, real_slots)
-    return (o, varlen.unpad(block_idx, real_slots)) if return_block_idx else o
+    pack = varlen.layout(cu_seqlens, max_seqlen, q.shape[1], q.shape[0], q.device)
+    inputs = [pack.pad(x) for x in (q, k, v, gates)]
+    wins = [pack.pad(x) for x in kv_win] if kv_win is not None else [[None] * len(pack.groups)] * 2
+    outs, blocks = [], []
+    for i in range(len(pack.groups)):  # one padded batch per length class
+        win = None if kv_win is None else (wins[0][i], wins[1][i])
+        o, block_idx = nsa_attention(*(x[i] for x in inputs), config, kv_win=win, backend=backend,
+                                     return_block_idx=True)
+        outs.append(o)
+        blocks.append(block_idx)
+    o = pack.unpad(outs)
+    return (o, pack.unpad(blocks)) if return_block_idx else o

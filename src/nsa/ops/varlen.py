@@ -2,19 +2,22 @@
 
 Sequences packed along the time axis as ``[1, total, heads, dim]`` with boundaries
 ``cu_seqlens = [0, len_0, len_0 + len_1, ..., total]`` (the flash-attn convention)
-run as one padded batch ``[N, max_seqlen, heads, dim]``: every NSA branch is causal,
-so positions padded after a sequence's end never reach its real outputs, and each
-sequence starts at position 0 whatever its place in the pack. Padding and unpacking
-are single gathers with indices built on the device, and autograd carries the
-gradients back to the packed inputs.
+run as padded batches ``[n, longest, heads, dim]``: every NSA branch is causal, so
+positions padded after a sequence's end never reach its real outputs, and each
+sequence starts at position 0 whatever its place in the pack.
 
-Cost: the kernels also compute the padded tails, ``N * max_seqlen - total``
-positions; packs of similar lengths waste little.
+Sequences are grouped by length class, ``(2^(k-1), 2^k]``, one padded batch per
+class, so that no sequence is padded to twice its length or more: a pack of one
+64k document and many short ones does not run every short one at 64k. Padding,
+unpacking and the return to packed order are gathers with indices built on the
+device (sizes come from the host boundaries), and autograd carries the gradients
+back to the packed inputs.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 
@@ -46,44 +49,102 @@ def _describe(x: object) -> str:
     return type(x).__name__
 
 
-def pack_index(cu_seqlens: torch.Tensor, max_seqlen: int, total: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(source [N * max_seqlen], real_slots [total])``: the packed position each padded
-    slot reads (a slot past its sequence's end repeats the sequence's last token; an empty
-    sequence reads any valid token) and, in packed order, the slot of every real position."""
-    cu = cu_seqlens.long()
-    starts, lens = cu[:-1], cu[1:] - cu[:-1]
-    offset = torch.arange(max_seqlen, device=cu.device)
-    last = torch.clamp(lens - 1, min=0)
-    source = (starts[:, None] + torch.minimum(offset[None, :], last[:, None])).clamp(max=max(total - 1, 0))
-    # the slot of packed position p: its sequence i (the first boundary above p), then its offset
-    position = torch.arange(total, device=cu.device)
-    seq = torch.searchsorted(cu[1:], position, right=True)
-    real_slots = seq * max_seqlen + position - starts[seq]
-    return source.reshape(-1), real_slots
+@dataclass(frozen=True)
+class Group:
+    """Sequences of one length class, run as one padded batch ``[n, longest, ...]``.
+
+    Attributes:
+        n: sequences; longest: their padded length (the longest of them).
+        source: ``[n * longest]`` packed position each padded slot reads (a slot past its
+            sequence's end repeats the sequence's last token).
+        real_slots: ``[tokens]`` padded slot of each real position, sequences in pack order.
+    """
+
+    n: int
+    longest: int
+    source: torch.Tensor
+    real_slots: torch.Tensor
 
 
-def pad(x: torch.Tensor, source: torch.Tensor, n: int, max_seqlen: int) -> torch.Tensor:
-    """``[1, total, ...]`` -> ``[N, max_seqlen, ...]``."""
-    return x[0].index_select(0, source).reshape(n, max_seqlen, *x.shape[2:])
+@dataclass(frozen=True)
+class Layout:
+    """How a pack runs: its :class:`Group` s, and ``order``, the packed position of each row of
+    the groups' unpadded outputs laid end to end (None when that is already pack order)."""
+
+    groups: List[Group]
+    total: int
+    order: Optional[torch.Tensor]
+
+    def pad(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group."""
+        return [x[0].index_select(0, g.source).reshape(g.n, g.longest, *x.shape[2:]) for g in self.groups]
+
+    def unpad(self, outputs: List[torch.Tensor]) -> torch.Tensor:
+        """The groups' padded outputs -> ``[1, total, ...]`` in pack order."""
+        rows = [y.reshape(-1, *y.shape[2:]).index_select(0, g.real_slots) for g, y in zip(self.groups, outputs)]
+        out = torch.cat(rows) if len(rows) > 1 else rows[0]
+        if self.order is not None:
+            out = out.index_select(0, self.order)
+        return out.unsqueeze(0)
 
 
-def unpad(x: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
-    """``[N, max_seqlen, ...]`` -> ``[1, total, ...]``, keeping the real positions in order."""
-    return x.reshape(-1, *x.shape[2:]).index_select(0, real_slots).unsqueeze(0)
+def length_classes(lengths: List[int]) -> List[List[int]]:
+    """Indices of the non-empty sequences grouped by length class ``(2^(k-1), 2^k]``, classes by
+    length and sequences in pack order within one; no sequence is padded to twice its length."""
+    classes: dict = {}
+    for i, n in enumerate(lengths):
+        if n > 0:
+            classes.setdefault((n - 1).bit_length(), []).append(i)
+    return [classes[k] for k in sorted(classes)]
+
+
+def _group(starts: torch.Tensor, lens: torch.Tensor, longest: int, tokens: int, total: int) -> Group:
+    """:class:`Group` of sequences with packed ``starts``/``lens`` (device tensors) holding ``tokens``
+    real positions in all; every size is a host integer, so nothing waits for the device."""
+    n = starts.numel()
+    offset = torch.arange(longest, device=starts.device)
+    source = starts[:, None] + torch.minimum(offset[None, :], (lens - 1)[:, None])
+    seq = torch.repeat_interleave(torch.arange(n, device=starts.device), lens, output_size=tokens)
+    first = torch.cumsum(lens, 0) - lens  # each sequence's first row among the group's real rows
+    within = torch.arange(tokens, device=starts.device) - first[seq]
+    return Group(n, longest, source.clamp(max=max(total - 1, 0)).reshape(-1), seq * longest + within)
 
 
 def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batch: int,
-           device: torch.device) -> Tuple[int, int, torch.Tensor, torch.Tensor]:
-    """Checks a pack and lays it out: ``(sequences N, padded length, source, real_slots)``
-    (see :func:`check_cu_seqlens`, :func:`max_length` and :func:`pack_index`)."""
+           device: torch.device) -> Layout:
+    """Checks a pack (see :func:`check_cu_seqlens` and :func:`max_length`) and lays it out in
+    groups of length classes (:func:`length_classes`). A pack of empty sequences only is one
+    group of zero length."""
     boundaries = check_cu_seqlens(cu_seqlens, total, batch)
-    n, longest = len(boundaries) - 1, max_length(boundaries, max_seqlen)
-    source, real_slots = pack_index(cu_seqlens.to(device), longest, total)
-    return n, longest, source, real_slots
+    max_length(boundaries, max_seqlen)
+    lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    starts, lens = cu[:-1], cu[1:] - cu[:-1]
+    classes = length_classes(lengths)
+    if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return Layout([Group(len(lengths), 0, empty, empty)], total, None)
+    groups, order = [], []
+    for members in classes:
+        index = torch.tensor(members, device=device)
+        tokens = sum(lengths[i] for i in members)
+        group = _group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total)
+        groups.append(group)
+        order.append(starts[index].repeat_interleave(lens[index], output_size=tokens)
+                     + group.real_slots % group.longest)
+    in_order = len(classes) == 1 and len(classes[0]) == sum(n > 0 for n in lengths)
+    if in_order:
+        return Layout(groups, total, None)
+    # row r of the groups' outputs end to end is packed position order[r]: invert that permutation
+    rows = torch.cat(order)
+    back = torch.empty_like(rows)
+    back[rows] = torch.arange(total, device=device)
+    return Layout(groups, total, back)
 
 
 def max_length(boundaries: List[int], max_seqlen: Optional[int]) -> int:
-    """The longest sequence: ``max_seqlen`` when given (checked), else from the host boundaries."""
+    """The longest sequence; ``max_seqlen`` (flash-attn's argument), when given, is checked to be
+    an int at least that long."""
     longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
     if max_seqlen is None:
         return longest
