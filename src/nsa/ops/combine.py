@@ -179,14 +179,10 @@ def _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_bl
         if kv_win[0].shape[1] != q.shape[1]:
             raise ValueError(f"with cu_seqlens kv_win must be packed like q: {q.shape[1]} positions, got {kv_win[0].shape[1]}")
     pack = varlen.layout(cu_seqlens, max_seqlen, q.shape[1], q.shape[0], q.device)
-    inputs = [pack.pad(x) for x in (q, k, v, gates)]
-    wins = [pack.pad(x) for x in kv_win] if kv_win is not None else [[None] * len(pack.groups)] * 2
-    outs, blocks = [], []
-    for i in range(len(pack.groups)):  # one padded batch per length class
-        win = None if kv_win is None else (wins[0][i], wins[1][i])
-        o, block_idx = nsa_attention(*(x[i] for x in inputs), config, kv_win=win, backend=backend,
-                                     return_block_idx=True)
-        outs.append(o)
-        blocks.append(block_idx)
-    o = pack.unpad(outs)
-    return (o, pack.unpad(blocks)) if return_block_idx else o
+    qs, ks, vs, gs = (pack.pad(x) for x in (q, k, v, gates))
+    wins = list(zip(*(pack.pad(x) for x in kv_win))) if kv_win is not None else [None] * len(pack.groups)
+    # one padded batch per length class
+    outs, blocks = zip(*(nsa_attention(*x, config, kv_win=win, backend=backend, return_block_idx=True)
+                         for *x, win in zip(qs, ks, vs, gs, wins)))
+    o = pack.unpad(list(outs))
+    return (o, pack.unpad(list(blocks))) if return_block_idx else o

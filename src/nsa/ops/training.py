@@ -74,7 +74,8 @@ class NSATrainingFunction(torch.autograd.Function):
             return None, None, None, None, None, dgates, None, None, None, None
         # each branch's do is gates[..., i] * do: its kernels take do and the gate (one float32
         # row per branch, unit stride so that they load it beside lse in their pipelined steps)
-        gate = gates.float().permute(3, 0, 1, 2).contiguous()  # [3, B, T, HQ]
+        gate = torch.empty(3, *gates.shape[:-1], dtype=torch.float32, device=gates.device)
+        gate.copy_(gates.permute(3, 0, 1, 2))  # one pass: [3, B, T, HQ]
         dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do, None, config, scale, q_offset,
                                             delta=delta[0], gate=gate[0])
         _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do, config.sel_block, scale, q_offset,

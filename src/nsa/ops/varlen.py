@@ -58,22 +58,23 @@ class Group:
         source: ``[n * longest]`` packed position each padded slot reads (a slot past its
             sequence's end repeats the sequence's last token).
         real_slots: ``[tokens]`` padded slot of each real position, sequences in pack order.
+        positions: ``[tokens]`` packed position of each of those real positions.
     """
 
     n: int
     longest: int
     source: torch.Tensor
     real_slots: torch.Tensor
+    positions: torch.Tensor
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How a pack runs: its :class:`Group` s, and ``order``, the packed position of each row of
-    the groups' unpadded outputs laid end to end (None when that is already pack order)."""
+    """How a pack runs: its :class:`Group` s and ``rows``, for each packed position, its row
+    among the groups' unpadded outputs laid end to end (None when those are in pack order)."""
 
     groups: List[Group]
-    total: int
-    order: Optional[torch.Tensor]
+    rows: Optional[torch.Tensor]
 
     def pad(self, x: torch.Tensor) -> List[torch.Tensor]:
         """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group."""
@@ -81,10 +82,10 @@ class Layout:
 
     def unpad(self, outputs: List[torch.Tensor]) -> torch.Tensor:
         """The groups' padded outputs -> ``[1, total, ...]`` in pack order."""
-        rows = [y.reshape(-1, *y.shape[2:]).index_select(0, g.real_slots) for g, y in zip(self.groups, outputs)]
-        out = torch.cat(rows) if len(rows) > 1 else rows[0]
-        if self.order is not None:
-            out = out.index_select(0, self.order)
+        real = [y.reshape(-1, *y.shape[2:]).index_select(0, g.real_slots) for g, y in zip(self.groups, outputs)]
+        out = torch.cat(real) if len(real) > 1 else real[0]
+        if self.rows is not None:
+            out = out.index_select(0, self.rows)
         return out.unsqueeze(0)
 
 
@@ -107,47 +108,43 @@ def _group(starts: torch.Tensor, lens: torch.Tensor, longest: int, tokens: int, 
     seq = torch.repeat_interleave(torch.arange(n, device=starts.device), lens, output_size=tokens)
     first = torch.cumsum(lens, 0) - lens  # each sequence's first row among the group's real rows
     within = torch.arange(tokens, device=starts.device) - first[seq]
-    return Group(n, longest, source.clamp(max=max(total - 1, 0)).reshape(-1), seq * longest + within)
+    source = source.clamp(max=max(total - 1, 0)).reshape(-1)
+    return Group(n, longest, source, seq * longest + within, starts[seq] + within)
 
 
 def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batch: int,
            device: torch.device) -> Layout:
-    """Checks a pack (see :func:`check_cu_seqlens` and :func:`max_length`) and lays it out in
-    groups of length classes (:func:`length_classes`). A pack of empty sequences only is one
+    """Checks a pack (see :func:`check_cu_seqlens` and :func:`check_max_seqlen`) and lays it out
+    in groups of length classes (:func:`length_classes`). A pack of empty sequences only is one
     group of zero length."""
     boundaries = check_cu_seqlens(cu_seqlens, total, batch)
-    max_length(boundaries, max_seqlen)
+    check_max_seqlen(boundaries, max_seqlen)
     lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     classes = length_classes(lengths)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Layout([Group(len(lengths), 0, empty, empty)], total, None)
-    groups, order = [], []
+        return Layout([Group(len(lengths), 0, empty, empty, empty)], None)
+    groups = []
     for members in classes:
         index = torch.tensor(members, device=device)
         tokens = sum(lengths[i] for i in members)
-        group = _group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total)
-        groups.append(group)
-        order.append(starts[index].repeat_interleave(lens[index], output_size=tokens)
-                     + group.real_slots % group.longest)
-    in_order = len(classes) == 1 and len(classes[0]) == sum(n > 0 for n in lengths)
-    if in_order:
-        return Layout(groups, total, None)
-    # row r of the groups' outputs end to end is packed position order[r]: invert that permutation
-    rows = torch.cat(order)
-    back = torch.empty_like(rows)
-    back[rows] = torch.arange(total, device=device)
-    return Layout(groups, total, back)
+        groups.append(_group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total))
+    if len(groups) == 1:  # one class holds every non-empty sequence, in pack order
+        return Layout(groups, None)
+    # invert "row r of the groups' outputs is packed position positions[r]"
+    positions = torch.cat([g.positions for g in groups])
+    rows = torch.empty_like(positions)
+    rows[positions] = torch.arange(total, device=device)
+    return Layout(groups, rows)
 
 
-def max_length(boundaries: List[int], max_seqlen: Optional[int]) -> int:
-    """The longest sequence; ``max_seqlen`` (flash-attn's argument), when given, is checked to be
-    an int at least that long."""
-    longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
+def check_max_seqlen(boundaries: List[int], max_seqlen: Optional[int]) -> None:
+    """``max_seqlen`` (flash-attn's argument), when given, is an int at least as long as the
+    pack's longest sequence; the padded lengths come from the pack itself."""
     if max_seqlen is None:
-        return longest
+        return
+    longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
         raise ValueError(f"max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
-    return max_seqlen

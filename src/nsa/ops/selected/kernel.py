@@ -214,8 +214,8 @@ def selected_bwd_dq_kernel(
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
     b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
-    o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
     b_do = tl.load(do + row_offsets(i_b, i_t, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [GP, BV]
+    o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
     b_g = load_gate(gate, o_row, m_g, GATED)
     b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
     b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
@@ -295,8 +295,8 @@ def selected_forced_dq_kernel(
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     b_g = load_gate(gate, o_row, m_r, GATED)
     b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
     b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
@@ -363,8 +363,8 @@ def selected_bwd_dkdv_kernel(
             m_r = (e + o_r // GP < e_hi) & (o_r % GP < G)
             o_i = tl.load(t_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] query index of each row
             b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-            o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
             b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+            o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
             b_g = load_gate(gate, o_row, m_r, GATED)
             b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
             b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)

@@ -211,8 +211,8 @@ def window_bwd_dq_kernel(
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     b_g = load_gate(gate, o_row, m_r, GATED)
     b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)  # [BM]
     b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)  # [BM]
@@ -253,8 +253,8 @@ def _dkdv_queries(
     for i0 in range(i_lo, i_hi, BT):
         o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
         b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
         b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
         b_g = load_gate(gate, o_row, m_r, GATED)
         b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
         b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
