@@ -25,6 +25,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ops' own autograd Functions composed, timed and compared.
 13. **Gates inside the branch kernels** (``gate_ab``): training's forward and backward launches
     with the gates applied in the branch kernels against the stored ``g * do`` copies, piece by piece.
+14. **Compressed backward** (``cmp_bwd``) against a saved copy of the previous kernels, and by the
+    programs per SM that its dK/dV query chunks aim at.
 """
 
 from __future__ import annotations
@@ -267,8 +269,11 @@ def compare_versions(T: int, what: str, fields: str, old, new, version: Callable
         outs[name] = run()
         times = " / ".join(f"{bench(fn):.3f}" for fn in timed)
         print(f"T={T} {what}, {name}: {times} ms", flush=True)
+    from nsa.testing import rel_error
+
     same = [torch.equal(a, b) for a, b in zip(outs["previous"], outs["now"])]
-    print(f"T={T} {what}: {fields} bitwise equal {same}", flush=True)
+    errs = ", ".join(f"{rel_error(b, a):.1e}" for a, b in zip(outs["previous"], outs["now"]))
+    print(f"T={T} {what}: {fields} bitwise equal {same}, relative difference {errs}", flush=True)
 
 
 def cmp_select_ab(T: int, config: NSAConfig) -> None:
@@ -305,6 +310,37 @@ def selected_dkdv_ab(T: int, config: NSAConfig) -> None:
         return call, (call,)
 
     compare_versions(T, "selected dK/dV (inversion included)", "dk, dv", old, current, version)
+
+
+def cmp_bwd_ab(T: int, config: NSAConfig) -> None:
+    """The compressed backward (dQ and dK/dV) against a saved copy of the previous kernels
+    (``scripts/_old_compressed_kernel.py``, when present), then the current one by the programs
+    per SM its dK/dV chunks aim at (``split_target``)."""
+    from nsa.ops.compressed import kernel as current
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 17)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
+    do = torch.randn_like(o)
+
+    def version(module):
+        call = lambda: module.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0)
+        return call, (call,)
+
+    old = _previous("compressed_kernel")
+    if old is not None:
+        compare_versions(T, "compressed backward", "dq, dk, dv", old, current, version)
+    saved = current.DKDV_TILES["split_target"]
+    first = None
+    for _ in range(2):  # interleaved, so that drift shows
+        if old is not None:
+            timed_variant(T, "compressed backward, previous", version(old)[0], None)
+        for target in CMP_SPLIT_TARGETS:
+            current.DKDV_TILES["split_target"] = target
+            first, _ = timed_variant(T, f"compressed backward, split_target {target}", version(current)[0], first)
+    current.DKDV_TILES["split_target"] = saved
 
 
 def window_variants(T: int, config: NSAConfig) -> None:
@@ -397,6 +433,8 @@ CMP_DKDV_SWEEP = ((64, 64, 4, 2, 8), (64, 128, 8, 3, 16), (64, 128, 8, 3, 32), (
 #: overrides of the selected dK/dV launch (``BWD_TILES["dkdv"]``), each against the default (3 stages
 #: on Hopper); session 9 also measured 8 warps (with 2 or 3 stages, and with 8 queries a step) and
 #: QSEG 512 or 2048 at 2 stages, all slower or no faster at 64k (docs/perf/prefill.md)
+#: programs per SM aimed at by the compressed dK/dV query chunks (``cmp_bwd``)
+CMP_SPLIT_TARGETS = (8, 16, 24)
 SEL_DKDV_SWEEP = ({}, {"num_stages": 2}, {"num_stages": 4}, {"QSEG": 512}, {"QSEG": 2048})
 
 
@@ -668,7 +706,7 @@ SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
-    "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab,
+    "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
 }
 
 

@@ -134,6 +134,30 @@ def test_dkdv_tiles_of_their_own(dtype, tol, nsa_device, monkeypatch):
         assert_close(name, b, a, tol)
 
 
+@pytest.mark.parametrize("splits", [2, 5, 13])
+def test_dkdv_over_query_chunks(splits, nsa_device, monkeypatch):
+    """The dK/dV programs of a token tile take fixed chunks of the whole query range, walked from
+    the chunk's end down, so most token tiles begin inside a chunk and skip the chunks before
+    (which add zeros): any number of chunks gives one chunk's gradients, up to rounding."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed import kernel
+
+    monkeypatch.setitem(kernel.DKDV_TILES, "split_target", 10**6)  # the cap alone sets the chunks
+    q, k, v = _inputs((1, 301, 8, 2, 16, 24), SMALL, 3, torch.float32, nsa_device)
+    scale = SMALL.softmax_scale(16)
+    o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, 3)
+    do = torch.randn_like(o)
+    one = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, 3, dkdv=(16, 16, 4, 2), max_splits=1)
+    many = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, 3, dkdv=(16, 16, 4, 2), max_splits=splits)
+    for name, a, b in zip(("dk", "dv"), one[1:], many[1:]):
+        assert_close(name, b, a, 1e-6)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    o_ref, _ = compressed_attention(qd, kd, vd, SMALL, q_offset=3, backend="reference")
+    o_ref.backward(do.double())
+    for name, got, want in zip(("dk", "dv"), many[1:], (kd.grad, vd.grad)):
+        assert_close(name, got, want, 1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "shape", [(1, 4096, 64, 4, 128, 128), (2, 3001, 16, 1, 192, 128), (1, 2053, 16, 16, 64, 64)],

@@ -124,6 +124,26 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
         assert_close(name, g, want, nsa_tolerance(torch.float32, "grad"))
 
 
+def test_inversion_lists_the_queries_of_each_block(nsa_device):
+    """Every (batch, KV head, block) list holds exactly the queries that chose the block, each
+    once, ascending (descending lists, so that the programs running together would walk the
+    queries in step, read more from DRAM and took longer at 64k: docs/perf/prefill.md, session 12)."""
+    from nsa.ops.selected.kernel import invert_selection
+
+    B, T, H, N, NB, sel = 2, 45, 3, 4, 6, 8
+    block_idx = random_blocks(B, T, H, N, NB, nsa_device)
+    block_idx[0, 30, 1, 2] = block_idx[0, 30, 1, 1]  # a repeat counts once
+    inv = invert_selection(block_idx, sel, 0, NB, 3)
+    t_sorted = inv["t_sorted"].tolist()
+    for b in range(B):
+        for h in range(H):
+            for j in range(NB):
+                owner = (b * H + h) * NB + j
+                start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
+                want = sorted({t for t in range(T) if j * sel <= t and j in block_idx[b, t, h].tolist()})
+                assert t_sorted[start : start + count] == want, (b, h, j)
+
+
 @pytest.mark.gpu
 @GPU_SHAPES
 def test_selected_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):

@@ -163,16 +163,23 @@ def compressed_bwd_dkdv_kernel(
     NT = tl.cdiv(TQ, BT)
     i_lo = tl.maximum(i_n * BN * S + L - 1 - q_offset, 0) // BT
     i_full = tl.minimum(tl.cdiv(tl.maximum((i_n * BN + BN - 1) * S + L - 1 - q_offset, 0), BT), NT)
-    # this split's share of [i_lo, NT): equal work per program of a token tile
-    seg = tl.cdiv(tl.maximum(NT - i_lo, 0), SPLIT)
-    i_a = i_lo + i_s * seg
-    i_z = tl.minimum(i_a + seg, NT)
-    for i_t in range(i_a, tl.minimum(i_z, i_full)):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
-                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, GATED, PREC)
-    for i_t in range(tl.maximum(i_a, i_full), i_z):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset,
-                                qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, GATED, PREC)
+    # Split i_s takes the query tiles of chunk [i_s * seg, (i_s + 1) * seg) of the whole query range
+    # that see this token tile, from the chunk's end down. The programs of one chunk (token tiles
+    # vary fastest in the grid) run together and read each query tile at about the same time, so
+    # most q/do reads hit L2 (H100, 64k: 12 GB read from DRAM at a 50 % L2 hit rate, against 33 GB
+    # at 7 % when each token tile split its own range; the kernel's time barely moved: it is not
+    # bound by DRAM, and the gain came from more, evener programs).
+    seg = tl.cdiv(NT, SPLIT)
+    i_a = tl.maximum(i_lo, i_s * seg)
+    i_z = tl.minimum(i_s * seg + seg, NT)
+    i_m = tl.maximum(i_a, i_full)  # unmasked tiles [i_m, i_z), then masked ones [i_a, min(i_z, i_full))
+    for i in range(0, i_z - i_m):
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
+                                q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, GATED, PREC)
+    i_u = tl.minimum(i_z, i_full)
+    for i in range(0, i_u - i_a):
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
+                                q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, GATED, PREC)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -180,19 +187,22 @@ def compressed_bwd_dkdv_kernel(
 
 #: ``(rows, block_n, num_warps, num_stages)`` of the dK/dV kernel for 16-bit inputs with heads up
 #: to 128 wide on GPUs with Hopper-sized shared memory; elsewhere it keeps the dq kernel's tiles.
-#: ``max_splits`` caps the programs that share one token tile's query range. Token tiles of 128
-#: halve the passes over ``q`` and ``do``, which do not fit in L2 at long lengths (H100, compressed
-#: backward: 64k 31.5-31.6 against 36.7-36.8 ms for (64, 64, 4, 2) with 8 splits; 8k 0.83 against
-#: 0.93; docs/perf/prefill.md, session 9).
-DKDV_TILES = dict(tiles=(64, 128, 8, 3), max_splits=32)
+#: ``max_splits`` caps the query chunks (programs per token tile), ``split_target`` the programs
+#: per SM aimed at below the cap. Token tiles of 128 halve the passes over ``q`` and ``do``, which
+#: do not fit in L2 at long lengths (H100, compressed backward: 64k 31.5-31.6 against 36.7-36.8 ms
+#: for (64, 64, 4, 2) with 8 splits; 8k 0.83 against 0.93; docs/perf/prefill.md, session 9). The
+#: chunks at 24 programs per SM (25 chunks at 64k; the cap binds up to 32k): 64k 30.1-31.3 against
+#: 32.2-32.3 ms at 8 and 32.1-32.8 for the previous per-tile splits (session 12).
+DKDV_TILES = dict(tiles=(64, 128, 8, 3), max_splits=32, split_target=24)
 
 
 def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
-    """Splits of each token tile's query range: enough programs to fill the GPU (a
-    token tile near the start sees every query, so unsplit it is the critical path);
+    """Chunks of the query range, each a program per token tile: enough programs to fill the
+    GPU (a token tile near the start sees every query, so unsplit it is the critical path);
     partial sums are added in a fixed order afterwards, so the result is deterministic."""
     # the interpreter counts as one SM: small problems still split, so tests cover the reduction
-    return max(1, min(cap, triton.cdiv(8 * sm_count(device), max(programs, 1))))
+    target = DKDV_TILES["split_target"] * sm_count(device)
+    return max(1, min(cap, triton.cdiv(target, max(programs, 1))))
 
 
 def compressed_bwd(
@@ -220,7 +230,7 @@ def compressed_bwd(
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
     dK/dV kernel's where :data:`DKDV_TILES` does not apply; ``dkdv = (rows, block_n,
-    num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query splits.
+    num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None).
     ``gate``: ``do`` is the gradient of the gated sum, and this branch's is ``gate[..., None] * do``
