@@ -28,6 +28,8 @@ MARKERS: Dict[str, str] = {
     "fa2": "fa2: uses flash-attn 2; needs a CUDA GPU, flash_attn installed and the profile's 'fa2' feature on",
     "benchmark": "benchmark: a performance measurement (settings from the profile's benchmark section)",
     "long_context": "long_context: long sequences (memory- and time-hungry); deselect with -m 'not long_context'",
+    "exclusive": "exclusive: needs its GPU to itself (it times the device); xdist workers that share the GPU "
+                 "wait while it runs, as for long_context",
     "requires": "requires(sm=None, memory_gib=None, triton=None, fa2=None, gpu_count=None, feature=None): "
                 "skip unless the device and profile provide all of them, e.g. "
                 "requires(sm='>=9.0', memory_gib=40, feature='triton_selected')",

@@ -107,6 +107,7 @@ def test_graph_replay_is_submitted_while_the_flush_runs(graph, queued, syncs, ns
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # another worker's kernels on the same GPU would lengthen the small calls' samples
 def test_queued_calls_wait_for_the_device_once(nsa_device, monkeypatch):
     """Every round is enqueued before any is read: one synchronisation for all of them, and
     each sample is its own call's device time (a longer call, a longer sample)."""

@@ -66,8 +66,8 @@ def test_a_waiting_exclusive_hold_keeps_new_shared_ones_out(tmp_path):
 
 
 def test_memory_hungry_tests_run_alone_on_a_shared_device(pytester, fake, subprocess, monkeypatch):
-    """Two workers on one (faked) GPU: while a long_context or requires(memory_gib=...) test
-    runs, no other test runs; ordinary tests do run side by side."""
+    """Two workers on one (faked) GPU: while a long_context, exclusive or requires(memory_gib=...)
+    test runs, no other test runs; ordinary tests do run side by side."""
     fake("a100")
     monkeypatch.setenv("PYTEST_NSA_GPU_POOL", "0")
     log = pytester.path / "intervals.log"
@@ -96,16 +96,20 @@ def test_memory_hungry_tests_run_alone_on_a_shared_device(pytester, fake, subpro
         @pytest.mark.requires(memory_gib=40)
         def test_big():
             _run("big", 0.5)
+
+        @pytest.mark.exclusive
+        def test_timed():
+            _run("timed", 0.5)
     '''))
     result = subprocess("-n", "2", "--gpu-profile", "a100")
-    result.assert_outcomes(passed=14)
+    result.assert_outcomes(passed=15)
     result.stdout.fnmatch_lines(["gw*: gw* -> CUDA_VISIBLE_DEVICES=0 (pool 0); *device shared by 2 workers*"])
     spans = {}
     for line in log.read_text().splitlines():
         what, name, t = line.split()
         spans.setdefault(name, {})[what] = float(t)
-    assert len(spans) == 14 and all(len(s) == 2 for s in spans.values())
-    for alone in ("long", "big"):
+    assert len(spans) == 15 and all(len(s) == 2 for s in spans.values())
+    for alone in ("long", "big", "timed"):
         a = spans[alone]
         overlapping = [n for n, s in spans.items() if n != alone and s["start"] < a["end"] and a["start"] < s["end"]]
         assert overlapping == [], f"{alone} ran beside {overlapping}"
