@@ -126,7 +126,7 @@ class DeviceTurns:
                 release_cached_gpu_memory()
 
     def describe(self) -> str:
-        return (f"device shared by {self.sharing} workers: {self.alone} memory-hungry tests ran alone on it, "
+        return (f"device shared by {self.sharing} workers: {self.alone} tests ran alone on it (memory-hungry or timed), "
                 f"{self.waited_s:.1f} s spent waiting for turns")
 
 
