@@ -433,9 +433,9 @@ CMP_DKDV_SWEEP = ((64, 64, 4, 2, 8), (64, 128, 8, 3, 16), (64, 128, 8, 3, 32), (
 #: overrides of the selected dK/dV launch (``BWD_TILES["dkdv"]``), each against the default (3 stages
 #: on Hopper); session 9 also measured 8 warps (with 2 or 3 stages, and with 8 queries a step) and
 #: QSEG 512 or 2048 at 2 stages, all slower or no faster at 64k (docs/perf/prefill.md)
-#: programs per SM aimed at by the compressed dK/dV query chunks (``cmp_bwd``)
-CMP_SPLIT_TARGETS = (8, 16, 24)
 SEL_DKDV_SWEEP = ({}, {"num_stages": 2}, {"num_stages": 4}, {"QSEG": 512}, {"QSEG": 2048})
+#: programs per SM aimed at by the compressed dK/dV query chunks (``cmp_bwd``); 24 is the default
+CMP_SPLIT_TARGETS = (8, 16, 24)
 
 
 def timed_variant(T: int, label: str, fn: Callable[[], tuple], first: Optional[tuple],

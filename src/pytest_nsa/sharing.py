@@ -8,8 +8,9 @@ that it would not have alone, and so do the tests beside it (three workers on on
 So on a worker that shares its device, every test holds a lock on the device for its
 whole run (setup, call and teardown): a shared lock for ordinary tests, an exclusive
 one for the tests that need the whole device (marked ``long_context``, ``exclusive``
-(a test that times the device), or ``requires(memory_gib=...)``). Those run alone on the device while the other workers'
-tests wait, and after every test the worker gives its cached CUDA memory back. The locks are ``flock`` locks on files of a per-session directory that the
+(a test that times the device), or ``requires(memory_gib=...)``). Those run alone on the
+device while the other workers' tests wait, and after every test the worker gives its
+cached CUDA memory back. The locks are ``flock`` locks on files of a per-session directory that the
 controller publishes in :data:`LOCK_DIR_ENV`. A gate file keeps a waiting exclusive
 test from being starved: it holds the gate while it waits, and every test passes the
 gate before it takes its shared lock. Where ``fcntl`` is missing (Windows), nothing
@@ -55,7 +56,9 @@ def needs_whole_device(item: pytest.Item) -> bool:
     """Whether ``item`` must run alone on its device: ``long_context``, ``exclusive`` or
     ``requires(memory_gib=...)``."""
     for mark in item.iter_markers():
-        if mark.name in ("long_context", "exclusive") or (mark.name == "requires" and mark.kwargs.get("memory_gib") is not None):
+        if mark.name in ("long_context", "exclusive"):
+            return True
+        if mark.name == "requires" and mark.kwargs.get("memory_gib") is not None:
             return True
     return False
 
@@ -126,8 +129,8 @@ class DeviceTurns:
                 release_cached_gpu_memory()
 
     def describe(self) -> str:
-        return (f"device shared by {self.sharing} workers: {self.alone} tests ran alone on it (memory-hungry or timed), "
-                f"{self.waited_s:.1f} s spent waiting for turns")
+        return (f"device shared by {self.sharing} workers: {self.alone} tests ran alone on it "
+                f"(memory-hungry or timed), {self.waited_s:.1f} s spent waiting for turns")
 
 
 def turns_for(pin: Optional[Pin], environ: Mapping[str, str]) -> Optional[DeviceTurns]:
