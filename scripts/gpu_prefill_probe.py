@@ -27,6 +27,11 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     with the gates applied in the branch kernels against the stored ``g * do`` copies, piece by piece.
 14. **Compressed backward** (``cmp_bwd``) against a saved copy of the previous kernels, and by the
     programs per SM that its dK/dV query chunks aim at.
+15. **Compressed forward variants** (``cmp_fwd``): pass-2 blocks per step and stages, with each
+    compiled variant's registers and shared memory.
+16. **Top-n launches** (``topn``): rows per program and warps, on every query chunk.
+17. **Selected tiles of several queries** (``sel_tiles``): the forward and dQ by query positions a
+    program and warps, and one a program against the saved copy of the previous kernels.
 """
 
 from __future__ import annotations
@@ -702,11 +707,128 @@ def gated_bits(T: int, config: NSAConfig) -> None:
 
 
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
+def _regs(fn) -> str:
+    """Registers and shared memory of the variants of the Triton function ``fn`` compiled so far."""
+    out = []
+    for entry in getattr(fn, "device_caches", {}).values():
+        for compiled in entry[0].values():
+            if hasattr(compiled, "_init_handles"):
+                compiled._init_handles()
+            out.append(f"{getattr(compiled, 'n_regs', '?')} regs/{getattr(compiled.metadata, 'shared', '?')} B")
+    return ", ".join(out)
+
+
+def cmp_fwd_variants(T: int, config: NSAConfig) -> None:
+    """The compressed forward with selection by pass-2 blocks per step and pipeline stages, and
+    the registers and shared memory of each compiled variant (session 13: ``o`` is stored
+    before pass 2)."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    first = None
+    for nb, stages in ((32, 3), (16, 3), (32, 2), (16, 2)):
+        call = lambda: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True, blocks_per_step=nb,
+                                             num_stages=stages)
+        out = call()
+        first = first or out
+        same = all(torch.equal(a, b) for a, b in zip(out, first))
+        print(f"T={T} compressed + selection, {nb} blocks a step, {stages} stages: {bench(call):.3f} ms "
+              f"(bitwise equal to the first: {same})", flush=True)
+    print(f"T={T} compressed forward kernels compiled: {_regs(module.compressed_fwd_kernel)}", flush=True)
+
+
+def topn_variants(T: int, config: NSAConfig) -> None:
+    """The top-n kernel on every query chunk of length ``T`` by rows per program and warps
+    (random masses: its work does not depend on the values; session 13 also measured 2 rows a
+    program with 1 or 2 warps, 4 with 4 and 8 with 8 on the first and last chunk at 64k: none
+    faster)."""
+    from nsa.ops._triton.block_topn import block_topn, block_topn_kernel
+    from nsa.ops._triton.compressed_fwd import SCORE_BUFFER_BYTES, _score_geometry, query_chunk
+
+    H, planes, nsel = 4, _score_geometry(config)["NSPILL"], config.num_sel_blocks(T)
+    chunk = query_chunk(1, T, H, planes * nsel, 4, SCORE_BUFFER_BYTES)
+    scores = torch.rand(1, chunk, H, planes, nsel, device=DEV)
+    idx = torch.empty(1, T, H, config.sel_count, dtype=torch.int32, device=DEV)
+    for t0 in range(0, T, chunk):
+        first = None
+        for br, warps in ((1, 1), (1, 2), (1, 4)):
+            call = lambda: block_topn(scores, idx, t0, t0, config.sel_block, config.init_blocks, config.local_blocks,
+                                      rows_per_program=br, num_warps=warps)
+            call()
+            out = idx[:, t0:t0 + chunk].clone()
+            first = out if first is None else first
+            print(f"T={T} top-n of queries {t0}..{t0 + chunk - 1}, {br} rows a program, {warps} warps: "
+                  f"{bench(call):.3f} ms (equal: {torch.equal(out, first)})", flush=True)
+    print(f"T={T} top-n kernels compiled: {_regs(block_topn_kernel)}", flush=True)
+
+
+#: (BQ, warps) of the selected forward and dQ tried by ``sel_tiles`` (BQ query positions a program)
+#: (session 13, random lists, H100: BQ 2 with 1 or 4 warps and BQ 4 with 8 were slower still than
+#: these; so was a split of the tiles between a BQ-4 launch and a BQ-1 one by their share of
+#: blocks held in common, docs/perf/prefill.md)
+FWD_TILE_SWEEP = ((1, 1), (2, 2), (4, 4))
+DQ_TILE_SWEEP = ((1, 2), (2, 2), (4, 4))
+
+
+def sel_tiles(T: int, config: NSAConfig) -> None:
+    """The selected forward and dQ by query positions a program (``BQ``) and warps, on the real
+    selection: each block that a tile's queries hold is loaded once. Relative differences
+    against one query a program; then one query a program against the saved copy of the
+    previous kernels (``scripts/_old_selected_kernel.py``), bitwise."""
+    from nsa.testing import rel_error
+
+    c = selected_case(T, config, T + 1)
+    q, k, v, idx, scale, forced, lse, do, delta = c.q, c.k, c.v, c.idx, c.scale, c.forced, c.lse, c.do, c.delta
+    alike = idx[:, torch.arange(T, device=DEV) // 4 * 4]
+    half = torch.where(torch.arange(idx.shape[-1], device=DEV) % 2 == 0, alike, idx)  # every other entry shared
+    half = half.sort(-1).values
+    for label, lists in (("random", idx), ("4 neighbours alike", alike), ("4 neighbours half alike", half)):
+        _sel_tiles(T, config, c, lists.contiguous(), label)
+    old = _previous("selected_kernel")
+    if old is None:
+        return
+    import nsa.ops.selected.kernel as new
+
+    def version(module):
+        fwd = lambda: module.selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)
+        dq = lambda: module.selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0,
+                                            dict(module.BWD_TILES["dq"]), forced)
+        return (lambda: (*fwd(), dq())), (fwd, dq)
+
+    compare_versions(T, "selected forward / dQ", "o, lse, dq", old, new, version)
+
+
+def _sel_tiles(T: int, config: NSAConfig, c: SimpleNamespace, idx: torch.Tensor, label: str) -> None:
+    from nsa.testing import rel_error
+
+    q, k, v, scale, forced, do, delta = c.q, c.k, c.v, c.scale, c.forced, c.do, c.delta
+    lse = selected_fwd(q, k, v, idx, config.sel_block, scale, 0, forced=forced)[1]
+    first = None
+    for bq, warps in FWD_TILE_SWEEP:
+        fn = lambda: selected_fwd(q, k, v, idx, config.sel_block, scale, 0, tiles=dict(BQ=bq, num_warps=warps),
+                                  forced=forced)
+        out = fn()
+        first = first or out
+        print(f"T={T} {label} lists: selected fwd BQ {bq}, {warps} warps: {bench(fn):.3f} ms "
+              f"(o against BQ 1: {rel_error(out[0], first[0]):.1e})", flush=True)
+    first = None
+    for bq, warps in DQ_TILE_SWEEP:
+        cfg = dict(BWD_TILES["dq"], BQ=bq, num_warps=warps)
+        fn = lambda: selected_bwd_dq(q, k, v, idx, do, lse, delta, config.sel_block, scale, 0, cfg, forced)
+        out = fn()
+        first = out if first is None else first
+        print(f"T={T} {label} lists: selected dQ BQ {bq}, {warps} warps: {bench(fn):.3f} ms "
+              f"(against BQ 1: {rel_error(out, first):.1e})", flush=True)
+
+
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
+    "cmp_fwd": cmp_fwd_variants, "topn": topn_variants, "sel_tiles": sel_tiles,
 }
 
 

@@ -124,6 +124,41 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
         assert_close(name, g, want, nsa_tolerance(torch.float32, "grad"))
 
 
+@pytest.mark.parametrize("bq", [2, 4, 8])
+@pytest.mark.parametrize("forced, q_offset", [((1, 1), 0), ((0, 0), 5)], ids=["forced", "noforced-off5"])
+def test_selected_tiles_of_several_queries(bq, forced, q_offset, nsa_device, nsa_tolerance, monkeypatch):
+    """``BQ`` query positions a forward/dQ program (T not a multiple of it), set through the
+    ``NSA_SELECTED_TILE_QUERIES`` flag: each block that any of them holds is loaded once and
+    counts only for the rows of the queries that hold it (random lists: repeats, -1, future
+    blocks and blocks shared by neighbours)."""
+    monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", str(bq))
+    sel, count = 8, 4
+    config = dataclasses.replace(_config(sel, count, *forced), scale=0.25)
+    B, T, HQ, H, TK = 2, 23, 4, 2, 23 + q_offset
+    q, k, v = qkv(B, T, HQ, H, 16, 16, torch.float32, nsa_device, TK)
+    block_idx = random_blocks(B, T, H, count, config.num_sel_blocks(TK), nsa_device)
+    block_idx[:, 1::2, :, 1] = block_idx[:, 0:-1:2, :, 1]  # neighbours share a block
+    o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, q_offset, forced=forced)
+    do = torch.randn_like(o)
+    got = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, q_offset, forced=forced)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    ref_o = selected_attention(qd, kd, vd, block_idx, config, q_offset=q_offset, backend="reference")
+    ref_o.backward(do.double())
+    assert_close("o", o, ref_o, nsa_tolerance(torch.float32, "fwd"))
+    for name, g, want in zip(("dq", "dk", "dv"), got, (qd.grad, kd.grad, vd.grad)):
+        assert_close(name, g, want, nsa_tolerance(torch.float32, "grad"))
+
+
+def test_selected_tile_size_is_checked(nsa_device, monkeypatch):
+    q, k, v = qkv(1, 8, 2, 1, 16, 16, torch.float32, nsa_device)
+    block_idx = random_blocks(1, 8, 1, 2, 1, nsa_device)
+    with pytest.raises(ValueError, match=r"BQ .* got 3"):
+        selected_fwd(q, k, v, block_idx, 8, 0.25, 0, tiles=dict(BQ=3))
+    monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", "16")
+    with pytest.raises(ValueError, match="NSA_SELECTED_TILE_QUERIES must be 1, 2, 4 or 8, got 16"):
+        selected_fwd(q, k, v, block_idx, 8, 0.25, 0)
+
+
 def test_inversion_lists_the_queries_of_each_block(nsa_device):
     """Every (batch, KV head, block) list holds exactly the queries that chose the block, each
     once, ascending (descending lists, so that the programs running together would walk the
@@ -151,6 +186,18 @@ def test_selected_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     config = NSAConfig()
     q, k, v = qkv(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
     block_idx = random_blocks(1, T, H, config.sel_count, config.num_sel_blocks(T), nsa_device)
+    check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance, ref_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bq", [2, 4])
+def test_selected_gpu_tiles_of_several_queries(bq, nsa_device, nsa_tolerance, monkeypatch):
+    """Real sizes with ``BQ`` query positions a program, on lists that neighbours partly share."""
+    monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", str(bq))
+    config, T = NSAConfig(), 2053
+    q, k, v = qkv(1, T, 32, 2, 128, 128, torch.bfloat16, nsa_device)
+    block_idx = random_blocks(1, T, 2, config.sel_count, config.num_sel_blocks(T), nsa_device)
+    block_idx[:, :, :, ::2] = block_idx[:, torch.arange(T, device=nsa_device) // 4 * 4][:, :, :, ::2]
     check_against_reference(q, k, v, block_idx, config, 0, nsa_tolerance, ref_dtype=torch.float32)
 
 

@@ -225,6 +225,12 @@ def compressed_fwd_kernel(
         b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
                                          BN, BDK, BDV, DK, DV, H * DK, H * DV, True, STORE_O, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
+    # stored before pass 2, so that o's registers are free there
+    if STORE_O:
+        o_dv = tl.arange(0, BDV)
+        tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
+                 mask=m_row[:, None] & (o_dv < DV)[None, :])
+        tl.store(lse + o_q, b_lse * 0.6931471805599453, mask=m_row)
     # -- pass 2: exact probabilities -> block masses --
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
@@ -235,11 +241,6 @@ def compressed_fwd_kernel(
         b_lse_safe = tl.where(m_row, tl.where(b_lse == float("-inf"), 0.0, b_lse), float("inf"))
         _score_pass(b_q, p_k, nv, n_lo, n_hi, b_lse_safe, m_row, t_last, qk_scale, p_sc, m_t, NSEL,
                     BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, DK, H * DK, PREC)
-    if STORE_O:
-        o_dv = tl.arange(0, BDV)
-        tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
-                 mask=m_row[:, None] & (o_dv < DV)[None, :])
-        tl.store(lse + o_q, b_lse * 0.6931471805599453, mask=m_row)
 
 
 def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) -> dict:

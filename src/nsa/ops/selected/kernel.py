@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops._triton.attention import (
@@ -49,42 +50,86 @@ from nsa.ops._triton.attention import (
 
 
 @triton.jit
-def _selection(p_idx, t, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """A query's ``N`` block indices as ``[NP]`` int32, with -1 in place of every entry
-    that does not count (negative, past position ``t``, a repeat of an earlier entry)
-    and of the forced blocks of ``t`` (the ``INIT`` first and the ``LOCAL`` last
-    blocks), which the forced-block kernels handle for a whole tile of queries.
+def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr,
+               INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """The blocks that the ``n_q <= BQ`` queries at positions ``t0, t0 + 1, ..`` (lists of
+    ``N`` entries, ``stride_q`` apart from ``p_idx``) attend to, each block once: ``[BQ * NP]``
+    int32, with -1 in place of every entry that does not count (negative, past its query's
+    position, a repeat in its query's list, the forced blocks of its query (the ``INIT`` first
+    and the ``LOCAL`` last), which the forced-block kernels handle for a whole tile of queries)
+    and of every later entry of a block that an earlier query of the tile already holds.
 
-    Returns ``(b_rank, b_blk, count)``: the entries that count are ranked ``0 .. count - 1``
+    Returns ``(b_rank, b_blk, b_who, count)``: the entries that count are ranked ``0 .. count - 1``
     (the rest -1), so the entry loop runs ``count`` times and skips the others instead
     of running masked steps for them (with the paper's 3 forced blocks of 16, the forward
-    took 2.01 against 2.19 ms and the dQ 2.12 against 2.51 at 8k on an H100)."""
-    o_n = tl.arange(0, NP)
-    b_idx = tl.load(p_idx + o_n, mask=o_n < N, other=-1).to(tl.int32)  # [NP]
-    b_rep = tl.max(((b_idx[:, None] == b_idx[None, :]) & (o_n[None, :] < o_n[:, None])).to(tl.int32), 1)  # [NP]
+    took 2.01 against 2.19 ms and the dQ 2.12 against 2.51 at 8k on an H100); ``b_who`` has
+    bit ``j`` set where query ``j`` of the tile counts the entry's block."""
+    E: tl.constexpr = BQ * NP
+    o_e = tl.arange(0, E)
+    o_j, o_n = o_e // NP, o_e % NP  # query of the tile, entry of its list
+    t = t0 + o_j
+    b_idx = tl.load(p_idx + o_j.to(tl.int64) * stride_q + o_n, mask=(o_n < N) & (o_j < n_q), other=-1).to(tl.int32)
+    same = b_idx[:, None] == b_idx[None, :]  # [E, E]
+    earlier = o_e[None, :] < o_e[:, None]
+    b_rep = tl.max((same & earlier & (o_j[:, None] == o_j[None, :])).to(tl.int32), 1)  # [E]
     b_ok = (b_idx >= 0) & (b_idx.to(tl.int64) * BS <= t) & (b_rep == 0)
     if INIT + LOCAL > 0:
         j_t = t // BS
         b_ok = b_ok & (b_idx >= INIT) & ((b_idx <= j_t - LOCAL) | (b_idx > j_t))
+    if BQ > 1:
+        # each query holds a block once, so the sum of its choosers' bits is their union
+        b_who = tl.sum(tl.where(same & b_ok[None, :], 1 << o_j[None, :], 0), 1)
+        b_ok = b_ok & (tl.max((same & earlier & b_ok[None, :]).to(tl.int32), 1) == 0)
+    else:
+        b_who = b_ok.to(tl.int32)
     b_rank = tl.where(b_ok, tl.cumsum(b_ok.to(tl.int32), 0) - 1, -1)
-    return b_rank, tl.where(b_ok, b_idx, -1), tl.sum(b_ok.to(tl.int32), 0)
+    return b_rank, tl.where(b_ok, b_idx, -1), b_who, tl.sum(b_ok.to(tl.int32), 0)
 
 
 @triton.jit
-def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS: tl.constexpr, BSP: tl.constexpr,
-              LOCAL: tl.constexpr):
-    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its key
-    mask ``[BSP]`` (``s <= t``). With ``LOCAL > 0`` the query's own block is forced, so
-    every entry lies wholly before ``t`` and only the padding past ``BS`` is masked."""
+def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
+              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr):
+    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its
+    visibility: ``[1, BSP]`` (``s <= t_last``) for one query, ``[BQ * GP, BSP]`` for a tile
+    (rows ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``LOCAL > 0``
+    each query's own block is forced, so every entry lies wholly before its queries and only
+    the padding past ``BS`` is masked."""
     o_c = tl.arange(0, BSP)
-    o_s = tl.sum(tl.where(b_rank == i, b_blk, 0), 0).to(tl.int64) * BS + o_c
+    pick = b_rank == i
+    o_s = tl.sum(tl.where(pick, b_blk, 0), 0).to(tl.int64) * BS + o_c
     if LOCAL > 0:
         m_s = o_c < BS
     else:
-        m_s = (o_c < BS) & (o_s <= t)
+        m_s = (o_c < BS) & (o_s <= t_last)
     b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
     b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
-    return b_k, b_v, m_s[None, :]
+    if BQ > 1:
+        who = tl.sum(tl.where(pick, b_who, 0), 0)
+        m_qk = (((who >> o_rq) & 1) != 0)[:, None] & m_s[None, :]
+        if LOCAL == 0:
+            m_qk = m_qk & (o_s[None, :] <= o_pos[:, None])
+    else:
+        m_qk = m_s[None, :]
+    return b_k, b_v, m_qk
+
+
+@triton.jit
+def _query_tile(i_t, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr):
+    """Rows of tile ``i_t`` of the forward and dQ kernels, ``BQ`` query positions x ``GP``
+    heads: query index, query head, real rows, position, and query within the tile."""
+    o_r = tl.arange(0, BQ * GP)
+    o_rq = o_r // GP
+    o_i = i_t * BQ + o_rq
+    return o_i, i_h * G + o_r % GP, (o_r % GP < G) & (o_i < T), q_offset + o_i, o_rq
+
+
+@triton.jit
+def _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+                    BQ: tl.constexpr, BS: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
+    """:func:`_selection` of the queries of tile ``i_t`` in KV head ``i_h``."""
+    i0 = i_t * BQ
+    p_idx = block_idx + ((i_b.to(tl.int64) * T + i0) * H + i_h) * N
+    return _selection(p_idx, q_offset + i0, T - i0, H * N, N, NP, BQ, BS, INIT, LOCAL)
 
 
 @triton.jit
@@ -146,9 +191,9 @@ def selected_fwd_kernel(
     T, q_offset, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(T, B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
+    """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
     With forced blocks (``INIT + LOCAL > 0``), ``o``/``lse`` already hold the result
     over them (:func:`selected_forced_fwd_kernel`): it is the starting state.
@@ -156,34 +201,35 @@ def selected_fwd_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
-    t = q_offset + i_t
-    o_g = tl.arange(0, GP)
-    m_g = o_g < G
-    o_hq = i_h * G + o_g
+    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
-    b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
-    # keys need a mask only without a local block (the own block is in the list) or past BS
-    MASK_KEYS: tl.constexpr = (LOCAL == 0) or (BS != BSP)
-    b_rank, b_blk, n_entries = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [BQ * GP, BK]
+    # keys need a mask only without a local block (the own block is in the list) or past BS;
+    # rows of a tile, for the blocks that their query does not hold
+    MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
+    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
+                                                      INIT, LOCAL)
+    t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
-    p_o = o + row_offsets(i_b, i_t, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
-    p_lse = lse + row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
+    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
+    p_lse = lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     if INIT + LOCAL > 0:
         # normalised (o, lse) is the online-softmax state (acc = o, m = lse, l = 1)
         b_acc = tl.load(p_o, mask=m_g[:, None] & m_dv[None, :], other=0.0).to(tl.float32)
         b_m = tl.load(p_lse, mask=m_g, other=float("-inf"))
         b_l = tl.where(b_m == float("-inf"), 0.0, 1.0)
     else:
-        b_acc = tl.zeros([GP, BV], dtype=tl.float32)
-        b_m = tl.full([GP], float("-inf"), dtype=tl.float32)
-        b_l = tl.zeros([GP], dtype=tl.float32)
+        b_acc = tl.zeros([BQ * GP, BV], dtype=tl.float32)
+        b_m = tl.full([BQ * GP], float("-inf"), dtype=tl.float32)
+        b_l = tl.zeros([BQ * GP], dtype=tl.float32)
     for i in range(n_entries):
-        b_k, b_v, m_s = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL)
-        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_s, qk_scale, MASK_KEYS, PREC)
+        b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
+                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ)
+        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
@@ -197,40 +243,40 @@ def selected_bwd_dq_kernel(
     T, q_offset, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,  #
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, ACC: tl.constexpr,  #
     GATED: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
+    """Grid ``(cdiv(T, BQ), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
     blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``, and with
     ``ACC`` to what ``dq`` held before."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
-    t = q_offset + i_t
-    o_g = tl.arange(0, GP)
-    m_g = o_g < G
-    o_hq = i_h * G + o_g
+    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
-    b_q = tl.load(q + row_offsets(i_b, i_t, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [GP, BK]
-    b_do = tl.load(do + row_offsets(i_b, i_t, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [GP, BV]
-    o_row = row_offsets(i_b, i_t, o_hq, T * HQ, HQ, 1)
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [BQ * GP, BK]
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [BQ * GP, BV]
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
     b_g = load_gate(gate, o_row, m_g, GATED)
-    b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [GP]
-    b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [GP]
-    # keys need a mask only without a local block (the own block is in the list) or past BS
-    MASK_KEYS: tl.constexpr = (LOCAL == 0) or (BS != BSP)
-    b_rank, b_blk, n_entries = _selection(block_idx + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N, t, N, NP, BS, INIT, LOCAL)
+    b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [BQ * GP]
+    b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [BQ * GP]
+    # as in the forward
+    MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
+    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
+                                                      INIT, LOCAL)
+    t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
-    b_dq = tl.zeros([GP, BK], dtype=tl.float32)
+    b_dq = tl.zeros([BQ * GP, BK], dtype=tl.float32)
     for i in range(n_entries):
-        b_k, b_v, m_s = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, i, t, o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_s, qk_scale, MASK_KEYS, GATED, PREC)
+        b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
+                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ)
+        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
 
-    p_dq = dq + row_offsets(i_b, i_t, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
+    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     store_dq(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
 
 
@@ -424,7 +470,12 @@ def _group_rows(G: int) -> int:
 
 
 #: Launch parameters (bf16, D = 128, G = 16: scripts/gpu_selected_window.py on an H200, then
-#: scripts/gpu_prefill_probe.py on an H100). ``BQ`` (queries per dK/dV step, 0: 64 rows' worth),
+#: scripts/gpu_prefill_probe.py on an H100). Forward and dQ: ``BQ`` query positions a program
+#: (0: the ``NSA_SELECTED_TILE_QUERIES`` flag's, 1 by default; session 13, H100, forward / dQ
+#: ms at 4 against 1: 8k 1.01 / 1.16 against 1.66 / 1.93 and 64k 8.75 / 9.92 against 15.7 /
+#: 17.2 where every 4 neighbours hold the same blocks, 1.87 / 2.14 against 1.67 / 1.88 and 21.2 /
+#: 24.6 against 15.9 / 17.5 with the random inputs' unrelated lists, about even where they share
+#: half). dK/dV: ``BQ`` (queries per dK/dV step, 0: 64 rows' worth),
 #: ``QSEG`` (queries per dK/dV program), ``num_warps`` (0: by head dim); ``FORCED_TILES`` serve
 #: both forced-block kernels. At head dims up to 128 the forward takes 1 warp (H100, 8k 1.70
 #: against 1.77 ms for 2 warps, 64k 16.1 against 16.4) and the dQ 2 (8k 1.89 against 2.09 for 4,
@@ -432,8 +483,8 @@ def _group_rows(G: int) -> int:
 #: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
 #: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2;
 #: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
-FWD_TILES = dict(num_warps=0, num_stages=2)
-BWD_TILES = {"dq": dict(num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
+FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2)
+BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
@@ -441,6 +492,19 @@ def _warps(cfg: dict, dims: dict, narrow: int) -> dict:
     """``cfg`` with ``num_warps`` 0 resolved by head width: ``narrow`` up to 128, twice that beyond."""
     wide = max(dims["BK"], dims["BV"]) > 128
     return dict(cfg, num_warps=cfg["num_warps"] or (2 * narrow if wide else narrow))
+
+
+def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
+    """Launch options of the forward or the dQ kernel: ``BQ`` query positions a program, 1, 2, 4
+    or 8 (0: the ``NSA_SELECTED_TILE_QUERIES`` flag's), and ``num_warps`` 0 resolved as by
+    :func:`_warps` from ``narrow`` warps a query (at most 8)."""
+    bq, source = cfg["BQ"], "BQ (query positions per program)"
+    if not bq:
+        bq, source = flags.get("NSA_SELECTED_TILE_QUERIES"), "NSA_SELECTED_TILE_QUERIES"
+    if bq not in (1, 2, 4, 8):
+        raise ValueError(f"{source} must be 1, 2, 4 or 8, got {bq}")
+    warps = cfg["num_warps"] or min(8, _warps(dict(cfg, num_warps=0), dims, narrow)["num_warps"] * bq)
+    return dict(cfg, BQ=bq, num_warps=warps)
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
@@ -494,7 +558,8 @@ def selected_fwd(
     if sum(forced):
         meta, BT = _forced_launch(dims)
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
-    selected_fwd_kernel[(T, B * H)](*args, **dims, **_warps(dict(FWD_TILES, **(tiles or {})), dims, 1))
+    cfg = _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1)
+    selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg)
     return o, lse
 
 
@@ -554,7 +619,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced):
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
-    selected_bwd_dq_kernel[(T, B * H)](*args, **dims, **_warps(cfg, dims, 2))
+    cfg = _tile_launch(cfg, dims, 2)
+    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg)
     return dq
 
 
