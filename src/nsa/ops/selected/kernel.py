@@ -8,7 +8,10 @@ skipped, so ``block_idx`` may come in any order.
 Forward and ``dQ``: one program per (query position, KV head). The ``G`` query
 heads of the group form the rows of one ``[GP, DK]`` tile (``GP`` = G padded to
 at least 16 for the tensor cores), so every selected ``[BS, DK]`` key block is
-fetched once for the whole group and met with one dot.
+fetched once for the whole group and met with one dot. A program may take ``BQ``
+neighbouring positions instead (``NSA_SELECTED_TILE_QUERIES``): each block that any
+of them holds is then fetched once, and a row counts it only if its query holds it,
+which pays where neighbours choose the same blocks.
 
 ``dK``/``dV`` invert the selection instead of scattering with atomics: the host
 sorts the (query, block) pairs by block on the device (no sync), and one program
