@@ -29,6 +29,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from compiled_kernels import resources
 from nsa import NSAConfig
 from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress
@@ -65,7 +66,7 @@ def same(a: Tuple[torch.Tensor, ...], b: Tuple[torch.Tensor, ...]) -> str:
     return "bitwise equal" if all(torch.equal(x, y) for x, y in zip(a, b)) else "DIFFERENT"
 
 
-def occupancy(config: NSAConfig) -> None:
+def occupancy() -> None:
     """Registers, spills, shared memory and warps of every kernel compiled so far."""
     import nsa.ops._triton.compressed_fwd as cf
     import nsa.ops._triton.block_topn as bt
@@ -76,18 +77,8 @@ def occupancy(config: NSAConfig) -> None:
 
     for module in (cf, bt, ck, gk, sk, wk):
         for name in dir(module):
-            fn = getattr(module, name)
-            caches = getattr(fn, "device_caches", None)
-            if not isinstance(caches, dict):
-                continue
-            for entry in caches.values():
-                for compiled in entry[0].values():
-                    if hasattr(compiled, "_init_handles"):
-                        compiled._init_handles()
-                    meta = compiled.metadata
-                    print(f"occupancy {name}: warps {getattr(meta, 'num_warps', '?')}, stages "
-                          f"{getattr(meta, 'num_stages', '?')}, regs {getattr(compiled, 'n_regs', '?')}, spills "
-                          f"{getattr(compiled, 'n_spills', '?')}, shared {getattr(meta, 'shared', '?')} B", flush=True)
+            for line in resources(getattr(module, name)):
+                print(f"occupancy {name}: {line}", flush=True)
 
 
 def backward(T: int, config: NSAConfig) -> None:
@@ -256,7 +247,7 @@ def main() -> None:
             forward(T, config, [2, 4] if T <= 16384 else [4, 8])
         torch.cuda.empty_cache()
     if "occupancy" in args.only:
-        occupancy(config)
+        occupancy()
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from compiled_kernels import resources
 from nsa import NSAConfig
 from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress, nsa_attention, select_blocks
@@ -707,17 +708,6 @@ def gated_bits(T: int, config: NSAConfig) -> None:
 
 
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
-def _regs(fn) -> str:
-    """Registers and shared memory of the variants of the Triton function ``fn`` compiled so far."""
-    out = []
-    for entry in getattr(fn, "device_caches", {}).values():
-        for compiled in entry[0].values():
-            if hasattr(compiled, "_init_handles"):
-                compiled._init_handles()
-            out.append(f"{getattr(compiled, 'n_regs', '?')} regs/{getattr(compiled.metadata, 'shared', '?')} B")
-    return ", ".join(out)
-
-
 def cmp_fwd_variants(T: int, config: NSAConfig) -> None:
     """The compressed forward with selection by pass-2 blocks per step and pipeline stages, and
     the registers and shared memory of each compiled variant (session 13: ``o`` is stored
@@ -736,7 +726,7 @@ def cmp_fwd_variants(T: int, config: NSAConfig) -> None:
         same = all(torch.equal(a, b) for a, b in zip(out, first))
         print(f"T={T} compressed + selection, {nb} blocks a step, {stages} stages: {bench(call):.3f} ms "
               f"(bitwise equal to the first: {same})", flush=True)
-    print(f"T={T} compressed forward kernels compiled: {_regs(module.compressed_fwd_kernel)}", flush=True)
+    print(f"T={T} compressed forward kernels compiled: {'; '.join(resources(module.compressed_fwd_kernel))}", flush=True)
 
 
 def topn_variants(T: int, config: NSAConfig) -> None:
@@ -761,7 +751,7 @@ def topn_variants(T: int, config: NSAConfig) -> None:
             first = out if first is None else first
             print(f"T={T} top-n of queries {t0}..{t0 + chunk - 1}, {br} rows a program, {warps} warps: "
                   f"{bench(call):.3f} ms (equal: {torch.equal(out, first)})", flush=True)
-    print(f"T={T} top-n kernels compiled: {_regs(block_topn_kernel)}", flush=True)
+    print(f"T={T} top-n kernels compiled: {'; '.join(resources(block_topn_kernel))}", flush=True)
 
 
 #: (BQ, warps) of the selected forward and dQ tried by ``sel_tiles`` (BQ query positions a program)

@@ -56,7 +56,7 @@ def test_declaration_is_complete_and_its_default_valid(name):
     assert isinstance(flag.default, flag.type)
     assert flag.parse(flag.format(flag.default)) == flag.default
     if flag.choices is not None:
-        assert flag.type is str and flag.default in flag.choices
+        assert flag.type in (str, int) and flag.format(flag.default) in flag.choices
     assert flags.get(name, {}) == flag.default
 
 
@@ -128,6 +128,7 @@ def test_bool_spellings(monkeypatch, raw, value):
         ("NSA_REFERENCE_CHUNK", "1.5", r"NSA_REFERENCE_CHUNK='1.5' \(from environment\) must be an integer"),
         ("NSA_BACKEND", "cuda", r"NSA_BACKEND='cuda' \(from environment\) is not allowed; choose one of auto, reference, triton"),
         ("NSA_CHECK_INDICES", "always", r"NSA_CHECK_INDICES='always' .* choose one of auto, on, off"),
+        ("NSA_SELECTED_TILE_QUERIES", "3", r"NSA_SELECTED_TILE_QUERIES=3 \(from environment\) is not allowed; choose one of 1, 2, 4, 8"),
     ],
 )
 def test_bad_values_name_the_flag_and_source(monkeypatch, name, raw, message):

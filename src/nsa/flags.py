@@ -41,7 +41,8 @@ class FlagError(ValueError):
 @dataclass(frozen=True)
 class Flag:
     """One declared flag: ``name`` (with the ``NSA_`` prefix), ``type`` (bool, int or str),
-    ``default``, ``help`` and, for strings, the allowed ``choices``."""
+    ``default``, ``help`` and, for strings and integers, the allowed ``choices`` (spelled as
+    in the environment)."""
 
     name: str
     type: type
@@ -74,6 +75,10 @@ class Flag:
                 raise FlagError(f"{self.name}={raw!r} (from {source}) must be an integer") from None
             if self.minimum is not None and value < self.minimum:
                 raise FlagError(f"{self.name}={value} (from {source}) must be >= {self.minimum}")
+            if self.choices is not None and str(value) not in self.choices:
+                raise FlagError(
+                    f"{self.name}={value} (from {source}) is not allowed; choose one of {', '.join(self.choices)}"
+                )
             return value
         low = text.lower()
         if self.choices is not None and low not in self.choices:
@@ -143,11 +148,11 @@ FLAGS: Mapping[str, Flag] = _declare(
         "NSA_SELECTED_TILE_QUERIES",
         int,
         1,
-        "Query positions a Triton selected-attention forward/dQ program takes (1, 2, 4 or 8); each "
-        "block any of them holds is loaded once. 4 pays where neighbouring queries hold the same "
-        "blocks (H100: 1.6-1.8x faster when every 4 share their lists) and costs 12-40% with "
-        "unrelated lists, as random inputs give.",
-        minimum=1,
+        "Query positions a Triton selected-attention forward/dQ program takes; each block any of "
+        "them holds is loaded once. 4 pays where neighbouring queries hold the same blocks (H100: "
+        "1.6-1.8x faster when every 4 share their lists) and costs 12-40% with unrelated lists, as "
+        "random inputs give.",
+        ("1", "2", "4", "8"),
     ),
     Flag(
         "NSA_LOG_ROUTING",

@@ -155,7 +155,8 @@ def test_selected_tile_size_is_checked(nsa_device, monkeypatch):
     with pytest.raises(ValueError, match=r"BQ .* got 3"):
         selected_fwd(q, k, v, block_idx, 8, 0.25, 0, tiles=dict(BQ=3))
     monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", "16")
-    with pytest.raises(ValueError, match="NSA_SELECTED_TILE_QUERIES must be 1, 2, 4 or 8, got 16"):
+    with pytest.raises(ValueError, match=r"NSA_SELECTED_TILE_QUERIES=16 \(from environment\) is not allowed; "
+                                         "choose one of 1, 2, 4, 8"):
         selected_fwd(q, k, v, block_idx, 8, 0.25, 0)
 
 

@@ -118,8 +118,8 @@ def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, 
 
 @triton.jit
 def _query_tile(i_t, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr):
-    """Rows of tile ``i_t`` of the forward and dQ kernels, ``BQ`` query positions x ``GP``
-    heads: query index, query head, real rows, position, and query within the tile."""
+    """Rows of tile ``i_t``, ``BQ`` query positions x ``GP`` heads: query index, query head,
+    real rows, position, and query within the tile."""
     o_r = tl.arange(0, BQ * GP)
     o_rq = o_r // GP
     o_i = i_t * BQ + o_rq
@@ -174,17 +174,13 @@ def _forced_range(j_lo, j_hi, INIT: tl.constexpr, LOCAL: tl.constexpr):
 @triton.jit
 def _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                  BT: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr):
-    """Rows of a forced-block tile (``BT`` positions x ``GP`` heads): query index,
-    query head, validity, position, own block, and the rows' lists ``[BM, NP]``."""
-    BM: tl.constexpr = BT * GP
-    o_r = tl.arange(0, BM)
-    o_i = i_t * BT + o_r // GP
-    m_r = (o_i < T) & (o_r % GP < G)
-    o_pos = q_offset + o_i
+    """Rows of a forced-block tile (``BT`` positions x ``GP`` heads, :func:`_query_tile`):
+    query index, query head, validity, position, own block, and the rows' lists ``[BM, NP]``."""
+    o_i, o_hq, m_r, o_pos, _ = _query_tile(i_t, i_h, T, q_offset, G, GP, BT)
     o_n = tl.arange(0, NP)
     p_list = block_idx + ((i_b.to(tl.int64) * T + o_i) * H + i_h)[:, None] * N + o_n[None, :]
     b_list = tl.load(p_list, mask=m_r[:, None] & (o_n < N)[None, :], other=-1)  # [BM, NP]
-    return o_i, i_h * G + o_r % GP, m_r, o_pos, o_pos // BS, b_list
+    return o_i, o_hq, m_r, o_pos, o_pos // BS, b_list
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -501,11 +497,9 @@ def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
     """Launch options of the forward or the dQ kernel: ``BQ`` query positions a program, 1, 2, 4
     or 8 (0: the ``NSA_SELECTED_TILE_QUERIES`` flag's), and ``num_warps`` 0 resolved as by
     :func:`_warps` from ``narrow`` warps a query (at most 8)."""
-    bq, source = cfg["BQ"], "BQ (query positions per program)"
-    if not bq:
-        bq, source = flags.get("NSA_SELECTED_TILE_QUERIES"), "NSA_SELECTED_TILE_QUERIES"
+    bq = cfg["BQ"] or flags.get("NSA_SELECTED_TILE_QUERIES")  # the flag's values are checked where it is read
     if bq not in (1, 2, 4, 8):
-        raise ValueError(f"{source} must be 1, 2, 4 or 8, got {bq}")
+        raise ValueError(f"BQ (query positions per program) must be 1, 2, 4 or 8, got {bq}")
     warps = cfg["num_warps"] or min(8, _warps(dict(cfg, num_warps=0), dims, narrow)["num_warps"] * bq)
     return dict(cfg, BQ=bq, num_warps=warps)
 
