@@ -32,6 +32,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 16. **Top-n launches** (``topn``): rows per program and warps, on every query chunk.
 17. **Selected tiles of several queries** (``sel_tiles``): the forward and dQ by query positions a
     program and warps, and one a program against the saved copy of the previous kernels.
+18. **Compressed forward parts** (``cmp_parts``): pass 1 alone, selection alone, both.
 """
 
 from __future__ import annotations
@@ -729,6 +730,20 @@ def cmp_fwd_variants(T: int, config: NSAConfig) -> None:
     print(f"T={T} compressed forward kernels compiled: {'; '.join(resources(module.compressed_fwd_kernel))}", flush=True)
 
 
+def cmp_fwd_parts(T: int, config: NSAConfig) -> None:
+    """The compressed forward by what it computes: ``o`` and ``lse`` (pass 1 alone), block masses
+    alone (pass 1 without ``p @ v``, then pass 2), both; the difference of the last two is what
+    ``p @ v`` adds, that of the first two what pass 2 costs beyond an ``lse``-only pass 1."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    for store_o, select in ((True, False), (False, True), (True, True)):
+        call = lambda: compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=store_o, select=select)
+        print(f"T={T} compressed forward, o {store_o}, selection {select}: {bench(call):.3f} ms", flush=True)
+
+
 def topn_variants(T: int, config: NSAConfig) -> None:
     """The top-n kernel on every query chunk of length ``T`` by rows per program and warps
     (random masses: its work does not depend on the values; session 13 also measured 2 rows a
@@ -818,7 +833,7 @@ SECTIONS = {
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
-    "cmp_fwd": cmp_fwd_variants, "topn": topn_variants, "sel_tiles": sel_tiles,
+    "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles,
 }
 
 

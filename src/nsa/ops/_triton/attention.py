@@ -139,14 +139,16 @@ def attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK: tl.const
     Returns:
         the updated ``(b_acc, b_m, b_l)``.
     """
-    # -- scores, log2 domain --
-    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BM, BN]
+    # -- raw scores; the log2-domain scale (> 0) is applied to the row max and inside the
+    # exponent's fused multiply-add, which saves a multiply per score (max(s) * c == max(s * c)
+    # for c > 0 under any rounding, so the results are bitwise those of scaling first) --
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)  # [BM, BN]
     if MASK:
         b_s = tl.where(m_qk, b_s, float("-inf"))
     # -- online softmax; a row that has seen nothing shifts by 0 so exp2 never sees -inf - -inf --
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
     b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_p = tl.exp2(b_s - b_shift[:, None])  # [BM, BN]
+    b_p = tl.exp2(b_s * qk_scale - b_shift[:, None])  # [BM, BN]
     b_alpha = tl.exp2(b_m - b_shift)  # [BM]
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BM, BV]

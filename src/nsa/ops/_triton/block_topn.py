@@ -29,8 +29,11 @@ import triton.language as tl
 
 INF_BITS = tl.constexpr(0x7F800000)
 # keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
-# 31 counting rounds reduce with shuffles alone (no shared memory, no barriers)
-_KEYS_PER_THREAD = 64
+# 31 counting rounds reduce with shuffles alone (no shared memory, no barriers); wider rows
+# spread over warps. H100, 8k-query chunks at 64k tokens, ms for 1 / 2 warps: rows of up to
+# 512 blocks 0.048-0.161 / 0.105-0.182, rows of 1024 blocks 0.368-0.408 / 0.341-0.353
+# (docs/perf/prefill.md, session 13)
+_KEYS_PER_THREAD = 16
 
 
 @triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
@@ -107,7 +110,7 @@ def block_topn(
         return
     # the chunk's last query sees the most blocks: early chunks need narrower rows
     nsp = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
-    # one row per program; rows longer than a warp holds (past 2048 blocks) spread over warps
+    # one row per program; rows longer than a warp holds (past 512 blocks) spread over warps
     br = rows_per_program or 1
     num_warps = num_warps or max(1, min(16, br * nsp // (32 * _KEYS_PER_THREAD)))
     block_topn_kernel[(triton.cdiv(rows, br),)](

@@ -67,12 +67,12 @@ def group_rows(i_b, i_t, i_h, TQ, H: tl.constexpr, G: tl.constexpr, GP: tl.const
 @triton.jit
 def _lse_step(b_q, b_k, b_m, b_l, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
     """Online max and sum with one key tile (no values): ``b_k [BN, BK]``."""
-    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BN]
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)  # [M, BN], scaled as in attn_fwd_step
     if MASK:
         b_s = tl.where(m_qk, b_s, float("-inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
     b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_l = b_l * tl.exp2(b_m - b_shift) + tl.sum(tl.exp2(b_s - b_shift[:, None]), 1)
+    b_l = b_l * tl.exp2(b_m - b_shift) + tl.sum(tl.exp2(b_s * qk_scale - b_shift[:, None]), 1)
     return b_m_new, b_l
 
 
@@ -88,7 +88,8 @@ def _softmax_chunk(
     """
     o_n = i_n + tl.arange(0, BN)
     o_dk = tl.arange(0, BDK)
-    m_n = o_n < n_hi
+    # tokens past n_hi exist only in masked steps: unmasked ones load whole tiles
+    m_n = (o_n < n_hi) | (not MASK)
     b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
                   mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
     m_qk = o_n[None, :] < nv[:, None]  # [M, BN]
@@ -103,20 +104,50 @@ def _softmax_chunk(
 
 
 @triton.jit
-def _block_mass(b_pg, SHIFT: tl.constexpr, BT: tl.constexpr, NB: tl.constexpr, R: tl.constexpr,
+def _step_tokens(i_j, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr):
+    """Block ``jb``, token ``r`` of it, and the token index of each of the ``NB * RP`` columns of a
+    pass-2 step at blocks ``[i_j, i_j + NB)``, in the column order ``[JH, RH, JL, RL]`` (block
+    ``jb = jh * JL + jl``, token ``r = rh * RL + rl``).
+
+    Why that order: in the tensor-core layout of a ``[M, NB * RP]`` score tile a thread holds
+    column pairs (the ``RL`` bit), four lanes hold neighbouring pairs (the ``JL`` bits) and the
+    higher column bits are the thread's registers again. With a block's tokens on the register
+    bits, the block masses are sums inside each thread; only the head sum crosses lanes.
+    (Blocks in order and tokens side by side took four shuffle rounds a step more at 8k-64k.)"""
+    RL: tl.constexpr = 2 if RP >= 2 else 1
+    RH: tl.constexpr = RP // RL
+    JL: tl.constexpr = 4 if NB >= 4 else NB
+    o_c = tl.arange(0, NB * RP)
+    rl = o_c % RL
+    jl = (o_c // RL) % JL
+    rh = (o_c // (RL * JL)) % RH
+    jh = o_c // (RL * JL * RH)
+    jb = jh * JL + jl
+    r = rh * RL + rl
+    return jb, r, (i_j + jb) * R + r
+
+
+@triton.jit
+def _block_mass(b_p, SHIFT: tl.constexpr, M: tl.constexpr, NB: tl.constexpr, R: tl.constexpr,
                 RP: tl.constexpr, KC: tl.constexpr):
-    """Mass that the tokens of each block of a chunk put into the block ``SHIFT`` places later.
+    """Mass that the tokens of each block of a step put into the block ``SHIFT`` places later.
 
     Args:
-        b_pg: ``[BT, NB * RP]`` group-summed probabilities, token ``(jb, r)`` at column
-            ``jb * RP + r``.
-    Returns ``[BT, NB]``, indexed by the tokens' own block ``jb`` (spec Eq. 9: a token
+        b_p: ``[M, NB * RP]`` probabilities in the column order of :func:`_step_tokens`.
+    Returns ``[M, NB]``, indexed by the tokens' own block ``jb`` (spec Eq. 9: a token
     covers units ``[r, r + KC)``, the block ``[SHIFT*R, SHIFT*R + R)``, weight = overlap / KC).
     """
-    o_r = tl.arange(0, RP)
+    RL: tl.constexpr = 2 if RP >= 2 else 1
+    RH: tl.constexpr = RP // RL
+    JL: tl.constexpr = 4 if NB >= 4 else NB
+    JH: tl.constexpr = NB // JL
+    o_r = tl.arange(0, RH)[:, None] * RL + tl.arange(0, RL)[None, :]  # [RH, RL]
     w = tl.minimum(o_r + KC, SHIFT * R + R) - tl.maximum(o_r, SHIFT * R)
-    w = tl.where((o_r < R) & (w > 0), w, 0).to(tl.float32) / KC  # [RP]
-    return tl.sum(tl.reshape(b_pg, [BT, NB, RP]) * w[None, None, :], 2)
+    w = tl.where((o_r < R) & (w > 0), w, 0).to(tl.float32)[None, None, :, None, :] / KC
+    # the weights are constants per register: tokens of weight 0 add -0.0, which the compiler
+    # drops (x + -0.0 == x exactly), and weight 1 multiplies by nothing
+    b_w = tl.where(w > 0, tl.reshape(b_p, [M, JH, RH, JL, RL]) * w, -0.0)
+    return tl.reshape(tl.sum(tl.sum(b_w, 4), 2), [M, NB])
 
 
 @triton.jit
@@ -127,29 +158,29 @@ def _score_step(
     MASK: tl.constexpr, PREC: tl.constexpr,
 ):
     """Block masses of the tokens whose first raw position lies in blocks ``[i_j, i_j + NB)``
-    (laid out ``[NB, RP]``). Without ``MASK`` every row sees every token of the step and the
-    ``[M, NB * RP]`` scores go unmasked: padding rows carry ``lse = +inf``, so their
-    probabilities are 0 either way."""
-    BC: tl.constexpr = NB * RP
-    o_c = tl.arange(0, BC)
+    (columns in the order of :func:`_step_tokens`). Without ``MASK`` every row sees every token
+    of the step and the scores go unmasked: padding rows carry ``lse = +inf``, so their
+    probabilities are 0 either way. Each row's masses are summed over the group's heads last
+    (Eq. 10), on ``NB`` values a row instead of ``NB * RP``."""
+    M: tl.constexpr = BT * GP
     o_dk = tl.arange(0, BDK)
-    o_tok = (i_j + o_c // RP) * R + o_c % RP  # [BC]
+    _, o_r, o_tok = _step_tokens(i_j, NB, R, RP)  # [NB * RP]
     p_tok = p_k + (o_tok.to(tl.int64) * HDK)[:, None] + o_dk[None, :]
     if MASK:
-        m_tok = (o_c % RP < R) & (o_tok < n_hi)
-        b_k = tl.load(p_tok, mask=m_tok[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BC, BDK]
+        m_tok = (o_r < R) & (o_tok < n_hi)
+        b_k = tl.load(p_tok, mask=m_tok[:, None] & (o_dk < DK)[None, :], other=0.0)  # [NB * RP, BDK]
     else:
         b_k = tl.load(p_tok, mask=(o_dk < DK)[None, :], other=0.0)
-    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [M, BC]
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale - b_lse[:, None]  # [M, NB * RP]
     if MASK:
-        # mask the scores, not the probabilities: an invisible score may exceed lse
+        # mask before the exponential, not after: an invisible score may exceed lse; masked
+        # after the subtraction, which then stays fused with the scaling
         b_s = tl.where(m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None]), b_s, float("-inf"))
-    b_p = tl.exp2(b_s - b_lse[:, None])  # [M, BC]
-    b_pg = tl.sum(tl.reshape(b_p, [BT, GP, BC]), 1)  # [BT, BC]: Eq. 10 group sum
+    b_p = tl.exp2(b_s)
     o_blk = i_j + tl.arange(0, NB)
     m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
     for shift in tl.static_range(NSPILL):
-        b_mass = _block_mass(b_pg, shift, BT, NB, R, RP, KC)
+        b_mass = tl.sum(tl.reshape(_block_mass(b_p, shift, M, NB, R, RP, KC), [BT, GP, NB]), 1)  # [BT, NB]
         tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
 
 
