@@ -55,7 +55,7 @@ def _dq_chunk(b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, i_n, n_hi, nv, qk_
     o_n = i_n + tl.arange(0, BN)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
-    m_n = o_n < n_hi
+    m_n = (o_n < n_hi) | (not MASK)  # unmasked steps load whole tiles (as the forward's pass 1)
     b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
                   mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
     b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
