@@ -71,7 +71,6 @@ def compressed_bwd_dq_kernel(
     lse,  # [B, TQ, HQ] float32, natural log
     dlse,  # [B, TQ, HQ] float32, read when HAS_DLSE
     delta,  # [B, TQ, HQ] float32: written, or read with HAS_DELTA
-    lse2,  # [B, TQ, HQ] float32, written: the lse as the dK/dV kernel reads it (_load_lse2)
     dq,  # [B, TQ, HQ, DK]
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
@@ -101,7 +100,6 @@ def compressed_bwd_dq_kernel(
             b_delta -= tl.load(dlse + o_q, mask=m_row, other=0.0)
         tl.store(delta + o_q, b_delta, mask=m_row)
     b_lse = _load_lse2(lse + o_q, m_row)
-    tl.store(lse2 + o_q, b_lse, mask=m_row)
     nv = visible_cmp(q_offset + o_tq, NC, L, S)
     n_lo = visible_cmp(q_offset + i_t * BT, NC, L, S)
     n_hi = visible_cmp(q_offset + tl.minimum(i_t * BT + BT, TQ) - 1, NC, L, S)
@@ -119,7 +117,7 @@ def compressed_bwd_dq_kernel(
 
 
 @triton.jit
-def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse2, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
+def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
@@ -129,9 +127,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse2, delta, i_b, i_h, i_t, o_
     o_dv = tl.arange(0, BDV)
     b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
     b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :], other=0.0)
-    # converted once by the dQ kernel: per tile, the conversion took 48 of the step's 576
-    # instructions (a multiply, a compare and a select for each of a thread's 16 rows)
-    b_lse = tl.load(lse2 + o_q, mask=m_row, other=0.0)
+    b_lse = _load_lse2(lse + o_q, m_row)
     b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
     b_g = load_gate(gate, o_q, m_row, GATED)
     m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
@@ -143,7 +139,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse2, delta, i_b, i_h, i_t, o_
 def compressed_bwd_dkdv_kernel(
     q, k, v, do,  # q/do [B, TQ, HQ, D*]; k/v [B, NC, H, D*]
     gate,  # with GATED: the branch's gates, do being the gated sum's gradient (load_gate)
-    lse2, delta,  # [B, TQ, HQ] float32 (lse2: the dQ kernel's log2-domain lse)
+    lse, delta,  # [B, TQ, HQ] float32
     dk, dv,  # [SPLIT, B, NC, H, D*]: one partial sum per split (the outputs when SPLIT == 1)
     TQ, NC, q_offset, qk_scale, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
@@ -178,11 +174,11 @@ def compressed_bwd_dkdv_kernel(
     i_z = tl.minimum(i_s * seg + seg, NT)
     i_m = tl.maximum(i_a, i_full)  # unmasked tiles [i_m, i_z), then masked ones [i_a, min(i_z, i_full))
     for i in range(0, i_z - i_m):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse2, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
                                 q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, GATED, PREC)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse2, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
                                 q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, GATED, PREC)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
@@ -256,15 +252,14 @@ def compressed_bwd(
     if gate is not None and dlse is not None:
         raise ValueError("compressed_bwd: a gate scales the output's gradient, not the lse's: pass one of gate and dlse")
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
-    lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
                   num_warps=num_warps or 4, num_stages=num_stages)
     if B * TQ * HQ:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
-            q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, lse2,
-            dq, TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
+            q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
+            TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
             GATED=gated, **common)
     if B * NC * H:
         if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
@@ -280,7 +275,7 @@ def compressed_bwd(
         else:
             dk_part, dv_part = dk, dv
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
-            q, k_cmp, v_cmp, do, do if gate is None else gate, lse2, delta, dk_part, dv_part, TQ, NC, q_offset,
+            q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
             scale * LOG2E, scale, SPLIT=split, GATED=gated, **common)
         if split > 1:  # a reduction over a fixed axis: the same order every run
             dk.copy_(dk_part.sum(0))
