@@ -30,9 +30,10 @@ import triton.language as tl
 INF_BITS = tl.constexpr(0x7F800000)
 # keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
 # 31 counting rounds reduce with shuffles alone (no shared memory, no barriers); wider rows
-# spread over warps. H100, 8k-query chunks at 64k tokens, ms for 1 / 2 warps: rows of up to
-# 512 blocks 0.048-0.161 / 0.105-0.182, rows of 1024 blocks 0.368-0.408 / 0.341-0.353
-# (docs/perf/prefill.md, session 13)
+# spread over warps. H100, ms per chunk of queries for 1 / 2 / 4 warps: rows of up to 512 blocks
+# 0.048-0.161 / 0.105-0.182 / 0.17-0.24 (64k tokens), of 1024 blocks 0.371-0.408 / 0.346-0.353 /
+# 0.363-0.368 (64k), of 2048 blocks 0.514-0.615 / 0.422-0.433 / 0.377-0.393 (128k)
+# (docs/perf/prefill.md, sessions 13 and 14)
 _KEYS_PER_THREAD = 16
 
 

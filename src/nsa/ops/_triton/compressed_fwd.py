@@ -7,16 +7,17 @@ compressed tokens:
 
 1. online softmax: ``lse`` and ``o`` per row;
 2. only with ``SELECT``: recompute ``p = exp2(s - lse)`` (exact probabilities
-   over the visible past), sum ``p`` over the heads of the group, map the
-   compressed tokens onto selection blocks (the spec's mass-conserving overlap)
-   and store the block masses. ``[T, Nc]`` never reaches memory: the masses,
+   over the visible past), map the compressed tokens onto selection blocks (the
+   spec's mass-conserving overlap), sum the masses over the heads of the group
+   and store them. ``[T, Nc]`` never reaches memory: the masses,
    ``[T, H, planes, Nsel]`` (half the size of the group scores ``[T, H, Nc]``
    at the paper's defaults), are written for a bounded chunk of queries at a time and turned
    into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
 
 Pass 2 walks selection blocks in steps of ``NB``: a step covers the compressed
-tokens whose first raw position lies in those blocks, laid out as ``[NB, RP]``
-(``R = sel_block / cmp_stride`` tokens per block, padded to a power of two). A
+tokens whose first raw position lies in those blocks, ``RP`` a block (``R =
+sel_block / cmp_stride`` tokens, padded to a power of two), in the column order of
+:func:`_step_tokens`, which keeps a block's tokens in one thread's registers. A
 token may straddle a block boundary; the mass it puts ``s`` blocks further goes
 to plane ``s``, indexed by the token's own block, and the top-n kernel adds the
 planes with the shift. Nothing is carried from one step to the next.
@@ -113,7 +114,9 @@ def _step_tokens(i_j, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr):
     column pairs (the ``RL`` bit), four lanes hold neighbouring pairs (the ``JL`` bits) and the
     higher column bits are the thread's registers again. With a block's tokens on the register
     bits, the block masses are sums inside each thread; only the head sum crosses lanes.
-    (Blocks in order and tokens side by side took four shuffle rounds a step more at 8k-64k.)"""
+    (With blocks in order and their tokens side by side, an unmasked step at the paper's
+    geometry took 616 instructions, 128 of them shuffles; in this order 457 and 48, and the
+    whole kernel 6-7 % less time at 64k: docs/perf/prefill.md, session 14.)"""
     RL: tl.constexpr = 2 if RP >= 2 else 1
     RH: tl.constexpr = RP // RL
     JL: tl.constexpr = 4 if NB >= 4 else NB
@@ -137,7 +140,7 @@ def _block_mass(b_p, SHIFT: tl.constexpr, M: tl.constexpr, NB: tl.constexpr, R: 
     Returns ``[M, NB]``, indexed by the tokens' own block ``jb`` (spec Eq. 9: a token
     covers units ``[r, r + KC)``, the block ``[SHIFT*R, SHIFT*R + R)``, weight = overlap / KC).
     """
-    RL: tl.constexpr = 2 if RP >= 2 else 1
+    RL: tl.constexpr = 2 if RP >= 2 else 1  # the split of _step_tokens
     RH: tl.constexpr = RP // RL
     JL: tl.constexpr = 4 if NB >= 4 else NB
     JH: tl.constexpr = NB // JL
