@@ -18,6 +18,7 @@ import torch
 from nsa import NSAConfig
 from nsa.ops import mean_compress
 from nsa.ops._triton import compressed_fwd as current
+from ncu_range import profile_once
 
 #: (store_o, select) of the three launches, in the order they are profiled
 MODES = ((True, False), (False, True), (True, True))
@@ -42,14 +43,7 @@ def main() -> None:
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     scale = config.softmax_scale(128)
     calls = [lambda o=o, s=s: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=o, select=s) for o, s in MODES]
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(calls)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_decode import dense_inputs, make_inputs, run_nsa  # noqa: E402
+from ncu_range import profile_once  # noqa: E402
 
 
 def main() -> None:
@@ -40,15 +40,7 @@ def main() -> None:
         if args.dense:
             q, K, V = dense_inputs(B, S)
             steps.append(lambda q=q, K=K, V=V: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
-    for step in steps:
-        for _ in range(3):
-            step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for step in steps:
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(steps, warmup=3)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch
 
 from nsa import NSAConfig
 from nsa.ops import nsa_attention
+from ncu_range import profile_once
 
 
 def main() -> None:
@@ -32,13 +33,7 @@ def main() -> None:
         if args.backward:
             o.backward(torch.ones_like(o))
 
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once([step], warmup=2)
 
 
 if __name__ == "__main__":
