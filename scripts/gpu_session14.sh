@@ -21,7 +21,11 @@ case "${1:?usage: scripts/gpu_session14.sh ncu|ab|parts|final REV}" in
 ncu)
     NCU="ncu --profile-from-start off --clock-control none -k regex:compressed_fwd_kernel --set full --import-source no"
     for v in old new; do
-        mod=""; [ "$v" = old ] && mod="--module scripts/_old_compressed_fwd.py"
+        mod=""
+        if [ "$v" = old ]; then
+            [ -f scripts/_old_compressed_fwd.py ] || continue  # the saved copy, not committed
+            mod="--module scripts/_old_compressed_fwd.py"
+        fi
         $NCU -o /tmp/cmp_$v python scripts/ncu_compressed_fwd.py --length 16384 $mod > "$OUT/ncu_run_$v.txt" 2>&1
         ncu -i /tmp/cmp_$v.ncu-rep --page details > "$OUT/ncu_details_$v.txt" 2>&1
         ncu -i /tmp/cmp_$v.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_sass_$v.csv" 2>&1
