@@ -14,10 +14,13 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from nsa import NSAConfig
 from nsa.ops import select_blocks
 from nsa.ops._reference import masked_softmax, split_groups
+from nsa.ops._triton.compressed_fwd import _step_tokens
 from nsa.ops.compressed.reference import visible_cmp_count
 from nsa.ops.select.reference import overlap_weights
 
@@ -209,3 +212,28 @@ def test_block_topn_rules(nsa_device):
         # t in block 2 sees 3 <= n blocks: all of them, then -1
         assert idx[0, 9, 0].tolist() == [0, 1, 2, -1]
         assert idx[0, 0, 0].tolist() == [0, -1, -1, -1]
+
+
+@triton.jit
+def _step_columns_kernel(out, i_j, NB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr):
+    """``out [3, NB * RP]``: each column's block, token and token index (:func:`_step_tokens`)."""
+    jb, r, tok = _step_tokens(i_j, NB, R, RP)
+    o_c = tl.arange(0, NB * RP)
+    tl.store(out + o_c, jb)
+    tl.store(out + NB * RP + o_c, r)
+    tl.store(out + 2 * NB * RP + o_c, tok)
+
+
+@pytest.mark.parametrize("NB, R, RP", [(32, 4, 4), (4, 3, 4), (8, 1, 1), (16, 2, 2), (2, 8, 8)],
+                         ids=["paper", "padded", "one-token", "two-token", "two-block"])
+def test_step_columns_cover_each_token_once(NB, R, RP, nsa_device):
+    """The scoring step's column order (``_step_tokens``): every (block, token) pair of a step
+    appears in exactly one column, and each column's token index is ``(i_j + block) * R + token``.
+    The block masses are sums over the columns that hold a block's tokens, so a column twice
+    or never would count a token twice or drop it."""
+    i_j = 7
+    out = torch.full((3, NB * RP), -1, dtype=torch.int32, device=nsa_device)
+    _step_columns_kernel[(1,)](out, i_j, NB=NB, R=R, RP=RP)
+    jb, r, tok = out.long().cpu()
+    assert sorted(zip(jb.tolist(), r.tolist())) == [(b, t) for b in range(NB) for t in range(RP)]
+    assert torch.equal(tok, (i_j + jb) * R + r)
