@@ -487,21 +487,29 @@ BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSE
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
+#: Query positions a forward/dQ program may take: the ``NSA_SELECTED_TILE_QUERIES`` flag's choices.
+TILE_QUERIES = tuple(int(c) for c in flags.FLAGS["NSA_SELECTED_TILE_QUERIES"].choices)
+
+
+def _default_warps(dims: dict, narrow: int) -> int:
+    """Warps by head width: ``narrow`` up to 128, twice that beyond."""
+    return 2 * narrow if max(dims["BK"], dims["BV"]) > 128 else narrow
+
+
 def _warps(cfg: dict, dims: dict, narrow: int) -> dict:
-    """``cfg`` with ``num_warps`` 0 resolved by head width: ``narrow`` up to 128, twice that beyond."""
-    wide = max(dims["BK"], dims["BV"]) > 128
-    return dict(cfg, num_warps=cfg["num_warps"] or (2 * narrow if wide else narrow))
+    """``cfg`` with ``num_warps`` 0 resolved by :func:`_default_warps`."""
+    return dict(cfg, num_warps=cfg["num_warps"] or _default_warps(dims, narrow))
 
 
 def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
-    """Launch options of the forward or the dQ kernel: ``BQ`` query positions a program, 1, 2, 4
-    or 8 (0: the ``NSA_SELECTED_TILE_QUERIES`` flag's), and ``num_warps`` 0 resolved as by
-    :func:`_warps` from ``narrow`` warps a query (at most 8)."""
+    """Launch options of the forward or the dQ kernel: ``BQ`` query positions a program, one of
+    :data:`TILE_QUERIES` (0: the ``NSA_SELECTED_TILE_QUERIES`` flag's), and ``num_warps`` 0
+    resolved as ``narrow`` warps a query (:func:`_default_warps`), at most 8."""
     bq = cfg["BQ"] or flags.get("NSA_SELECTED_TILE_QUERIES")  # the flag's values are checked where it is read
-    if bq not in (1, 2, 4, 8):
-        raise ValueError(f"BQ (query positions per program) must be 1, 2, 4 or 8, got {bq}")
-    warps = cfg["num_warps"] or min(8, _warps(dict(cfg, num_warps=0), dims, narrow)["num_warps"] * bq)
-    return dict(cfg, BQ=bq, num_warps=warps)
+    if bq not in TILE_QUERIES:
+        raise ValueError(f"BQ (query positions per program) must be one of {', '.join(map(str, TILE_QUERIES))}, "
+                         f"got {bq}")
+    return dict(cfg, BQ=bq, num_warps=cfg["num_warps"] or min(8, _default_warps(dims, narrow) * bq))
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
