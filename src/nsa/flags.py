@@ -155,6 +155,14 @@ FLAGS: Mapping[str, Flag] = _declare(
         ("1", "2", "4", "8"),
     ),
     Flag(
+        "NSA_FORCED_IN_WINDOW",
+        bool,
+        True,
+        "Triton training and inference prefill: the sliding-window forward also computes the "
+        "selected branch's forced blocks (initial and local), whose local keys it reads anyway, "
+        "instead of a separate forced-block kernel. Off restores that kernel (for comparisons).",
+    ),
+    Flag(
         "NSA_LOG_ROUTING",
         bool,
         False,

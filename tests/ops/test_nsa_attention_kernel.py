@@ -16,6 +16,9 @@ from nsa.testing import assert_close
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
 SMALL = NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=24)
+#: SMALL with a window that holds the local blocks (window >= local_blocks * sel_block): the window
+#: kernel then computes the selected branch's forced blocks (NSA_FORCED_IN_WINDOW)
+SMALL_FORCED = NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=32)
 
 
 def _run(q, k, v, gates, config, backend, do):
@@ -49,8 +52,9 @@ def _check(B, T, HQ, H, DK, DV, config, dtype, ref_dtype, device, tol):
         pytest.param(2, 70, 4, 2, 32, 16, id="B2-T70-HQ4-H2-DK32-DV16"),
     ],
 )
-def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
-    _check(B, T, HQ, H, DK, DV, SMALL, torch.float32, torch.float64, nsa_device, nsa_tolerance)
+@pytest.mark.parametrize("config", [SMALL, SMALL_FORCED], ids=["forced-kernel", "forced-in-window"])
+def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, config, nsa_device, nsa_tolerance):
+    _check(B, T, HQ, H, DK, DV, config, torch.float32, torch.float64, nsa_device, nsa_tolerance)
 
 
 @pytest.mark.gpu
@@ -121,6 +125,9 @@ def test_training_function_equals_the_composed_ops(T, HQ, H, D, config, dtype, o
     (float32 rounding), or bf16 rounding at real size."""
     from nsa.ops import mean_compress, training
 
+    # the composed ops run the forced-block kernel; so does the Function here (see
+    # test_forced_blocks_in_the_window_kernel for the window's share of them)
+    monkeypatch.setenv("NSA_FORCED_IN_WINDOW", "0")
     calls = []
     real = training.NSATrainingFunction.apply
     monkeypatch.setattr(training.NSATrainingFunction, "apply", lambda *a: (calls.append(1), real(*a))[1])
@@ -260,3 +267,101 @@ def test_window_forward_sums_and_keeps_its_output(dtype, nsa_device):
     o, o_win_kept, lse = window_fwd_summed(x["q"], x["k"], x["v"], SMALL.window, x["scale"], 0, gates, o_cmp, o_slc)
     assert torch.equal(o_win_kept, o_win) and torch.equal(lse, x["lse"][2])
     assert torch.equal(o, gates_fwd(gates, o_cmp, o_slc, o_win))
+
+
+def _forced_only(T, q_offset, H, config, device):
+    """Block lists of the forced blocks alone (initial, then local; -1 padding) for every query."""
+    t = q_offset + torch.arange(T, device=device)
+    own = t // config.sel_block
+    n = config.init_blocks + config.local_blocks
+    idx = torch.full((1, T, H, n), -1, dtype=torch.int32, device=device)
+    for i in range(config.init_blocks):
+        idx[0, :, :, i] = torch.where(own >= i, i, -1)[:, None].to(torch.int32)
+    for i in range(config.local_blocks):
+        j = own - i
+        keep = (j >= config.init_blocks)
+        idx[0, :, :, config.init_blocks + i] = torch.where(keep, j, -1)[:, None].to(torch.int32)
+    return idx
+
+
+@pytest.mark.parametrize(
+    "T, HQ, H, D, q_offset, config",
+    [
+        pytest.param(83, 4, 2, 16, 0, SMALL_FORCED, id="G2"),
+        pytest.param(70, 4, 1, 24, 16, SMALL_FORCED, id="G4-D24-q_offset16"),
+        pytest.param(61, 1, 1, 16, 0, SMALL_FORCED, id="G1"),
+        pytest.param(77, 4, 2, 16, 0, NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=6, window=48,
+                                                 init_blocks=2, local_blocks=3), id="init2-local3"),
+        pytest.param(77, 4, 2, 16, 0, NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=16,
+                                                 init_blocks=0, local_blocks=1), id="init0-local1"),
+    ],
+)
+def test_forced_blocks_in_the_window_kernel(T, HQ, H, D, q_offset, config, nsa_device):
+    """``window_fwd_forced``: the window's ``o``/``lse`` equal ``window_fwd``'s (float32 rounding:
+    it walks the tiles in another order), and the state it leaves is the selected branch's
+    attention over the forced blocks alone, from which ``selected_fwd`` finishes the branch
+    as it does after its own forced-block kernel."""
+    from nsa.ops.selected import reference as selected_reference
+    from nsa.ops.selected.kernel import selected_fwd
+    from nsa.ops.window.kernel import forced_in_window, window_fwd, window_fwd_forced
+
+    assert forced_in_window(config, HQ // H, q_offset)
+    TK = q_offset + T
+    q = torch.randn(1, T, HQ, D, device=nsa_device)
+    k, v = (torch.randn(1, TK, H, D, device=nsa_device) for _ in range(2))
+    scale = config.softmax_scale(D)
+    o_win, lse_win, o_frc, lse_frc = window_fwd_forced(q, k, v, config, scale, q_offset)
+    want_o, want_lse = window_fwd(q, k, v, config.window, scale, q_offset)
+    assert_close("o_win", o_win, want_o, 1e-5)
+    assert_close("lse_win", lse_win, want_lse, 1e-5)
+    idx = _forced_only(T, q_offset, H, config, nsa_device)
+    want_frc = selected_reference.selected_attention(q.double(), k.double(), v.double(), idx, config,
+                                                     scale, q_offset)
+    assert_close("o_frc", o_frc, want_frc, 1e-5)
+    # a full selection (forced blocks and random others) finishes from that state
+    blocks = torch.randint(0, TK // config.sel_block + 1, (1, T, H, config.sel_count), device=nsa_device)
+    blocks[..., : idx.shape[-1]] = idx
+    blocks = blocks.to(torch.int32)
+    forced = (config.init_blocks, config.local_blocks)
+    got, got_lse = selected_fwd(q, k, v, blocks, config.sel_block, scale, q_offset, forced=forced,
+                                start=(o_frc, lse_frc))
+    want, want_lse = selected_fwd(q, k, v, blocks, config.sel_block, scale, q_offset, forced=forced)
+    assert_close("o_slc", got, want, 1e-5)
+    assert_close("lse_slc", got_lse, want_lse, 1e-5)
+
+
+def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
+    """The window kernel takes the forced blocks only where it is exact and the flag allows:
+    not with a window narrower than the local blocks, a selection block it cannot tile, no local
+    block, or a ``q_offset`` that splits a tile over two selection blocks; and ``nsa_attention``
+    then runs the forced-block kernel, with the same result up to float32 rounding."""
+    from nsa.ops import training
+    from nsa.ops.window import kernel
+
+    assert kernel.forced_in_window(SMALL_FORCED, 2, 0)
+    assert not kernel.forced_in_window(SMALL, 2, 0)  # window 24 < 2 blocks of 16
+    assert not kernel.forced_in_window(NSAConfig(sel_block=128), 16, 0)
+    assert not kernel.forced_in_window(NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=32,
+                                                 local_blocks=0), 2, 0)
+    assert not kernel.forced_in_window(SMALL_FORCED, 16, 2)  # 4 positions a tile
+    with pytest.raises(ValueError, match="q_offset=2 must be a multiple"):
+        q = torch.randn(1, 8, 16, 16, device=nsa_device)
+        kernel.window_fwd_forced(q, q[:, :, :1], q[:, :, :1], SMALL_FORCED, 0.25, 2)
+    calls = []
+    real = kernel.window_fwd_forced
+    counted = lambda *a, **k: (calls.append(1), real(*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(kernel, "window_fwd_forced", counted)
+    monkeypatch.setattr(training, "window_fwd_forced", counted)
+    q, k, v = (torch.randn(1, 83, n, 16, device=nsa_device) for n in (4, 2, 2))
+    gates = torch.rand(1, 83, 4, 3, device=nsa_device)
+    outputs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("NSA_FORCED_IN_WINDOW", flag)
+        with torch.no_grad():
+            outputs.append(nsa_attention(q, k, v, gates, SMALL_FORCED, backend="triton"))
+        outputs.append(nsa_attention(q.requires_grad_(), k, v, gates, SMALL_FORCED, backend="triton").detach())
+        q = q.detach()
+    assert calls == [1, 1]
+    assert torch.equal(outputs[0], outputs[1])  # inference and training: the same kernels
+    assert_close("o", outputs[0], outputs[2], 1e-5)
+    assert torch.equal(outputs[2], outputs[3])

@@ -139,8 +139,45 @@ def composed_branches(
     its own autograd Function: its path whenever :mod:`nsa.ops.training` does not apply (and
     what that Function is compared with)."""
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
+    shared = k_win is k and v_win is v
+    if shared and q.shape[1] and not needs_grad(q, k, v, gates, o_cmp) and _forced_in_window(q, k, config, q_offset, backend):
+        return _window_then_selected(q, k, v, gates, o_cmp, block_idx, config, q_offset), block_idx
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     return _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend), block_idx
+
+
+def _forced_in_window(q: torch.Tensor, k: torch.Tensor, config: NSAConfig, q_offset: int, backend: Optional[str]) -> bool:
+    """Whether the window kernel can compute the selected branch's forced blocks here
+    (:func:`nsa.ops.window.kernel.forced_in_window`; the caller knows that both branches read
+    ``(k, v)`` and that the block lists are the NSA selection's)."""
+    if not _on_triton(("selected", "window", "gates"), q, backend):
+        return False
+    from nsa.ops.window.kernel import forced_in_window
+
+    return forced_in_window(config, q.shape[2] // k.shape[2], q_offset)
+
+
+def _window_then_selected(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, o_cmp: torch.Tensor,
+    block_idx: torch.Tensor, config: NSAConfig, q_offset: int,
+) -> torch.Tensor:
+    """The gated sum of the branches, the window before the selected branch (inference).
+
+    The window kernel also leaves the selected branch's result over its forced blocks (whose
+    local keys it reads anyway), the selected kernel starts from it and writes the gated sum:
+    neither ``o_slc`` nor a forced-block kernel's launch reaches memory or the GPU.
+    """
+    from nsa.ops._triton.attention import last_dim_contiguous
+    from nsa.ops.selected.kernel import selected_fwd_summed
+    from nsa.ops.window.kernel import window_fwd_forced
+
+    _guards.check_q_offset(q_offset, q, k.shape[1])
+    q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
+    scale = config.softmax_scale(q.shape[-1])
+    o_win, _, o_frc, lse_frc = window_fwd_forced(q, k, v, config, scale, q_offset)
+    return selected_fwd_summed(q, k, v, block_idx.contiguous(), config.sel_block, scale, q_offset, gates, o_cmp,
+                               o_win, forced=(config.init_blocks, config.local_blocks), start=(o_frc, lse_frc),
+                               keep=False)[0]
 
 
 def _window_and_gated_sum(

@@ -34,8 +34,8 @@ from nsa.ops import _guards
 from nsa.ops._triton.compressed_fwd import compressed_fwd
 from nsa.ops.compressed.kernel import compressed_bwd
 from nsa.ops.gates.kernel import gates_bwd
-from nsa.ops.selected.kernel import selected_bwd, selected_fwd
-from nsa.ops.window.kernel import window_bwd, window_fwd_summed
+from nsa.ops.selected.kernel import selected_bwd, selected_fwd, selected_fwd_summed
+from nsa.ops.window.kernel import forced_in_window, window_bwd, window_fwd_forced, window_fwd_summed
 
 
 class NSATrainingFunction(torch.autograd.Function):
@@ -49,9 +49,16 @@ class NSATrainingFunction(torch.autograd.Function):
         scale = config.softmax_scale(q.shape[-1])
         forced = (config.init_blocks, config.local_blocks)
         o_cmp, lse_cmp, block_idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, q_offset, select=True)
-        o_slc, lse_slc = selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)
-        # the window kernel also sums the branches: no separate pass over the three outputs
-        o, o_win, lse_win = window_fwd_summed(q, kw, vw, config.window, scale, q_offset, gates, o_cmp, o_slc)
+        if shared and forced_in_window(config, q.shape[2] // k.shape[2], q_offset):
+            # the window first: it also leaves the selected branch's result over the forced blocks,
+            # and the selected kernel, starting from it, sums the branches
+            o_win, lse_win, o_frc, lse_frc = window_fwd_forced(q, k, v, config, scale, q_offset)
+            o, o_slc, lse_slc = selected_fwd_summed(q, k, v, block_idx, config.sel_block, scale, q_offset, gates,
+                                                    o_cmp, o_win, forced=forced, start=(o_frc, lse_frc))
+        else:
+            o_slc, lse_slc = selected_fwd(q, k, v, block_idx, config.sel_block, scale, q_offset, forced=forced)
+            # the window kernel also sums the branches: no separate pass over the three outputs
+            o, o_win, lse_win = window_fwd_summed(q, kw, vw, config.window, scale, q_offset, gates, o_cmp, o_slc)
         ctx.save_for_backward(q, k, v, k_cmp, v_cmp, gates, kw, vw, block_idx,
                               o_cmp, lse_cmp, o_slc, lse_slc, o_win, lse_win)
         ctx.config, ctx.q_offset, ctx.scale, ctx.forced, ctx.shared = config, q_offset, scale, forced, shared

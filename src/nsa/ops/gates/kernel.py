@@ -39,25 +39,31 @@ def _load_gates(gates, o_r, m_r):
 
 
 @triton.jit
-def gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x):
-    """``g_cmp * o_cmp + g_slc * o_slc + g_win * b_win`` in float32 for rows ``o_r`` of
-    ``[rows, Dv]`` (elements ``p_x``, masks ``m_r``/``m_x``), ``b_win`` the window output
-    already in registers. One order of summation for every caller (this kernel and the
-    window kernel's inference epilogue), so their results are bitwise equal. The multiply-adds
+def gated_sum(gates, o_cmp, o_slc, o_win, b_own, o_r, m_r, p_x, m_x, OWN: tl.constexpr):
+    """``g_cmp * o_cmp + g_slc * o_slc + g_win * o_win`` in float32 for rows ``o_r`` of
+    ``[rows, Dv]`` (elements ``p_x``, masks ``m_r``/``m_x``). ``b_own`` is the output of
+    branch ``OWN`` (1 selected, 2 window) already in registers; the other two are loaded.
+    One order of summation for every caller (this kernel, the window kernel's and the
+    selected kernel's epilogues), so their results are bitwise equal. The multiply-adds
     are explicit: left to the compiler, ``a*b + c*d`` is contracted into either of two fused
     multiply-adds depending on the surrounding code, which changes float32 results (16-bit
     operands multiply exactly in float32, so only float32 inputs could tell)."""
     g_cmp, g_slc, g_win = _load_gates(gates, o_r, m_r)
     b_o = g_cmp[:, None] * tl.load(o_cmp + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_o = tl.fma(g_slc[:, None], tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32), b_o)
-    return tl.fma(g_win[:, None], b_win, b_o)
+    if OWN == 1:
+        b_o = tl.fma(g_slc[:, None], b_own, b_o)
+        b_o = tl.fma(g_win[:, None], tl.load(o_win + p_x, mask=m_x, other=0.0).to(tl.float32), b_o)
+    else:
+        b_o = tl.fma(g_slc[:, None], tl.load(o_slc + p_x, mask=m_x, other=0.0).to(tl.float32), b_o)
+        b_o = tl.fma(g_win[:, None], b_own, b_o)
+    return b_o
 
 
 @triton.jit(do_not_specialize=["ROWS"])
 def gates_fwd_kernel(gates, o_cmp, o_slc, o_win, o, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     o_r, m_r, p_x, m_x = _tiles(tl.program_id(0), ROWS, DV, BR, BD)
     b_win = tl.load(o_win + p_x, mask=m_x, other=0.0).to(tl.float32)
-    b_o = gated_sum(gates, o_cmp, o_slc, b_win, o_r, m_r, p_x, m_x)
+    b_o = gated_sum(gates, o_cmp, o_slc, o_win, b_win, o_r, m_r, p_x, m_x, 2)
     tl.store(o + p_x, b_o.to(o.dtype.element_ty), mask=m_x)
 
 

@@ -33,6 +33,7 @@ import triton.language as tl
 from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
+from nsa.ops.gates.kernel import gated_sum
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
@@ -188,14 +189,19 @@ def selected_fwd_kernel(
     q, k, v, block_idx, o, lse,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, qk_scale,  #
+    gates, o_cmp, o_win, o_sum,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
+    SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True,
 ):
     """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
     With forced blocks (``INIT + LOCAL > 0``), ``o``/``lse`` already hold the result
-    over them (:func:`selected_forced_fwd_kernel`): it is the starting state.
+    over them (:func:`selected_forced_fwd_kernel`, or the window kernel's): it is the
+    starting state. With ``SUMMED``, ``o_sum`` receives the gated sum of the three branches
+    (``gates [B, T, HQ, 3]``, ``o_cmp``/``o_win`` contiguous like ``o``), and ``o``/``lse``
+    are written only with ``KEEP`` (training keeps them for the backward).
     """
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -231,8 +237,16 @@ def selected_fwd_kernel(
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
-    tl.store(p_lse, b_lse, mask=m_g)
+    if SUMMED:
+        # the gates kernel's sum, from this output rounded as it would be stored
+        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+        p_x = o_row[:, None] * DV + o_dv[None, :]
+        m_x = m_g[:, None] & m_dv[None, :]
+        b_sum = gated_sum(gates, o_cmp, o, o_win, b_o.to(o.dtype.element_ty).to(tl.float32), o_row, m_g, p_x, m_x, 1)
+        tl.store(o_sum + p_x, b_sum.to(o_sum.dtype.element_ty), mask=m_x)
+    if KEEP:
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
+        tl.store(p_lse, b_lse, mask=m_g)
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -547,25 +561,57 @@ def _forced_launch(dims: dict) -> Tuple[dict, int]:
 def selected_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
     scale: float, q_offset: int, tiles: Optional[dict] = None, forced: Tuple[int, int] = (0, 0),
+    start: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward: ``o [B, T, HQ, DV]`` in q's dtype and log2-domain ``lse [B, T, HQ]`` float32.
 
     ``block_idx`` must be contiguous ``[B, T, H, N]``; ``tiles`` overrides :data:`FWD_TILES`.
     ``forced = (init_blocks, local_blocks)``: those blocks, wherever a query's list
     holds them, go through the tile-shared forced-block kernel first ((0, 0): none).
+    ``start = (o, lse)``: the result over the forced blocks, already computed (by
+    :func:`nsa.ops.window.kernel.window_fwd_forced`); the forced-block kernel does not run,
+    and the kernel finishes ``o``/``lse`` in place and returns them.
     """
+    return _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, start, None, True)[:2]
+
+
+def selected_fwd_summed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
+    scale: float, q_offset: int, gates: torch.Tensor, o_cmp: torch.Tensor, o_win: torch.Tensor,
+    forced: Tuple[int, int] = (0, 0), start: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    keep: bool = True, tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(o, o_slc, lse_slc)``: the gated sum of the three branches (bitwise
+    :func:`nsa.ops.combine_branches`'s) and, with ``keep``, this branch's own output and lse as
+    :func:`selected_fwd` returns them (else None), from one launch (``forced``/``start`` as there)."""
+    o_slc, lse, o = _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, start,
+                                (gates, o_cmp, o_win), keep)
+    return (o, o_slc, lse) if keep else (o, None, None)
+
+
+def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, start, summed, keep):
+    """``(o, lse, o_sum)`` of :func:`selected_fwd` / :func:`selected_fwd_summed`."""
     B, T, HQ, _ = q.shape
     H, DV = k.shape[2], v.shape[-1]
-    o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     dims = _dims(q, k, v, block_idx, sel_block, forced)
+    if start is not None:
+        if not sum(forced):
+            raise ValueError("selected_fwd: a start state is the forced blocks' result; forced must name them")
+        o, lse = start
+    else:
+        o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
+        lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
-    if sum(forced):
+    if sum(forced) and start is None:
         meta, BT = _forced_launch(dims)
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+    o_sum = torch.empty_like(o) if summed is not None else None
+    gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
     cfg = _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1)
-    selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg)
-    return o, lse
+    selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
+        *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
+        KEEP=keep)
+    return o, lse, o_sum
 
 
 def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num_blocks: int, qseg: int) -> dict:

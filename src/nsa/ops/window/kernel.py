@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
@@ -117,19 +118,31 @@ def _fwd_keys(
 
 @triton.jit(do_not_specialize=["T", "q_offset", "W"])
 def window_fwd_kernel(
-    q, k, v, o, lse, gates, o_cmp, o_slc, o_win,  #
+    q, k, v, o, lse, gates, o_cmp, o_slc, o_win, o_frc, lse_frc,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, W, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, GATED: tl.constexpr, KEEP: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, GATED: tl.constexpr, KEEP: tl.constexpr,  #
+    FORCED: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
     With ``GATED``, ``o`` receives the gated sum of the three branches instead (``gates
     [B, T, HQ, 3]``, ``o_cmp``/``o_slc`` contiguous like ``o``) and ``lse`` is not written,
     unless ``KEEP``: then the window's own output goes to ``o_win`` and ``lse`` is written
-    (training keeps both for the backward)."""
+    (training keeps both for the backward).
+
+    With ``FORCED`` (not with ``GATED``), the program also leaves the selected branch's
+    attention over the forced blocks (``INIT`` initial, ``LOCAL`` local; selection blocks of
+    ``BN`` keys) in ``o_frc``/``lse_frc``, the starting state of the selected kernel, as
+    the selected branch's forced-block kernel would. The caller guarantees what makes this
+    exact: the selected branch reads these keys and values, every row's list holds its forced
+    blocks (as the NSA selection's always do), the ``BT`` positions lie in one selection
+    block, ``LOCAL >= 1``, and the local blocks lie inside the window (``W >= LOCAL * BN``). The local blocks
+    are then the band's last tiles, and for them the band mask equals the selected branch's
+    causal one: walked first, they leave the online-softmax state of the selected branch over
+    them. Only the initial blocks left of them cost one more step each."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -148,6 +161,28 @@ def window_fwd_kernel(
     b_acc = tl.zeros([BM, BV], dtype=tl.float32)
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BM], dtype=tl.float32)
+    w_end = t_hi + 1  # the window's keys still to walk: [first, w_end)
+    if FORCED:
+        # -- the local blocks first: the selected branch's state over them is the window's --
+        j_own = (q_offset + i_t * BT) // BN
+        s_local = tl.maximum(j_own - LOCAL + 1, 0) * BN
+        b_acc, b_m, b_l = _fwd_keys(
+            b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, s_local, t_hi + 1,  #
+            o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
+        )
+        # -- then the initial blocks left of them, wholly before every row: no mask --
+        f_acc, f_m, f_l = b_acc, b_m, b_l
+        for s0 in range(0, tl.minimum(INIT * BN, s_local), BN):
+            b_k, b_v, m_unused = _band_kv(p_k, p_v, skt, svt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, False)
+            f_acc, f_m, f_l = attn_fwd_step(b_q, b_k, b_v, f_acc, f_m, f_l, m_unused, qk_scale, False, PREC)
+        f_o, f_lse = attn_fwd_finish(f_acc, f_m, f_l)
+        o_frow = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+        tl.store(o_frc + o_frow[:, None] * DV + o_dv[None, :], f_o.to(o_frc.dtype.element_ty),
+                 mask=m_r[:, None] & m_dv[None, :])
+        tl.store(lse_frc + o_frow, f_lse, mask=m_r)
+        w_end = tl.minimum(s_local, w_end)
+    mid_lo = tl.minimum(mid_lo, w_end)
+    mid_hi = tl.minimum(mid_hi, w_end)
     b_acc, b_m, b_l = _fwd_keys(
         b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
@@ -157,7 +192,7 @@ def window_fwd_kernel(
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, PREC,
     )
     b_acc, b_m, b_l = _fwd_keys(
-        b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
+        b_q, b_acc, b_m, b_l, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, w_end,  #
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, PREC,
     )
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
@@ -168,7 +203,7 @@ def window_fwd_kernel(
     if GATED:
         # the gates kernel's sum, from the window output rounded as it would be stored
         b_win = b_o.to(o.dtype.element_ty).to(tl.float32)
-        b_sum = gated_sum(gates, o_cmp, o_slc, b_win, o_row, m_r, o_x, m_x)
+        b_sum = gated_sum(gates, o_cmp, o_slc, o, b_win, o_row, m_r, o_x, m_x, 2)
         tl.store(o + o_x, b_sum.to(o.dtype.element_ty), mask=m_x)
         if KEEP:
             tl.store(o_win + o_x, b_o.to(o_win.dtype.element_ty), mask=m_x)
@@ -333,25 +368,67 @@ def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
     return dict(GP=GP, BK=next_pow2(DK), BV=next_pow2(DV), BT=max(1, rows // GP), BN=64)
 
 
-def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep):
-    """``(o, lse, o_win)`` of the forward kernel; see :func:`window_fwd` and :func:`window_fwd_summed`."""
+def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=None):
+    """``(o, lse, o_win, o_frc, lse_frc)`` of the forward kernel; see :func:`window_fwd`,
+    :func:`window_fwd_summed` and, for ``forced = (init_blocks, local_blocks, sel_block)``,
+    :func:`window_fwd_forced`."""
     B, T, HQ, DK = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G = HQ // H
     cfg = dict(FWD_TILES, **(tiles or {}))
     cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
+    if forced is not None:  # key tiles are selection blocks, and a tile's positions lie in one
+        cfg.update(BN=forced[2], BT=min(cfg["BT"], forced[2]))
+        if q_offset % cfg["BT"]:
+            raise ValueError(f"window_fwd_forced: q_offset={q_offset} must be a multiple of the tile's "
+                             f"{cfg['BT']} positions (see forced_in_window)")
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
     o_win = torch.empty_like(o) if keep else None
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32) if keep or not gated else None
+    o_frc, lse_frc = (torch.empty_like(o), torch.empty_like(lse)) if forced is not None else (o, lse)
     gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
     grid = (triton.cdiv(T, cfg["BT"]), B * H)
     window_fwd_kernel[grid](
         q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc, o if o_win is None else o_win,  #
+        o_frc, o if lse_frc is None else lse_frc,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
         T, q_offset, window, scale * LOG2E,  #
-        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, KEEP=keep, **cfg,
+        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, KEEP=keep,
+        FORCED=forced is not None, INIT=forced[0] if forced else 0, LOCAL=forced[1] if forced else 0, **cfg,
     )
-    return o, lse, o_win
+    if forced is None:
+        o_frc = lse_frc = None
+    return o, lse, o_win, o_frc, lse_frc
+
+
+def forced_in_window(config: NSAConfig, group: int, q_offset: int) -> bool:
+    """Whether :func:`window_fwd_forced` applies to ``config`` with ``group`` query heads a KV
+    head: the ``NSA_FORCED_IN_WINDOW`` flag is on, ``local_blocks >= 1``, ``sel_block`` is a
+    power of two from 16 to 64 (the window's key tile then), the local blocks lie inside the
+    window (``window >= local_blocks * sel_block``) and ``q_offset`` is a multiple of the
+    tile's positions. The caller must also know that the window and the selected branch read
+    the same keys and values, and that the block lists come from the NSA selection (which
+    always holds the forced blocks)."""
+    bs = config.sel_block
+    if not flags.get("NSA_FORCED_IN_WINDOW") or config.local_blocks < 1 or bs not in (16, 32, 64):
+        return False
+    positions = min(_tiles(group, 16, 16, FWD_TILES["rows"])["BT"], bs)
+    return config.window >= config.local_blocks * bs and q_offset % positions == 0
+
+
+def window_fwd_forced(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: NSAConfig, scale: float, q_offset: int,
+    tiles: Optional[dict] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, lse, o_frc, lse_frc)``: the window's output and log2-domain lse as
+    :func:`window_fwd` returns them, and, from the same launch, the selected branch's
+    attention over its forced blocks (``o_frc`` in q's dtype, ``lse_frc`` log2-domain
+    float32), the state that :func:`nsa.ops.selected.kernel.selected_fwd` starts from
+    (``start``). Only where :func:`forced_in_window` holds, with ``(k, v)`` the selected
+    branch's keys and values and block lists from the NSA selection."""
+    o, lse, _, o_frc, lse_frc = _fwd_launch(q, k, v, config.window, scale, q_offset, tiles, None, False,
+                                            (config.init_blocks, config.local_blocks, config.sel_block))
+    return o, lse, o_frc, lse_frc
 
 
 def window_fwd(
@@ -375,7 +452,7 @@ def window_fwd_summed(
     :func:`nsa.ops.combine_branches`'s), and the window's own output and lse as
     :func:`window_fwd` returns them, from one launch. Training needs both; the sum then
     costs no separate pass over the three outputs."""
-    o, lse, o_win = _fwd_launch(q, k, v, window, scale, q_offset, tiles, (gates, o_cmp, o_slc), True)
+    o, lse, o_win = _fwd_launch(q, k, v, window, scale, q_offset, tiles, (gates, o_cmp, o_slc), True)[:3]
     return o, o_win, lse
 
 
