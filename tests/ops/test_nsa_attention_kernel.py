@@ -331,10 +331,11 @@ def test_forced_blocks_in_the_window_kernel(T, HQ, H, D, q_offset, config, nsa_d
 
 
 def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
-    """The window kernel takes the forced blocks only where it is exact and the flag allows:
-    not with a window narrower than the local blocks, a selection block it cannot tile, no local
-    block, or a ``q_offset`` that splits a tile over two selection blocks; and ``nsa_attention``
-    then runs the forced-block kernel, with the same result up to float32 rounding."""
+    """The window kernels take the forced blocks (forward and dQ) only where it is exact and the
+    flag allows: not with a window narrower than the local blocks, a selection block they cannot
+    tile, no local block, or a ``q_offset`` that splits a tile over two selection blocks. Off,
+    ``nsa_attention`` runs the forced-block kernels: the same output and gradients up to float32
+    rounding."""
     from nsa.ops import training
     from nsa.ops.window import kernel
 
@@ -352,16 +353,25 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
     counted = lambda *a, **k: (calls.append(1), real(*a, **k))[1]  # noqa: E731
     monkeypatch.setattr(kernel, "window_fwd_forced", counted)
     monkeypatch.setattr(training, "window_fwd_forced", counted)
-    q, k, v = (torch.randn(1, 83, n, 16, device=nsa_device) for n in (4, 2, 2))
+    backwards = []
+    real_bwd = training.window_bwd
+    monkeypatch.setattr(training, "window_bwd",
+                        lambda *a, **k: (backwards.append(k["forced"] is not None), real_bwd(*a, **k))[1])
+    x = [torch.randn(1, 83, n, 16, device=nsa_device) for n in (4, 2, 2)]
     gates = torch.rand(1, 83, 4, 3, device=nsa_device)
-    outputs = []
+    do = torch.randn(1, 83, 4, 16, device=nsa_device)
+    outputs, grads = [], []
     for flag in ("1", "0"):
         monkeypatch.setenv("NSA_FORCED_IN_WINDOW", flag)
         with torch.no_grad():
-            outputs.append(nsa_attention(q, k, v, gates, SMALL_FORCED, backend="triton"))
-        outputs.append(nsa_attention(q.requires_grad_(), k, v, gates, SMALL_FORCED, backend="triton").detach())
-        q = q.detach()
-    assert calls == [1, 1]
+            outputs.append(nsa_attention(*x, gates, SMALL_FORCED, backend="triton"))
+        leaves = [t.clone().requires_grad_() for t in x]
+        o = nsa_attention(*leaves, gates, SMALL_FORCED, backend="triton")
+        grads.append(torch.autograd.grad(o, leaves, do))
+        outputs.append(o.detach())
+    assert calls == [1, 1] and backwards == [True, False]
     assert torch.equal(outputs[0], outputs[1])  # inference and training: the same kernels
     assert_close("o", outputs[0], outputs[2], 1e-5)
     assert torch.equal(outputs[2], outputs[3])
+    for name, got, want in zip(("dq", "dk", "dv"), *grads):
+        assert_close(name, got, want, 1e-5)

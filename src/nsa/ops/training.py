@@ -49,7 +49,8 @@ class NSATrainingFunction(torch.autograd.Function):
         scale = config.softmax_scale(q.shape[-1])
         forced = (config.init_blocks, config.local_blocks)
         o_cmp, lse_cmp, block_idx = compressed_fwd(q, k_cmp, v_cmp, config, scale, q_offset, select=True)
-        if shared and forced_in_window(config, q.shape[2] // k.shape[2], q_offset):
+        ctx.forced_in_window = shared and forced_in_window(config, q.shape[2] // k.shape[2], q_offset)
+        if ctx.forced_in_window:
             # the window first: it also leaves the selected branch's result over the forced blocks,
             # and the selected kernel, starting from it, sums the branches
             o_win, lse_win, o_frc, lse_frc = window_fwd_forced(q, k, v, config, scale, q_offset)
@@ -85,10 +86,13 @@ class NSATrainingFunction(torch.autograd.Function):
         gate.copy_(gates.permute(3, 0, 1, 2))  # one pass: [3, B, T, HQ]
         dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do, None, config, scale, q_offset,
                                             delta=delta[0], gate=gate[0])
+        # with the forced blocks' forward in the window kernel, their dq share is the window dQ's too
+        in_window = ctx.forced_in_window
         _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do, config.sel_block, scale, q_offset,
-                                 forced=ctx.forced, delta=delta[1], dq=dq, gate=gate[1])
-        _, dk_win, dv_win = window_bwd(q, kw, vw, o_win, lse_win, do, config.window, scale, q_offset,
-                                       delta=delta[2], dq=dq, gate=gate[2])
+                                 forced=ctx.forced, delta=delta[1], dq=dq, gate=gate[1], forced_done=in_window)
+        _, dk_win, dv_win = window_bwd(
+            q, kw, vw, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[2], dq=dq, gate=gate[2],
+            forced=dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1]) if in_window else None)
         if ctx.shared:
             dk.add_(dk_win)
             dv.add_(dv_win)

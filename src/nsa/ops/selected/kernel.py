@@ -654,11 +654,15 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
 
 def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
                     forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None,
-                    gate: Optional[torch.Tensor] = None):
+                    gate: Optional[torch.Tensor] = None, forced_done: bool = False):
     """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
     the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest. Given
     ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor;
-    given ``gate``, the branch's gradient is ``gate[..., None] * do`` (see :func:`selected_bwd`)."""
+    given ``gate``, the branch's gradient is ``gate[..., None] * do`` (see :func:`selected_bwd`).
+    ``forced_done``: another kernel adds the forced-block share (the window's, see
+    :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``."""
+    if forced_done and (dq is None or not sum(forced)):
+        raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
     B, T, HQ, DK = q.shape
     H = k.shape[2]
     acc = dq is not None
@@ -667,7 +671,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     args = (q, k, v, block_idx, do, do if gate is None else gate, lse, delta, dq,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
-    if sum(forced):
+    if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     cfg = _tile_launch(cfg, dims, 2)
@@ -717,10 +721,10 @@ def selected_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_idx: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     do: torch.Tensor, sel_block: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
     forced: Tuple[int, int] = (0, 0), delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None,
-    gate: Optional[torch.Tensor] = None,
+    gate: Optional[torch.Tensor] = None, forced_done: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic
-    (``forced`` as in :func:`selected_fwd`).
+    (``forced`` as in :func:`selected_fwd`, ``forced_done`` as in :func:`selected_bwd_dq`).
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
@@ -733,7 +737,8 @@ def selected_bwd(
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate)
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate,
+                         forced_done)
     dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate)
     return dq, dk, dv
 

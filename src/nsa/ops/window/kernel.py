@@ -226,17 +226,49 @@ def _dq_keys(
     return b_dq
 
 
+@triton.jit
+def _dq_keys_two_branches(
+    b_q, b_do, b_lse, b_delta, b_g, f_lse, f_delta, f_g, b_dq,  #
+    p_k, p_v, stride_kt, stride_vt,  #
+    o_pos, t_hi, W, s_lo, s_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    BN: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+):
+    """``dQ`` over key tiles that both the window and the selected branch (as forced local
+    blocks, same mask) attend to: one score and one ``dP`` tile serve both branches, whose
+    ``dS`` (each with its own lse, delta and gate; the selected one's prefixed ``f_``) are
+    added before the single ``dS K`` product."""
+    for s0 in range(s_lo, s_hi, BN):
+        b_k, b_v, m_qk = _band_kv(p_k, p_v, stride_kt, stride_vt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, True)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BM, BN]
+        b_p = tl.where(m_qk, tl.exp2(b_s - b_lse[:, None]), 0.0)
+        f_p = tl.where(m_qk, tl.exp2(b_s - f_lse[:, None]), 0.0)
+        b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)  # [BM, BN]
+        if GATED:
+            b_ds = b_p * (b_dp * b_g[:, None] - (b_g * b_delta)[:, None])
+            b_ds += f_p * (b_dp * f_g[:, None] - (f_g * f_delta)[:, None])
+        else:
+            b_ds = b_p * (b_dp - b_delta[:, None]) + f_p * (b_dp - f_delta[:, None])
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
+    return b_dq
+
+
 @triton.jit(do_not_specialize=["T", "q_offset", "W"])
 def window_bwd_dq_kernel(
-    q, k, v, do, gate, lse, delta, dq,  #
+    q, k, v, do, gate, lse, delta, dq, gate_frc, lse_frc, delta_frc,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, q_offset, W, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
+    FORCED: tl.constexpr = False, INIT: tl.constexpr = 0, LOCAL: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with
-    ``ACC`` added to what ``dq`` held (``gate``/``GATED``: :func:`load_gate`)."""
+    ``ACC`` added to what ``dq`` held (``gate``/``GATED``: :func:`load_gate`).
+
+    With ``FORCED``, also the selected branch's share over its forced blocks (its gate, lse and
+    delta in ``gate_frc``/``lse_frc``/``delta_frc``), under the conditions of the forward's
+    ``FORCED`` (:func:`window_fwd_kernel`): the local blocks are the band's last key tiles, where
+    the two branches share the scores, and each initial block left of them costs one more step."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -257,6 +289,24 @@ def window_bwd_dq_kernel(
     t_hi, first, mid_lo, mid_hi = _key_band(i_t, T, q_offset, W, BT, BN)
 
     b_dq = tl.zeros([BM, BK], dtype=tl.float32)
+    w_end = t_hi + 1  # the window's keys still to walk: [first, w_end)
+    if FORCED:
+        f_g = load_gate(gate_frc, o_row, m_r, GATED)
+        f_lse = tl.load(lse_frc + o_row, mask=m_r, other=0.0)
+        f_delta = tl.load(delta_frc + o_row, mask=m_r, other=0.0)
+        s_local = tl.maximum((q_offset + i_t * BT) // BN - LOCAL + 1, 0) * BN
+        b_dq = _dq_keys_two_branches(
+            b_q, b_do, b_lse, b_delta, b_g, f_lse, f_delta, f_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W,  #
+            s_local, t_hi + 1, o_dk, o_dv, m_dk, m_dv, qk_scale, BN, GATED, PREC,
+        )
+        # the initial blocks left of the local ones: the selected branch's alone, unmasked
+        for s0 in range(0, tl.minimum(INIT * BN, s_local), BN):
+            b_k, b_v, m_unused = _band_kv(p_k, p_v, skt, svt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, False)
+            b_dq = attn_bwd_dq_step(b_q, b_do, f_lse, f_delta, f_g, b_k, b_v, b_dq, m_unused, qk_scale, False,
+                                    GATED, PREC)
+        w_end = tl.minimum(s_local, w_end)
+    mid_lo = tl.minimum(mid_lo, w_end)
+    mid_hi = tl.minimum(mid_hi, w_end)
     b_dq = _dq_keys(
         b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, first, mid_lo,  #
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, GATED, PREC,
@@ -266,7 +316,7 @@ def window_bwd_dq_kernel(
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, False, GATED, PREC,
     )
     b_dq = _dq_keys(
-        b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, t_hi + 1,  #
+        b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, skt, svt, o_pos, t_hi, W, mid_hi, w_end,  #
         o_dk, o_dv, m_dk, m_dv, qk_scale, BN, True, GATED, PREC,
     )
 
@@ -370,18 +420,14 @@ def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
 
 def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=None):
     """``(o, lse, o_win, o_frc, lse_frc)`` of the forward kernel; see :func:`window_fwd`,
-    :func:`window_fwd_summed` and, for ``forced = (init_blocks, local_blocks, sel_block)``,
-    :func:`window_fwd_forced`."""
+    :func:`window_fwd_summed` and, for ``forced`` (the NSA config), :func:`window_fwd_forced`."""
     B, T, HQ, DK = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G = HQ // H
     cfg = dict(FWD_TILES, **(tiles or {}))
     cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
-    if forced is not None:  # key tiles are selection blocks, and a tile's positions lie in one
-        cfg.update(BN=forced[2], BT=min(cfg["BT"], forced[2]))
-        if q_offset % cfg["BT"]:
-            raise ValueError(f"window_fwd_forced: q_offset={q_offset} must be a multiple of the tile's "
-                             f"{cfg['BT']} positions (see forced_in_window)")
+    if forced is not None:
+        cfg = _forced_tiles(cfg, forced, q_offset)
     o = torch.empty(B, T, HQ, DV, device=q.device, dtype=q.dtype)
     o_win = torch.empty_like(o) if keep else None
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32) if keep or not gated else None
@@ -394,7 +440,8 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
         T, q_offset, window, scale * LOG2E,  #
         H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype), GATED=gated is not None, KEEP=keep,
-        FORCED=forced is not None, INIT=forced[0] if forced else 0, LOCAL=forced[1] if forced else 0, **cfg,
+        FORCED=forced is not None, INIT=forced.init_blocks if forced else 0, LOCAL=forced.local_blocks if forced else 0,
+        **cfg,
     )
     if forced is None:
         o_frc = lse_frc = None
@@ -426,8 +473,7 @@ def window_fwd_forced(
     float32), the state that :func:`nsa.ops.selected.kernel.selected_fwd` starts from
     (``start``). Only where :func:`forced_in_window` holds, with ``(k, v)`` the selected
     branch's keys and values and block lists from the NSA selection."""
-    o, lse, _, o_frc, lse_frc = _fwd_launch(q, k, v, config.window, scale, q_offset, tiles, None, False,
-                                            (config.init_blocks, config.local_blocks, config.sel_block))
+    o, lse, _, o_frc, lse_frc = _fwd_launch(q, k, v, config.window, scale, q_offset, tiles, None, False, config)
     return o, lse, o_frc, lse_frc
 
 
@@ -475,22 +521,43 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict
 
 
 def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
-                  dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
+                  forced: Optional[dict] = None) -> torch.Tensor:
     """Launch the ``dQ`` kernel (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``); given
     ``dq`` (contiguous, q's shape and dtype), it adds to it instead of a new tensor;
-    ``gate`` as in :func:`window_bwd`."""
+    ``gate`` and ``forced`` as in :func:`window_bwd`."""
     B, T, HQ, DK = q.shape
     H = k.shape[2]
     acc = dq is not None
     dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
+    frc = dict(FORCED=False)
+    frc_args = (lse, lse, lse)
+    if forced is not None:
+        cfg = _forced_tiles(cfg, forced["config"], q_offset)
+        config = forced["config"]
+        frc = dict(FORCED=True, INIT=config.init_blocks, LOCAL=config.local_blocks)
+        frc_gate = forced.get("gate")
+        if (frc_gate is None) != (gate is None):
+            raise ValueError("window_bwd_dq: the selected branch's gate comes with the window's, or neither")
+        frc_args = (lse if frc_gate is None else frc_gate, forced["lse"], forced["delta"])
     window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, do if gate is None else gate, lse, delta, dq,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dq, *frc_args,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype), **cfg,
+        PREC=dot_precision(q.dtype), **frc, **cfg,
     )
     return dq
+
+
+def _forced_tiles(cfg: dict, config: NSAConfig, q_offset: int) -> dict:
+    """``cfg`` with the key tiles made selection blocks and a tile's positions held in one (the
+    forced blocks' condition, :func:`forced_in_window`)."""
+    cfg = dict(cfg, BN=config.sel_block, BT=min(cfg["BT"], config.sel_block))
+    if q_offset % cfg["BT"]:
+        raise ValueError(f"forced blocks in the window kernel: q_offset={q_offset} must be a multiple of the tile's "
+                         f"{cfg['BT']} positions (see forced_in_window)")
+    return cfg
 
 
 def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
@@ -515,6 +582,7 @@ def window_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
     window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
     delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
+    forced: Optional[dict] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
 
@@ -524,12 +592,17 @@ def window_bwd(
     ``gate [B, T, HQ]``: ``do`` is the gradient of the gated sum and this branch's is
     ``gate[..., None] * do``; the kernels scale the probabilities by the gate instead, and
     ``delta`` stays ``rowsum(o * do)`` of the ``do`` given.
+    ``forced = dict(config=, lse=, delta=, gate=)``: ``dq`` also gets the selected branch's share
+    over its forced blocks (its log2-domain lse, delta and gate, the gate given with the
+    window's), where :func:`window_fwd_forced` computed their forward; the selected branch's
+    backward then leaves them out (``selected_bwd(..., forced_done=True)``).
     """
     G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq, gate)
+    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq, gate,
+                       forced)
     dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles),
                              gate)
     return dq, dk, dv
