@@ -17,8 +17,11 @@ read ``do`` itself and scale their probabilities by their gate instead: ``dV = (
 its plain, pipelined loads and each delta is the gates' gradient row sum, already at hand.
 The gradients equal the composed path's up to rounding (``g * do`` is never rounded to
 16 bits here). The compressed branch writes ``dq``, and the selected and window ``dQ`` kernels add their
-share as they store it. Forward, the window kernel writes the gated sum beside its own
-output (``window_fwd_summed``). Every kernel is the ops' own, specialised by constexprs. The
+share as they store it. Forward, the kernel that runs last writes the gated sum beside its own
+output: the selected kernel where the window kernels also compute the selected branch's forced
+blocks (``window_fwd_forced``, and their dQ share in the window's dQ kernel; see
+:func:`nsa.ops.window.kernel.forced_in_window`), else the window kernel (``window_fwd_summed``).
+Every kernel is the ops' own, specialised by constexprs. The
 keys' gradients of branches that share ``(k, v)`` are still summed by a plain add: those
 tensors are ``G`` times smaller than ``dq``.
 """

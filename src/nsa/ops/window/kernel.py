@@ -19,6 +19,12 @@ Backward: ``dQ`` walks the same band as the forward; ``dK``/``dV`` are computed 
 one program per key tile walking the query tiles that see it, all heads of the
 group included, so each output element has exactly one writer (deterministic,
 no atomics).
+
+In the NSA prefill the forward and ``dQ`` kernels can also take the selected branch's
+forced blocks (``FORCED``, :func:`forced_in_window`): its local blocks are the band's last
+key tiles, so their scores serve both branches, and only the initial blocks cost extra
+steps. That replaces the selected branch's forced-block kernels (H100, forward+backward:
+8k 8.80-8.83 -> 8.32-8.36 ms, 64k 113.2-113.6 -> 110.1-110.3; docs/perf/prefill.md, session 15).
 """
 
 from __future__ import annotations
