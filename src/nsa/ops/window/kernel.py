@@ -145,10 +145,10 @@ def window_fwd_kernel(
     the selected branch's forced-block kernel would. The caller guarantees what makes this
     exact: the selected branch reads these keys and values, every row's list holds its forced
     blocks (as the NSA selection's always do), the ``BT`` positions lie in one selection
-    block, ``LOCAL >= 1``, and the local blocks lie inside the window (``W >= LOCAL * BN``). The local blocks
-    are then the band's last tiles, and for them the band mask equals the selected branch's
-    causal one: walked first, they leave the online-softmax state of the selected branch over
-    them. Only the initial blocks left of them cost one more step each."""
+    block, ``LOCAL >= 1``, and the local blocks lie inside the window (``W >= LOCAL * BN``).
+    The local blocks are then the band's last tiles, and for them the band mask equals the
+    selected branch's causal one: walked first, they leave the online-softmax state of the
+    selected branch over them. Only the initial blocks left of them cost one more step each."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
@@ -167,6 +167,7 @@ def window_fwd_kernel(
     b_acc = tl.zeros([BM, BV], dtype=tl.float32)
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BM], dtype=tl.float32)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)  # [BM] rows of [B * T * HQ]
     w_end = t_hi + 1  # the window's keys still to walk: [first, w_end)
     if FORCED:
         # -- the local blocks first: the selected branch's state over them is the window's --
@@ -182,10 +183,9 @@ def window_fwd_kernel(
             b_k, b_v, m_unused = _band_kv(p_k, p_v, skt, svt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BN, False)
             f_acc, f_m, f_l = attn_fwd_step(b_q, b_k, b_v, f_acc, f_m, f_l, m_unused, qk_scale, False, PREC)
         f_o, f_lse = attn_fwd_finish(f_acc, f_m, f_l)
-        o_frow = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-        tl.store(o_frc + o_frow[:, None] * DV + o_dv[None, :], f_o.to(o_frc.dtype.element_ty),
+        tl.store(o_frc + o_row[:, None] * DV + o_dv[None, :], f_o.to(o_frc.dtype.element_ty),
                  mask=m_r[:, None] & m_dv[None, :])
-        tl.store(lse_frc + o_frow, f_lse, mask=m_r)
+        tl.store(lse_frc + o_row, f_lse, mask=m_r)
         w_end = tl.minimum(s_local, w_end)
     mid_lo = tl.minimum(mid_lo, w_end)
     mid_hi = tl.minimum(mid_hi, w_end)
@@ -203,13 +203,12 @@ def window_fwd_kernel(
     )
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)  # [BM] rows of [B * T * HQ]
     o_x = o_row[:, None] * DV + o_dv[None, :]
     m_x = m_r[:, None] & m_dv[None, :]
     if GATED:
         # the gates kernel's sum, from the window output rounded as it would be stored
         b_win = b_o.to(o.dtype.element_ty).to(tl.float32)
-        b_sum = gated_sum(gates, o_cmp, o_slc, o, b_win, o_row, m_r, o_x, m_x, 2)
+        b_sum = gated_sum(gates, o_cmp, o_slc, o, b_win, o_row, m_r, o_x, m_x, 2)  # o: o_win's unread slot
         tl.store(o + o_x, b_sum.to(o.dtype.element_ty), mask=m_x)
         if KEEP:
             tl.store(o_win + o_x, b_o.to(o_win.dtype.element_ty), mask=m_x)
