@@ -46,13 +46,13 @@ def _check(B, T, HQ, H, DK, DV, config, dtype, ref_dtype, device, tol):
 
 
 @pytest.mark.parametrize(
-    "B, T, HQ, H, DK, DV",
+    "B, T, HQ, H, DK, DV, config",
     [
-        pytest.param(1, 91, 4, 1, 16, 16, id="B1-T91-HQ4-H1-D16"),
-        pytest.param(2, 70, 4, 2, 32, 16, id="B2-T70-HQ4-H2-DK32-DV16"),
+        pytest.param(1, 91, 4, 1, 16, 16, SMALL, id="B1-T91-HQ4-H1-D16"),
+        pytest.param(2, 70, 4, 2, 32, 16, SMALL, id="B2-T70-HQ4-H2-DK32-DV16"),
+        pytest.param(2, 70, 4, 2, 32, 16, SMALL_FORCED, id="B2-T70-HQ4-H2-DK32-DV16-forced-in-window"),
     ],
 )
-@pytest.mark.parametrize("config", [SMALL, SMALL_FORCED], ids=["forced-kernel", "forced-in-window"])
 def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, config, nsa_device, nsa_tolerance):
     _check(B, T, HQ, H, DK, DV, config, torch.float32, torch.float64, nsa_device, nsa_tolerance)
 
