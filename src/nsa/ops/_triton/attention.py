@@ -184,14 +184,19 @@ def attn_bwd_dq_step(
         # where() rather than -inf scores: a row with lse = -inf must give 0, not inf * 0
         b_p = tl.where(m_qk, b_p, 0.0)
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)  # [BM, BN]
+    b_ds = attn_bwd_ds(b_p, b_dp, b_delta, b_g, GATED)
+    b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
+    return b_dq
+
+
+@triton.jit
+def attn_bwd_ds(b_p, b_dp, b_delta, b_g, GATED: tl.constexpr):
+    """``dS = P (dP - delta)`` of rows ``[BM, BN]``, times the rows' gates ``b_g`` with ``GATED``."""
     if GATED:
         # g P (dP - delta) as P (g dP - g delta): one fused multiply-add a score instead of
         # a multiply and a subtraction
-        b_ds = b_p * (b_dp * b_g[:, None] - (b_g * b_delta)[:, None])
-    else:
-        b_ds = b_p * (b_dp - b_delta[:, None])
-    b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
-    return b_dq
+        return b_p * (b_dp * b_g[:, None] - (b_g * b_delta)[:, None])
+    return b_p * (b_dp - b_delta[:, None])
 
 
 @triton.jit

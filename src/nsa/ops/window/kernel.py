@@ -43,6 +43,7 @@ from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
     attn_bwd_dkdv_step,
+    attn_bwd_ds,
     attn_bwd_dq_step,
     attn_fwd_finish,
     attn_fwd_step,
@@ -248,11 +249,7 @@ def _dq_keys_two_branches(
         b_p = tl.where(m_qk, tl.exp2(b_s - b_lse[:, None]), 0.0)
         f_p = tl.where(m_qk, tl.exp2(b_s - f_lse[:, None]), 0.0)
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)  # [BM, BN]
-        if GATED:
-            b_ds = b_p * (b_dp * b_g[:, None] - (b_g * b_delta)[:, None])
-            b_ds += f_p * (b_dp * f_g[:, None] - (f_g * f_delta)[:, None])
-        else:
-            b_ds = b_p * (b_dp - b_delta[:, None]) + f_p * (b_dp - f_delta[:, None])
+        b_ds = attn_bwd_ds(b_p, b_dp, b_delta, b_g, GATED) + attn_bwd_ds(f_p, b_dp, f_delta, f_g, GATED)
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)  # [BM, BK]
     return b_dq
 
@@ -464,7 +461,9 @@ def forced_in_window(config: NSAConfig, group: int, q_offset: int) -> bool:
     bs = config.sel_block
     if not flags.get("NSA_FORCED_IN_WINDOW") or config.local_blocks < 1 or bs not in (16, 32, 64):
         return False
-    positions = min(_tiles(group, 16, 16, FWD_TILES["rows"])["BT"], bs)
+    # the forward's and the dQ's tiles (powers of two: the wider one's multiple suits both)
+    positions = max(min(_tiles(group, 16, 16, rows)["BT"], bs)
+                    for rows in (FWD_TILES["rows"], BWD_TILES["dq"]["rows"]))
     return config.window >= config.local_blocks * bs and q_offset % positions == 0
 
 
