@@ -158,9 +158,10 @@ FLAGS: Mapping[str, Flag] = _declare(
         "NSA_FORCED_IN_WINDOW",
         bool,
         True,
-        "Triton training and inference prefill: the sliding-window forward also computes the "
-        "selected branch's forced blocks (initial and local), whose local keys it reads anyway, "
-        "instead of a separate forced-block kernel. Off restores that kernel (for comparisons).",
+        "Triton training and inference prefill: the sliding-window kernels also compute the "
+        "selected branch's forced blocks (initial and local), whose local keys they read anyway: "
+        "the forward and dQ instead of separate forced-block kernels, and dK/dV over the local "
+        "blocks instead of the selected dK/dV kernel. Off restores those kernels (for comparisons).",
     ),
     Flag(
         "NSA_LOG_ROUTING",

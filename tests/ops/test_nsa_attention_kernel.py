@@ -375,3 +375,49 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
     assert torch.equal(outputs[2], outputs[3])
     for name, got, want in zip(("dq", "dk", "dv"), *grads):
         assert_close(name, got, want, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "T, HQ, H, D, q_offset, config",
+    [
+        pytest.param(83, 4, 2, 16, 0, SMALL_FORCED, id="G2"),
+        pytest.param(70, 4, 1, 24, 16, SMALL_FORCED, id="G4-D24-q_offset16"),
+        pytest.param(77, 2, 2, 16, 0, NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=6, window=48,
+                                                 init_blocks=2, local_blocks=3), id="G1-init2-local3"),
+    ],
+)
+def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, config, nsa_device):
+    """The window's backward with ``forced=`` adds the selected branch's forced-block share (``dq``
+    over every forced block, ``dk``/``dv`` over the local ones) and the selected backward with
+    ``forced_done`` leaves it out: together, every gradient equals the two branches' own
+    backwards (float32 rounding), gated, and ``dkv=`` adds into the selected branch's dK/dV."""
+    from nsa.ops.selected.kernel import selected_bwd, selected_fwd
+    from nsa.ops.window.kernel import window_bwd, window_fwd
+
+    TK = q_offset + T
+    q = torch.randn(1, T, HQ, D, device=nsa_device)
+    k, v = (torch.randn(1, TK, H, D, device=nsa_device) for _ in range(2))
+    do = torch.randn(1, T, HQ, D, device=nsa_device)
+    gate = torch.rand(2, 1, T, HQ, device=nsa_device)
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    blocks = torch.randint(0, TK // config.sel_block + 1, (1, T, H, config.sel_count), device=nsa_device)
+    n_forced = config.init_blocks + config.local_blocks
+    blocks[..., :n_forced] = _forced_only(T, q_offset, H, config, nsa_device)
+    blocks = blocks.to(torch.int32)
+    o_slc, lse_slc = selected_fwd(q, k, v, blocks, config.sel_block, scale, q_offset, forced=forced)
+    o_win, lse_win = window_fwd(q, k, v, config.window, scale, q_offset)
+    delta = [torch.randn(1, T, HQ, device=nsa_device) for _ in range(2)]  # any deltas: both paths take them
+    want_slc = selected_bwd(q, k, v, blocks, o_slc, lse_slc, do, config.sel_block, scale, q_offset, forced=forced,
+                            delta=delta[0], gate=gate[0])
+    want_win = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], gate=gate[1])
+    dq = torch.zeros_like(q)
+    _, dk, dv = selected_bwd(q, k, v, blocks, o_slc, lse_slc, do, config.sel_block, scale, q_offset, forced=forced,
+                             delta=delta[0], dq=dq, gate=gate[0], forced_done=True)
+    got = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], dq=dq,
+                     gate=gate[1], forced=dict(config=config, lse=lse_slc, delta=delta[0], gate=gate[0]),
+                     dkv=(dk, dv))
+    assert got[1] is dk and got[2] is dv
+    for name, g, a, b in zip(("dq", "dk", "dv"), got, want_slc, want_win):
+        assert_close(name, g, a + b, 1e-5)
+    with pytest.raises(ValueError, match="dkv must be contiguous tensors shaped like k"):
+        window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, dkv=(dk[:, :-1], dv))

@@ -19,11 +19,12 @@ The gradients equal the composed path's up to rounding (``g * do`` is never roun
 16 bits here). The compressed branch writes ``dq``, and the selected and window ``dQ`` kernels add their
 share as they store it. Forward, the kernel that runs last writes the gated sum beside its own
 output: the selected kernel where the window kernels also compute the selected branch's forced
-blocks (``window_fwd_forced``, and their dQ share in the window's dQ kernel; see
+blocks (``window_fwd_forced``; backward, their dQ share and the local blocks' dK/dV share; see
 :func:`nsa.ops.window.kernel.forced_in_window`), else the window kernel (``window_fwd_summed``).
-Every kernel is the ops' own, specialised by constexprs. The
-keys' gradients of branches that share ``(k, v)`` are still summed by a plain add: those
-tensors are ``G`` times smaller than ``dq``.
+Every kernel is the ops' own, specialised by constexprs. Where the window and the
+selected branch share ``(k, v)``, the window's dK/dV kernel adds its gradients to the
+selected branch's as it stores them (and, with the forced blocks in the window, the local
+blocks' share of the selected branch's too).
 """
 
 from __future__ import annotations
@@ -89,16 +90,17 @@ class NSATrainingFunction(torch.autograd.Function):
         gate.copy_(gates.permute(3, 0, 1, 2))  # one pass: [3, B, T, HQ]
         dq, dk_cmp, dv_cmp = compressed_bwd(q, k_cmp, v_cmp, o_cmp, lse_cmp, do, None, config, scale, q_offset,
                                             delta=delta[0], gate=gate[0])
-        # with the forced blocks' forward in the window kernel, their dq share is the window dQ's too
+        # with the forced blocks' forward in the window kernel, their share of dq (and the local
+        # blocks' of dk/dv) is the window backward's too
         in_window = ctx.forced_in_window
         _, dk, dv = selected_bwd(q, k, v, block_idx, o_slc, lse_slc, do, config.sel_block, scale, q_offset,
                                  forced=ctx.forced, delta=delta[1], dq=dq, gate=gate[1], forced_done=in_window)
+        # with shared (k, v), the window's dK/dV kernel adds its share to the selected branch's
         _, dk_win, dv_win = window_bwd(
             q, kw, vw, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[2], dq=dq, gate=gate[2],
-            forced=dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1]) if in_window else None)
+            forced=dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1]) if in_window else None,
+            dkv=(dk, dv) if ctx.shared else None)
         if ctx.shared:
-            dk.add_(dk_win)
-            dv.add_(dv_win)
             dk_win = dv_win = None
         return dq, dk, dv, dk_cmp, dv_cmp, dgates, dk_win, dv_win, None, None
 

@@ -8,7 +8,7 @@ step, written once:
 
 - :func:`attn_fwd_step`: one key tile of the online softmax (forward);
 - :func:`attn_bwd_dq_step`: one key tile's contribution to ``dQ``, and
-  :func:`store_dq` to write it (or add it to another branch's);
+  :func:`store_scaled` to write a gradient (or add it to another branch's);
 - :func:`attn_bwd_dkdv_step`: one query tile's contribution to ``dK``/``dV``.
 
 The backward steps take an optional per-row gate ``g`` (``GATED``, rows from
@@ -200,13 +200,13 @@ def attn_bwd_ds(b_p, b_dp, b_delta, b_g, GATED: tl.constexpr):
 
 
 @triton.jit
-def store_dq(p_dq, b_dq, scale, mask, ADD: tl.constexpr):
-    """Store ``b_dq * scale`` (float32) at ``p_dq`` in its dtype; with ``ADD``, plus what
-    ``p_dq`` held (another kernel's share of the same gradient), rounded once."""
-    b_dq = b_dq * scale
+def store_scaled(p_out, b_grad, scale, mask, ADD: tl.constexpr):
+    """Store a gradient tile ``b_grad * scale`` (float32) at ``p_out`` in its dtype; with ``ADD``,
+    plus what ``p_out`` held (another kernel's share of the same gradient), rounded once."""
+    b_grad = b_grad * scale
     if ADD:
-        b_dq += tl.load(p_dq, mask=mask, other=0.0).to(tl.float32)
-    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), mask=mask)
+        b_grad += tl.load(p_out, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p_out, b_grad.to(p_out.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -33,7 +33,7 @@ from nsa.ops._triton.attention import (
     load_gate,
     next_pow2,
     sm_count,
-    store_dq,
+    store_scaled,
 )
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 
@@ -113,7 +113,7 @@ def compressed_bwd_dq_kernel(
     for i_n in range(n_full, n_hi, BN):
         b_dq = _dq_chunk(b_q, b_do, b_lse, b_delta, b_g, b_dq, p_k, p_v, i_n, n_hi, nv, qk_scale,
                          BN, BDK, BDV, DK, DV, H * DK, H * DV, True, GATED, PREC)
-    store_dq(dq + (o_q * DK)[:, None] + o_dk[None, :], b_dq, scale, m_qk_d, False)
+    store_scaled(dq + (o_q * DK)[:, None] + o_dk[None, :], b_dq, scale, m_qk_d, False)
 
 
 @triton.jit

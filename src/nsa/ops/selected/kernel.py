@@ -49,7 +49,7 @@ from nsa.ops._triton.attention import (
     next_pow2,
     row_offsets,
     sm_count,
-    store_dq,
+    store_scaled,
 )
 
 
@@ -290,7 +290,7 @@ def selected_bwd_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_dq(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
+    store_scaled(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
@@ -371,7 +371,7 @@ def selected_forced_dq_kernel(
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, True, GATED, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_dq(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
+    store_scaled(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
 
 
 @triton.jit
@@ -614,11 +614,13 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     return o, lse, o_sum
 
 
-def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num_blocks: int, qseg: int) -> dict:
+def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num_blocks: int, qseg: int,
+                     skip_local: int = 0) -> dict:
     """For every (batch, KV head, block) owner, the ascending list of queries that chose it.
 
-    Entries that do not count (-1, past the query, repeats) are dropped. Everything
-    runs on the device without a host sync: sizes come from shapes only.
+    Entries that do not count (-1, past the query, repeats) are dropped, and so are a query's
+    ``skip_local`` local blocks (its own and those just before it), whose share another kernel
+    computes. Everything runs on the device without a host sync: sizes come from shapes only.
 
     Returns:
         ``t_sorted`` int32 ``[E]`` query indices grouped by owner; ``starts``/``counts``
@@ -634,6 +636,8 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     repeat[..., 1:] = idx[..., 1:] == idx[..., :-1]
     t_pos = q_offset + torch.arange(T, device=dev)[None, :, None, None]
     ok = (idx >= 0) & (idx * sel_block <= t_pos) & ~repeat
+    if skip_local:
+        ok &= idx <= t_pos // sel_block - skip_local
     bh = torch.arange(B, device=dev)[:, None, None, None] * H + torch.arange(H, device=dev)[None, None, :, None]
     owner = torch.where(ok, bh * num_blocks + idx, n_owner).flatten()
     owner_sorted, order = torch.sort(owner.to(torch.int32 if n_owner < 2**31 - 1 else torch.int64), stable=True)
@@ -660,7 +664,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor;
     given ``gate``, the branch's gradient is ``gate[..., None] * do`` (see :func:`selected_bwd`).
     ``forced_done``: another kernel adds the forced-block share (the window's, see
-    :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``."""
+    :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``
+    (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``)."""
     if forced_done and (dq is None or not sum(forced)):
         raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
     B, T, HQ, DK = q.shape
@@ -680,9 +685,10 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
 
 
 def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
-                      gate: Optional[torch.Tensor] = None):
+                      gate: Optional[torch.Tensor] = None, skip_local: int = 0):
     """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction
-    (``gate`` as in :func:`selected_bwd_dq`)."""
+    (``gate`` as in :func:`selected_bwd_dq`). ``skip_local``: leave out each query's that many
+    local blocks, whose share the window's dK/dV kernel adds (``window_bwd(..., forced=)``)."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dims = _dims(q, k, v, block_idx, sel_block)
@@ -696,7 +702,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         cfg["num_stages"] = 3 if hopper_tiles_fit(q.dtype, max(dims["BK"], dims["BV"]), q.device) else 2
     num_blocks = triton.cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
-    inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"])
+    inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local)
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
     dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
     dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
@@ -724,7 +730,9 @@ def selected_bwd(
     gate: Optional[torch.Tensor] = None, forced_done: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic
-    (``forced`` as in :func:`selected_fwd`, ``forced_done`` as in :func:`selected_bwd_dq`).
+    (``forced`` as in :func:`selected_fwd`, ``forced_done`` as in :func:`selected_bwd_dq`: ``dq``
+    then lacks the forced blocks' share and ``dk``/``dv`` the local blocks', which the window's
+    backward adds).
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dkdv": {"QSEG": 256}}``.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
@@ -739,7 +747,8 @@ def selected_bwd(
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
     dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate,
                          forced_done)
-    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate)
+    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
+                               forced[1] if forced_done else 0)
     return dq, dk, dv
 
 

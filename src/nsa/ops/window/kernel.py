@@ -25,6 +25,10 @@ forced blocks (``FORCED``, :func:`forced_in_window`): its local blocks are the b
 key tiles, so their scores serve both branches, and only the initial blocks cost extra
 steps. That replaces the selected branch's forced-block kernels (H100, forward+backward:
 8k 8.80-8.83 -> 8.32-8.36 ms, 64k 113.2-113.6 -> 110.1-110.3; docs/perf/prefill.md, session 15).
+The ``dK``/``dV`` kernel takes the local blocks' share in the same way (the queries that hold
+a key tile's blocks as local ones are the first of its band), which the selected branch's
+inverted lists then leave out (H100: 8k 8.40-8.45 -> 8.36 ms, 64k 110.7-111.9 -> 110.7-110.8;
+session 16).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from nsa.ops._triton.attention import (
     load_gate,
     next_pow2,
     row_offsets,
-    store_dq,
+    store_scaled,
 )
 
 
@@ -323,7 +327,7 @@ def window_bwd_dq_kernel(
     )
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_dq(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
+    store_scaled(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
 
 
 @triton.jit
@@ -354,18 +358,66 @@ def _dkdv_queries(
     return b_dk, b_dv
 
 
+@triton.jit
+def _dkdv_queries_two_branches(
+    b_k, b_v, b_dk, b_dv,  #
+    q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+    sqb, sqt, sqh, sdb, sdt, sdh,  #
+    o_s, T, q_offset, W, i_lo, i_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, LOCAL: tl.constexpr,
+    GATED: tl.constexpr, PREC: tl.constexpr,
+):
+    """dK/dV over query tiles that hold some of the key tile's blocks as local blocks of the
+    selected branch (``t // BS - s // BS < LOCAL``, inside the band): one score tile and one
+    ``dP`` tile serve both branches. Their gated probabilities are added before the ``dV``
+    product and their ``dS`` (each with its own lse, delta and gate; the selected one's
+    prefixed ``f_``) before the ``dK`` product, as in :func:`_dq_keys_two_branches`."""
+    HQ: tl.constexpr = H * G
+    for i0 in range(i_lo, i_hi, BT):
+        o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
+        b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+        b_g = load_gate(gate, o_row, m_r, GATED)
+        b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
+        b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+        f_g = load_gate(gate_frc, o_row, m_r, GATED)
+        f_lse = tl.load(lse_frc + o_row, mask=m_r, other=0.0)
+        f_delta = tl.load(delta_frc + o_row, mask=m_r, other=0.0)
+        m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]  # [BN, BM]
+        m_frc = m_kq & (o_pos[None, :] // BS - o_s[:, None] // BS < LOCAL)
+        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale  # [BN, BM]
+        b_pt = tl.where(m_kq, tl.exp2(b_st - b_lse[None, :]), 0.0)
+        f_pt = tl.where(m_frc, tl.exp2(b_st - f_lse[None, :]), 0.0)
+        if GATED:
+            b_pt = b_pt * b_g[None, :]
+            f_pt = f_pt * f_g[None, :]
+        b_dv += tl.dot((b_pt + f_pt).to(b_do.dtype), b_do, input_precision=PREC)  # [BN, BV]
+        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
+        b_dst = b_pt * (b_dpt - b_delta[None, :]) + f_pt * (b_dpt - f_delta[None, :])
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
+    return b_dk, b_dv
+
+
 @triton.jit(do_not_specialize=["T", "TK", "q_offset", "W"])
 def window_bwd_dkdv_kernel(
-    q, k, v, do, gate, lse, delta, dk, dv,  #
+    q, k, v, do, gate, lse, delta, dk, dv, gate_frc, lse_frc, delta_frc,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
     T, TK, q_offset, W, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
+    FORCED: tl.constexpr = False, BS: tl.constexpr = 1, LOCAL: tl.constexpr = 0,
 ):
-    """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``.
+    """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``; with ``ACC``
+    added to what they held (another branch's gradient of the same keys).
 
     Keys no query sees (past the last query, or before ``q_offset - W + 1``) get zeros.
+    With ``FORCED``, also the selected branch's share over its ``LOCAL`` local blocks of ``BS``
+    keys (its gate, lse and delta in ``gate_frc``/``lse_frc``/``delta_frc``): the queries that
+    hold a block of this tile as a local one are the first of its band, whose scores the two
+    branches share (:func:`_dkdv_queries_two_branches`). The selected branch's dK/dV then
+    leaves those (query, block) pairs out (``selected_bwd_dkdv(..., skip_local=LOCAL)``).
     """
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -388,6 +440,18 @@ def window_bwd_dkdv_kernel(
 
     b_dk = tl.zeros([BN, BK], dtype=tl.float32)
     b_dv = tl.zeros([BN, BV], dtype=tl.float32)
+    if FORCED:
+        # queries up to the end of the block LOCAL - 1 past the tile's last one hold a block of it as local
+        i_local = tl.minimum(((s0 + BN - 1) // BS + LOCAL) * BS - q_offset, i_end)
+        i_local = tl.maximum(tl.cdiv(i_local, BT) * BT, i_first)
+        b_dk, b_dv = _dkdv_queries_two_branches(
+            b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+            sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_first, i_local, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+            H, G, GP, BT, BS, LOCAL, GATED, PREC,
+        )
+        i_first = i_local
+        mid_lo = tl.minimum(tl.maximum(mid_lo, i_first), i_end)
+        mid_hi = tl.maximum(mid_hi, mid_lo)
     b_dk, b_dv = _dkdv_queries(
         b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
@@ -402,9 +466,9 @@ def window_bwd_dkdv_kernel(
     )
 
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
-    tl.store(dk + o_out[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & m_dk[None, :])
+    store_scaled(dk + o_out[:, None] + o_dk[None, :], b_dk, scale, m_s[:, None] & m_dk[None, :], ACC)
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
-    tl.store(dv + o_out[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_dv[None, :])
+    store_scaled(dv + o_out[:, None] + o_dv[None, :], b_dv, 1.0, m_s[:, None] & m_dv[None, :], ACC)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -524,6 +588,17 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
 
+def _forced_args(forced: Optional[dict], gate: Optional[torch.Tensor], lse: torch.Tensor, kernel: str):
+    """``(gate_frc, lse_frc, delta_frc)`` kernel arguments of the selected branch's forced share
+    (placeholders without ``forced``), checking that its gate comes with the window's."""
+    if forced is None:
+        return lse, lse, lse
+    frc_gate = forced.get("gate")
+    if (frc_gate is None) != (gate is None):
+        raise ValueError(f"{kernel}: the selected branch's gate comes with the window's, or neither")
+    return lse if frc_gate is None else frc_gate, forced["lse"], forced["delta"]
+
+
 def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
                   dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
                   forced: Optional[dict] = None) -> torch.Tensor:
@@ -535,17 +610,12 @@ def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: 
     acc = dq is not None
     dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
     frc = dict(FORCED=False)
-    frc_args = (lse, lse, lse)
     if forced is not None:
-        cfg = _forced_tiles(cfg, forced["config"], q_offset)
         config = forced["config"]
+        cfg = _forced_tiles(cfg, config, q_offset)
         frc = dict(FORCED=True, INIT=config.init_blocks, LOCAL=config.local_blocks)
-        frc_gate = forced.get("gate")
-        if (frc_gate is None) != (gate is None):
-            raise ValueError("window_bwd_dq: the selected branch's gate comes with the window's, or neither")
-        frc_args = (lse if frc_gate is None else frc_gate, forced["lse"], forced["delta"])
     window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, do if gate is None else gate, lse, delta, dq, *frc_args,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dq, *_forced_args(forced, gate, lse, "window_bwd_dq"),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
@@ -565,19 +635,30 @@ def _forced_tiles(cfg: dict, config: NSAConfig, q_offset: int) -> dict:
 
 
 def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
-                    gate: Optional[torch.Tensor] = None):
-    """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics (``gate`` as in
-    :func:`window_bwd`)."""
+                    gate: Optional[torch.Tensor] = None, forced: Optional[dict] = None,
+                    dkv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+    """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics (``gate``,
+    ``forced`` and ``dkv`` as in :func:`window_bwd`)."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
-    dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
-    dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
+    if dkv is None:
+        dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
+        dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
+    else:
+        dk, dv = dkv
+        if dk.shape != k.shape or dv.shape != v.shape or not (dk.is_contiguous() and dv.is_contiguous()):
+            raise ValueError(f"window_bwd_dkdv: dkv must be contiguous tensors shaped like k {list(k.shape)} and v "
+                             f"{list(v.shape)}, got {list(dk.shape)} and {list(dv.shape)}")
+    frc = dict(FORCED=False)
+    if forced is not None:
+        frc = dict(FORCED=True, BS=forced["config"].sel_block, LOCAL=forced["config"].local_blocks)
     window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
-        q, k, v, do, do if gate is None else gate, lse, delta, dk, dv,  #
+        q, k, v, do, do if gate is None else gate, lse, delta, dk, dv,
+        *_forced_args(forced, gate, lse, "window_bwd_dkdv"),  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=DV, GATED=check_gate(gate, (B, T, HQ)), PREC=dot_precision(q.dtype),
-        **cfg,
+        H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=check_gate(gate, (B, T, HQ)),
+        PREC=dot_precision(q.dtype), **frc, **cfg,
     )
     return dk, dv
 
@@ -586,20 +667,22 @@ def window_bwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
     window: int, scale: float, q_offset: int, tiles: Optional[dict] = None,
     delta: Optional[torch.Tensor] = None, dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
-    forced: Optional[dict] = None,
+    forced: Optional[dict] = None, dkv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward: ``(dq, dk, dv)`` shaped like ``(q, k, v)``, deterministic.
 
     ``tiles`` overrides :data:`BWD_TILES` per kernel, e.g. ``{"dq": {"num_warps": 8}}``.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, T, HQ]`` if already computed (``o`` then
-    unread); ``dq``: a gradient to add this branch's to (see :func:`window_bwd_dq`).
+    unread); ``dq``: a gradient to add this branch's to (see :func:`window_bwd_dq`), and
+    ``dkv = (dk, dv)`` likewise for the keys' and values' (contiguous, shaped like ``k``/``v``).
     ``gate [B, T, HQ]``: ``do`` is the gradient of the gated sum and this branch's is
     ``gate[..., None] * do``; the kernels scale the probabilities by the gate instead, and
     ``delta`` stays ``rowsum(o * do)`` of the ``do`` given.
-    ``forced = dict(config=, lse=, delta=, gate=)``: ``dq`` also gets the selected branch's share
-    over its forced blocks (its log2-domain lse, delta and gate, the gate given with the
-    window's), where :func:`window_fwd_forced` computed their forward; the selected branch's
-    backward then leaves them out (``selected_bwd(..., forced_done=True)``).
+    ``forced = dict(config=, lse=, delta=, gate=)``: the gradients also get the selected branch's
+    share over its forced blocks (its log2-domain lse, delta and gate, the gate given with the
+    window's), where :func:`window_fwd_forced` computed their forward: ``dq`` over all of them,
+    ``dk``/``dv`` over the local ones. The selected branch's backward then leaves those out
+    (``selected_bwd(..., forced_done=True)``).
     """
     G, DK, DV = q.shape[2] // k.shape[2], q.shape[-1], v.shape[-1]
     do = last_dim_contiguous(do)
@@ -608,7 +691,7 @@ def window_bwd(
     dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq, gate,
                        forced)
     dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles),
-                             gate)
+                             gate, forced, dkv)
     return dq, dk, dv
 
 
