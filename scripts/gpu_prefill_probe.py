@@ -19,7 +19,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 8. **Compressed dK/dV tiles** (``cmp_dkdv``): the compressed backward by (rows, token tile, warps,
    stages, split cap), then the whole forward+backward with the fastest as the default.
 9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
-10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler.
+10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler
+    (the 16 longest; ``NSA_PROBE_KERNELS=n`` lists n).
 11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
 12. **Training as one Function** (``training``): ``nsa_attention``'s training path against the
     ops' own autograd Functions composed, timed and compared.
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import time
@@ -658,7 +660,7 @@ def kernel_times(T: int, config: NSAConfig) -> None:
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in events) / 1e3
     print(f"T={T} kernels of one forward+backward: {total:.2f} ms in all", flush=True)
-    for e in events[:16]:
+    for e in events[: int(os.environ.get("NSA_PROBE_KERNELS", 16))]:
         print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
 
 
