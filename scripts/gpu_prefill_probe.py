@@ -34,6 +34,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 17. **Selected tiles of several queries** (``sel_tiles``): the forward and dQ by query positions a
     program and warps, and one a program against the saved copy of the previous kernels.
 18. **Compressed forward parts** (``cmp_parts``): pass 1 alone, selection alone, both.
+19. **Descriptors** (``kv_desc``): the selected forward's and dQ's blocks by bulk copies or plain loads.
 """
 
 from __future__ import annotations
@@ -372,6 +373,40 @@ def window_variants(T: int, config: NSAConfig) -> None:
         fn = lambda: win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, cfg)
         err = (fn().float() - want_dq.float()).abs().max().item()
         print(f"T={T} window dQ {tiles}: {bench(fn):.3f} ms (max abs diff {err:.1e})", flush=True)
+
+
+def kv_descriptors(T: int, config: NSAConfig) -> None:
+    """The selected forward and dQ fetching their blocks through tensor descriptors (one bulk copy
+    a block, ``KV_DESC``) or by plain loads, each alone with its error against plain loads; then
+    the whole ``nsa_attention`` with the forward's choice flipped, twice each in turn. (Session 16
+    also timed the window forward and dQ with descriptors: slower, dropped.)"""
+    from nsa.ops.selected import kernel as sel
+
+    c = selected_case(T, config, T + 11)
+    q, k, v, scale = c.q, c.k, c.v, c.scale
+    firsts: dict = {}
+    for desc in (False, True):
+        label = "descriptors" if desc else "plain loads"
+        cases = {
+            "selected fwd": lambda: sel.selected_fwd(q, k, v, c.idx, config.sel_block, scale, 0, forced=c.forced,
+                                                     tiles=dict(KV_DESC=desc)),
+            "selected dQ": lambda: (sel.selected_bwd_dq(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale,
+                                                        0, dict(sel.BWD_TILES["dq"], KV_DESC=desc), c.forced),),
+        }
+        for name, fn in cases.items():
+            firsts[name], _ = timed_variant(T, f"{name}, {label}", fn, firsts.get(name))
+    x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
+    fwd = lambda: nsa_attention(x, kk, vv, gates, config, backend="triton")
+    saved = sel.FWD_TILES["KV_DESC"]
+    for rnd in (1, 2):
+        for desc in (False, True):
+            sel.FWD_TILES["KV_DESC"] = desc
+            with torch.no_grad():
+                f_ms = bench(fwd)
+            print(f"T={T} nsa_attention, selected forward by {'descriptors' if desc else 'plain loads'} (round "
+                  f"{rnd}): forward {f_ms:.3f} ms, forward+backward {bench(run):.3f} ms", flush=True)
+    sel.FWD_TILES["KV_DESC"] = saved
 
 
 def forced_variants(T: int, config: NSAConfig) -> None:
@@ -835,7 +870,7 @@ SECTIONS = {
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
-    "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles,
+    "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
 }
 
 

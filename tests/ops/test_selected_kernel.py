@@ -178,6 +178,44 @@ def test_inversion_lists_the_queries_of_each_block(nsa_device):
                 start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
                 want = sorted({t for t in range(T) if j * sel <= t and j in block_idx[b, t, h].tolist()})
                 assert t_sorted[start : start + count] == want, (b, h, j)
+    # leaving out each query's 2 local blocks (its own and the one before), whose share the
+    # window's dK/dV kernel takes
+    inv = invert_selection(block_idx, sel, 0, NB, 3, skip_local=2)
+    t_sorted = inv["t_sorted"].tolist()
+    for b in range(B):
+        for h in range(H):
+            for j in range(NB):
+                owner = (b * H + h) * NB + j
+                start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
+                want = sorted({t for t in range(T) if j <= t // sel - 2 and j in block_idx[b, t, h].tolist()})
+                assert t_sorted[start : start + count] == want, (b, h, j)
+
+
+@pytest.mark.parametrize("forced, bq", [((1, 2), 1), ((0, 0), 1), ((0, 0), 4)],
+                         ids=["forced", "noforced", "noforced-4-queries"])
+def test_selected_block_copies_equal_plain_loads(forced, bq, nsa_device):
+    """The forward and dQ fetching each block by one bulk copy through tensor descriptors
+    (``KV_DESC``: the forward's default where copies run, the CPU included) give bitwise the
+    plain loads' results, also over a cache whose unwritten tail holds NaN: the keys that the
+    mask drops must not reach ``P V`` or ``dS K`` as ``0 * NaN``."""
+    from nsa.ops._triton.attention import bulk_copies_supported
+
+    if not bulk_copies_supported(nsa_device):
+        pytest.skip("tensor-descriptor copies need Hopper or later")
+    T, sel = 61, 16
+    q, k, v = qkv(1, T, 4, 2, 16, 16, torch.float32, nsa_device, TK=T + 9)
+    k[:, T:], v[:, T:] = float("nan"), float("nan")
+    block_idx = random_blocks(1, T, 2, 5, (T + sel - 1) // sel, nsa_device)
+    outputs = []
+    for desc in (False, True):
+        o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, 0, forced=forced, tiles=dict(BQ=bq, KV_DESC=desc))
+        do = torch.ones_like(o)
+        dq = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0, forced=forced,
+                          tiles={"dq": dict(BQ=bq, KV_DESC=desc)})[0]
+        outputs.append((o, lse, dq))
+    for name, plain, copied in zip(("o", "lse", "dq"), *outputs):
+        assert not copied.isnan().any(), name
+        assert torch.equal(plain, copied), name
 
 
 @pytest.mark.gpu

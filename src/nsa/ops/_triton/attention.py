@@ -33,6 +33,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
 LOG2E = 1.4426950408889634
@@ -105,6 +106,35 @@ def check_gate(gate: Optional[torch.Tensor], rows: Tuple[int, int, int]) -> bool
     if gate.dtype != torch.float32 or not gate.is_contiguous():
         raise ValueError(f"gate must be contiguous float32, got {gate.dtype} with strides {gate.stride()}")
     return True
+
+
+def bulk_copies_supported(device: torch.device) -> bool:
+    """Whether tensor-descriptor (TMA) bulk copies run on ``device``: Hopper (compute capability
+    9.0) or later. The CPU counts as able, since the interpreter runs them, so that CI tests the
+    path that the H100/H200 take."""
+    if device.type != "cuda":
+        return True
+    return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if a bulk-copy (TMA) descriptor can describe it (16-byte aligned base and
+    non-zero strides that are multiples of 16 bytes), else a contiguous copy."""
+    unit = 16 // t.element_size()
+    if t.data_ptr() % 16 == 0 and all(s > 0 and s % unit == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDescriptor:
+    """Descriptor of a ``[B, T, H, D]`` tensor whose block is ``tokens`` tokens of one head,
+    ``width >= D`` wide (the copy fills the columns past ``D``, and the tokens past ``T``, with zeros)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, tokens, 1, width])
 
 
 @triton.jit

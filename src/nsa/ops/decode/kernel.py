@@ -52,10 +52,15 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.attention import LOG2E, sm_count
+from nsa.ops._triton.attention import (
+    LOG2E,
+    bulk_copies_supported,
+    descriptor_ready,
+    sm_count,
+    token_tile_descriptor,
+)
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
@@ -826,21 +831,6 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _descriptor_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself if a bulk-copy descriptor can describe it (16-byte aligned base and
-    non-zero strides that are multiples of 16 bytes), else a contiguous copy."""
-    unit = 16 // t.element_size()
-    if t.data_ptr() % 16 == 0 and all(s > 0 and s % unit == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
-
-
-def _token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDescriptor:
-    """Descriptor of a ``[B, T, H, D]`` cache whose block is ``tokens`` tokens of one head,
-    ``width >= D`` wide (the copy fills the columns past ``D`` with zeros)."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, tokens, 1, width])
-
-
 # Once the batch fills the GPU the compressed launch is one wave of this many programs per
 # SM, each pipelining its tiles through FILL_CMP_STAGES stages (their shared memory is what
 # bounds the programs per SM).
@@ -896,12 +886,6 @@ def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) 
     SM: the batch alone then keeps the GPU busy, and the launch choices switch from hiding
     latency to moving bytes (batch 16 at the defaults is past it, batch 1 is not)."""
     return rows_groups * config.sel_count > 4 * _sm_count(device)
-
-
-@functools.lru_cache(maxsize=None)
-def _bulk_copy_supported(index: int) -> bool:
-    """Tensor-descriptor (TMA) bulk copies need Hopper (compute capability 9.0) or later."""
-    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -1017,7 +1001,7 @@ def decode_fwd(
     if pdl is None:
         pdl = on_gpu and _pdl_supported(index) and not fills
     if cmp_desc is None:
-        cmp_desc = on_gpu and _bulk_copy_supported(index) and fills
+        cmp_desc = on_gpu and bulk_copies_supported(q.device) and fills
         cmp_tile = cmp_tile or (32 if cmp_desc else None)
     # a descriptor tile is the K of a whole tl.dot, which needs K >= 16 on a GPU (the
     # interpreter has no such limit, so CPU tests use smaller tiles)
@@ -1054,11 +1038,11 @@ def decode_fwd(
     cmp_attend = dict(attend, BC=cmp_bc)
     k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg = k_cmp, v_cmp, k_win, v_win
     if cmp_desc:
-        k_cmp, v_cmp = _descriptor_ready(k_cmp), _descriptor_ready(v_cmp)
-        k_cmp_arg, v_cmp_arg = _token_tile_descriptor(k_cmp, cmp_attend["BC"], BK), _token_tile_descriptor(v_cmp, cmp_attend["BC"], BV)
+        k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
+        k_cmp_arg, v_cmp_arg = token_tile_descriptor(k_cmp, cmp_attend["BC"], BK), token_tile_descriptor(v_cmp, cmp_attend["BC"], BV)
     if win_desc:
-        k_win, v_win = _descriptor_ready(k_win), _descriptor_ready(v_win)
-        k_win_arg, v_win_arg = _token_tile_descriptor(k_win, cmp_attend["BC"], BK), _token_tile_descriptor(v_win, cmp_attend["BC"], BV)
+        k_win, v_win = descriptor_ready(k_win), descriptor_ready(v_win)
+        k_win_arg, v_win_arg = token_tile_descriptor(k_win, cmp_attend["BC"], BK), token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
@@ -1102,14 +1086,14 @@ def decode_fwd(
     tj = block_tile or min(1024, _pow2(n_cand))
     sel_block = config.sel_block
     if sel_desc is None:
-        sel_desc = on_gpu and _bulk_copy_supported(index) and fills
+        sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
     sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block) and sel_block >= min_dot
     per_round = topn_per_round or 4
     per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
     d_k = d_v = k  # unused without SEL_DESC
     if sel_desc:
-        k, v = _descriptor_ready(k), _descriptor_ready(v)
-        d_k, d_v = _token_tile_descriptor(k, sel_block, BK), _token_tile_descriptor(v, sel_block, BV)
+        k, v = descriptor_ready(k), descriptor_ready(v)
+        d_k, d_v = token_tile_descriptor(k, sel_block, BK), token_tile_descriptor(v, sel_block, BV)
     decode_selected_fwd_kernel[(s_slc + (s_win if window_in_selected else 0), rows * H)](
         q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
         o_part, m_part, l_part,  #

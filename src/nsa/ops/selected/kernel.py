@@ -41,7 +41,9 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     attn_fwd_finish,
     attn_fwd_step,
+    bulk_copies_supported,
     check_gate,
+    descriptor_ready,
     dot_precision,
     hopper_tiles_fit,
     last_dim_contiguous,
@@ -50,6 +52,7 @@ from nsa.ops._triton.attention import (
     row_offsets,
     sm_count,
     store_scaled,
+    token_tile_descriptor,
 )
 
 
@@ -92,21 +95,32 @@ def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: 
 
 @triton.jit
 def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
-              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr):
+              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr,
+              d_k, d_v, i_b, i_h, DESC: tl.constexpr):
     """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its
     visibility: ``[1, BSP]`` (``s <= t_last``) for one query, ``[BQ * GP, BSP]`` for a tile
     (rows ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``LOCAL > 0``
     each query's own block is forced, so every entry lies wholly before its queries and only
-    the padding past ``BS`` is masked."""
+    the padding past ``BS`` is masked. With ``DESC`` the block comes by one bulk copy through the
+    tensor descriptors ``d_k``/``d_v`` (blocks ``[1, BSP, 1, BK|BV]``) instead of ``p_k``/``p_v``."""
     o_c = tl.arange(0, BSP)
     pick = b_rank == i
-    o_s = tl.sum(tl.where(pick, b_blk, 0), 0).to(tl.int64) * BS + o_c
+    blk = tl.sum(tl.where(pick, b_blk, 0), 0)
+    o_s = blk.to(tl.int64) * BS + o_c
     if LOCAL > 0:
         m_s = o_c < BS
     else:
         m_s = (o_c < BS) & (o_s <= t_last)
-    b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-    b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+    if DESC:
+        b_k = d_k.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_dk.shape[0])
+        b_v = d_v.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_dv.shape[0])
+        if (LOCAL == 0) or (BS != BSP):
+            # masked keys leave the scores, but unwritten cache entries (NaN) would reach P V and dS K
+            b_k = tl.where(m_s[:, None], b_k, 0.0)
+            b_v = tl.where(m_s[:, None], b_v, 0.0)
+    else:
+        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
+        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
     if BQ > 1:
         who = tl.sum(tl.where(pick, b_who, 0), 0)
         m_qk = (((who >> o_rq) & 1) != 0)[:, None] & m_s[None, :]
@@ -193,7 +207,7 @@ def selected_fwd_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
-    SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True,
+    SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
 ):
     """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
@@ -233,7 +247,7 @@ def selected_fwd_kernel(
         b_l = tl.zeros([BQ * GP], dtype=tl.float32)
     for i in range(n_entries):
         b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
-                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ)
+                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
@@ -257,7 +271,7 @@ def selected_bwd_dq_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, ACC: tl.constexpr,  #
-    GATED: tl.constexpr, PREC: tl.constexpr,
+    GATED: tl.constexpr, PREC: tl.constexpr, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
 ):
     """Grid ``(cdiv(T, BQ), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
     blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``, and with
@@ -286,7 +300,7 @@ def selected_bwd_dq_kernel(
     b_dq = tl.zeros([BQ * GP, BK], dtype=tl.float32)
     for i in range(n_entries):
         b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
-                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ)
+                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC)
         b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
 
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
@@ -496,8 +510,14 @@ def _group_rows(G: int) -> int:
 #: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
 #: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2;
 #: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
-FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2)
-BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2), "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
+#: ``KV_DESC`` (see :func:`_block_loads`): the forward fetches its blocks by bulk copies where
+#: they run (H100, the whole ``nsa_attention`` forward: 8k 2.46-2.47 against 2.55-2.57 ms, 64k
+#: 36.1-36.8 against 37.1-37.5; the forward alone with the forced-block kernel 1.64 against 1.68
+#: and 15.6 against 15.8). The dQ keeps plain loads: 1.93 against 1.87 and 17.4 against 17.2 with
+#: copies (docs/perf/prefill.md, session 16).
+FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
+BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
+             "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
 
@@ -524,6 +544,22 @@ def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
         raise ValueError(f"BQ (query positions per program) must be one of {', '.join(map(str, TILE_QUERIES))}, "
                          f"got {bq}")
     return dict(cfg, BQ=bq, num_warps=cfg["num_warps"] or min(8, _default_warps(dims, narrow) * bq))
+
+
+def _block_loads(k: torch.Tensor, v: torch.Tensor, dims: dict, cfg: dict) -> Tuple[dict, dict]:
+    """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
+    arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
+    (``d_k``/``d_v``, :func:`_entry_kv`), None does where bulk copies run and the block fits a
+    copy (at most 256 rows and columns), False uses plain loads."""
+    cfg = dict(cfg)
+    desc = cfg.pop("KV_DESC", False)
+    if desc is None:
+        desc = bulk_copies_supported(k.device) and max(dims["BSP"], dims["BK"], dims["BV"]) <= 256
+    if not desc:
+        return cfg, {}
+    k, v = descriptor_ready(k), descriptor_ready(v)
+    return cfg, dict(KV_DESC=True, d_k=token_tile_descriptor(k, dims["BSP"], dims["BK"]),
+                     d_v=token_tile_descriptor(v, dims["BSP"], dims["BV"]))
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
@@ -607,10 +643,10 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
-    cfg = _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1)
+    cfg, loads = _block_loads(k, v, dims, _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1))
     selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
-        KEEP=keep)
+        KEEP=keep, **loads)
     return o, lse, o_sum
 
 
@@ -679,8 +715,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
-    cfg = _tile_launch(cfg, dims, 2)
-    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg)
+    cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, 2))
+    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads)
     return dq
 
 
