@@ -20,7 +20,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
    stages, split cap), then the whole forward+backward with the fastest as the default.
 9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
 10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler
-    (the 16 longest; ``NSA_PROBE_KERNELS=n`` lists n).
+    (the 16 longest; ``--kernels n`` lists n).
 11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
 12. **Training as one Function** (``training``): ``nsa_attention``'s training path against the
     ops' own autograd Functions composed, timed and compared.
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import time
@@ -679,6 +678,10 @@ def gate_ab(T: int, config: NSAConfig) -> None:
               flush=True)
 
 
+#: how many of the longest kernels ``kernel_times`` lists (``--kernels``)
+KERNELS_LISTED = 16
+
+
 def kernel_times(T: int, config: NSAConfig) -> None:
     """Device time of every kernel of one ``nsa_attention`` forward+backward (torch profiler,
     after two warm-up calls), largest first."""
@@ -695,7 +698,7 @@ def kernel_times(T: int, config: NSAConfig) -> None:
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in events) / 1e3
     print(f"T={T} kernels of one forward+backward: {total:.2f} ms in all", flush=True)
-    for e in events[: int(os.environ.get("NSA_PROBE_KERNELS", 16))]:
+    for e in events[:KERNELS_LISTED]:
         print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
 
 
@@ -881,7 +884,10 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS) + ["gaps"])
     parser.add_argument("--only", nargs="*", default=None, choices=list(SECTIONS) + ["gaps"],
                         help="run these sections alone")
+    parser.add_argument("--kernels", type=int, default=16, help="kernels listed by the section 'kernels'")
     args = parser.parse_args()
+    global KERNELS_LISTED
+    KERNELS_LISTED = args.kernels
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
     cpms = cycles_per_ms()

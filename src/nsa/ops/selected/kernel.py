@@ -11,7 +11,8 @@ at least 16 for the tensor cores), so every selected ``[BS, DK]`` key block is
 fetched once for the whole group and met with one dot. A program may take ``BQ``
 neighbouring positions instead (``NSA_SELECTED_TILE_QUERIES``): each block that any
 of them holds is then fetched once, and a row counts it only if its query holds it,
-which pays where neighbours choose the same blocks.
+which pays where neighbours choose the same blocks. Where tensor-descriptor copies run
+(Hopper and later, and the interpreter), the forward fetches each block by one bulk copy.
 
 ``dK``/``dV`` invert the selection instead of scattering with atomics: the host
 sorts the (query, block) pairs by block on the device (no sync), and one program
@@ -511,10 +512,10 @@ def _group_rows(G: int) -> int:
 #: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2;
 #: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
 #: ``KV_DESC`` (see :func:`_block_loads`): the forward fetches its blocks by bulk copies where
-#: they run (H100, the whole ``nsa_attention`` forward: 8k 2.46-2.47 against 2.55-2.57 ms, 64k
-#: 36.1-36.8 against 37.1-37.5; the forward alone with the forced-block kernel 1.64 against 1.68
-#: and 15.6 against 15.8). The dQ keeps plain loads: 1.93 against 1.87 and 17.4 against 17.2 with
-#: copies (docs/perf/prefill.md, session 16).
+#: they run (H100, the whole ``nsa_attention`` forward: 8k 2.47 against 2.55-2.56 ms, 64k
+#: 36.3-36.5 against 37.0-37.1; the forward alone, after the forced-block kernel, 1.64 against
+#: 1.67 and 15.6 against 15.7). The dQ keeps plain loads: 1.92 against 1.87 and 17.4 against
+#: 17.0 with copies (docs/perf/prefill.md, session 16).
 FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
 BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
              "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
