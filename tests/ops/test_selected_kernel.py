@@ -163,32 +163,24 @@ def test_selected_tile_size_is_checked(nsa_device, monkeypatch):
 def test_inversion_lists_the_queries_of_each_block(nsa_device):
     """Every (batch, KV head, block) list holds exactly the queries that chose the block, each
     once, ascending (descending lists, so that the programs running together would walk the
-    queries in step, read more from DRAM and took longer at 64k: docs/perf/prefill.md, session 12)."""
+    queries in step, read more from DRAM and took longer at 64k: docs/perf/prefill.md, session 12).
+    With ``skip_local=2`` each query's two local blocks (its own and the one before), whose share
+    the window's dK/dV kernel takes, are left out."""
     from nsa.ops.selected.kernel import invert_selection
 
     B, T, H, N, NB, sel = 2, 45, 3, 4, 6, 8
     block_idx = random_blocks(B, T, H, N, NB, nsa_device)
     block_idx[0, 30, 1, 2] = block_idx[0, 30, 1, 1]  # a repeat counts once
-    inv = invert_selection(block_idx, sel, 0, NB, 3)
-    t_sorted = inv["t_sorted"].tolist()
-    for b in range(B):
-        for h in range(H):
-            for j in range(NB):
-                owner = (b * H + h) * NB + j
-                start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
-                want = sorted({t for t in range(T) if j * sel <= t and j in block_idx[b, t, h].tolist()})
-                assert t_sorted[start : start + count] == want, (b, h, j)
-    # leaving out each query's 2 local blocks (its own and the one before), whose share the
-    # window's dK/dV kernel takes
-    inv = invert_selection(block_idx, sel, 0, NB, 3, skip_local=2)
-    t_sorted = inv["t_sorted"].tolist()
-    for b in range(B):
-        for h in range(H):
-            for j in range(NB):
-                owner = (b * H + h) * NB + j
-                start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
-                want = sorted({t for t in range(T) if j <= t // sel - 2 and j in block_idx[b, t, h].tolist()})
-                assert t_sorted[start : start + count] == want, (b, h, j)
+    for skip_local in (0, 2):
+        inv = invert_selection(block_idx, sel, 0, NB, 3, skip_local=skip_local)
+        t_sorted = inv["t_sorted"].tolist()
+        for b in range(B):
+            for h in range(H):
+                for j in range(NB):
+                    owner = (b * H + h) * NB + j
+                    start, count = int(inv["starts"][owner]), int(inv["counts"][owner])
+                    want = sorted({t for t in range(T) if j <= t // sel - skip_local and j in block_idx[b, t, h].tolist()})
+                    assert t_sorted[start : start + count] == want, (skip_local, b, h, j)
 
 
 @pytest.mark.parametrize("forced, bq", [((1, 2), 1), ((0, 0), 1), ((0, 0), 4)],

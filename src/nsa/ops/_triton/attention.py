@@ -157,6 +157,24 @@ def load_gate(gate, o_row, m_row, GATED: tl.constexpr):
 
 
 @triton.jit
+def load_bwd_rows(
+    q, do, gate, lse, delta, i_b, o_i, o_hq, m_r,  #
+    sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ: tl.constexpr, GATED: tl.constexpr,
+):
+    """What a backward step needs of its rows (batch ``i_b``, positions ``o_i``, query heads
+    ``o_hq``, ``m_r`` the real ones): ``q [BM, BK]`` and ``do [BM, BV]`` (zeros in padding rows),
+    the gates, lse and delta ``[BM]`` (:func:`load_gate`), and the rows' offsets ``o_row`` into
+    the flat ``[B * T * HQ]`` row tensors."""
+    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
+    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
+    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
+    b_g = load_gate(gate, o_row, m_r, GATED)
+    b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
+    b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+    return b_q, b_do, b_g, b_lse, b_delta, o_row
+
+
+@triton.jit
 def attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
     """Online-softmax update with one key tile.
 

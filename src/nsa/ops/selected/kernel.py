@@ -48,6 +48,7 @@ from nsa.ops._triton.attention import (
     dot_precision,
     hopper_tiles_fit,
     last_dim_contiguous,
+    load_bwd_rows,
     load_gate,
     next_pow2,
     row_offsets,
@@ -284,12 +285,10 @@ def selected_bwd_dq_kernel(
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
-    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [BQ * GP, BK]
-    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_g[:, None] & m_dv[None, :], other=0.0)  # [BQ * GP, BV]
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-    b_g = load_gate(gate, o_row, m_g, GATED)
-    b_lse = tl.load(lse + o_row, mask=m_g, other=0.0)  # [BQ * GP]
-    b_delta = tl.load(delta + o_row, mask=m_g, other=0.0)  # [BQ * GP]
+    b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
+        q, do, gate, lse, delta, i_b, o_i, o_hq, m_g, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
+        GATED,
+    )
     # as in the forward
     MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
     b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
@@ -368,12 +367,10 @@ def selected_forced_dq_kernel(
     o_i, o_hq, m_r, o_pos, o_j, b_list = _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
-    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-    b_g = load_gate(gate, o_row, m_r, GATED)
-    b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
-    b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+    b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
+        q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
+        GATED,
+    )
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
     j_lo = (q_offset + i_t * BT) // BS
@@ -436,12 +433,10 @@ def selected_bwd_dkdv_kernel(
             # -- BQ queries of the list, G head rows each --
             m_r = (e + o_r // GP < e_hi) & (o_r % GP < G)
             o_i = tl.load(t_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] query index of each row
-            b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-            b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
-            o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-            b_g = load_gate(gate, o_row, m_r, GATED)
-            b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
-            b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
+            b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
+                q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
+                GATED,
+            )
             m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
             b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, True, GATED, PREC)
 

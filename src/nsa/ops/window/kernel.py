@@ -54,6 +54,7 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     last_dim_contiguous,
+    load_bwd_rows,
     load_gate,
     next_pow2,
     row_offsets,
@@ -283,12 +284,10 @@ def window_bwd_dq_kernel(
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
-    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
-    o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-    b_g = load_gate(gate, o_row, m_r, GATED)
-    b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)  # [BM]
-    b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)  # [BM]
+    b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
+        q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
+        GATED,
+    )
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
@@ -333,69 +332,50 @@ def window_bwd_dq_kernel(
 @triton.jit
 def _dkdv_queries(
     b_k, b_v, b_dk, b_dv,  #
-    q, do, gate, lse, delta, i_b, i_h,  #
-    sqb, sqt, sqh, sdb, sdt, sdh,  #
-    o_s, T, q_offset, W, i_lo, i_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    BT: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-):
-    """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``."""
-    HQ: tl.constexpr = H * G
-    for i0 in range(i_lo, i_hi, BT):
-        o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
-        b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
-        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-        b_g = load_gate(gate, o_row, m_r, GATED)
-        b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
-        b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
-        if MASK:
-            m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]
-        else:
-            m_kq = None
-        b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
-                                        GATED, PREC)
-    return b_dk, b_dv
-
-
-@triton.jit
-def _dkdv_queries_two_branches(
-    b_k, b_v, b_dk, b_dv,  #
     q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
     sqb, sqt, sqh, sdb, sdt, sdh,  #
     o_s, T, q_offset, W, i_lo, i_hi, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, LOCAL: tl.constexpr,
-    GATED: tl.constexpr, PREC: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    BT: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
+    FORCED: tl.constexpr = False, BS: tl.constexpr = 1, LOCAL: tl.constexpr = 0,
 ):
-    """dK/dV over query tiles that hold some of the key tile's blocks as local blocks of the
-    selected branch (``t // BS - s // BS < LOCAL``, inside the band): one score tile and one
-    ``dP`` tile serve both branches. Their gated probabilities are added before the ``dV``
-    product and their ``dS`` (each with its own lse, delta and gate; the selected one's
-    prefixed ``f_``) before the ``dK`` product, as in :func:`_dq_keys_two_branches`."""
+    """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``.
+
+    With ``FORCED`` (and ``MASK``), the tiles hold some of the key tile's blocks as local blocks
+    of the selected branch (``t // BS - s // BS < LOCAL``, inside the band): one score tile and
+    one ``dP`` tile serve both branches. Their gated probabilities are added before the ``dV``
+    product and their ``dS`` (each with its own lse, delta and gate; the selected one's in
+    ``gate_frc``/``lse_frc``/``delta_frc``) before the ``dK`` product, as in
+    :func:`_dq_keys_two_branches`."""
     HQ: tl.constexpr = H * G
     for i0 in range(i_lo, i_hi, BT):
         o_i, o_hq, m_r, o_pos = _tile_rows(i0, i_h, T, q_offset, G, GP, BT)
-        b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-        b_do = tl.load(do + row_offsets(i_b, o_i, o_hq, sdb, sdt, sdh)[:, None] + o_dv[None, :], mask=m_r[:, None] & m_dv[None, :], other=0.0)
-        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-        b_g = load_gate(gate, o_row, m_r, GATED)
-        b_lse = tl.load(lse + o_row, mask=m_r, other=0.0)
-        b_delta = tl.load(delta + o_row, mask=m_r, other=0.0)
-        f_g = load_gate(gate_frc, o_row, m_r, GATED)
-        f_lse = tl.load(lse_frc + o_row, mask=m_r, other=0.0)
-        f_delta = tl.load(delta_frc + o_row, mask=m_r, other=0.0)
-        m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]  # [BN, BM]
-        m_frc = m_kq & (o_pos[None, :] // BS - o_s[:, None] // BS < LOCAL)
-        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale  # [BN, BM]
-        b_pt = tl.where(m_kq, tl.exp2(b_st - b_lse[None, :]), 0.0)
-        f_pt = tl.where(m_frc, tl.exp2(b_st - f_lse[None, :]), 0.0)
-        if GATED:
-            b_pt = b_pt * b_g[None, :]
-            f_pt = f_pt * f_g[None, :]
-        b_dv += tl.dot((b_pt + f_pt).to(b_do.dtype), b_do, input_precision=PREC)  # [BN, BV]
-        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
-        b_dst = b_pt * (b_dpt - b_delta[None, :]) + f_pt * (b_dpt - f_delta[None, :])
-        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
+        b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
+            q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
+            GATED,
+        )
+        if MASK:
+            m_kq = (o_s[:, None] <= o_pos[None, :]) & (o_s[:, None] > o_pos[None, :] - W) & m_r[None, :]  # [BN, BM]
+        else:
+            m_kq = None
+        if FORCED:
+            f_g = load_gate(gate_frc, o_row, m_r, GATED)
+            f_lse = tl.load(lse_frc + o_row, mask=m_r, other=0.0)
+            f_delta = tl.load(delta_frc + o_row, mask=m_r, other=0.0)
+            m_frc = m_kq & (o_pos[None, :] // BS - o_s[:, None] // BS < LOCAL)
+            b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale  # [BN, BM]
+            b_pt = tl.where(m_kq, tl.exp2(b_st - b_lse[None, :]), 0.0)
+            f_pt = tl.where(m_frc, tl.exp2(b_st - f_lse[None, :]), 0.0)
+            if GATED:
+                b_pt = b_pt * b_g[None, :]
+                f_pt = f_pt * f_g[None, :]
+            b_dv += tl.dot((b_pt + f_pt).to(b_do.dtype), b_do, input_precision=PREC)  # [BN, BV]
+            b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
+            b_dst = b_pt * (b_dpt - b_delta[None, :]) + f_pt * (b_dpt - f_delta[None, :])
+            b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
+        else:
+            b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
+                                            MASK, GATED, PREC)
     return b_dk, b_dv
 
 
@@ -416,7 +396,7 @@ def window_bwd_dkdv_kernel(
     With ``FORCED``, also the selected branch's share over its ``LOCAL`` local blocks of ``BS``
     keys (its gate, lse and delta in ``gate_frc``/``lse_frc``/``delta_frc``): the queries that
     hold a block of this tile as a local one are the first of its band, whose scores the two
-    branches share (:func:`_dkdv_queries_two_branches`). The selected branch's dK/dV then
+    branches share (:func:`_dkdv_queries`). The selected branch's dK/dV then
     leaves those (query, block) pairs out (``selected_bwd_dkdv(..., skip_local=LOCAL)``).
     """
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -444,24 +424,24 @@ def window_bwd_dkdv_kernel(
         # queries up to the end of the block LOCAL - 1 past the tile's last one hold a block of it as local
         i_local = tl.minimum(((s0 + BN - 1) // BS + LOCAL) * BS - q_offset, i_end)
         i_local = tl.maximum(tl.cdiv(i_local, BT) * BT, i_first)
-        b_dk, b_dv = _dkdv_queries_two_branches(
+        b_dk, b_dv = _dkdv_queries(
             b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
             sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_first, i_local, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
-            H, G, GP, BT, BS, LOCAL, GATED, PREC,
+            H, G, GP, BT, True, GATED, PREC, True, BS, LOCAL,
         )
         i_first = i_local
         mid_lo = tl.minimum(tl.maximum(mid_lo, i_first), i_end)
         mid_hi = tl.maximum(mid_hi, mid_lo)
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, mid_lo, mid_hi, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
 
