@@ -264,3 +264,18 @@ def test_dkdv_queries_per_program_by_launch_size():
     assert [qseg(T) for T in (4096, 8192, 10240, 12288)] == [512] * 4
     assert [qseg(T) for T in (14336, 16384, 65536)] == [1024] * 3
     assert qseg(8192, batch=2) == 1024  # twice the programs of one sequence
+
+
+def test_selected_block_copies_chosen_without_copying_inputs():
+    """By default (``KV_DESC`` None) the forward takes descriptor copies only where they need no
+    contiguous copy of ``k``/``v`` first; asked for them (True), it copies such inputs."""
+    from nsa.ops.selected.kernel import _block_loads
+
+    dims = dict(BSP=16, BK=32, BV=32)
+    k = torch.randn(1, 40, 2, 24)
+    odd = torch.randn(1, 40, 2, 21)[..., :20]  # rows 84 bytes apart: no descriptor describes it
+    assert _block_loads(k, k, dims, dict(KV_DESC=None))[1]["KV_DESC"]
+    assert _block_loads(k, odd, dims, dict(KV_DESC=None))[1] == {}
+    cfg, loads = _block_loads(odd, odd, dims, dict(KV_DESC=True, BQ=1))
+    assert cfg == dict(BQ=1) and loads["d_k"].base.is_contiguous()
+    assert _block_loads(k, k, dims, dict(KV_DESC=False)) == ({}, {})

@@ -122,13 +122,16 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself if a bulk-copy (TMA) descriptor can describe it (16-byte aligned base and
-    non-zero strides that are multiples of 16 bytes), else a contiguous copy."""
+def describable(t: torch.Tensor) -> bool:
+    """Whether a bulk-copy (TMA) descriptor can describe ``t`` as it is: a 16-byte aligned base
+    and non-zero strides that are multiples of 16 bytes."""
     unit = 16 // t.element_size()
-    if t.data_ptr() % 16 == 0 and all(s > 0 and s % unit == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
+    return t.data_ptr() % 16 == 0 and all(s > 0 and s % unit == 0 for s in t.stride()[:-1])
+
+
+def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if a descriptor can describe it (:func:`describable`), else a contiguous copy."""
+    return t if describable(t) else t.contiguous()
 
 
 def token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDescriptor:

@@ -44,6 +44,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_step,
     bulk_copies_supported,
     check_gate,
+    describable,
     descriptor_ready,
     dot_precision,
     hopper_tiles_fit,
@@ -545,12 +546,14 @@ def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
 def _block_loads(k: torch.Tensor, v: torch.Tensor, dims: dict, cfg: dict) -> Tuple[dict, dict]:
     """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
     arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
-    (``d_k``/``d_v``, :func:`_entry_kv`), None does where bulk copies run and the block fits a
-    copy (at most 256 rows and columns), False uses plain loads."""
+    (``d_k``/``d_v``, :func:`_entry_kv`; ``k``/``v`` copied first if a descriptor cannot describe
+    them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns)
+    and ``k``/``v`` need no copy, False uses plain loads."""
     cfg = dict(cfg)
     desc = cfg.pop("KV_DESC", False)
     if desc is None:
-        desc = bulk_copies_supported(k.device) and max(dims["BSP"], dims["BK"], dims["BV"]) <= 256
+        desc = (bulk_copies_supported(k.device) and max(dims["BSP"], dims["BK"], dims["BV"]) <= 256
+                and describable(k) and describable(v))
     if not desc:
         return cfg, {}
     k, v = descriptor_ready(k), descriptor_ready(v)
