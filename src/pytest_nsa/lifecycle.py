@@ -92,6 +92,11 @@ def early(config: pytest.Config) -> None:
     state.pin, previous = xdist.pin(os.environ)
     if previous:
         config.add_cleanup(lambda: xdist.restore(previous, os.environ))
+    state.cpu_threads = xdist.cpu_threads(os.environ, os.cpu_count() or 1)
+    if state.cpu_threads is not None:
+        import torch
+
+        torch.set_num_threads(state.cpu_threads)
     if state.request in (None, "none"):
         return
     hw = config.hook.pytest_nsa_detect_hardware(config=config)

@@ -110,8 +110,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if output is not None:  # an xdist worker: tell the controller where it ran
         state = get_state(session.config)
         pin = state.pin.describe() if state.pin is not None else "not pinned"
+        threads = f"; {state.cpu_threads} CPU thread(s)" if state.cpu_threads is not None else ""
         turns = f"; {state.turns.describe()}" if state.turns is not None else ""
-        output["pytest_nsa"] = f"{pin}; {state.hardware.describe() if state.hardware else 'no hardware record'}{turns}"
+        hw = state.hardware.describe() if state.hardware else "no hardware record"
+        output["pytest_nsa"] = f"{pin}{threads}; {hw}{turns}"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

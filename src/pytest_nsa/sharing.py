@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping, MutableMapping, Optional
 
 import pytest
 
-from pytest_nsa.xdist import WORKER_ENV, Pin
+from pytest_nsa.xdist import WORKER_COUNT_ENV, WORKER_ENV, Pin
 
 try:
     import fcntl
@@ -38,8 +38,6 @@ except ImportError:  # pragma: no cover - Windows
 
 #: Set by the controller for its workers: the directory of this session's device locks.
 LOCK_DIR_ENV = "PYTEST_NSA_LOCK_DIR"
-#: Set by pytest-xdist in every worker.
-WORKER_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
 
 
 def workers_on_device(pin: Optional[Pin], environ: Mapping[str, str]) -> int:

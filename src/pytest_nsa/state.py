@@ -142,6 +142,7 @@ class NSAState:
     verdicts: Tuple[Verdict, ...] = ()
     env: Optional[AppliedEnv] = None
     pin: Optional[Pin] = None
+    cpu_threads: Optional[int] = None  # an xdist worker's torch threads (xdist.cpu_threads)
     turns: Optional[DeviceTurns] = None
     warnings: List[str] = field(default_factory=list)
     context: Optional[Context] = None

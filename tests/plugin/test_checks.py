@@ -222,6 +222,17 @@ def test_xdist_pool_and_pins():
     assert environ["CUDA_VISIBLE_DEVICES"] == "4,6"
 
 
+def test_xdist_workers_share_the_cpu_cores():
+    """Each worker's torch gets its share of the cores (at least one thread), unless the user set
+    OMP_NUM_THREADS; outside a worker nothing changes."""
+    worker = {"PYTEST_XDIST_WORKER": "gw1", xdist.WORKER_COUNT_ENV: "2"}
+    assert xdist.cpu_threads(worker, 2) == 1 and xdist.cpu_threads(worker, 16) == 8
+    assert xdist.cpu_threads({**worker, xdist.WORKER_COUNT_ENV: "3"}, 2) == 1
+    assert xdist.cpu_threads({**worker, "OMP_NUM_THREADS": "4"}, 16) is None
+    assert xdist.cpu_threads({xdist.WORKER_COUNT_ENV: "2"}, 16) is None  # the controller
+    assert xdist.cpu_threads({"PYTEST_XDIST_WORKER": "gw0", xdist.WORKER_COUNT_ENV: "x"}, 16) is None
+
+
 def test_xdist_publish_respects_a_user_pool():
     environ = {"CUDA_VISIBLE_DEVICES": "1,2"}
     previous = xdist.publish(2, environ)

@@ -284,7 +284,7 @@ def test_xdist_pins_one_gpu_per_worker_and_gathers_skips(pytester, fake, subproc
         "*nsa: skipped tests by reason*",
         "3  needs SM >= 9.0, have 8.0 (a100)",
         "*nsa: xdist workers*",
-        "gw0: gw0 -> CUDA_VISIBLE_DEVICES=3 (pool 3,5); *",
-        "gw1: gw1 -> CUDA_VISIBLE_DEVICES=5 (pool 3,5); *",
+        "gw0: gw0 -> CUDA_VISIBLE_DEVICES=3 (pool 3,5); * CPU thread(s); *",
+        "gw1: gw1 -> CUDA_VISIBLE_DEVICES=5 (pool 3,5); * CPU thread(s); *",
     ])
     result.assert_outcomes(passed=6, skipped=3)
