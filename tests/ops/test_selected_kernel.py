@@ -190,7 +190,8 @@ def test_selected_block_copies_equal_plain_loads(forced, bq, nsa_device):
     (``KV_DESC``: the forward's default where copies run, the CPU included) give bitwise the
     plain loads' results, also over a cache whose unwritten tail holds NaN: the keys that the
     mask drops must not reach ``P V`` or ``dS K`` as ``0 * NaN``."""
-    from nsa.ops._triton.attention import bulk_copies_supported
+    from nsa.ops._triton.attention import attn_bwd_delta, bulk_copies_supported
+    from nsa.ops.selected.kernel import selected_bwd_dq
 
     if not bulk_copies_supported(nsa_device):
         pytest.skip("tensor-descriptor copies need Hopper or later")
@@ -202,8 +203,8 @@ def test_selected_block_copies_equal_plain_loads(forced, bq, nsa_device):
     for desc in (False, True):
         o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, 0, forced=forced, tiles=dict(BQ=bq, KV_DESC=desc))
         do = torch.ones_like(o)
-        dq = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0, forced=forced,
-                          tiles={"dq": dict(BQ=bq, KV_DESC=desc)})[0]
+        cfg = dict(BWD_TILES["dq"], BQ=bq, KV_DESC=desc)
+        dq = selected_bwd_dq(q, k, v, block_idx, do, lse, attn_bwd_delta(o, do), sel, 0.25, 0, cfg, forced)
         outputs.append((o, lse, dq))
     for name, plain, copied in zip(("o", "lse", "dq"), *outputs):
         assert not copied.isnan().any(), name
