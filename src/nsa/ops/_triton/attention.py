@@ -114,11 +114,12 @@ def bulk_copies_supported(device: torch.device) -> bool:
     path that the H100/H200 take."""
     if device.type != "cuda":
         return True
-    return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+    return cuda_capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
 @lru_cache(maxsize=None)
-def _capability_major(index: int) -> int:
+def cuda_capability_major(index: int) -> int:
+    """Major compute capability of CUDA device ``index`` (9 for Hopper), asked once."""
     return torch.cuda.get_device_capability(index)[0]
 
 

@@ -45,7 +45,6 @@ by the next, carry L2 eviction hints (stored evict-last, read once evict-first).
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
@@ -57,7 +56,10 @@ from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
     LOG2E,
     bulk_copies_supported,
+    cuda_capability_major,
     descriptor_ready,
+    last_dim_contiguous,
+    next_pow2,
     sm_count,
     token_tile_descriptor,
 )
@@ -823,14 +825,6 @@ def decode_combine_kernel(
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
 
 
-def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(x))
-
-
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 # Once the batch fills the GPU the compressed launch is one wave of this many programs per
 # SM, each pipelining its tiles through FILL_CMP_STAGES stages (their shared memory is what
 # bounds the programs per SM).
@@ -888,10 +882,10 @@ def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) 
     return rows_groups * config.sel_count > 4 * _sm_count(device)
 
 
-@functools.lru_cache(maxsize=None)
 def _pdl_supported(index: int) -> bool:
-    """Programmatic dependent launch needs Hopper (compute capability 9.0) or later."""
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    """Programmatic dependent launch needs Hopper (compute capability 9.0) or later
+    (``scripts/gpu_decode.py`` turns it off here where the driver cannot)."""
+    return cuda_capability_major(index) >= 9
 
 
 def decode_fwd(
@@ -985,14 +979,14 @@ def decode_fwd(
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
     G, rows = HQ // H, B * TQ
-    q = _last_dim_contiguous(q).reshape(rows, HQ, K)
+    q = last_dim_contiguous(q).reshape(rows, HQ, K)
     gates = gates.reshape(rows, HQ, 3).contiguous()
-    k, v, k_cmp, v_cmp, k_win, v_win = (_last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
+    k, v, k_cmp, v_cmp, k_win, v_win = (last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
     nc_cap, nblk_cap, n = max(k_cmp.shape[1], 1), config.num_sel_blocks(k.shape[1]), config.sel_count
     s_cmp, s_win, sb = splits if splits is not None else default_splits(rows * H, nc_cap, config, q.device)
     s_slc = triton.cdiv(n, sb)
     S = s_cmp + s_win + s_slc
-    BG, BK, BV = _pow2(G), _pow2(K), _pow2(V)
+    BG, BK, BV = next_pow2(G), next_pow2(K), next_pow2(V)
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     on_gpu = q.device.type == "cuda"
@@ -1070,7 +1064,7 @@ def decode_fwd(
         # 16.4-16.6 against 17.2-17.4 us, H200); at 16k and over, and at batch 16, no gain
         # or a loss; one tile of 128 (8k) measured 18.8 against 17.5 us
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
-    BJ = _pow2(score_blocks, 2)
+    BJ = next_pow2(score_blocks, 2)
     score_tiles = triton.cdiv(nblk_cap, BJ)
     n_cand = score_tiles * n  # n candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
@@ -1078,12 +1072,12 @@ def decode_fwd(
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
-        N=n, NP=_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
-        BSC=_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
+        N=n, NP=next_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
+        BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after,
     )  # fmt: skip
-    tj = block_tile or min(1024, _pow2(n_cand))
+    tj = block_tile or min(1024, next_pow2(n_cand))
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
@@ -1100,21 +1094,21 @@ def decode_fwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
-        SEL_BLOCK=sel_block, N=n, NP=_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
+        SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
         RANKED=n_cand == n, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
-        combine_heads = next(hb for hb in (4, 2, 1) if (HQ % hb == 0 and hb * _pow2(S, 2) <= 128) or hb == 1)
+        combine_heads = next(hb for hb in (4, 2, 1) if (HQ % hb == 0 and hb * next_pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
-        V=V, HB=hb, BS=_pow2(S, 2), BSX=min(_pow2(combine_chunk, 2), _pow2(S, 2)), BV=_pow2(V, 2), PDL=pdl, DROP=drop,
+        V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
         **after,
     )  # fmt: skip
     return o, block_idx
