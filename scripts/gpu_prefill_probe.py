@@ -35,6 +35,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     program and warps, and one a program against the saved copy of the previous kernels.
 18. **Compressed forward parts** (``cmp_parts``): pass 1 alone, selection alone, both.
 19. **Descriptors** (``kv_desc``): the selected forward's and dQ's blocks by bulk copies or plain loads.
+20. **dQ from dS** (``dq_ds``): the selected dQ from the dK/dV kernel's ``dS`` against recomputing its
+    softmax, by warps and loads, each kernel alone and in the whole forward+backward.
 """
 
 from __future__ import annotations
@@ -868,12 +870,54 @@ def _sel_tiles(T: int, config: NSAConfig, c: SimpleNamespace, idx: torch.Tensor,
               f"(against BQ 1: {rel_error(out, first):.1e})", flush=True)
 
 
+def dq_from_ds(T: int, config: NSAConfig) -> None:
+    """The selected backward with its dQ from the dK/dV kernel's ``dS`` (``NSA_SELECTED_DQ_FROM_DS_MIB``)
+    against the dQ recomputing its softmax: the whole branch backward by the dS kernel's warps and
+    loads (errors against the recomputing path), each kernel alone, then the whole
+    ``nsa_attention`` forward+backward with the buffer allowed or not, twice each in turn."""
+    import os
+
+    from nsa.ops.selected import kernel as sel
+
+    c = selected_case(T, config, T + 13)
+    q, k, v, scale = c.q, c.k, c.v, c.scale
+    args = (q, k, v, c.idx, c.o, c.lse, c.do, config.sel_block, scale, 0)
+    os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"] = "0"
+    first, _ = timed_variant(T, "selected backward, dQ recomputing", lambda: sel.selected_bwd(
+        *args, forced=c.forced, delta=c.delta), None)
+    os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"] = str(1 << 20)
+    for warps, desc in ((1, False), (2, False), (4, False), (1, True), (2, True)):
+        tiles = {"dq_ds": dict(num_warps=warps, KV_DESC=desc)}
+        timed_variant(T, f"selected backward, dQ from dS ({warps} warps, {'copies' if desc else 'loads'})",
+                      lambda: sel.selected_bwd(*args, forced=c.forced, delta=c.delta, tiles=tiles), first)
+    cfg = {kind: dict(sel.BWD_TILES[kind]) for kind in sel.BWD_TILES}
+    ds = sel.ds_buffer(q, k, c.idx, config.sel_block, cfg["dq"])
+    dkdv = lambda keep: sel.selected_bwd_dkdv(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,
+                                              cfg["dkdv"], None, 0, ds if keep else None, c.forced)
+    print(f"T={T} selected dK/dV alone: {bench(lambda: dkdv(False)):.3f} ms, leaving dS "
+          f"{bench(lambda: dkdv(True)):.3f} ms", flush=True)
+    dq = lambda keep: sel.selected_bwd_dq(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,
+                                          dict(cfg["dq"], ds=cfg["dq_ds"]), c.forced, ds=ds if keep else None)
+    print(f"T={T} selected dQ alone (forced kernel included): recomputing {bench(lambda: dq(False)):.3f} ms, "
+          f"from dS {bench(lambda: dq(True)):.3f} ms", flush=True)
+    del ds
+    x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
+    for rnd in (1, 2):
+        for mib in ("0", str(1 << 20)):
+            os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"] = mib
+            print(f"T={T} nsa_attention forward+backward, dS buffer {'off' if mib == '0' else 'on'} (round {rnd}): "
+                  f"{bench(run):.3f} ms", flush=True)
+    del os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"]
+
+
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
+    "dq_ds": dq_from_ds,
 }
 
 

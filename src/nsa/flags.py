@@ -155,6 +155,17 @@ FLAGS: Mapping[str, Flag] = _declare(
         ("1", "2", "4", "8"),
     ),
     Flag(
+        "NSA_SELECTED_DQ_FROM_DS_MIB",
+        int,
+        -1,
+        "Largest buffer (MiB) the Triton selected backward may fill with the dK/dV kernel's dS "
+        "(2 KiB a query, KV head and selected block at G = 16, sel_block 64, bf16: 8 GiB at 64k "
+        "tokens, B = 1, 4 KV heads), so that its dQ reads K and dS instead of K and V and "
+        "recomputing the softmax (H200: forward+backward 8k 7.8 -> 7.5 ms, 64k 104 -> 100). "
+        "-1: an eighth of the GPU's memory (4096 on CPU); 0 turns it off.",
+        minimum=-1,
+    ),
+    Flag(
         "NSA_FORCED_IN_WINDOW",
         bool,
         True,

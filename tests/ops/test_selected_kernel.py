@@ -280,3 +280,70 @@ def test_selected_block_copies_chosen_without_copying_inputs():
     cfg, loads = _block_loads(odd, odd, dims, dict(KV_DESC=True, BQ=1))
     assert cfg == dict(BQ=1) and loads["d_k"].base.is_contiguous()
     assert _block_loads(k, k, dims, dict(KV_DESC=False)) == ({}, {})
+
+
+@pytest.mark.parametrize(
+    "G, forced, forced_done, q_offset, gated",
+    [(4, (1, 1), False, 0, False), (1, (1, 2), True, 0, True), (16, (0, 0), False, 5, True)],
+    ids=["G4-forced", "G1-forced-done-gated", "G16-noforced-off5-gated"],
+)
+def test_dq_from_the_dkdv_kernels_ds(G, forced, forced_done, q_offset, gated, nsa_device, monkeypatch):
+    """By default the dK/dV kernel runs first and leaves each (query, block) pair's ``dS`` for
+    the dQ kernel, which then reads ``K`` and ``dS`` instead of recomputing the softmax: the
+    same gradients as with ``NSA_SELECTED_DQ_FROM_DS_MIB=0`` up to float32 rounding, with forced
+    blocks (theirs left to another kernel or not), gates, ``q_offset``, G from 1 to 16 and a
+    cache whose unwritten tail holds NaN (which must not reach ``dq``). ``torch.empty`` is
+    NaN-filled in tests, so a pair whose ``dS`` the dK/dV kernel did not write would show."""
+    from nsa.ops.selected import kernel
+
+    buffers = []
+    real = kernel.ds_buffer
+    monkeypatch.setattr(kernel, "ds_buffer", lambda *a: (buffers.append(real(*a)), buffers[-1])[1])
+    sel, count, H, T = 8, 4, 2, 29
+    TK = T + q_offset + 6
+    q, k, v = qkv(1, T, H * G, H, 16, 24, torch.float32, nsa_device, TK)
+    k[:, T + q_offset:], v[:, T + q_offset:] = float("nan"), float("nan")
+    block_idx = random_blocks(1, T, H, count, -(-(T + q_offset) // sel), nsa_device)
+    o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, q_offset, forced=forced)
+    do = torch.randn_like(o)
+    gate = torch.rand(*o.shape[:3], device=nsa_device) if gated else None
+    dq = torch.randn_like(q) if forced_done else None  # forced_done adds to a given dq
+    out = {}
+    for mib in ("4096", "0"):
+        monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", mib)
+        out[mib] = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, q_offset, forced=forced,
+                                dq=None if dq is None else dq.clone(), gate=gate, forced_done=forced_done)
+    assert buffers[0] is not None and buffers[1] is None
+    for name, got, want in zip(("dq", "dk", "dv"), out["4096"], out["0"]):
+        got, want = got[:, : T + q_offset], want[:, : T + q_offset]  # keys past the last query: V is NaN there
+        assert torch.isfinite(got).all()
+        assert_close(name, got, want, 1e-5)
+
+
+def test_ds_buffer_only_within_its_budget(nsa_device, monkeypatch):
+    """The dS buffer is ``[B, T, H, n, G, sel_block]`` in q's dtype; none when it would pass
+    ``NSA_SELECTED_DQ_FROM_DS_MIB`` (by default an eighth of the GPU's memory, 4 GiB on CPU; 0
+    turns it off) or the dQ takes several query positions a program."""
+    from nsa.ops.selected.kernel import ds_budget, ds_buffer
+
+    monkeypatch.delenv("NSA_SELECTED_DQ_FROM_DS_MIB", raising=False)
+    if nsa_device.type == "cuda":
+        assert ds_budget(nsa_device) == torch.cuda.get_device_properties(nsa_device).total_memory // 8
+    else:
+        assert ds_budget(nsa_device) == 4 * 2**30
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "0")
+    assert ds_budget(nsa_device) == 0
+
+    q = torch.empty(2, 512, 32, 16, device=nsa_device)  # G = 16 over H = 2
+    k = torch.empty(2, 512, 2, 16, device=nsa_device)
+    block_idx = torch.zeros(2, 512, 2, 16, device=nsa_device, dtype=torch.int32)
+    size = 2 * 512 * 2 * 16 * 16 * 64 * 4  # 16 MiB
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", str(size // 2**20))
+    buf = ds_buffer(q, k, block_idx, 64, dict(BQ=0))
+    assert buf.shape == (2, 512, 2, 16, 16, 64) and buf.dtype == q.dtype
+    assert ds_buffer(q, k, block_idx, 64, dict(BQ=2)) is None
+    monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", "4")
+    assert ds_buffer(q, k, block_idx, 64, dict(BQ=0)) is None
+    monkeypatch.delenv("NSA_SELECTED_TILE_QUERIES")
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", str(size // 2**20 - 1))
+    assert ds_buffer(q, k, block_idx, 64, dict(BQ=0)) is None

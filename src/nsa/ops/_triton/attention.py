@@ -275,6 +275,18 @@ def attn_bwd_dkdv_step(
         m_kq: ``[BN, BM]`` visibility when ``MASK``. Padding rows must carry
         ``q = do = 0`` and a finite lse so that they add exactly zero.
     """
+    b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
+                                              MASK, GATED, PREC)
+    return b_dk, b_dv
+
+
+@triton.jit
+def attn_bwd_dkdv_ds_step(
+    b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
+    MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+):
+    """:func:`attn_bwd_dkdv_step` that also returns the tile's ``dS^T [BN, BM]`` (float32,
+    unscaled, gated), from which ``dQ = scale * dS K`` needs no softmax of its own."""
     b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale  # [BN, BM]
     b_pt = tl.exp2(b_st - b_lse[None, :])
     if MASK:
@@ -285,7 +297,7 @@ def attn_bwd_dkdv_step(
     b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
     b_dst = b_pt * (b_dpt - b_delta[None, :])
     b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
-    return b_dk, b_dv
+    return b_dk, b_dv, b_dst
 
 
 @triton.jit

@@ -14,13 +14,18 @@ of them holds is then fetched once, and a row counts it only if its query holds 
 which pays where neighbours choose the same blocks. Where tensor-descriptor copies run
 (Hopper and later, and the interpreter), the forward fetches each block by one bulk copy.
 
-``dK``/``dV`` invert the selection instead of scattering with atomics: the host
-sorts the (query, block) pairs by block on the device (no sync), and one program
+``dK``/``dV`` invert the selection instead of scattering with atomics: the (query, block)
+pairs are sorted by block on the device (no sync; :mod:`nsa.ops.selected.inversion`), and one program
 per segment of at most ``QSEG`` queries of a (batch, KV head, block) walks those
 queries, ``BQ`` at a time with all their heads as rows. A block chosen by more
 than ``QSEG`` queries (the initial block is chosen by all of them) spreads over
 several programs, whose float32 partials a second kernel sums in a fixed order.
 Every output element thus has one writer: the result is deterministic.
+
+Where the memory allows (:func:`ds_buffer`), the dK/dV kernel runs first and leaves each
+(query, block) pair's ``dS`` in a buffer; the ``dQ`` kernel then reads ``K`` and ``dS``
+(2 KiB a pair) instead of ``K`` and ``V`` and recomputing the softmax. Its loads, which bound
+it, fall by almost half.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
+from nsa.ops.selected.inversion import invert_selection
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
+    attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     attn_fwd_finish,
@@ -97,35 +104,50 @@ def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: 
 
 
 @triton.jit
-def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
-              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr,
-              d_k, d_v, i_b, i_h, DESC: tl.constexpr):
-    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its
-    visibility: ``[1, BSP]`` (``s <= t_last``) for one query, ``[BQ * GP, BSP]`` for a tile
-    (rows ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``LOCAL > 0``
-    each query's own block is forced, so every entry lies wholly before its queries and only
-    the padding past ``BS`` is masked. With ``DESC`` the block comes by one bulk copy through the
-    tensor descriptors ``d_k``/``d_v`` (blocks ``[1, BSP, 1, BK|BV]``) instead of ``p_k``/``p_v``."""
+def _entry_keys(b_rank, b_blk, i, t_last, BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr):
+    """The block of the entry of rank ``i`` in ``b_blk``, its key positions ``o_s [BSP]`` and
+    which of them to read: with ``LOCAL > 0`` each query's own block is forced, so every entry
+    lies wholly before its queries and only the padding past ``BS`` is masked; else also the
+    keys past ``t_last``."""
     o_c = tl.arange(0, BSP)
-    pick = b_rank == i
-    blk = tl.sum(tl.where(pick, b_blk, 0), 0)
+    blk = tl.sum(tl.where(b_rank == i, b_blk, 0), 0)
     o_s = blk.to(tl.int64) * BS + o_c
     if LOCAL > 0:
         m_s = o_c < BS
     else:
         m_s = (o_c < BS) & (o_s <= t_last)
+    return blk, o_s, m_s
+
+
+@triton.jit
+def _block_rows(p, stride_t, d, blk, o_s, m_s, o_d, m_d, i_b, i_h, BS: tl.constexpr, BSP: tl.constexpr,
+                LOCAL: tl.constexpr, DESC: tl.constexpr):
+    """``[BSP, BD]`` rows ``o_s`` of K or V (``p`` at the batch and head, or the descriptor ``d``
+    with ``DESC``: one bulk copy), zero where ``m_s`` is false."""
     if DESC:
-        b_k = d_k.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_dk.shape[0])
-        b_v = d_v.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_dv.shape[0])
+        b_x = d.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_d.shape[0])
         if (LOCAL == 0) or (BS != BSP):
             # masked keys leave the scores, but unwritten cache entries (NaN) would reach P V and dS K
-            b_k = tl.where(m_s[:, None], b_k, 0.0)
-            b_v = tl.where(m_s[:, None], b_v, 0.0)
+            b_x = tl.where(m_s[:, None], b_x, 0.0)
     else:
-        b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-        b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
+        b_x = tl.load(p + o_s[:, None] * stride_t + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
+    return b_x
+
+
+@triton.jit
+def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
+              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr,
+              d_k, d_v, i_b, i_h, DESC: tl.constexpr):
+    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its
+    visibility: ``[1, BSP]`` (the keys :func:`_entry_keys` reads) for one query, ``[BQ * GP, BSP]``
+    for a tile (rows ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``DESC``
+    the block comes by one bulk copy through the tensor descriptors ``d_k``/``d_v`` (blocks
+    ``[1, BSP, 1, BK|BV]``) instead of ``p_k``/``p_v``."""
+    blk, o_s, m_s = _entry_keys(b_rank, b_blk, i, t_last, BS, BSP, LOCAL)
+    b_k = _block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, DESC)
+    b_v = _block_rows(p_v, svt, d_v, blk, o_s, m_s, o_dv, m_dv, i_b, i_h, BS, BSP, LOCAL, DESC)
     if BQ > 1:
-        who = tl.sum(tl.where(pick, b_who, 0), 0)
+        who = tl.sum(tl.where(b_rank == i, b_who, 0), 0)
         m_qk = (((who >> o_rq) & 1) != 0)[:, None] & m_s[None, :]
         if LOCAL == 0:
             m_qk = m_qk & (o_s[None, :] <= o_pos[:, None])
@@ -309,6 +331,41 @@ def selected_bwd_dq_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "q_offset"])
+def selected_bwd_dq_ds_kernel(
+    k, block_idx, ds, dq,  #
+    skb, skt, skh,  #
+    T, q_offset, scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
+    DK: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, d_k=None, KV_DESC: tl.constexpr = False,
+):
+    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]`` as :func:`selected_bwd_dq_kernel` (one query
+    position a program), from the ``dS`` that :func:`selected_bwd_dkdv_kernel` left in ``ds [B,
+    T, H, N, G, BS]``: ``dq = scale * sum dS K`` over the entries, with no softmax and no V."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    HQ: tl.constexpr = H * G
+    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, 1)
+    o_dk = tl.arange(0, BK)
+    m_dk = o_dk < DK
+    o_g, o_c, o_e = tl.arange(0, GP), tl.arange(0, BSP), tl.arange(0, NP)
+    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS,
+                                                      INIT, LOCAL)
+    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
+    p_ds = ds + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N * G * BS
+    m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
+    b_dq = tl.zeros([GP, BK], dtype=tl.float32)
+    for i in range(n_entries):
+        blk, o_s, m_s = _entry_keys(b_rank, b_blk, i, q_offset + i_t, BS, BSP, LOCAL)
+        b_k = _block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, KV_DESC)
+        n = tl.sum(tl.where(b_rank == i, o_e, 0), 0)  # the entry's place in the query's list
+        b_ds = tl.load(p_ds + (n * G + o_g)[:, None] * BS + o_c[None, :], mask=m_ds, other=0.0)  # [GP, BSP]
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
+    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
+    store_scaled(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
+
+
+@triton.jit(do_not_specialize=["T", "q_offset"])
 def selected_forced_fwd_kernel(
     q, k, v, block_idx, o, lse,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
@@ -401,13 +458,19 @@ def selected_bwd_dkdv_kernel(
     T, TK, q_offset, NB, NBHJ, qk_scale, scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+    BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
+    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False, INIT: tl.constexpr = 0,
+    LOCAL: tl.constexpr = 0,
 ):
     """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
 
     An owner with one segment writes ``dk``/``dv`` directly; otherwise each segment
     writes float32 partials to ``dk_part``/``dv_part [S, BSP, BK|BV]`` for
     :func:`selected_bwd_reduce_kernel`. Programs past the last segment do nothing.
+    With ``DS_OUT`` every (query, block) pair also leaves its ``dS [G, BS]`` (gated, unscaled)
+    in ``ds [B, T, H, N, G, BS]`` at the entry's place in the query's list (``n_sorted``),
+    for :func:`selected_bwd_dq_ds_kernel`; not for the query's forced blocks (``INIT``
+    initial, ``LOCAL`` local), whose ``dQ`` share other kernels compute.
     """
     i_p = tl.program_id(0)
     i_o = tl.load(seg_owner + i_p)
@@ -439,7 +502,20 @@ def selected_bwd_dkdv_kernel(
                 GATED,
             )
             m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
-            b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, True, GATED, PREC)
+            if DS_OUT:
+                b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
+                                                          qk_scale, True, GATED, PREC)
+                if i_j >= INIT:  # an initial block's dQ share is another kernel's
+                    m_ds = m_r & (i_j <= (q_offset + o_i) // BS - LOCAL)  # [BM] rows the dQ reads: not local
+                    o_n = tl.load(n_sorted + e + o_r // GP, mask=m_ds, other=0)  # [BM] the entry's place in its list
+                    o_ds = (((i_b.to(tl.int64) * T + o_i) * H + i_h) * N + o_n) * G + o_r % GP  # [BM] rows of [.., G, BS]
+                    # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
+                    b_dst = tl.where(m_kq, b_dst, 0.0)
+                    tl.store(ds + o_ds[None, :] * BS + o_c[:, None], b_dst.to(ds.dtype.element_ty),
+                             mask=m_ds[None, :] & (o_c < BS)[:, None])
+            else:
+                b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
+                                                True, GATED, PREC)
 
         if tl.load(seg_count + i_o) == 1:
             o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
@@ -514,6 +590,7 @@ def _group_rows(G: int) -> int:
 #: 17.0 with copies (docs/perf/prefill.md, session 16).
 FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
 BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
+             "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=False),
              "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 
@@ -649,58 +726,20 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     return o, lse, o_sum
 
 
-def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num_blocks: int, qseg: int,
-                     skip_local: int = 0) -> dict:
-    """For every (batch, KV head, block) owner, the ascending list of queries that chose it.
-
-    Entries that do not count (-1, past the query, repeats) are dropped, and so are a query's
-    ``skip_local`` local blocks (its own and those just before it), whose share another kernel
-    computes. Everything runs on the device without a host sync: sizes come from shapes only.
-
-    Returns:
-        ``t_sorted`` int32 ``[E]`` query indices grouped by owner; ``starts``/``counts``
-        ``[B*H*NB]`` int32 of each owner's slice; ``seg_first``/``seg_count`` int32
-        segments of at most ``qseg`` queries per owner; ``seg_owner`` int32 ``[S]``
-        owner of each of the ``S`` launched programs (``B*H*NB`` past the end).
-    """
-    B, T, H, N = block_idx.shape
-    dev = block_idx.device
-    n_owner = B * H * num_blocks
-    idx = block_idx.to(torch.int64).sort(dim=-1).values  # [B, T, H, N]
-    repeat = torch.zeros_like(idx, dtype=torch.bool)
-    repeat[..., 1:] = idx[..., 1:] == idx[..., :-1]
-    t_pos = q_offset + torch.arange(T, device=dev)[None, :, None, None]
-    ok = (idx >= 0) & (idx * sel_block <= t_pos) & ~repeat
-    if skip_local:
-        ok &= idx <= t_pos // sel_block - skip_local
-    bh = torch.arange(B, device=dev)[:, None, None, None] * H + torch.arange(H, device=dev)[None, None, :, None]
-    owner = torch.where(ok, bh * num_blocks + idx, n_owner).flatten()
-    owner_sorted, order = torch.sort(owner.to(torch.int32 if n_owner < 2**31 - 1 else torch.int64), stable=True)
-    t_sorted = ((order // (H * N)) % T).to(torch.int32)  # flat entry ((b*T + t)*H + h)*N + n -> t
-    ids = torch.arange(n_owner, device=dev, dtype=owner_sorted.dtype)
-    starts = torch.searchsorted(owner_sorted, ids)
-    counts = torch.searchsorted(owner_sorted, ids, right=True) - starts
-    seg_count = (counts + qseg - 1) // qseg
-    seg_end = torch.cumsum(seg_count, 0)
-    n_prog = n_owner + triton.cdiv(owner.numel(), qseg)  # >= sum(seg_count) for any selection
-    seg_owner = torch.searchsorted(seg_end, torch.arange(n_prog, device=dev, dtype=seg_end.dtype), right=True)
-    i32 = torch.int32
-    return dict(
-        t_sorted=t_sorted, starts=starts.to(i32), counts=counts.to(i32), seg_first=(seg_end - seg_count).to(i32),
-        seg_count=seg_count.to(i32), seg_owner=seg_owner.to(i32),
-    )
-
-
 def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
                     forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None,
-                    gate: Optional[torch.Tensor] = None, forced_done: bool = False):
+                    gate: Optional[torch.Tensor] = None, forced_done: bool = False,
+                    ds: Optional[torch.Tensor] = None):
     """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
     the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest. Given
     ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor;
     given ``gate``, the branch's gradient is ``gate[..., None] * do`` (see :func:`selected_bwd`).
     ``forced_done``: another kernel adds the forced-block share (the window's, see
     :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``
-    (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``)."""
+    (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``).
+    ``ds``: the rest comes from the ``dS`` that :func:`selected_bwd_dkdv` left there
+    (:func:`selected_bwd_dq_ds_kernel`, launch options ``cfg["ds"]``, else :data:`BWD_TILES`'s
+    ``"dq_ds"``), not from a softmax of its own."""
     if forced_done and (dq is None or not sum(forced)):
         raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
     B, T, HQ, DK = q.shape
@@ -714,16 +753,29 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+    cfg = dict(cfg)
+    ds_cfg = cfg.pop("ds", BWD_TILES["dq_ds"])
+    if ds is not None:
+        launch, loads = _block_loads(k, v, dims, _warps(ds_cfg, dims, 1))
+        loads.pop("d_v", None)
+        keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
+        selected_bwd_dq_ds_kernel[(T, B * H)](
+            k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
+            **{key: dims[key] for key in keep}, **launch, **loads)
+        return dq
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, 2))
     selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads)
     return dq
 
 
 def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
-                      gate: Optional[torch.Tensor] = None, skip_local: int = 0):
+                      gate: Optional[torch.Tensor] = None, skip_local: int = 0, ds: Optional[torch.Tensor] = None,
+                      forced: Tuple[int, int] = (0, 0)):
     """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction
     (``gate`` as in :func:`selected_bwd_dq`). ``skip_local``: leave out each query's that many
-    local blocks, whose share the window's dK/dV kernel adds (``window_bwd(..., forced=)``)."""
+    local blocks, whose share the window's dK/dV kernel adds (``window_bwd(..., forced=)``).
+    ``ds [B, T, H, n, G, sel_block]`` (see :func:`ds_buffer`): also leave each pair's ``dS`` there,
+    but for the ``forced = (init, local)`` blocks, whose ``dQ`` share the dQ kernel does not take."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dims = _dims(q, k, v, block_idx, sel_block)
@@ -737,7 +789,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         cfg["num_stages"] = 3 if hopper_tiles_fit(q.dtype, max(dims["BK"], dims["BV"]), q.device) else 2
     num_blocks = triton.cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
-    inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local)
+    inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local, ds is not None)
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
     dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
     dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
@@ -750,6 +802,8 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
         GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
+        **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True, INIT=forced[0], LOCAL=forced[1])
+           if ds is not None else {}),
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
@@ -780,11 +834,45 @@ def selected_bwd(
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate,
-                         forced_done)
-    dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
-                               forced[1] if forced_done else 0)
+    skip_local = forced[1] if forced_done else 0
+    ds = ds_buffer(q, k, block_idx, sel_block, cfg["dq"])
+    if ds is not None:  # dK/dV first: it leaves dS for the dQ
+        dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
+                                   skip_local, ds, forced)
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset,
+                         dict(cfg["dq"], ds=cfg["dq_ds"]), forced, dq, gate, forced_done, ds)
+    if ds is None:
+        dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
+                                   skip_local)
     return dq, dk, dv
+
+
+def ds_buffer(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
+              dq_cfg: dict) -> Optional[torch.Tensor]:
+    """The buffer ``[B, T, H, n, G, sel_block]`` (q's dtype) in which the dK/dV kernel leaves each
+    (query, block) pair's ``dS`` for the dQ kernel, or None where the dQ computes its own softmax:
+    when the buffer would pass :func:`ds_budget`, or the dQ takes several query
+    positions a program (``NSA_SELECTED_TILE_QUERIES``). Reading ``K`` and ``dS`` instead of
+    ``K`` and ``V`` nearly halves the dQ's bytes, which bound it, and drops its softmax and
+    ``dP`` product; the dK/dV kernel pays for the stores (H200, selected backward: 8k 3.42 ->
+    3.15 ms, 64k 28.2 -> 25.5; docs/perf/prefill.md, session 17)."""
+    B, T, H, N = block_idx.shape
+    G = q.shape[2] // H
+    size = B * T * H * N * G * sel_block * q.element_size()
+    if size > ds_budget(q.device) or (dq_cfg["BQ"] or flags.get("NSA_SELECTED_TILE_QUERIES")) != 1:
+        return None
+    return torch.empty(B, T, H, N, G, sel_block, device=q.device, dtype=q.dtype)
+
+
+def ds_budget(device: torch.device) -> int:
+    """Bytes :func:`ds_buffer` may take: ``NSA_SELECTED_DQ_FROM_DS_MIB``, by default (-1) an eighth
+    of the GPU's memory (10 GiB on an 80 GB H100: enough for B = 1 at 64k tokens), 4 GiB on CPU."""
+    mib = flags.get("NSA_SELECTED_DQ_FROM_DS_MIB")
+    if mib >= 0:
+        return mib * 2**20
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 8
+    return 4 * 2**30
 
 
 class SelectedAttentionFunction(torch.autograd.Function):
