@@ -893,7 +893,7 @@ def dq_from_ds(T: int, config: NSAConfig) -> None:
     cfg = {kind: dict(sel.BWD_TILES[kind]) for kind in sel.BWD_TILES}
     ds = sel.ds_buffer(q, k, c.idx, config.sel_block, cfg["dq"])
     dkdv = lambda keep: sel.selected_bwd_dkdv(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,
-                                              cfg["dkdv"], None, 0, ds if keep else None, c.forced)
+                                              cfg["dkdv"], None, 0, ds if keep else None)
     print(f"T={T} selected dK/dV alone: {bench(lambda: dkdv(False)):.3f} ms, leaving dS "
           f"{bench(lambda: dkdv(True)):.3f} ms", flush=True)
     dq = lambda keep: sel.selected_bwd_dq(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,

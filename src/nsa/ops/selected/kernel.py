@@ -459,8 +459,7 @@ def selected_bwd_dkdv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
     BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
-    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False, INIT: tl.constexpr = 0,
-    LOCAL: tl.constexpr = 0,
+    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False,
 ):
     """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
 
@@ -469,8 +468,7 @@ def selected_bwd_dkdv_kernel(
     :func:`selected_bwd_reduce_kernel`. Programs past the last segment do nothing.
     With ``DS_OUT`` every (query, block) pair also leaves its ``dS [G, BS]`` (gated, unscaled)
     in ``ds [B, T, H, N, G, BS]`` at the entry's place in the query's list (``n_sorted``),
-    for :func:`selected_bwd_dq_ds_kernel`; not for the query's forced blocks (``INIT``
-    initial, ``LOCAL`` local), whose ``dQ`` share other kernels compute.
+    for :func:`selected_bwd_dq_ds_kernel`.
     """
     i_p = tl.program_id(0)
     i_o = tl.load(seg_owner + i_p)
@@ -505,14 +503,14 @@ def selected_bwd_dkdv_kernel(
             if DS_OUT:
                 b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
                                                           qk_scale, True, GATED, PREC)
-                if i_j >= INIT:  # an initial block's dQ share is another kernel's
-                    m_ds = m_r & (i_j <= (q_offset + o_i) // BS - LOCAL)  # [BM] rows the dQ reads: not local
-                    o_n = tl.load(n_sorted + e + o_r // GP, mask=m_ds, other=0)  # [BM] the entry's place in its list
-                    o_ds = (((i_b.to(tl.int64) * T + o_i) * H + i_h) * N + o_n) * G + o_r % GP  # [BM] rows of [.., G, BS]
-                    # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
-                    b_dst = tl.where(m_kq, b_dst, 0.0)
-                    tl.store(ds + o_ds[None, :] * BS + o_c[:, None], b_dst.to(ds.dtype.element_ty),
-                             mask=m_ds[None, :] & (o_c < BS)[:, None])
+                # every pair's, forced blocks' too, which the dQ does not read: masking those out slowed
+                # the kernel more than their stores cost (H200, 8k: 1.91 ms, 2.05 by a branch, against 1.67)
+                o_n = tl.load(n_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] the entry's place in its list
+                o_ds = (((i_b.to(tl.int64) * T + o_i) * H + i_h) * N + o_n) * G + o_r % GP  # [BM] rows of [.., G, BS]
+                # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
+                b_dst = tl.where(m_kq, b_dst, 0.0)
+                tl.store(ds + o_ds[None, :] * BS + o_c[:, None], b_dst.to(ds.dtype.element_ty),
+                         mask=m_r[None, :] & (o_c < BS)[:, None])
             else:
                 b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
                                                 True, GATED, PREC)
@@ -769,13 +767,11 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
 
 
 def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
-                      gate: Optional[torch.Tensor] = None, skip_local: int = 0, ds: Optional[torch.Tensor] = None,
-                      forced: Tuple[int, int] = (0, 0)):
+                      gate: Optional[torch.Tensor] = None, skip_local: int = 0, ds: Optional[torch.Tensor] = None):
     """Invert the selection, then launch the ``dK``/``dV`` kernel and the in-order reduction
     (``gate`` as in :func:`selected_bwd_dq`). ``skip_local``: leave out each query's that many
     local blocks, whose share the window's dK/dV kernel adds (``window_bwd(..., forced=)``).
-    ``ds [B, T, H, n, G, sel_block]`` (see :func:`ds_buffer`): also leave each pair's ``dS`` there,
-    but for the ``forced = (init, local)`` blocks, whose ``dQ`` share the dQ kernel does not take."""
+    ``ds [B, T, H, n, G, sel_block]`` (see :func:`ds_buffer`): also leave each pair's ``dS`` there."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dims = _dims(q, k, v, block_idx, sel_block)
@@ -802,8 +798,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
         GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
-        **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True, INIT=forced[0], LOCAL=forced[1])
-           if ds is not None else {}),
+        **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
@@ -838,7 +833,7 @@ def selected_bwd(
     ds = ds_buffer(q, k, block_idx, sel_block, cfg["dq"])
     if ds is not None:  # dK/dV first: it leaves dS for the dQ
         dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
-                                   skip_local, ds, forced)
+                                   skip_local, ds)
     dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset,
                          dict(cfg["dq"], ds=cfg["dq_ds"]), forced, dq, gate, forced_done, ds)
     if ds is None:
