@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
-TESTS="tests/ops/test_window_kernel.py tests/ops/test_selected_kernel.py tests/ops/test_nsa_attention_kernel.py
-       tests/ops/test_gates_kernel.py tests/test_flags.py"
+# the test files of `tests` and `final` (later sessions' scripts pass their own)
+TESTS="${TESTS:-tests/ops/test_window_kernel.py tests/ops/test_selected_kernel.py tests/ops/test_nsa_attention_kernel.py
+       tests/ops/test_gates_kernel.py tests/test_flags.py}"
 case "${1:?usage: scripts/gpu_session15.sh ab|tests REV|final REV}" in
 ab)
     for round in 1 2; do
