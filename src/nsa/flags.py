@@ -161,7 +161,7 @@ FLAGS: Mapping[str, Flag] = _declare(
         "Largest buffer (MiB) the Triton selected backward may fill with the dK/dV kernel's dS "
         "(2 KiB a query, KV head and selected block at G = 16, sel_block 64, bf16: 8 GiB at 64k "
         "tokens, B = 1, 4 KV heads), so that its dQ reads K and dS instead of K and V and "
-        "recomputing the softmax (H200: forward+backward 8k 7.8 -> 7.5 ms, 64k 104 -> 100). "
+        "recomputing the softmax (H200, forward+backward: 8k 7.9 -> 7.4 ms, 64k 105 -> 101). "
         "-1: an eighth of the GPU's memory (4096 on CPU); 0 turns it off.",
         minimum=-1,
     ),

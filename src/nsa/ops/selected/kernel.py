@@ -345,12 +345,11 @@ def selected_bwd_dq_ds_kernel(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
-    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, 1)
+    o_i, o_hq, m_g, _, _ = _query_tile(i_t, i_h, T, q_offset, G, GP, 1)
     o_dk = tl.arange(0, BK)
     m_dk = o_dk < DK
     o_g, o_c, o_e = tl.arange(0, GP), tl.arange(0, BSP), tl.arange(0, NP)
-    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS,
-                                                      INIT, LOCAL)
+    b_rank, b_blk, _, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS, INIT, LOCAL)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_ds = ds + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N * G * BS
     m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
