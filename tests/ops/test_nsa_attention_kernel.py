@@ -357,9 +357,9 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
     real_bwd = training.window_bwd
     monkeypatch.setattr(training, "window_bwd",
                         lambda *a, **k: (backwards.append(k["forced"] is not None), real_bwd(*a, **k))[1])
-    x = [torch.randn(1, 53, n, 16, device=nsa_device) for n in (4, 2, 2)]
-    gates = torch.rand(1, 53, 4, 3, device=nsa_device)
-    do = torch.randn(1, 53, 4, 16, device=nsa_device)
+    x = [torch.randn(1, 41, n, 16, device=nsa_device) for n in (4, 2, 2)]
+    gates = torch.rand(1, 41, 4, 3, device=nsa_device)
+    do = torch.randn(1, 41, 4, 16, device=nsa_device)
     outputs, grads = [], []
     for flag in ("1", "0"):
         monkeypatch.setenv("NSA_FORCED_IN_WINDOW", flag)
