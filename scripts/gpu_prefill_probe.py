@@ -891,13 +891,13 @@ def dq_from_ds(T: int, config: NSAConfig) -> None:
         timed_variant(T, f"selected backward, dQ from dS ({warps} warps, {'copies' if desc else 'loads'})",
                       lambda: sel.selected_bwd(*args, forced=c.forced, delta=c.delta, tiles=tiles), first)
     cfg = {kind: dict(sel.BWD_TILES[kind]) for kind in sel.BWD_TILES}
-    ds = sel.ds_buffer(q, k, c.idx, config.sel_block, cfg["dq"])
+    ds = sel.ds_buffer(q, c.idx, config.sel_block, cfg["dq"])
     dkdv = lambda keep: sel.selected_bwd_dkdv(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,
                                               cfg["dkdv"], None, 0, ds if keep else None)
     print(f"T={T} selected dK/dV alone: {bench(lambda: dkdv(False)):.3f} ms, leaving dS "
           f"{bench(lambda: dkdv(True)):.3f} ms", flush=True)
     dq = lambda keep: sel.selected_bwd_dq(q, k, v, c.idx, c.do, c.lse, c.delta, config.sel_block, scale, 0,
-                                          dict(cfg["dq"], ds=cfg["dq_ds"]), c.forced, ds=ds if keep else None)
+                                          cfg["dq"], c.forced, ds=ds if keep else None)
     print(f"T={T} selected dQ alone (forced kernel included): recomputing {bench(lambda: dq(False)):.3f} ms, "
           f"from dS {bench(lambda: dq(True)):.3f} ms", flush=True)
     del ds

@@ -280,6 +280,9 @@ def test_selected_block_copies_chosen_without_copying_inputs():
     cfg, loads = _block_loads(odd, odd, dims, dict(KV_DESC=True, BQ=1))
     assert cfg == dict(BQ=1) and loads["d_k"].base.is_contiguous()
     assert _block_loads(k, k, dims, dict(KV_DESC=False)) == ({}, {})
+    # the dQ from dS reads K alone: no V descriptor, and a V no descriptor describes does not matter
+    loads = _block_loads(k, None, dims, dict(KV_DESC=None))[1]
+    assert loads["KV_DESC"] and set(loads) == {"KV_DESC", "d_k"}
 
 
 @pytest.mark.parametrize(
@@ -335,15 +338,14 @@ def test_ds_buffer_only_within_its_budget(nsa_device, monkeypatch):
     assert ds_budget(nsa_device) == 0
 
     q = torch.empty(2, 512, 32, 16, device=nsa_device)  # G = 16 over H = 2
-    k = torch.empty(2, 512, 2, 16, device=nsa_device)
     block_idx = torch.zeros(2, 512, 2, 16, device=nsa_device, dtype=torch.int32)
     size = 2 * 512 * 2 * 16 * 16 * 64 * 4  # 16 MiB
     monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", str(size // 2**20))
-    buf = ds_buffer(q, k, block_idx, 64, dict(BQ=0))
+    buf = ds_buffer(q, block_idx, 64, dict(BQ=0))
     assert buf.shape == (2, 512, 2, 16, 16, 64) and buf.dtype == q.dtype
-    assert ds_buffer(q, k, block_idx, 64, dict(BQ=2)) is None
+    assert ds_buffer(q, block_idx, 64, dict(BQ=2)) is None
     monkeypatch.setenv("NSA_SELECTED_TILE_QUERIES", "4")
-    assert ds_buffer(q, k, block_idx, 64, dict(BQ=0)) is None
+    assert ds_buffer(q, block_idx, 64, dict(BQ=0)) is None
     monkeypatch.delenv("NSA_SELECTED_TILE_QUERIES")
     monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", str(size // 2**20 - 1))
-    assert ds_buffer(q, k, block_idx, 64, dict(BQ=0)) is None
+    assert ds_buffer(q, block_idx, 64, dict(BQ=0)) is None

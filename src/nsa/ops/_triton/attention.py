@@ -275,8 +275,8 @@ def attn_bwd_dkdv_step(
         m_kq: ``[BN, BM]`` visibility when ``MASK``. Padding rows must carry
         ``q = do = 0`` and a finite lse so that they add exactly zero.
     """
-    b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
-                                              MASK, GATED, PREC)
+    b_dk, b_dv, _ = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
+                                          GATED, PREC)
     return b_dk, b_dv
 
 

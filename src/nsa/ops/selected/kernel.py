@@ -617,22 +617,22 @@ def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
     return dict(cfg, BQ=bq, num_warps=cfg["num_warps"] or min(8, _default_warps(dims, narrow) * bq))
 
 
-def _block_loads(k: torch.Tensor, v: torch.Tensor, dims: dict, cfg: dict) -> Tuple[dict, dict]:
+def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: dict) -> Tuple[dict, dict]:
     """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
     arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
-    (``d_k``/``d_v``, :func:`_entry_kv`; ``k``/``v`` copied first if a descriptor cannot describe
+    (``d_k``/``d_v``, :func:`_block_rows`; ``k``/``v`` copied first if a descriptor cannot describe
     them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns)
-    and ``k``/``v`` need no copy, False uses plain loads."""
+    and ``k``/``v`` need no copy, False uses plain loads. ``v`` None: a kernel that reads K alone."""
     cfg = dict(cfg)
     desc = cfg.pop("KV_DESC", False)
+    tensors = {"k": (k, dims["BK"])} if v is None else {"k": (k, dims["BK"]), "v": (v, dims["BV"])}
     if desc is None:
-        desc = (bulk_copies_supported(k.device) and max(dims["BSP"], dims["BK"], dims["BV"]) <= 256
-                and describable(k) and describable(v))
+        desc = (bulk_copies_supported(k.device) and max(dims["BSP"], *(w for _, w in tensors.values())) <= 256
+                and all(describable(t) for t, _ in tensors.values()))
     if not desc:
         return cfg, {}
-    k, v = descriptor_ready(k), descriptor_ready(v)
-    return cfg, dict(KV_DESC=True, d_k=token_tile_descriptor(k, dims["BSP"], dims["BK"]),
-                     d_v=token_tile_descriptor(v, dims["BSP"], dims["BV"]))
+    return cfg, dict(KV_DESC=True, **{f"d_{name}": token_tile_descriptor(descriptor_ready(t), dims["BSP"], width)
+                                      for name, (t, width) in tensors.items()})
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
@@ -726,7 +726,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
 def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: float, q_offset: int, cfg: dict,
                     forced: Tuple[int, int] = (0, 0), dq: Optional[torch.Tensor] = None,
                     gate: Optional[torch.Tensor] = None, forced_done: bool = False,
-                    ds: Optional[torch.Tensor] = None):
+                    ds: Optional[torch.Tensor] = None, ds_cfg: Optional[dict] = None):
     """Launch the ``dQ`` kernels (``delta = rowsum(o * do)`` float32 ``[B, T, HQ]``):
     the forced-block share first when ``forced`` is not ``(0, 0)``, then the rest. Given
     ``dq`` (contiguous, q's shape and dtype), they add to it instead of a new tensor;
@@ -735,7 +735,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``
     (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``).
     ``ds``: the rest comes from the ``dS`` that :func:`selected_bwd_dkdv` left there
-    (:func:`selected_bwd_dq_ds_kernel`, launch options ``cfg["ds"]``, else :data:`BWD_TILES`'s
+    (:func:`selected_bwd_dq_ds_kernel`, launch options ``ds_cfg``, by default :data:`BWD_TILES`'s
     ``"dq_ds"``), not from a softmax of its own."""
     if forced_done and (dq is None or not sum(forced)):
         raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
@@ -750,11 +750,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
-    cfg = dict(cfg)
-    ds_cfg = cfg.pop("ds", BWD_TILES["dq_ds"])
     if ds is not None:
-        launch, loads = _block_loads(k, v, dims, _warps(ds_cfg, dims, 1))
-        loads.pop("d_v", None)
+        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1))
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
         selected_bwd_dq_ds_kernel[(T, B * H)](
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
@@ -829,20 +826,19 @@ def selected_bwd(
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
     skip_local = forced[1] if forced_done else 0
-    ds = ds_buffer(q, k, block_idx, sel_block, cfg["dq"])
+    ds = ds_buffer(q, block_idx, sel_block, cfg["dq"])
     if ds is not None:  # dK/dV first: it leaves dS for the dQ
         dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
                                    skip_local, ds)
-    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset,
-                         dict(cfg["dq"], ds=cfg["dq_ds"]), forced, dq, gate, forced_done, ds)
+    dq = selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dq"], forced, dq, gate,
+                         forced_done, ds, cfg["dq_ds"])
     if ds is None:
         dk, dv = selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block, scale, q_offset, cfg["dkdv"], gate,
                                    skip_local)
     return dq, dk, dv
 
 
-def ds_buffer(q: torch.Tensor, k: torch.Tensor, block_idx: torch.Tensor, sel_block: int,
-              dq_cfg: dict) -> Optional[torch.Tensor]:
+def ds_buffer(q: torch.Tensor, block_idx: torch.Tensor, sel_block: int, dq_cfg: dict) -> Optional[torch.Tensor]:
     """The buffer ``[B, T, H, n, G, sel_block]`` (q's dtype) in which the dK/dV kernel leaves each
     (query, block) pair's ``dS`` for the dQ kernel, or None where the dQ computes its own softmax:
     when the buffer would pass :func:`ds_budget`, or the dQ takes several query
