@@ -514,6 +514,27 @@ def sel_dkdv_variants(T: int, config: NSAConfig) -> None:
         first, _ = timed_variant(T, f"selected dK/dV {override or 'default'}", fn, first)
 
 
+#: launch overrides of the selected dK/dV as training runs it (``sel_dkdv_ds``); the first is the default
+SEL_DKDV_DS_SWEEP = ({}, {"BQ": 2}, {"BQ": 8}, {"num_stages": 2}, {"QSEG": 512}, {"QSEG": 2048}, {"num_warps": 8})
+
+
+def sel_dkdv_ds_variants(T: int, config: NSAConfig) -> None:
+    """The selected dK/dV kernel as the training path launches it: gated, each query's local
+    blocks left to the window's kernel (``skip_local``, so no causal mask), each pair's dS stored
+    for the dQ. Launch variants, dk/dv against the default's."""
+    from nsa.ops.selected import kernel as sel
+
+    c = selected_case(T, config, T + 17)
+    gate = torch.rand(c.q.shape[:3], device=c.q.device, dtype=torch.float32)
+    ds = sel.ds_buffer(c.q, c.idx, config.sel_block, dict(sel.BWD_TILES["dq"]))
+    first = None
+    for override in SEL_DKDV_DS_SWEEP:
+        cfg = dict(sel.BWD_TILES["dkdv"], **override)
+        fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0,
+                                           cfg, gate, c.forced[1], ds)
+        first, _ = timed_variant(T, f"selected dK/dV, training's launch {override or 'default'}", fn, first)
+
+
 def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     """Tiles of the compressed dK/dV kernel: the whole compressed backward (dq unchanged) per
     variant, its dk/dv against the first variant's (relative error), then the whole
@@ -917,7 +938,7 @@ SECTIONS = {
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
-    "dq_ds": dq_from_ds,
+    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants,
 }
 
 

@@ -16,7 +16,8 @@ that runs there::
 
 Every parameter of the kernel is named: ``*dtype`` for a pointer (assumed 16-byte aligned, as
 the launcher's tensors are, so that loads can be pipelined), ``i32``/``i64``/``fp32`` for a
-runtime scalar, anything else for a constexpr (``True``/``False``, an integer or a string).
+runtime scalar (``i64/16``: one that Triton's launcher specialises as a multiple of 16, as it does
+for the strides of most tensors, which lets the loads along it be vectorised), anything else for a constexpr (``True``/``False``, an integer or a string).
 Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
 take the compressed forward's scoring step from 616 to 457 instructions (docs/perf/prefill.md).
@@ -60,8 +61,11 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
         if value.startswith("*"):
             signature[p] = value
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif value in SCALARS:
-            signature[p] = value
+        elif value.split("/")[0] in SCALARS:
+            # "i64/16": a scalar the launcher specialises as a multiple of 16 (strides usually are)
+            signature[p] = value.split("/")[0]
+            if value.endswith("/16"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[p] = "constexpr"
             constexprs[(i,)] = _constexpr(value)

@@ -458,7 +458,7 @@ def selected_bwd_dkdv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
     BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
-    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False,
+    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False, CAUSAL: tl.constexpr = True,
 ):
     """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
 
@@ -467,7 +467,9 @@ def selected_bwd_dkdv_kernel(
     :func:`selected_bwd_reduce_kernel`. Programs past the last segment do nothing.
     With ``DS_OUT`` every (query, block) pair also leaves its ``dS [G, BS]`` (gated, unscaled)
     in ``ds [B, T, H, N, G, BS]`` at the entry's place in the query's list (``n_sorted``),
-    for :func:`selected_bwd_dq_ds_kernel`.
+    for :func:`selected_bwd_dq_ds_kernel`. ``CAUSAL`` False: the lists hold no block that
+    reaches its query (each query's own block is left out, ``skip_local``), so no key needs
+    the causal mask.
     """
     i_p = tl.program_id(0)
     i_o = tl.load(seg_owner + i_p)
@@ -501,18 +503,19 @@ def selected_bwd_dkdv_kernel(
             m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
             if DS_OUT:
                 b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
-                                                          qk_scale, True, GATED, PREC)
+                                                          qk_scale, CAUSAL, GATED, PREC)
                 # every pair's, forced blocks' too, which the dQ does not read: masking those out slowed
                 # the kernel more than their stores cost (H200, 8k: 1.91 ms, 2.05 by a branch, against 1.67)
                 o_n = tl.load(n_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] the entry's place in its list
                 o_ds = (((i_b.to(tl.int64) * T + o_i) * H + i_h) * N + o_n) * G + o_r % GP  # [BM] rows of [.., G, BS]
-                # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
-                b_dst = tl.where(m_kq, b_dst, 0.0)
+                if CAUSAL:
+                    # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
+                    b_dst = tl.where(m_kq, b_dst, 0.0)
                 tl.store(ds + o_ds[None, :] * BS + o_c[:, None], b_dst.to(ds.dtype.element_ty),
                          mask=m_r[None, :] & (o_c < BS)[:, None])
             else:
                 b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
-                                                True, GATED, PREC)
+                                                CAUSAL, GATED, PREC)
 
         if tl.load(seg_count + i_o) == 1:
             o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
@@ -795,6 +798,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
         GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
         **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
+        CAUSAL=skip_local == 0,
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
