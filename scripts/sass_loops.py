@@ -17,7 +17,9 @@ that runs there::
 Every parameter of the kernel is named: ``*dtype`` for a pointer (assumed 16-byte aligned, as
 the launcher's tensors are, so that loads can be pipelined), ``i32``/``i64``/``fp32`` for a
 runtime scalar (``i64/16``: one that Triton's launcher specialises as a multiple of 16, as it does
-for the strides of most tensors, which lets the loads along it be vectorised), anything else for a constexpr (``True``/``False``, an integer or a string).
+the strides of most tensors; without it, loads along such a stride compile as 16-bit scalar loads,
+unlike the code that runs), anything else for a constexpr (``True``/``False``, an integer or a
+string).
 Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
 take the compressed forward's scoring step from 616 to 457 instructions (docs/perf/prefill.md).

@@ -500,6 +500,7 @@ def selected_bwd_dkdv_kernel(
                 q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
                 GATED,
             )
+            # read only with CAUSAL; without it, padding rows add zero (q = do = 0) and are not stored
             m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
             if DS_OUT:
                 b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
@@ -798,6 +799,9 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
         GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
         **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
+        # with each query's own block left out, every listed block ends before its query: the
+        # mask's per-element predicates took a third of the loop's instructions (H100, 8k step
+        # 7.79 -> 7.67 ms; docs/perf/prefill.md, session 18)
         CAUSAL=skip_local == 0,
     )
     selected_bwd_reduce_kernel[(n_owner,)](
