@@ -18,7 +18,8 @@ Every parameter of the kernel is named: ``*dtype`` for a pointer (assumed 16-byt
 the launcher's tensors are, so that loads can be pipelined), ``i32``/``i64``/``fp32`` for a
 runtime scalar (``i64/16``: one that Triton's launcher specialises as a multiple of 16, as it does
 the strides of most tensors; without it, loads along such a stride compile as 16-bit scalar loads,
-unlike the code that runs), anything else for a constexpr (``True``/``False``, an integer or a
+unlike the code that runs), ``tensordesc<bf16[1,64,1,128]>`` for a tensor descriptor built on the
+host (its block shape in brackets), anything else for a constexpr (``True``/``False``, an integer or a
 string).
 Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
@@ -63,6 +64,8 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
         if value.startswith("*"):
             signature[p] = value
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif value.startswith("tensordesc<"):
+            signature[p] = value  # a host-built tensor descriptor, e.g. tensordesc<bf16[1,64,1,128]>
         elif value.split("/")[0] in SCALARS:
             # "i64/16": a scalar the launcher specialises as a multiple of 16 (strides usually are)
             signature[p] = value.split("/")[0]
