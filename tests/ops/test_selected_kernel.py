@@ -349,3 +349,37 @@ def test_ds_buffer_only_within_its_budget(nsa_device, monkeypatch):
     monkeypatch.delenv("NSA_SELECTED_TILE_QUERIES")
     monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", str(size // 2**20 - 1))
     assert ds_buffer(q, block_idx, 64, dict(BQ=0)) is None
+
+
+def test_dq_from_ds_copies_only_while_k_is_small(nsa_device, monkeypatch):
+    """The dQ from ``dS`` fetches its key blocks by bulk copies while K takes at most
+    ``DQ_DS_COPIES_MAX_BYTES`` (where copies run: Hopper, and the interpreter), by plain loads
+    beyond; both give the same ``dq``, and an explicit ``KV_DESC`` is left alone."""
+    from nsa.ops.selected import kernel
+
+    asked = []
+    real = kernel._block_loads
+
+    def block_loads(k, v, dims, cfg):
+        asked.append(cfg["KV_DESC"])
+        return real(k, v, dims, cfg)
+
+    monkeypatch.setattr(kernel, "_block_loads", block_loads)
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "4096")
+    sel, count, H, G, T = 8, 3, 2, 4, 21
+    q, k, v = qkv(1, T, H * G, H, 16, 16, torch.float32, nsa_device, T)
+    block_idx = random_blocks(1, T, H, count, -(-T // sel), nsa_device)
+    o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, 0)
+    do = torch.randn_like(o)
+    k_bytes = k.numel() * k.element_size()
+    out = {}
+    for limit in (k_bytes, k_bytes - 1):
+        monkeypatch.setattr(kernel, "DQ_DS_COPIES_MAX_BYTES", limit)
+        asked.clear()
+        out[limit] = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0)
+        assert asked == [None if limit == k_bytes else False]  # the dQ's is the one launch without V
+    for got, want in zip(out[k_bytes], out[k_bytes - 1]):
+        assert_close("d", got, want, 1e-5)
+    asked.clear()
+    selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0, tiles={"dq_ds": dict(BWD_TILES["dq_ds"], KV_DESC=True)})
+    assert asked == [True]

@@ -588,12 +588,18 @@ def _group_rows(G: int) -> int:
 #: they run (H100, the whole ``nsa_attention`` forward: 8k 2.47 against 2.55-2.56 ms, 64k
 #: 36.3-36.5 against 37.0-37.1; the forward alone, after the forced-block kernel, 1.64 against
 #: 1.67 and 15.6 against 15.7). The dQ keeps plain loads: 1.92 against 1.87 and 17.4 against
-#: 17.0 with copies (docs/perf/prefill.md, session 16).
+#: 17.0 with copies (docs/perf/prefill.md, session 16). The dQ from ``dS`` takes copies (``KV_DESC``
+#: None) only while K fits :data:`DQ_DS_COPIES_MAX_BYTES`.
 FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
 BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
-             "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=False),
+             "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None),
              "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
+#: Bytes of K up to which the dQ from ``dS`` fetches its blocks by bulk copies (``"dq_ds"``'s
+#: ``KV_DESC`` None); plain loads beyond. Selected backward, loads against copies: 8k (K 8 MiB at
+#: B = 1, 4 KV heads of 128) 3.346 against 3.292 ms on an H100, 3.173 against 3.074 on an H200;
+#: 16k 6.711 against 6.748 and 32k 13.709 against 13.729 (H100), 64k 25.51 against 25.86 (H200).
+DQ_DS_COPIES_MAX_BYTES = 8 << 20
 
 
 #: Query positions a forward/dQ program may take: the ``NSA_SELECTED_TILE_QUERIES`` flag's choices.
@@ -755,7 +761,10 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     if ds is not None:
-        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1))
+        ds_cfg = dict(ds_cfg or BWD_TILES["dq_ds"])
+        if ds_cfg["KV_DESC"] is None and k.numel() * k.element_size() > DQ_DS_COPIES_MAX_BYTES:
+            ds_cfg["KV_DESC"] = False
+        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg, dims, 1))
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
         selected_bwd_dq_ds_kernel[(T, B * H)](
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
