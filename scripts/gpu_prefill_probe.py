@@ -502,16 +502,29 @@ def timed_variant(T: int, label: str, fn: Callable[[], tuple], first: Optional[t
     return first, ms
 
 
-def sel_dkdv_variants(T: int, config: NSAConfig) -> None:
-    """Launches of the selected dK/dV kernel (the inversion included), dk/dv against the default's."""
+def _sel_dkdv_sweep(T: int, config: NSAConfig, sweep: tuple, training: bool) -> None:
+    """Launches of the selected dK/dV kernel (the inversion included), dk/dv against the first's;
+    with ``training`` as the training path launches it: gated, each query's local blocks left to
+    the window's kernel (``skip_local``, so no causal mask), each pair's dS stored for the dQ."""
     from nsa.ops.selected import kernel as sel
 
-    c = selected_case(T, config, T + 16)
+    c = selected_case(T, config, T + (17 if training else 16))
+    extra = ()
+    if training:
+        gate = torch.rand(c.q.shape[:3], device=c.q.device, dtype=torch.float32)
+        extra = (gate, c.forced[1], sel.ds_buffer(c.q, c.idx, config.sel_block, dict(sel.BWD_TILES["dq"])))
     first = None
-    for override in SEL_DKDV_SWEEP:
+    for override in sweep:
         cfg = dict(sel.BWD_TILES["dkdv"], **override)
-        fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0, cfg)
-        first, _ = timed_variant(T, f"selected dK/dV {override or 'default'}", fn, first)
+        fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0,
+                                           cfg, *extra)
+        label = "selected dK/dV, training's launch" if training else "selected dK/dV"
+        first, _ = timed_variant(T, f"{label} {override or 'default'}", fn, first)
+
+
+def sel_dkdv_variants(T: int, config: NSAConfig) -> None:
+    """Launches of the selected dK/dV kernel as the op alone runs it (:func:`_sel_dkdv_sweep`)."""
+    _sel_dkdv_sweep(T, config, SEL_DKDV_SWEEP, training=False)
 
 
 #: launch overrides of the selected dK/dV as training runs it (``sel_dkdv_ds``); the first is the default
@@ -519,20 +532,8 @@ SEL_DKDV_DS_SWEEP = ({}, {"BQ": 2}, {"BQ": 8}, {"num_stages": 2}, {"QSEG": 512},
 
 
 def sel_dkdv_ds_variants(T: int, config: NSAConfig) -> None:
-    """The selected dK/dV kernel as the training path launches it: gated, each query's local
-    blocks left to the window's kernel (``skip_local``, so no causal mask), each pair's dS stored
-    for the dQ. Launch variants, dk/dv against the default's."""
-    from nsa.ops.selected import kernel as sel
-
-    c = selected_case(T, config, T + 17)
-    gate = torch.rand(c.q.shape[:3], device=c.q.device, dtype=torch.float32)
-    ds = sel.ds_buffer(c.q, c.idx, config.sel_block, dict(sel.BWD_TILES["dq"]))
-    first = None
-    for override in SEL_DKDV_DS_SWEEP:
-        cfg = dict(sel.BWD_TILES["dkdv"], **override)
-        fn = lambda: sel.selected_bwd_dkdv(c.q, c.k, c.v, c.idx, c.do, c.lse, c.delta, config.sel_block, c.scale, 0,
-                                           cfg, gate, c.forced[1], ds)
-        first, _ = timed_variant(T, f"selected dK/dV, training's launch {override or 'default'}", fn, first)
+    """Launches of the selected dK/dV kernel as the training path runs it (:func:`_sel_dkdv_sweep`)."""
+    _sel_dkdv_sweep(T, config, SEL_DKDV_DS_SWEEP, training=True)
 
 
 def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
