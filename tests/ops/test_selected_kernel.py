@@ -352,17 +352,18 @@ def test_ds_buffer_only_within_its_budget(nsa_device, monkeypatch):
 
 
 def test_dq_from_ds_copies_only_while_k_is_small(nsa_device, monkeypatch):
-    """The dQ from ``dS`` fetches its key blocks by bulk copies while K takes at most
-    ``DQ_DS_COPIES_MAX_BYTES`` (where copies run: Hopper and later, and the interpreter), by plain
-    loads beyond; both give the same ``dq``, and an explicit ``KV_DESC`` is left alone."""
+    """The dQ from ``dS`` fetches its key blocks by bulk copies where they run (Hopper and later,
+    and the interpreter) while K takes at most ``DQ_DS_COPIES_MAX_BYTES``, by plain loads beyond;
+    both give the same ``dq``, and an explicit ``KV_DESC`` is left alone."""
     from nsa.ops.selected import kernel
 
-    asked = []
+    chosen = []
     real = kernel._block_loads
 
-    def block_loads(k, v, dims, cfg):
-        asked.append(cfg["KV_DESC"])
-        return real(k, v, dims, cfg)
+    def block_loads(*args):
+        cfg, loads = real(*args)
+        chosen.append(loads.get("KV_DESC", False))
+        return cfg, loads
 
     monkeypatch.setattr(kernel, "_block_loads", block_loads)
     monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "4096")
@@ -372,16 +373,17 @@ def test_dq_from_ds_copies_only_while_k_is_small(nsa_device, monkeypatch):
     o, lse = selected_fwd(q, k, v, block_idx, sel, 0.25, 0)
     do = torch.randn_like(o)
     k_bytes = k.numel() * k.element_size()
+    copies = kernel.bulk_copies_supported(nsa_device)
     out = {}
     for limit in (k_bytes, k_bytes - 1):
         monkeypatch.setattr(kernel, "DQ_DS_COPIES_MAX_BYTES", limit)
-        asked.clear()
+        chosen.clear()
         out[limit] = selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0)
-        assert asked == [None if limit == k_bytes else False]  # the dQ's is the one launch without V
+        assert chosen == [copies and limit == k_bytes]  # the dQ's is the one launch through _block_loads
     for got, want in zip(out[k_bytes], out[k_bytes - 1]):
         assert_close("d", got, want, 1e-5)
-    if kernel.bulk_copies_supported(nsa_device):  # copies asked for explicitly need a GPU that has them
-        asked.clear()
+    if copies:  # copies asked for explicitly need a GPU that has them
+        chosen.clear()
         selected_bwd(q, k, v, block_idx, o, lse, do, sel, 0.25, 0,
                      tiles={"dq_ds": dict(BWD_TILES["dq_ds"], KV_DESC=True)})
-        assert asked == [True]
+        assert chosen == [True]

@@ -627,18 +627,21 @@ def _tile_launch(cfg: dict, dims: dict, narrow: int) -> dict:
     return dict(cfg, BQ=bq, num_warps=cfg["num_warps"] or min(8, _default_warps(dims, narrow) * bq))
 
 
-def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: dict) -> Tuple[dict, dict]:
+def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: dict,
+                 max_bytes: Optional[int] = None) -> Tuple[dict, dict]:
     """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
     arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
     (``d_k``/``d_v``, :func:`_block_rows`; ``k``/``v`` copied first if a descriptor cannot describe
-    them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns)
-    and ``k``/``v`` need no copy, False uses plain loads. ``v`` None: a kernel that reads K alone."""
+    them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns),
+    ``k``/``v`` need no copy and, given ``max_bytes``, take at most that many bytes; False uses
+    plain loads. ``v`` None: a kernel that reads K alone."""
     cfg = dict(cfg)
     desc = cfg.pop("KV_DESC", False)
     tensors = {"k": (k, dims["BK"])} if v is None else {"k": (k, dims["BK"]), "v": (v, dims["BV"])}
     if desc is None:
         desc = (bulk_copies_supported(k.device) and max(dims["BSP"], *(w for _, w in tensors.values())) <= 256
-                and all(describable(t) for t, _ in tensors.values()))
+                and all(describable(t) for t, _ in tensors.values())
+                and (max_bytes is None or sum(t.numel() * t.element_size() for t, _ in tensors.values()) <= max_bytes))
     if not desc:
         return cfg, {}
     return cfg, dict(KV_DESC=True, **{f"d_{name}": token_tile_descriptor(descriptor_ready(t), dims["BSP"], width)
@@ -761,10 +764,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
         meta, BT = _forced_launch(dims)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     if ds is not None:
-        ds_cfg = dict(ds_cfg or BWD_TILES["dq_ds"])
-        if ds_cfg["KV_DESC"] is None and k.numel() * k.element_size() > DQ_DS_COPIES_MAX_BYTES:
-            ds_cfg["KV_DESC"] = False
-        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg, dims, 1))
+        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1),
+                                     DQ_DS_COPIES_MAX_BYTES)
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
         selected_bwd_dq_ds_kernel[(T, B * H)](
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
