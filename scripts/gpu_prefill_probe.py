@@ -933,13 +933,59 @@ def dq_from_ds(T: int, config: NSAConfig) -> None:
     del os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"]
 
 
+#: ``(block_n, num_warps, num_stages)`` of the compressed dQ from ``dS`` tried by ``cmp_dq_ds``; the
+#: first is the default (``DQ_DS_TILES``)
+CMP_DQ_DS_SWEEP = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2), (32, 4, 3))
+
+
+def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
+    """The compressed backward as training calls it (``delta`` and a gate given) with its dQ from the
+    dK/dV kernel's ``dS`` (``NSA_COMPRESSED_DQ_FROM_DS_MIB``) against the dQ recomputing the scores:
+    the whole branch backward by the dQ's tiles (errors against the recomputing path), the buffer's
+    size, then the whole ``nsa_attention`` forward+backward with the buffer allowed or not, twice
+    each in turn."""
+    import os
+
+    from nsa.ops.compressed import kernel as cmp
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 19)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    gate = torch.rand(q.shape[:3], device=DEV, dtype=torch.float32)
+    call = lambda tiles=None: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
+                                                 gate=gate, dq_ds=tiles)
+    os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = "0"
+    first, _ = timed_variant(T, "compressed backward, dQ recomputing", call, None)
+    os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = str(1 << 20)
+    kv = dict(BT=64 // 16, GP=16, BN=cmp.DKDV_TILES["tiles"][1])
+    ds = cmp._ds_buffer(q, k_cmp, config, 0, kv, None)
+    if ds is not None:
+        print(f"T={T} compressed dS buffer: {ds['buffer'].numel() * ds['buffer'].element_size() / 2**30:.2f} GiB",
+              flush=True)
+    del ds
+    for tiles in CMP_DQ_DS_SWEEP:
+        timed_variant(T, f"compressed backward, dQ from dS {tiles}", lambda: call(tiles), first)
+    x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
+    for rnd in (1, 2):
+        for mib in ("0", str(1 << 20)):
+            os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = mib
+            print(f"T={T} nsa_attention forward+backward, compressed dS buffer {'off' if mib == '0' else 'on'} "
+                  f"(round {rnd}): {bench(run):.3f} ms", flush=True)
+    del os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"]
+
+
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
-    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants,
+    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,
 }
 
 

@@ -166,6 +166,18 @@ FLAGS: Mapping[str, Flag] = _declare(
         minimum=-1,
     ),
     Flag(
+        "NSA_COMPRESSED_DQ_FROM_DS_MIB",
+        int,
+        -1,
+        "Largest buffer (MiB) the Triton compressed backward may fill with its dK/dV kernel's dS "
+        "(query rows x visible compressed tokens, about T^2 * HQ / cmp_stride bytes at bf16: 256 MiB "
+        "at 8k tokens and 64 query heads), so that its dQ reads dS and the compressed keys instead "
+        "of recomputing the scores and dP (H100, compressed backward: 8k 0.80 -> 0.71 ms, 16k 2.46 -> "
+        "2.25, 64k 30.1 -> 29.1). Used where the caller passes rowsum(o * do), as training does. "
+        "-1: an eighth of the GPU's memory (4096 on CPU); 0 turns it off.",
+        minimum=-1,
+    ),
+    Flag(
         "NSA_FORCED_IN_WINDOW",
         bool,
         True,

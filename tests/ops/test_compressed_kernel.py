@@ -188,3 +188,77 @@ def test_compressed_backward_takes_delta_or_dlse_not_both(nsa_device):
         assert_close(name, a, b, 1e-6)
     with pytest.raises(ValueError, match="delta or dlse"):
         compressed_bwd(q, k, v, o, lse, do, torch.zeros_like(lse), SMALL, scale, 0, delta=attn_bwd_delta(o, do))
+
+
+@pytest.mark.parametrize(
+    "dtype, B, q_offset, gated, tiles",
+    [
+        (torch.float32, 2, 5, True, {}),
+        (torch.float16, 1, 0, False, {}),
+        (torch.float32, 1, 3, False, dict(dkdv=(16, 32, 4, 2), dq_ds=(16, 4, 2), max_splits=3)),
+    ],
+    ids=["fp32-B2-off5-gated", "fp16-default-tiles", "fp32-tiles-of-16-and-32-chunks"],
+)
+def test_dq_from_the_dkdv_kernels_ds(dtype, B, q_offset, gated, tiles, nsa_device, monkeypatch):
+    """Given ``delta`` (as training gives it), the dK/dV kernel runs first and leaves every (query
+    tile, token tile) pair's ``dS`` in a staircase buffer, from which the dQ takes one product a
+    tile: the same gradients as with ``NSA_COMPRESSED_DQ_FROM_DS_MIB=0`` up to rounding, with gates,
+    ``q_offset``, a batch, query chunks and token tiles of the dQ narrower than the dK/dV's.
+    ``torch.empty`` is NaN-filled in tests: a row of the staircase that the dK/dV kernel did not
+    write would reach ``dq``."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed import kernel
+
+    launches = []
+    real = kernel.compressed_bwd_dq_ds_kernel
+
+    class Spy:  # counts the dQ-from-dS launches
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (launches.append(meta["BN"]), real[grid](*args, **meta))[1]
+
+    monkeypatch.setattr(kernel, "compressed_bwd_dq_ds_kernel", Spy())
+    q, k, v = _inputs((B, 83, 8, 2, 16, 24), SMALL, q_offset, dtype, nsa_device)
+    scale = SMALL.softmax_scale(16)
+    o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, q_offset)
+    do = torch.randn_like(o)
+    gate = torch.rand(*o.shape[:3], device=nsa_device) if gated else None
+    delta = (o.float() * do.float()).sum(-1)
+    out = {}
+    for mib in ("4096", "0"):
+        monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", mib)
+        out[mib] = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, q_offset, delta=delta, gate=gate,
+                                         **tiles)
+    assert launches == [tiles.get("dq_ds", kernel.DQ_DS_TILES)[0]]  # the first call alone
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    for name, got, want in zip(("dq", "dk", "dv"), out["4096"], out["0"]):
+        assert torch.isfinite(got).all()
+        assert_close(name, got, want, tol)
+
+
+def test_ds_layout_and_budget(nsa_device, monkeypatch):
+    """The staircase gives query tile ``i`` the whole token tiles that it sees, from the sum of the
+    earlier tiles' widths on; the buffer is made only within ``NSA_COMPRESSED_DQ_FROM_DS_MIB``, and a
+    dQ token tile that does not divide the dK/dV's is refused."""
+    from nsa.ops.compressed import kernel
+
+    offsets, total = kernel.ds_layout(83, 19, 5, 4, 8, 8, 4, nsa_device)
+    last = [min(4 * i + 4, 83) - 1 + 5 for i in range(21)]  # each tile's last position
+    seen = [min(max((t + 1 - 8) // 4 + 1, 0), 19) if t + 1 >= 8 else 0 for t in last]
+    widths = [-(-n // 8) * 8 for n in seen]
+    assert offsets.tolist() == [sum(widths[:i]) for i in range(21)] and total == sum(widths)
+
+    T, NC = 600, SMALL.num_cmp(600)
+    q = torch.empty(1, T, 8, 16, device=nsa_device)
+    k_cmp = torch.empty(1, NC, 2, 16, device=nsa_device)
+    kv = dict(BT=4, GP=4, BN=8)
+    _, total = kernel.ds_layout(T, NC, 0, 4, 8, SMALL.cmp_block, SMALL.cmp_stride, nsa_device)
+    size = 2 * total * 16 * 4  # 2 KV heads x rows x 16 values x 4 bytes
+    assert 2**20 < size < 2 * 2**20
+    for mib in ("0", "1"):
+        monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", mib)
+        assert kernel._ds_buffer(q, k_cmp, SMALL, 0, kv, (8, 4, 2)) is None
+    monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "2")
+    ds = kernel._ds_buffer(q, k_cmp, SMALL, 0, kv, (8, 4, 2))
+    assert ds["buffer"].numel() * 4 == size and ds["total"] == total
+    with pytest.raises(ValueError, match="must divide"):
+        kernel._ds_buffer(q, k_cmp, SMALL, 0, kv, (16, 4, 2))

@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from nsa import flags
+
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
 LOG2E = 1.4426950408889634
 
@@ -86,6 +88,18 @@ def _shared_memory_per_program(index: int) -> int:
 
         optin = driver.active.utils.get_device_properties(index)["max_shared_mem"]
     return int(optin)
+
+
+def dq_from_ds_budget(flag: str, device: torch.device) -> int:
+    """Bytes a branch's backward may fill with its dK/dV kernel's ``dS`` so that its dQ reads
+    ``dS`` instead of recomputing the softmax: the MiB of the NSA_ flag ``flag``, or for -1 an
+    eighth of the GPU's memory (4 GiB on the CPU)."""
+    mib = flags.get(flag)
+    if mib >= 0:
+        return mib * 2**20
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 8
+    return 4 * 2**30
 
 
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,16 @@ Backward, deterministic (no atomics):
   and ``dq`` over the visible compressed tokens;
 - ``compressed_bwd_dkdv_kernel``: one program per (compressed-token tile, KV
   head) owns its ``dk``/``dv`` rows and walks every query tile that sees them.
+
+Where the caller already has ``delta`` (training) and the memory allows, the dK/dV kernel runs
+first and leaves every (query tile, token tile) pair's ``dS`` in a buffer; the dQ is then
+``compressed_bwd_dq_ds_kernel``, one product a tile (``dS K``) instead of three and no softmax, the
+same trade as the selected branch's (:mod:`nsa.ops.selected.kernel`).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -25,10 +31,12 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
     LOG2E,
+    attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     check_gate,
     dot_precision,
+    dq_from_ds_budget,
     hopper_tiles_fit,
     load_gate,
     next_pow2,
@@ -116,12 +124,47 @@ def compressed_bwd_dq_kernel(
     store_scaled(dq + (o_q * DK)[:, None] + o_dk[None, :], b_dq, scale, m_qk_d, False)
 
 
+@triton.jit(do_not_specialize=["TQ", "NC", "q_offset", "TOTAL"])
+def compressed_bwd_dq_ds_kernel(
+    k,  # [B, NC, H, DK]
+    ds, ds_off,  # the dK/dV kernel's dS^T rows (_ds_rows) and each query tile's first row
+    dq,  # [B, TQ, HQ, DK]
+    TQ, NC, q_offset, TOTAL, scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+    DK: tl.constexpr, BDK: tl.constexpr, L: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+):
+    """Grid ``(query tiles, B * H)``: ``dq = scale * dS K`` over the tokens that the query tile
+    sees, ``dS`` read from the dK/dV kernel (``DS_OUT``) in whole ``BN``-token tiles, which that
+    kernel wrote in full (``BN`` divides its token tile) with zeros where a row does not see a
+    token. One product a tile instead of three, and no softmax."""
+    M: tl.constexpr = BT * GP
+    i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)  # the longest rows first, as the dq kernel
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
+    o_dk = tl.arange(0, BDK)
+    n_hi = visible_cmp(q_offset + tl.minimum(i_t * BT + BT, TQ) - 1, NC, L, S)
+    p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
+    b_dq = tl.zeros([M, BDK], dtype=tl.float32)
+    for i_n in range(0, n_hi, BN):
+        o_n = i_n + tl.arange(0, BN)
+        b_dst = tl.load(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, M))  # [BN, M]
+        # tokens past NC meet dS = 0, but their K must not be garbage (0 * NaN)
+        b_k = tl.load(p_k + (o_n.to(tl.int64) * H * DK)[:, None] + o_dk[None, :],
+                      mask=(o_n < NC)[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
+        b_dq += tl.dot(tl.trans(b_dst), b_k, input_precision=PREC)
+    store_scaled(dq + (o_q * DK)[:, None] + o_dk[None, :], b_dq, scale, m_row[:, None] & (o_dk < DK)[None, :], False)
+
+
 @triton.jit
 def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
+               ds, ds_off, TOTAL,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-               L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr):
-    """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group)."""
+               L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+               DS_OUT: tl.constexpr):
+    """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group); with
+    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`)."""
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
@@ -131,8 +174,26 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n
     b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
     b_g = load_gate(gate, o_q, m_row, GATED)
     m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
-    return attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
-                              GATED, PREC)
+    if DS_OUT:
+        b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
+                                                  qk_scale, MASK, GATED, PREC)
+        # masked and padding entries are exact zeros (P = 0, or q = do = 0 with delta = 0): the dQ
+        # reads whole tiles
+        tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty))
+    else:
+        b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
+                                        GATED, PREC)
+    return b_dk, b_dv
+
+
+@triton.jit
+def _ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H: tl.constexpr, M: tl.constexpr):
+    """Pointers ``[BN, M]`` to the ``dS^T`` of tokens ``o_n`` and the ``M`` rows of query tile
+    ``i_t``: per (batch, KV head), query tile ``i`` owns ``w_i`` token rows of ``M`` values from
+    ``ds_off[i]`` on (:func:`ds_layout`), ``TOTAL`` rows in all."""
+    o_m = tl.arange(0, M)
+    row0 = (i_b * H + i_h).to(tl.int64) * TOTAL + tl.load(ds_off + i_t)
+    return ds + ((row0 + o_n) * M)[:, None] + o_m[None, :]
 
 
 @triton.jit(do_not_specialize=["TQ", "NC", "q_offset"])
@@ -145,7 +206,10 @@ def compressed_bwd_dkdv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
+    ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False,
 ):
+    """Grid ``(token tiles, SPLIT, B * H)``. With ``DS_OUT`` every (query tile, token tile) pair
+    also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`."""
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_n = i_n * BN + tl.arange(0, BN)
@@ -175,11 +239,13 @@ def compressed_bwd_dkdv_kernel(
     i_m = tl.maximum(i_a, i_full)  # unmasked tiles [i_m, i_z), then masked ones [i_a, min(i_z, i_full))
     for i in range(0, i_z - i_m):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
-                                q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False, GATED, PREC)
+                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
+                                GATED, PREC, DS_OUT)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
-                                q_offset, qk_scale, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True, GATED, PREC)
+                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
+                                GATED, PREC, DS_OUT)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -205,6 +271,27 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     return max(1, min(cap, triton.cdiv(target, max(programs, 1))))
 
 
+#: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
+#: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads.
+DQ_DS_TILES = (64, 4, 3)
+
+
+@lru_cache(maxsize=32)
+def ds_layout(TQ: int, NC: int, q_offset: int, BT: int, BN: int, L: int, S: int,
+              device: torch.device) -> Tuple[torch.Tensor, int]:
+    """Where the compressed dK/dV kernel leaves ``dS`` (``DS_OUT``): per (batch, KV head), query
+    tile ``i`` (``BT`` positions) owns the rows of the ``BN``-token tiles that it sees, ``w_i``
+    token rows of ``BT * GP`` values each, from row ``offsets[i]`` on. Returns ``(offsets [NT]
+    int64 on device, rows in all)``: a staircase, about half the ``[NT, NC]`` rectangle. Computed
+    on the host from shapes alone (no device sync) and copied once per shape."""
+    last = q_offset + torch.clamp(torch.arange(1, triton.cdiv(TQ, BT) + 1, dtype=torch.int64) * BT, max=TQ) - 1
+    seen = torch.where(last + 1 >= L, torch.div(last + 1 - L, S, rounding_mode="floor") + 1, 0).clamp(max=NC)
+    width = (seen + BN - 1) // BN * BN
+    offsets = torch.cumsum(width, 0) - width
+    # non_blocking from pageable memory: staged at once, no wait for the device's queue
+    return offsets.to(device, non_blocking=True), int(width.sum())
+
+
 def compressed_bwd(
     q: torch.Tensor,
     k_cmp: torch.Tensor,
@@ -225,6 +312,7 @@ def compressed_bwd(
     max_splits: Optional[int] = None,
     delta: Optional[torch.Tensor] = None,
     gate: Optional[torch.Tensor] = None,
+    dq_ds: Optional[Tuple[int, int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
@@ -232,7 +320,9 @@ def compressed_bwd(
     dK/dV kernel's where :data:`DKDV_TILES` does not apply; ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
-    read, and ``dlse`` must be None).
+    read, and ``dlse`` must be None). With it, and where the buffer fits
+    ``NSA_COMPRESSED_DQ_FROM_DS_MIB``, the dK/dV kernel runs first and leaves ``dS`` for the dQ
+    (:func:`compressed_bwd_dq_ds_kernel`, tiles ``dq_ds``, default :data:`DQ_DS_TILES`).
     ``gate``: ``do`` is the gradient of the gated sum, and this branch's is ``gate[..., None] * do``
     (``gate`` float32 ``[B, Tq, HQ]``, see :func:`check_gate`); ``delta`` is then ``rowsum(o * do)`` of
     that ``do``, and ``dlse`` must be None.
@@ -256,31 +346,61 @@ def compressed_bwd(
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
                   num_warps=num_warps or 4, num_stages=num_stages)
-    if B * TQ * HQ:
+    kv = dict(common)
+    if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
+        dkdv = DKDV_TILES["tiles"]
+    if dkdv is not None:
+        kv_rows, kv_block_n, kv_warps, kv_stages = dkdv
+        kv.update(BT=max(1, kv_rows // GP), BN=kv_block_n, num_warps=kv_warps, num_stages=kv_stages)
+    ds = _ds_buffer(q, k_cmp, config, q_offset, kv, dq_ds) if has_delta and B * NC * H else None
+    if B * TQ * HQ and ds is None:
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
             GATED=gated, **common)
     if B * NC * H:
-        if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
-            dkdv = DKDV_TILES["tiles"]
-        if dkdv is not None:
-            kv_rows, block_n, kv_warps, kv_stages = dkdv
-            common.update(BT=max(1, kv_rows // GP), BN=block_n, num_warps=kv_warps, num_stages=kv_stages)
-        n_tiles = triton.cdiv(NC, block_n)
+        n_tiles = triton.cdiv(NC, kv["BN"])
         split = _dkdv_splits(q.device, n_tiles * B * H, max_splits or DKDV_TILES["max_splits"])
         if split > 1:
             dk_part = torch.empty(split, *dk.shape, dtype=torch.float32, device=q.device)
             dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)
         else:
             dk_part, dv_part = dk, dv
+        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
-            scale * LOG2E, scale, SPLIT=split, GATED=gated, **common)
+            scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args)
         if split > 1:  # a reduction over a fixed axis: the same order every run
             dk.copy_(dk_part.sum(0))
             dv.copy_(dv_part.sum(0))
+    if ds is not None:
+        ds_bn, ds_warps, ds_stages = ds["tiles"]
+        compressed_bwd_dq_ds_kernel[(triton.cdiv(TQ, kv["BT"]), B * H)](
+            k_cmp, ds["buffer"], ds["offsets"], dq, TQ, NC, q_offset, ds["total"], scale,
+            H=H, G=G, GP=GP, BT=kv["BT"], BN=ds_bn, DK=DK, BDK=next_pow2(DK), L=config.cmp_block,
+            S=config.cmp_stride, PREC=common["PREC"], num_warps=ds_warps, num_stages=ds_stages)
     return dq, dk, dv
+
+
+def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset: int, kv: dict,
+               tiles: Optional[Tuple[int, int, int]]) -> Optional[dict]:
+    """The dK/dV kernel's ``dS`` buffer for the dQ (:func:`ds_layout`), with its offsets, rows and the
+    dQ's tiles; None where it would pass ``NSA_COMPRESSED_DQ_FROM_DS_MIB`` or the problem is empty."""
+    B, TQ, HQ, _ = q.shape
+    NC, H = k_cmp.shape[1], k_cmp.shape[2]
+    tiles = tuple(tiles or DQ_DS_TILES)
+    if kv["BN"] % tiles[0]:
+        raise ValueError(f"dq_ds block_n {tiles[0]} must divide the dK/dV kernel's token tile {kv['BN']}")
+    budget = dq_from_ds_budget("NSA_COMPRESSED_DQ_FROM_DS_MIB", q.device)
+    M = kv["BT"] * kv["GP"]
+    # the rectangle bounds the staircase: skip the layout where even half of it would not fit
+    if not B * TQ * HQ or B * H * triton.cdiv(TQ, kv["BT"]) * NC * M * q.element_size() > 2 * budget:
+        return None
+    offsets, total = ds_layout(TQ, NC, q_offset, kv["BT"], kv["BN"], config.cmp_block, config.cmp_stride, q.device)
+    if total == 0 or B * H * total * M * q.element_size() > budget:
+        return None
+    buffer = torch.empty(B * H * total * M, device=q.device, dtype=q.dtype)
+    return dict(buffer=buffer, offsets=offsets, total=total, tiles=tiles)
 
 
 class CompressedAttentionFunction(torch.autograd.Function):

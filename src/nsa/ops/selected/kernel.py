@@ -54,6 +54,7 @@ from nsa.ops._triton.attention import (
     describable,
     descriptor_ready,
     dot_precision,
+    dq_from_ds_budget,
     hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
@@ -873,14 +874,9 @@ def ds_buffer(q: torch.Tensor, block_idx: torch.Tensor, sel_block: int, dq_cfg: 
 
 
 def ds_budget(device: torch.device) -> int:
-    """Bytes :func:`ds_buffer` may take: ``NSA_SELECTED_DQ_FROM_DS_MIB``, by default (-1) an eighth
-    of the GPU's memory (10 GiB on an 80 GB H100: enough for B = 1 at 64k tokens), 4 GiB on CPU."""
-    mib = flags.get("NSA_SELECTED_DQ_FROM_DS_MIB")
-    if mib >= 0:
-        return mib * 2**20
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 8
-    return 4 * 2**30
+    """Bytes :func:`ds_buffer` may take: ``NSA_SELECTED_DQ_FROM_DS_MIB`` (:func:`dq_from_ds_budget`;
+    by default an eighth of the GPU's memory, 10 GiB on an 80 GB H100: enough for B = 1 at 64k tokens)."""
+    return dq_from_ds_budget("NSA_SELECTED_DQ_FROM_DS_MIB", device)
 
 
 class SelectedAttentionFunction(torch.autograd.Function):
