@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
-TESTS="tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py tests/ops/test_selected_kernel.py"
+TESTS="${TESTS:-tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py tests/ops/test_selected_kernel.py}"
 case "${1:?usage: scripts/gpu_session19.sh probe|tests REV|final REV}" in
 probe)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

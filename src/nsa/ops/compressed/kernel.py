@@ -272,7 +272,10 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
 
 
 #: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
-#: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads.
+#: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads. H100, the
+#: compressed backward as training calls it: 8k 0.712 ms against 0.801 recomputing, 64k 29.09
+#: against 30.10; (32, 4, 3) 0.701 and 30.00, (128, 4, 2) 0.760 and 32.44 (docs/perf/prefill.md,
+#: session 19).
 DQ_DS_TILES = (64, 4, 3)
 
 
