@@ -923,14 +923,22 @@ def dq_from_ds(T: int, config: NSAConfig) -> None:
     print(f"T={T} selected dQ alone (forced kernel included): recomputing {bench(lambda: dq(False)):.3f} ms, "
           f"from dS {bench(lambda: dq(True)):.3f} ms", flush=True)
     del ds
+    _whole_op_with_buffer(T, config, "NSA_SELECTED_DQ_FROM_DS_MIB", "dS buffer")
+
+
+def _whole_op_with_buffer(T: int, config: NSAConfig, flag: str, what: str) -> None:
+    """The whole ``nsa_attention`` forward+backward with the dQ-from-dS buffer of ``flag`` off and
+    on (1 TiB allowed), twice each in turn so that drift shows; the flag is unset afterwards."""
+    import os
+
     x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
     run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
     for rnd in (1, 2):
         for mib in ("0", str(1 << 20)):
-            os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"] = mib
-            print(f"T={T} nsa_attention forward+backward, dS buffer {'off' if mib == '0' else 'on'} (round {rnd}): "
+            os.environ[flag] = mib
+            print(f"T={T} nsa_attention forward+backward, {what} {'off' if mib == '0' else 'on'} (round {rnd}): "
                   f"{bench(run):.3f} ms", flush=True)
-    del os.environ["NSA_SELECTED_DQ_FROM_DS_MIB"]
+    del os.environ[flag]
 
 
 #: ``(block_n, num_warps, num_stages)`` of the compressed dQ from ``dS`` tried by ``cmp_dq_ds``; the
@@ -969,14 +977,7 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     del ds
     for tiles in CMP_DQ_DS_SWEEP:
         timed_variant(T, f"compressed backward, dQ from dS {tiles}", lambda: call(tiles), first)
-    x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
-    for rnd in (1, 2):
-        for mib in ("0", str(1 << 20)):
-            os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = mib
-            print(f"T={T} nsa_attention forward+backward, compressed dS buffer {'off' if mib == '0' else 'on'} "
-                  f"(round {rnd}): {bench(run):.3f} ms", flush=True)
-    del os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"]
+    _whole_op_with_buffer(T, config, "NSA_COMPRESSED_DQ_FROM_DS_MIB", "compressed dS buffer")
 
 
 SECTIONS = {
