@@ -285,14 +285,21 @@ def ds_layout(TQ: int, NC: int, q_offset: int, BT: int, BN: int, L: int, S: int,
     """Where the compressed dK/dV kernel leaves ``dS`` (``DS_OUT``): per (batch, KV head), query
     tile ``i`` (``BT`` positions) owns the rows of the ``BN``-token tiles that it sees, ``w_i``
     token rows of ``BT * GP`` values each, from row ``offsets[i]`` on. Returns ``(offsets [NT]
-    int64 on device, rows in all)``: a staircase, about half the ``[NT, NC]`` rectangle. Computed
-    on the host from shapes alone (no device sync) and copied once per shape."""
-    last = q_offset + torch.clamp(torch.arange(1, triton.cdiv(TQ, BT) + 1, dtype=torch.int64) * BT, max=TQ) - 1
+    int64 on device, rows in all)``: a staircase, about half the ``[NT, NC]`` rectangle. From
+    shapes alone, once per shape: the total on the host, the offsets by a few device ops (no
+    copy from the host, so a first call inside CUDA-graph capture works too)."""
+    host = _staircase(TQ, NC, q_offset, BT, BN, L, S, torch.device("cpu"))
+    width = host if device.type == "cpu" else _staircase(TQ, NC, q_offset, BT, BN, L, S, device)
+    return torch.cumsum(width, 0) - width, int(host.sum())
+
+
+def _staircase(TQ: int, NC: int, q_offset: int, BT: int, BN: int, L: int, S: int,
+               device: torch.device) -> torch.Tensor:
+    """``[NT]`` int64: the token rows ``w_i`` of each query tile, whole ``BN``-token tiles."""
+    last = q_offset + torch.clamp(torch.arange(1, triton.cdiv(TQ, BT) + 1, dtype=torch.int64, device=device) * BT,
+                                  max=TQ) - 1  # each tile's last position
     seen = torch.where(last + 1 >= L, torch.div(last + 1 - L, S, rounding_mode="floor") + 1, 0).clamp(max=NC)
-    width = (seen + BN - 1) // BN * BN
-    offsets = torch.cumsum(width, 0) - width
-    # non_blocking from pageable memory: staged at once, no wait for the device's queue
-    return offsets.to(device, non_blocking=True), int(width.sum())
+    return (seen + BN - 1) // BN * BN
 
 
 def compressed_bwd(
