@@ -403,9 +403,7 @@ def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset
         raise ValueError(f"dq_ds block_n {tiles[0]} must divide the dK/dV kernel's token tile {kv['BN']}")
     budget = dq_from_ds_budget("NSA_COMPRESSED_DQ_FROM_DS_MIB", q.device)
     M = kv["BT"] * kv["GP"]
-    # the staircase takes about half the [query tiles, tokens] rectangle or more: where half would
-    # not fit, skip computing it
-    if not B * TQ * HQ or B * H * triton.cdiv(TQ, kv["BT"]) * NC * M * q.element_size() > 2 * budget:
+    if not B * TQ * HQ or budget == 0:
         return None
     offsets, total = ds_layout(TQ, NC, q_offset, kv["BT"], kv["BN"], config.cmp_block, config.cmp_stride, q.device)
     if total == 0 or B * H * total * M * q.element_size() > budget:
