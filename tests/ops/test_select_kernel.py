@@ -23,6 +23,7 @@ from nsa.ops._reference import masked_softmax, split_groups
 from nsa.ops._triton.compressed_fwd import _step_tokens
 from nsa.ops.compressed.reference import visible_cmp_count
 from nsa.ops.select.reference import overlap_weights
+from nsa.testing import assert_close
 
 SCORE_EPS = 1e-5  # relative: float32 summation-order noise is ~1e-7
 
@@ -165,6 +166,47 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
         assert torch.equal(a, b)
     ref = select_blocks(q.double(), k.double(), config, q_offset=9, backend="reference")
     assert torch.equal(chunked[2].long(), ref.long())
+
+
+def test_short_tiles_while_no_query_sees_more_than_short_tokens(nsa_device, monkeypatch):
+    """A call whose queries see at most ``SHORT_TOKENS`` compressed tokens launches every query
+    chunk with ``SHORT_TILES`` (16-bit inputs), a longer one with the wide tiles, and a caller's
+    explicit tiles turn the choice off. Either way: the reference's ``o`` and ``lse`` and a valid
+    top-n (the same blocks but for near-ties, which other tiles may sum in another order)."""
+    from nsa.ops._triton import compressed_fwd as module
+    from nsa.ops.compressed.reference import compressed_attention as reference_attention
+
+    launched = []
+    real = module.compressed_fwd_kernel
+
+    class Spy:  # the pass-1 token tile, pass-2 blocks a step and stages of each launch
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (launched.append((meta["BN"], meta["NB"], meta["num_stages"])),
+                                          real[grid](*args, **meta))[1]
+
+    monkeypatch.setattr(module, "compressed_fwd_kernel", Spy())
+    config = SMALL
+    B, T, HQ, H, D, q_offset = 1, 51, 4, 2, 16, 9  # four chunks of queries; the last query sees 14 tokens
+    q = torch.randn(B, T, HQ, D, device=nsa_device, dtype=torch.float16)
+    k, v = (torch.randn(B, config.num_cmp(q_offset + T), H, D, device=nsa_device, dtype=torch.float16)
+            for _ in range(2))
+    scale = config.softmax_scale(D)
+    budget = 18 * B * H * config.num_sel_blocks(q_offset + T) * module._score_geometry(config)["NSPILL"] * 4
+    run = lambda **kw: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True, rows=8,
+                                             score_buffer_bytes=budget, **kw)
+    short = (module.SHORT_TILES["block_n"], module.SHORT_TILES["blocks_per_step"], module.SHORT_TILES["num_stages"])
+    ref_o, ref_lse = reference_attention(q.double(), k.double(), v.double(), config, scale, q_offset)
+    ref_idx = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
+    finite = torch.isfinite(ref_lse)
+    for tokens, explicit, want in ((14, {}, short), (13, {}, (64, 32, 3)), (14, dict(block_n=16), (16, 32, 3))):
+        monkeypatch.setattr(module, "SHORT_TOKENS", tokens)
+        launched.clear()
+        o, lse, idx = run(**explicit)
+        assert launched == [want] * 4
+        assert_close("o", o, ref_o, 2e-3)
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert_close("lse", lse[finite], ref_lse[finite], 1e-3)
+        assert_valid_topn(idx, ref_idx, reference_scores(q, k, config, q_offset), config, q_offset)
 
 
 @pytest.mark.parametrize("HQ, H, T, local", [(4, 1, 141, 2), (6, 2, 134, 2), (4, 1, 141, 0)],

@@ -42,6 +42,17 @@ from nsa.ops._triton.attention import LOG2E, attn_fwd_finish, attn_fwd_step, dot
 # the score buffer of one launch stays under this; longer inputs run in query chunks
 SCORE_BUFFER_BYTES = 256 * 1024 * 1024
 
+#: Launch options where no query sees more than :data:`SHORT_TOKENS` compressed tokens (16-bit
+#: inputs, heads up to 128 wide): 32-token pass-1 tiles, 16 blocks a pass-2 step, 2 stages and at
+#: most 128 registers a thread (6 bytes spill), so that 4 programs share an SM (50 KB of shared
+#: memory each) instead of 2 (187 registers, 113 KB). Walks of a few tiles leave little to
+#: pipeline, and the extra programs hide one another's waits; over long walks the wider tiles win.
+#: H100, the launch with selection, ms (docs/perf/prefill.md, session 20): 8k 0.393-0.394 against
+#: 0.472-0.476, 16k 1.308-1.312 against 1.418-1.420; all of the 32k queries 4.868 against 4.878,
+#: and those of 64k 19.14 against 18.34-18.36.
+SHORT_TILES = dict(block_n=32, blocks_per_step=16, num_stages=2, maxnreg=128)
+SHORT_TOKENS = 1024
+
 
 @triton.jit
 def visible_cmp(t, NC, L: tl.constexpr, S: tl.constexpr):
@@ -309,10 +320,11 @@ def compressed_fwd(
     store_o: bool = True,
     select: bool = False,
     rows: Optional[int] = None,
-    block_n: int = 64,
+    block_n: Optional[int] = None,
     blocks_per_step: Optional[int] = None,
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
+    maxnreg: Optional[int] = None,
     score_buffer_bytes: int = SCORE_BUFFER_BYTES,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the fused forward on contiguous inputs.
@@ -321,8 +333,12 @@ def compressed_fwd(
         q: ``[B, Tq, HQ, Dk]``; k_cmp: ``[B, Nc, H, Dk]``; v_cmp: ``[B, Nc, H, Dv]``.
         store_o: compute ``o`` and ``lse``; select: compute ``block_idx``.
         rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
-            token tile; blocks_per_step: selection blocks scored per pass-2 step;
-            num_warps/num_stages: launch options (defaults from the shapes);
+            token tile (default 64); blocks_per_step: selection blocks scored per pass-2 step
+            (default 32); num_warps/num_stages: launch options (defaults from the shapes);
+            maxnreg: a cap on registers a thread (Triton's launch option; none by default).
+            Where none of block_n, blocks_per_step, num_stages and maxnreg is given and no
+            query sees more than :data:`SHORT_TOKENS` compressed tokens, the launch takes
+            :data:`SHORT_TILES` (16-bit inputs, heads up to 128 wide);
             score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
 
     Returns:
@@ -338,9 +354,16 @@ def compressed_fwd(
     # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
     # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
     rows = rows or 64
-    if num_stages is None:
-        num_stages = 3 if (max(DK, DV) <= 128 and q.dtype != torch.float32) else 2
     BT = max(1, rows // GP)
+    narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
+    if (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
+            config.num_cmp(q_offset + TQ) <= SHORT_TOKENS:
+        short = SHORT_TILES
+        block_n, blocks_per_step, num_stages = short["block_n"], short["blocks_per_step"], short["num_stages"]
+        # a launch option of the GPU; the interpreter runs the same tiles without it
+        maxnreg = short["maxnreg"] if q.device.type == "cuda" else None
+    if num_stages is None:
+        num_stages = 3 if narrow_16bit else 2
     geo = _score_geometry(config, blocks_per_step)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None
     lse = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device) if store_o else None
@@ -353,12 +376,12 @@ def compressed_fwd(
     # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
     scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
-        H=H, G=G, GP=GP, BT=BT, BN=block_n,
+        H=H, G=G, GP=GP, BT=BT, BN=block_n or 64,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
-        **geo,
+        **geo, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
