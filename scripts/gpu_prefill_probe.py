@@ -28,7 +28,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     with the gates applied in the branch kernels against the stored ``g * do`` copies, piece by piece.
 14. **Compressed backward** (``cmp_bwd``) against a saved copy of the previous kernels, and by the
     programs per SM that its dK/dV query chunks aim at.
-15. **Compressed forward variants** (``cmp_fwd``): pass-2 blocks per step and stages, with each
+15. **Compressed forward variants** (``cmp_fwd``): tiles and where the top-n runs, with each
     compiled variant's registers and shared memory.
 16. **Top-n launches** (``topn``): rows per program and warps, on every query chunk.
 17. **Selected tiles of several queries** (``sel_tiles``): the forward and dQ by query positions a
@@ -773,24 +773,36 @@ def gated_bits(T: int, config: NSAConfig) -> None:
 
 
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
+#: Launches of the compressed forward with selection (``compressed_fwd`` keyword arguments); the
+#: first is session 19's. Session 20 measured (H100, ms; ``raw/session20_cmp_fwd*``): pass-2 blocks
+#: a step / pass-1 token tile / stages / maxnreg (32, 64, 3, -) 0.472 at 8k, 1.418 at 16k, 4.878 at
+#: 32k, 18.36 at 64k; (16, 32, 2, 128) 0.394, 1.308, 4.868, 19.14; (16, 32, 3, -) 0.418, 1.346,
+#: 4.913, 18.87; (16, 32, 2, -) 1.374 at 16k, 5.116 at 32k; (32, 32, 2, 128) 0.483, 1.622, 5.766;
+#: (16, 64, 2, -) 0.455 at 8k, 19.93 at 64k; score buffers of 1 and 2 GiB (fewer query chunks)
+#: 18.69 and 19.24 at 64k. Hence SHORT_TILES for chunks of short walks.
+#: The top-n inside the compressed program (``attempts/prefill_topn_in_compressed_fwd.patch``) took
+#: 0.585 / 1.807 / 5.590 / 20.16 ms at 8k / 16k / 32k / 64k against 0.476 / 1.420 / 4.807 / 18.34.
+CMP_FWD_SWEEP = (("wide tiles", dict(block_n=64, blocks_per_step=32, num_stages=3)), ("default tiles", {}))
+
+
 def cmp_fwd_variants(T: int, config: NSAConfig) -> None:
-    """The compressed forward with selection by pass-2 blocks per step and pipeline stages, and
-    the registers and shared memory of each compiled variant (session 13: ``o`` is stored
-    before pass 2)."""
+    """The compressed forward with selection by launch (:data:`CMP_FWD_SWEEP`), each checked against
+    the first (``o`` and ``lse`` bitwise, the share of equal ``block_idx`` rows: other tiles sum the
+    masses in another order), and the registers and shared memory of each compiled variant."""
     from nsa.ops._triton import compressed_fwd as module
 
     q, k, v, _ = inputs(T, T + 4)
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     scale = config.softmax_scale(D)
     first = None
-    for nb, stages in ((32, 3), (16, 3), (32, 2), (16, 2)):
-        call = lambda: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True, blocks_per_step=nb,
-                                             num_stages=stages)
+    for label, launch in CMP_FWD_SWEEP:
+        call = lambda: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, select=True, **launch)
         out = call()
         first = first or out
-        same = all(torch.equal(a, b) for a, b in zip(out, first))
-        print(f"T={T} compressed + selection, {nb} blocks a step, {stages} stages: {bench(call):.3f} ms "
-              f"(bitwise equal to the first: {same})", flush=True)
+        same = all(torch.equal(a, b) for a, b in zip(out[:2], first[:2]))
+        rows = (out[2] == first[2]).all(-1).float().mean().item()
+        print(f"T={T} compressed + selection, {label}: {bench(call):.3f} ms (o, lse bitwise equal to the first: "
+              f"{same}; equal block rows {rows:.5f})", flush=True)
     print(f"T={T} compressed forward kernels compiled: {'; '.join(resources(module.compressed_fwd_kernel))}", flush=True)
 
 

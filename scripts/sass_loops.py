@@ -46,8 +46,10 @@ def _constexpr(value: str):
     return int(value) if value.lstrip("-").isdigit() else value
 
 
-def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int, num_stages: int) -> int:
-    """Compile ``module:kernel`` with the given parameter values; returns its shared memory."""
+def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int, num_stages: int,
+                   maxnreg: int = 0) -> int:
+    """Compile ``module:kernel`` with the given parameter values (``maxnreg`` > 0 caps the registers
+    a thread as the launch option of that name does); returns its shared memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -76,7 +78,7 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
             constexprs[(i,)] = _constexpr(value)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages))
+                            options=dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {})))
     with open(out + ".ttgir", "w") as f:
         f.write(kernel.asm["ttgir"])
     with open(out + ".cubin", "wb") as f:
@@ -86,6 +88,15 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
     with open(out + ".sass", "w") as f:
         f.write(sass)
     return kernel.metadata.shared
+
+
+def resource_usage(cubin: str) -> str:
+    """The ``REG``/``STACK``/``LOCAL`` line of ``cuobjdump -res-usage``: registers a thread, and the
+    stack and local memory that spills would show in."""
+    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+    usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
+    return found.group(0) if found else usage.strip()
 
 
 def loops(sass: str) -> List[Tuple[int, int, collections.Counter]]:
@@ -107,12 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel", help="module:kernel, e.g. nsa.ops.compressed.kernel:compressed_bwd_dq_kernel")
     parser.add_argument("out", help="path prefix of the .ttgir, .cubin and .sass files")
-    parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=")
+    parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=, maxnreg= (optional)")
     args = parser.parse_args()
     values = dict(v.split("=", 1) for v in args.values)
     num_warps, num_stages = int(values.pop("num_warps", 4)), int(values.pop("num_stages", 3))
-    shared = compile_kernel(args.kernel, args.out, values, num_warps, num_stages)
-    print(f"shared memory {shared} B")
+    maxnreg = int(values.pop("maxnreg", 0))
+    shared = compile_kernel(args.kernel, args.out, values, num_warps, num_stages, maxnreg)
+    print(f"shared memory {shared} B; {resource_usage(args.out + '.cubin')}")
     with open(args.out + ".sass") as f:
         for start, end, ops in loops(f.read()):
             print(f"loop {start:#x}-{end:#x}: {sum(ops.values())} instructions; "
