@@ -772,14 +772,13 @@ def gated_bits(T: int, config: NSAConfig) -> None:
         print(f"ptx {line}", flush=True)
 
 
-#: The sections after the launch gaps, in the order they run (``--skip`` names them).
 #: Launches of the compressed forward with selection (``compressed_fwd`` keyword arguments); the
 #: first is session 19's. Session 20 measured (H100, ms; ``raw/session20_cmp_fwd*``): pass-2 blocks
 #: a step / pass-1 token tile / stages / maxnreg (32, 64, 3, -) 0.472 at 8k, 1.418 at 16k, 4.878 at
 #: 32k, 18.36 at 64k; (16, 32, 2, 128) 0.394, 1.308, 4.868, 19.14; (16, 32, 3, -) 0.418, 1.346,
 #: 4.913, 18.87; (16, 32, 2, -) 1.374 at 16k, 5.116 at 32k; (32, 32, 2, 128) 0.483, 1.622, 5.766;
 #: (16, 64, 2, -) 0.455 at 8k, 19.93 at 64k; score buffers of 1 and 2 GiB (fewer query chunks)
-#: 18.69 and 19.24 at 64k. Hence SHORT_TILES for chunks of short walks.
+#: 18.69 and 19.24 at 64k. Hence SHORT_TILES for calls whose walks are all short.
 #: The top-n inside the compressed program (``attempts/prefill_topn_in_compressed_fwd.patch``) took
 #: 0.585 / 1.807 / 5.590 / 20.16 ms at 8k / 16k / 32k / 64k against 0.476 / 1.420 / 4.807 / 18.34.
 CMP_FWD_SWEEP = (("wide tiles", dict(block_n=64, blocks_per_step=32, num_stages=3)), ("default tiles", {}))
@@ -992,6 +991,7 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     _whole_op_with_buffer(T, config, "NSA_COMPRESSED_DQ_FROM_DS_MIB", "compressed dS buffer")
 
 
+#: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,

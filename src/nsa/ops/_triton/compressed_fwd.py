@@ -48,8 +48,8 @@ SCORE_BUFFER_BYTES = 256 * 1024 * 1024
 #: memory each) instead of 2 (187 registers, 113 KB). Walks of a few tiles leave little to
 #: pipeline, and the extra programs hide one another's waits; over long walks the wider tiles win.
 #: H100, the launch with selection, ms (docs/perf/prefill.md, session 20): 8k 0.393-0.394 against
-#: 0.472-0.476, 16k 1.308-1.312 against 1.418-1.420; all of the 32k queries 4.868 against 4.878,
-#: and those of 64k 19.14 against 18.34-18.36.
+#: 0.472-0.476, 16k 1.308-1.312 against 1.418-1.420; with the short tiles for every query, 32k
+#: 4.868 against 4.878 and 64k 19.14 against 18.34-18.36.
 SHORT_TILES = dict(block_n=32, blocks_per_step=16, num_stages=2, maxnreg=128)
 SHORT_TOKENS = 1024
 
