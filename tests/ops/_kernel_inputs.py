@@ -1,4 +1,4 @@
-"""Inputs and checks shared by the attention-kernel tests (selected, window)."""
+"""Inputs and checks shared by the attention-kernel tests (selected, window, compressed, selection)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,21 @@ def assert_bitwise_repeatable(run):
     """``run()`` twice gives bitwise-equal tensors: the deterministic-backward promise."""
     for a, b in zip(run(), run()):
         assert torch.equal(a, b)
+
+
+def spy_launches(monkeypatch, module, name, *keys):
+    """Replace the Triton kernel ``module.name`` by one that runs it and records, for every launch,
+    its launch argument ``keys[0]`` (or the tuple of ``keys``); returns that list."""
+    launched = []
+    real = getattr(module, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                launched.append(meta[keys[0]] if len(keys) == 1 else tuple(meta[key] for key in keys))
+                return real[grid](*args, **meta)
+
+            return launch
+
+    monkeypatch.setattr(module, name, Spy())
+    return launched

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _kernel_inputs import spy_launches
 from nsa import NSAConfig
 from nsa.ops import compressed_attention, select_blocks
 from nsa.testing import assert_close
@@ -113,14 +114,7 @@ def test_dkdv_tiles_of_their_own(dtype, tol, nsa_device, monkeypatch):
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import kernel
 
-    token_tiles = []
-    launcher = kernel.compressed_bwd_dkdv_kernel
-
-    class Spy:  # records the token tile of every dK/dV launch
-        def __getitem__(self, grid):
-            return lambda *args, **meta: (token_tiles.append(meta["BN"]), launcher[grid](*args, **meta))[1]
-
-    monkeypatch.setattr(kernel, "compressed_bwd_dkdv_kernel", Spy())
+    token_tiles = spy_launches(monkeypatch, kernel, "compressed_bwd_dkdv_kernel", "BN")  # of every dK/dV launch
     q, k, v = _inputs((1, 301, 8, 2, 16, 24), SMALL, 3, dtype, nsa_device)
     scale = SMALL.softmax_scale(16)
     o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, 3)
@@ -209,14 +203,7 @@ def test_dq_from_the_dkdv_kernels_ds(dtype, B, q_offset, gated, tiles, nsa_devic
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import kernel
 
-    launches = []
-    real = kernel.compressed_bwd_dq_ds_kernel
-
-    class Spy:  # counts the dQ-from-dS launches
-        def __getitem__(self, grid):
-            return lambda *args, **meta: (launches.append(meta["BN"]), real[grid](*args, **meta))[1]
-
-    monkeypatch.setattr(kernel, "compressed_bwd_dq_ds_kernel", Spy())
+    launches = spy_launches(monkeypatch, kernel, "compressed_bwd_dq_ds_kernel", "BN")  # the dQ-from-dS launches
     q, k, v = _inputs((B, 83, 8, 2, 16, 24), SMALL, q_offset, dtype, nsa_device)
     scale = SMALL.softmax_scale(16)
     o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, q_offset)

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from _kernel_inputs import spy_launches
 from nsa import NSAConfig
 from nsa.ops import select_blocks
 from nsa.ops._reference import masked_softmax, split_groups
@@ -176,15 +177,8 @@ def test_short_tiles_while_no_query_sees_more_than_short_tokens(nsa_device, monk
     from nsa.ops._triton import compressed_fwd as module
     from nsa.ops.compressed.reference import compressed_attention as reference_attention
 
-    launched = []
-    real = module.compressed_fwd_kernel
-
-    class Spy:  # the pass-1 token tile, pass-2 blocks a step and stages of each launch
-        def __getitem__(self, grid):
-            return lambda *args, **meta: (launched.append((meta["BN"], meta["NB"], meta["num_stages"])),
-                                          real[grid](*args, **meta))[1]
-
-    monkeypatch.setattr(module, "compressed_fwd_kernel", Spy())
+    # the pass-1 token tile, pass-2 blocks a step and stages of each launch
+    launched = spy_launches(monkeypatch, module, "compressed_fwd_kernel", "BN", "NB", "num_stages")
     config = SMALL
     B, T, HQ, H, D, q_offset = 1, 29, 4, 2, 16, 9  # two chunks of queries, whose last ones see 5 and 8 tokens
     q = torch.randn(B, T, HQ, D, device=nsa_device, dtype=torch.float16)

@@ -358,10 +358,11 @@ def compressed_fwd(
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
     if (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
             config.num_cmp(q_offset + TQ) <= SHORT_TOKENS:
-        short = SHORT_TILES
-        block_n, blocks_per_step, num_stages = short["block_n"], short["blocks_per_step"], short["num_stages"]
+        block_n, blocks_per_step = SHORT_TILES["block_n"], SHORT_TILES["blocks_per_step"]
+        num_stages = SHORT_TILES["num_stages"]
         # a launch option of the GPU; the interpreter runs the same tiles without it
-        maxnreg = short["maxnreg"] if q.device.type == "cuda" else None
+        maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
+    block_n = block_n or 64
     if num_stages is None:
         num_stages = 3 if narrow_16bit else 2
     geo = _score_geometry(config, blocks_per_step)
@@ -376,7 +377,7 @@ def compressed_fwd(
     # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
     scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
-        H=H, G=G, GP=GP, BT=BT, BN=block_n or 64,
+        H=H, G=G, GP=GP, BT=BT, BN=block_n,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
         STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype),
