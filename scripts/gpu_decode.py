@@ -46,10 +46,10 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: the score launch's warps, by default one past four programs per SM (batch 16 at 32k and
-# over), against four (session 6).
-_FOUR = {"score_warps": 4}
-VARIANTS = {True: [], False: [{}, _FOUR] * 2}
+# Now: the selected programs' top-n as one bitonic top-k (the default) against rounds of 4 keys
+# (session 21), and at batch 1 score tiles of 64 and 16 blocks (256 and 1024 candidates at 64k).
+_ROUNDS = {"topn_bitonic": False}
+VARIANTS = {True: [{}, _ROUNDS] * 2 + [{"score_blocks": 64}, {"score_blocks": 16}], False: [{}, _ROUNDS] * 2}
 CONTEXT_VARIANTS = {}
 
 

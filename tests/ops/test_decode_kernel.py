@@ -138,10 +138,16 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         # selected blocks through tensor descriptors, 2 and 1 blocks a program; top-n
         # rounds of 2 and 4 keys (SMALL picks 4 blocks), and of 4 falling back to 1 (n = 3)
         pytest.param(SMALL, (2, 1, 2), None, None, {"sel_desc": True}, id="sel-tensor-descriptors"),
-        pytest.param(WIDE, (1, 1, 1), None, 16, {"sel_desc": True, "topn_per_round": 4}, id="sel-descriptors-topn4-n3"),
-        pytest.param(SMALL, (1, 1, 1), None, 16, {"topn_per_round": 2, "score_blocks": 2}, id="topn-rounds-of-2"),
-        pytest.param(SMALL, (1, 1, 4), None, 16, {"topn_per_round": 4, "score_blocks": 2}, id="topn-rounds-of-4"),
-        pytest.param(EIGHT, (1, 1, 2), None, 16, {"topn_per_round": 8, "score_blocks": 8}, id="topn-rounds-of-8"),
+        pytest.param(WIDE, (1, 1, 1), None, 16, {"sel_desc": True, "topn_per_round": 4, "topn_bitonic": False},
+                     id="sel-descriptors-topn4-n3"),  # fmt: skip
+        pytest.param(SMALL, (1, 1, 1), None, 16, {"topn_per_round": 2, "score_blocks": 2, "topn_bitonic": False}, id="topn-rounds-of-2"),
+        pytest.param(SMALL, (1, 1, 4), None, 16, {"topn_per_round": 4, "score_blocks": 2, "topn_bitonic": False}, id="topn-rounds-of-4"),
+        pytest.param(EIGHT, (1, 1, 2), None, 16, {"topn_per_round": 8, "score_blocks": 8, "topn_bitonic": False}, id="topn-rounds-of-8"),
+        # one bitonic top-k over the candidates (the default where they fit one tile): n = 3
+        # of 4 taken, n = 8 over 2 blocks a program, and the rounds' own cases above
+        pytest.param(WIDE, (1, 1, 1), None, 16, {"sel_desc": True, "score_blocks": 2, "topn_bitonic": True}, id="topn-bitonic-n3"),
+        pytest.param(EIGHT, (1, 1, 2), None, 16, {"score_blocks": 8, "topn_bitonic": True}, id="topn-bitonic-n8"),
+        pytest.param(SMALL, (1, 1, 4), None, 16, {"score_blocks": 2, "topn_bitonic": True}, id="topn-bitonic-4-a-program"),
         # the window's splits as programs of the selected launch (8-token tiles: several per split)
         pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
         pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
@@ -179,7 +185,10 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(SMALL, {"sel_desc": True, "splits": (2, 1, 2)}, id="sel-descriptors-small"),
         pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 2)}, id="sel-descriptors-wide"),
         pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
-        pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
+        pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "topn_bitonic": False, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
+        # the rounds where the default takes one bitonic top-k (ties at 0 in NO_FORCED)
+        pytest.param(NO_FORCED, {"score_blocks": 2, "topn_bitonic": False, "splits": (1, 1, 1)}, id="topn-rounds-no-forced"),
+        pytest.param(NO_FORCED, {"score_blocks": 2, "topn_bitonic": True, "splits": (1, 1, 1)}, id="topn-bitonic-no-forced"),
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
         pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),

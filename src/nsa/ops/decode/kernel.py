@@ -435,6 +435,25 @@ def _top_n_of_keys(b_key, N: tl.constexpr, PER_ROUND: tl.constexpr):
 
 
 @triton.jit
+def _top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr):
+    """The blocks of the ``N`` largest keys of ``b_key`` (a 1-D tile in registers, -1 where
+    unused) in ascending order, by one bitonic top-k (``tl.topk``, sorted largest first) and
+    a sort of its ``NP`` entries. Returns this program's blocks ``b_j [SB]`` (ranks ``o_sb``,
+    -1 past the last); program 0 writes the row of ``block_idx``, -1 in unused slots. Its
+    compare-exchanges take each key through every stage at once, where the rounds of
+    :func:`_top_n_of_keys` reduce across the warps once per round."""
+    b_top = tl.topk(b_key, NP)
+    o_n = tl.arange(0, NP)
+    b_blk = tl.where((b_top >= 0) & (o_n < N), (b_top & KEY_INDEX_MAX) ^ KEY_INDEX_MAX, INT64_MAX)
+    b_blk = tl.sort(b_blk)  # ascending block order, unused slots last
+    b_blk = tl.where(b_blk == INT64_MAX, -1, b_blk)
+    b_j = tl.max(tl.where(o_n[None, :] == o_sb[:, None], b_blk[None, :], -1), 1)
+    if i_s == 0:
+        tl.store(p_idx + o_n, b_blk.to(tl.int32), mask=o_n < N)
+    return b_j
+
+
+@triton.jit
 def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,
                      PER_ROUND: tl.constexpr):
     """The smallest of the ``N`` largest candidate keys (0 when all visible blocks fit).
@@ -624,7 +643,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr, RANKED: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -655,7 +674,7 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC)  # fmt: skip
 
 
 @triton.jit
@@ -682,7 +701,7 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
-    RANKED: tl.constexpr,
+    RANKED: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -699,16 +718,20 @@ def _selected_program(
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
     n_cand = (own // BJ + 1) * N
-    if RANKED:
-        thr = tl.full([], 0, tl.int64)  # every candidate: the tile's rank kept exactly the top-n
+    if BITONIC:
+        o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
+        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
     else:
-        thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
-    for c0 in range(0, n_cand, TJ):
-        o_j, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
-        b_j, count = _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s)
-    o_n = tl.arange(0, NP)
-    if i_s == 0:
-        tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
+        if RANKED:
+            thr = tl.full([], 0, tl.int64)  # every candidate: the tile's rank kept exactly the top-n
+        else:
+            thr = _top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
+        for c0 in range(0, n_cand, TJ):
+            o_j, b_key = _candidate_keys(p_cand, c0, n_cand, TJ)
+            b_j, count = _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s)
+        o_n = tl.arange(0, NP)
+        if i_s == 0:
+            tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
     # -- attention over this program's blocks, positions <= pos --
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
@@ -922,6 +945,7 @@ def decode_fwd(
     l2_hints: Optional[bool] = None,
     score_mass: Optional[bool] = None,
     score_warps: Optional[int] = None,
+    topn_bitonic: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -1082,6 +1106,11 @@ def decode_fwd(
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
     sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block) and sel_block >= min_dot
+    one_tile, ranked = n_cand <= tj, n_cand == n
+    if topn_bitonic is None:
+        topn_bitonic = True
+    # one bitonic top-k needs every candidate in registers, as many as a power of two
+    topn_bitonic = topn_bitonic and one_tile and not ranked and tj >= next_pow2(n, 2)
     per_round = topn_per_round or 4
     per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
     d_k = d_v = k  # unused without SEL_DESC
@@ -1094,10 +1123,10 @@ def decode_fwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
-        SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=n_cand <= tj,
+        SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=n_cand == n, num_warps=num_warps, **attend, **common, **after,
+        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows

@@ -1,0 +1,38 @@
+#!/bin/bash
+# The GPU calls of session 21 (docs/perf/decode.md, "Session 21"):
+#
+#   bash scripts/gpu_session21.sh decode <rev>  # the selected programs' top-n as one bitonic top-k
+#                                               # against rounds: correctness and graph timings
+#                                               # (8k, 64k; B = 1, 16; gpu_decode.py variants), each
+#                                               # kernel's span in a batch-1 replay, then the decode
+#                                               # GPU tests, the report named after <rev>
+#   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/nsa_out}"
+mkdir -p "$OUT"
+case "${1:?usage: scripts/gpu_session21.sh decode REV|table}" in
+decode)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 16 --variants 8192 65536 --check-variants \
+        --out "$OUT/decode_variants.md" > "$OUT/decode_variants.log" 2>&1
+    tail -40 "$OUT/decode_variants.md"
+    python scripts/gpu_decode_timeline.py --batches 1 --contexts 8192 65536 \
+        --variants '{}' '{"topn_bitonic": false}' '{}' '{"topn_bitonic": false}' 2>&1 | tee "$OUT/decode_timeline.txt"
+    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    ;;
+table)
+    P="${PROFILE:-h100}"
+    python -m nsa.bench decode --profile "$P" --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$P.csv" \
+        --plot "$OUT/decode_$P.png" 2>&1 | tail -16
+    ;;
+*)
+    echo "unknown step $1" >&2
+    exit 2
+    ;;
+esac
