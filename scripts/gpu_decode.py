@@ -50,7 +50,13 @@ DEVICE = "cuda"
 # (session 21), and at batch 1 score tiles of 64 and 16 blocks (256 and 1024 candidates at 64k).
 _ROUNDS = {"topn_bitonic": False}
 VARIANTS = {True: [{}, _ROUNDS] * 2 + [{"score_blocks": 64}, {"score_blocks": 16}], False: [{}, _ROUNDS] * 2}
-CONTEXT_VARIANTS = {}
+# with the cheaper top-n: fewer, longer selection programs (2 or 4 blocks each: fewer partials to
+# combine), 2 or 8 warps for the selected launch alone, more compressed splits
+_SEL_WARPS = [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}]
+CONTEXT_VARIANTS = {
+    (True, 8192): [{"splits": [8, 4, 2]}, {"splits": [8, 4, 4]}] + _SEL_WARPS + [{}],
+    (True, 65536): [{"splits": [16, 4, 2]}, {"splits": [16, 4, 4]}, {"splits": [24, 4, 1]}] + _SEL_WARPS + [{}],
+}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:

@@ -6,7 +6,9 @@
 #                                               # (8k, 64k; B = 1, 16; gpu_decode.py variants), each
 #                                               # kernel's span in a batch-1 replay, then the decode
 #                                               # GPU tests, the report named after <rev>
-#   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200)
+#   bash scripts/gpu_session21.sh sweep         # batch-1 launch variants with the bitonic top-n
+#   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200) and the
+#                                               # decode points of the pytest baseline
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -14,7 +16,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
-case "${1:?usage: scripts/gpu_session21.sh decode REV|table}" in
+case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|table}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 16 --variants 8192 65536 --check-variants \
@@ -26,8 +28,17 @@ decode)
         --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
         tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
     ;;
+sweep)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 --variants 8192 65536 \
+        --out "$OUT/decode_sweep.md" > "$OUT/decode_sweep.log" 2>&1
+    grep -A30 "Launch variants" "$OUT/decode_sweep.md"
+    ;;
 table)
     P="${PROFILE:-h100}"
+    python -m pytest tests/benchmarks -k decode --gpu-profile "$P" --nsa-baseline=save -p no:cacheprovider -q 2>&1 \
+        | tail -5 | tee "$OUT/pytest_baseline.txt"
+    cp "gpu_profiles/baselines/$P/benchmarks.json" "$OUT/benchmarks_$P.json"
     python -m nsa.bench decode --profile "$P" --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$P.csv" \
         --plot "$OUT/decode_$P.png" 2>&1 | tail -16
     ;;
