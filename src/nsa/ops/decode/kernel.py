@@ -21,14 +21,15 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
 3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``, or ``(S_SLC + S_WIN,
    rows * H)`` with the window's splits (which wait for nothing). Every selection program
-   finds the n-th largest key among the candidates (forced blocks first, ties to
+   finds the n largest keys among the candidates (forced blocks first, ties to
    the lower index: spec Eq. 11), attends over its share of the selected blocks,
-   and the first one writes ``block_idx``. The n-th largest comes from ``n / 4``
-   rounds that each reduce to the 4 largest keys below the last round's smallest;
-   when one score tile holds a whole row, its candidates are the top-n and the
-   rounds are skipped.
+   and the first one writes ``block_idx``. Where the candidates fit one tile, one
+   bitonic top-k (``tl.topk``) finds them; otherwise rounds find the n-th largest
+   key (each round the largest keys below the last round's smallest). When one
+   score tile holds a whole row, its candidates are the top-n and nothing is ranked.
    (Counting, for each candidate, the larger ones instead of rounds of maxima measured
-   slower on an H200: 34 us against 29 us at batch 1, 64k.)
+   slower on an H200: 34 us against 29 us at batch 1, 64k; rounds of 4 maxima, the
+   default until session 21, 25.6 us against 23.6-23.8 for the top-k on an H100.)
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
    branch, a chunk of splits at a time, and applies the gates.
 
@@ -945,7 +946,7 @@ def decode_fwd(
     l2_hints: Optional[bool] = None,
     score_mass: Optional[bool] = None,
     score_warps: Optional[int] = None,
-    topn_bitonic: Optional[bool] = None,
+    topn_bitonic: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -966,8 +967,9 @@ def decode_fwd(
     splits as programs of the selected launch), ``win_tile`` (their token tile),
     ``l2_hints`` (logits and partials stored with the L2 policy evict-last and read back,
     once, with evict-first), ``score_mass`` (the compressed pass leaves each tile's block
-    masses instead of its logits, where the geometry allows) and ``score_warps`` (warps of a score
-    program; :func:`default_score_warps`).
+    masses instead of its logits, where the geometry allows), ``score_warps`` (warps of a score
+    program; :func:`default_score_warps`) and ``topn_bitonic`` (the selection programs rank the
+    candidates by one bitonic top-k where they fit one tile, instead of rounds).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -977,7 +979,10 @@ def decode_fwd(
     descriptors (the kernel 49.0 against 54.4 us; 101.1 against 105.2 us for the step,
     with PDL on). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
     against 118.5 at batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
-    at batch 1, 64k. Selected blocks through descriptors once the batch fills the GPU:
+    at batch 1, 64k; since session 21 one bitonic top-k instead (H100, graph replay: batch 1
+    at 64k 23.6-23.8 against 25.6 us, the selected kernel 5.2-5.3 against 6.9-7.0 us eager; 8k
+    16.6-17.4 against 17.5-18.2; batch 16 within 0.3 us either way). Selected blocks through
+    descriptors once the batch fills the GPU:
     97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
     ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
     64k (50.1 against 54.7 at 8k). At batch 1 (H200): 4 at 8k, 18.7 against 19.6-19.8 us for 1,
@@ -1107,9 +1112,8 @@ def decode_fwd(
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
     sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block) and sel_block >= min_dot
     one_tile, ranked = n_cand <= tj, n_cand == n
-    if topn_bitonic is None:
-        topn_bitonic = True
-    # one bitonic top-k needs every candidate in registers, as many as a power of two
+    # one bitonic top-k needs every candidate in registers (a power of two of them, at least n
+    # rounded up to one: tl.topk's k)
     topn_bitonic = topn_bitonic and one_tile and not ranked and tj >= next_pow2(n, 2)
     per_round = topn_per_round or 4
     per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
