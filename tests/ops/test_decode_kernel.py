@@ -148,13 +148,16 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(WIDE, (1, 1, 1), None, 16, {"sel_desc": True, "score_blocks": 2, "topn_bitonic": True}, id="topn-bitonic-n3"),
         pytest.param(EIGHT, (1, 1, 2), None, 16, {"score_blocks": 8, "topn_bitonic": True}, id="topn-bitonic-n8"),
         pytest.param(SMALL, (1, 1, 4), None, 16, {"score_blocks": 2, "topn_bitonic": True}, id="topn-bitonic-4-a-program"),
+        # no forced blocks (every block's key is its score), by the top-k and by the rounds
+        pytest.param(NO_FORCED, (1, 1, 1), None, 16, {"score_blocks": 2, "topn_bitonic": True}, id="topn-bitonic-no-forced"),
+        pytest.param(NO_FORCED, (1, 1, 1), None, 16, {"score_blocks": 2, "topn_bitonic": False}, id="topn-rounds-no-forced"),
         # the window's splits as programs of the selected launch (8-token tiles: several per split)
         pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
         pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
         pytest.param(SMALL, (2, 1, 2), None, None, {"l2_hints": True, "cmp_desc": True, "cmp_tile": 8}, id="l2-hints"),
         # one score tile holds every block of a row: its candidates are the top-n, no rounds
         pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 16}, id="one-score-tile-ranked"),
-        pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 4}, id="score-tiles-then-rounds"),
+        pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 4}, id="score-tiles-then-topk"),
     ],
 )
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
@@ -186,14 +189,11 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
         pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 2)}, id="sel-descriptors-wide"),
         pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
         pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "topn_bitonic": False, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
-        # the rounds where the default takes one bitonic top-k (ties at 0 in NO_FORCED)
-        pytest.param(NO_FORCED, {"score_blocks": 2, "topn_bitonic": False, "splits": (1, 1, 1)}, id="topn-rounds-no-forced"),
-        pytest.param(NO_FORCED, {"score_blocks": 2, "topn_bitonic": True, "splits": (1, 1, 1)}, id="topn-bitonic-no-forced"),
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
         pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
         pytest.param(SMALL, {"score_blocks": 8, "splits": (2, 1, 1)}, id="one-score-tile-ranked"),
-        pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-rounds"),
+        pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-topk"),
         pytest.param(SMALL, {"score_mass": False, "splits": (2, 1, 1)}, id="score-logits"),
         pytest.param(WIDE, {"cmp_tile": 4, "score_blocks": 2, "splits": (3, 1, 1)}, id="score-mass-one-block-tiles"),
     ],
