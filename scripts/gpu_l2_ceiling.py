@@ -96,6 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=64, help="blocks each program fetches")
+    parser.add_argument("--per-sm", type=int, nargs="+", default=[2, 4, 8], help="programs per SM")
+    parser.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
@@ -103,9 +106,9 @@ def main() -> None:
     best = 0.0
     print("| loads | programs | warps | stages | TB/s |\n|---|---:|---:|---:|---:|")
     for desc in (False, True):
-        for per_sm in (2, 4, 8):
-            for warps in (1, 2, 4):
-                for stages in (2, 3, 4):
+        for per_sm in args.per_sm:
+            for warps in args.warps:
+                for stages in args.stages:
                     try:
                         rate = block_rate(args.length, per_sm * sms, args.rounds, warps, stages, desc)
                     except Exception as err:  # noqa: BLE001 - a launch that does not fit is reported, not fatal

@@ -9,7 +9,8 @@
 #   bash scripts/gpu_session21.sh sweep         # batch-1 launch variants with the bitonic top-n
 #   bash scripts/gpu_session21.sh l2            # the rate at which L2 delivers random K/V blocks
 #                                               # (gpu_l2_ceiling.py), beside every kernel of one
-#                                               # 8k and one 64k forward+backward
+#                                               # 8k and one 64k forward+backward (l2more: 8 to 32
+#                                               # programs an SM)
 #   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200) and the
 #                                               # decode points of the pytest baseline
 #
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
-case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|table}" in
+case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|l2more|table}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 16 --variants 8192 65536 --check-variants \
@@ -41,6 +42,10 @@ l2)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_l2_ceiling.py --length 8192 2>&1 | tee "$OUT/l2_ceiling.txt"
     python scripts/gpu_prefill_probe.py --only kernels --kernels 24 --lengths 8192 65536 2>&1 | tee "$OUT/kernels.txt"
+    ;;
+l2more)
+    # more programs per SM, where the first sweep's best (8 an SM) was still rising
+    python scripts/gpu_l2_ceiling.py --length 8192 --per-sm 8 16 32 --warps 1 2 --stages 2 4 2>&1 | tee "$OUT/l2_ceiling_more.txt"
     ;;
 table)
     P="${PROFILE:-h100}"
