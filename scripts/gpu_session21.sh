@@ -11,6 +11,7 @@
 #                                               # (gpu_l2_ceiling.py), beside every kernel of one
 #                                               # 8k and one 64k forward+backward (l2more: 8 to 32
 #                                               # programs an SM)
+#   bash scripts/gpu_session21.sh suite <rev>   # every test but the benchmarks, on the GPU
 #   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200) and the
 #                                               # decode points of the pytest baseline
 #
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
-case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|l2more|table}" in
+case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|l2more|suite REV|table}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 16 --variants 8192 65536 --check-variants \
@@ -46,6 +47,11 @@ l2)
 l2more)
     # more programs per SM, where the first sweep's best (8 an SM) was still rising
     python scripts/gpu_l2_ceiling.py --length 8192 --per-sm 8 16 32 --warps 1 2 --stages 2 4 2>&1 | tee "$OUT/l2_ceiling_more.txt"
+    ;;
+suite)
+    # the whole suite on the GPU at the session's last code, the report named after <rev>
+    timeout 570 python -m pytest -q -n 3 --dist worksteal -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?suite needs the commit to name the report after}" 2>&1 | tail -8
     ;;
 table)
     P="${PROFILE:-h100}"
