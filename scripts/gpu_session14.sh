@@ -12,11 +12,7 @@
 #                                               # kernels, the report named after <rev>
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session14.sh ncu|ab|parts|final REV}" in
 ncu)
     NCU="ncu --profile-from-start off --clock-control none -k regex:compressed_fwd_kernel --set full --import-source no"

@@ -10,11 +10,7 @@
 #   bash scripts/gpu_session15.sh final <rev>   # the table (PROFILE=h100 or h200), then the tests
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 # the test files of `tests` and `final` (later sessions' scripts pass their own)
 TESTS="${TESTS:-tests/ops/test_window_kernel.py tests/ops/test_selected_kernel.py tests/ops/test_nsa_attention_kernel.py
        tests/ops/test_gates_kernel.py tests/test_flags.py}"

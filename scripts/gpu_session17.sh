@@ -12,11 +12,7 @@
 #   bash scripts/gpu_session17.sh final <rev>   # gates and whole-op kernel tests
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session17.sh ab|ds|tests REV|final REV}" in
 ab)
     bash scripts/gpu_ab_prefill.sh ab_base "${LENGTHS:-8192,65536}" 2 2>&1 | grep -v "^batch\|^    1 " | tee "$OUT/ab.txt"

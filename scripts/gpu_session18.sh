@@ -17,11 +17,7 @@
 # The eviction-hint A/B (dropped) was the A/B and kernel lines of `ab` without the sweep.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session18.sh ab|dq REV|ab8k REV|tests REV|final REV}" in
 ab)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

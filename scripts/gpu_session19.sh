@@ -11,11 +11,7 @@
 #   bash scripts/gpu_session19.sh final <rev>   # the table (PROFILE=h100 or h200), then those tests
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 TESTS="${TESTS:-tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py tests/ops/test_selected_kernel.py}"
 case "${1:?usage: scripts/gpu_session19.sh probe|tests REV|final REV}" in
 probe)

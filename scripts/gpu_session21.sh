@@ -17,11 +17,7 @@
 #                                               # decode points of the pytest baseline
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nsa_out}"
-mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|l2more|suite REV|table}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
