@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _kernel_inputs import spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops.decode import nsa_decode
@@ -313,6 +314,36 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
                                 kv_cmp=tuple(map(up, kw["kv_cmp"])), kv_win=tuple(map(up, kw["kv_win"])), return_block_idx=True)  # fmt: skip
     assert_close("o", o, ref_o, 1e-2)
     assert (idx == ref_idx).float().mean() >= 0.99
+
+
+@pytest.mark.triton
+def test_topn_is_one_bitonic_top_k_where_the_candidates_fit_one_tile(monkeypatch, nsa_device):
+    """The selection programs rank by ``tl.topk`` wherever their candidates fit one tile and
+    something is left to rank: not when one score tile holds the whole row (its candidates are
+    the top-n), not when the candidates span several tiles, not when asked for the rounds. Each
+    launch's result still equals the reference's."""
+    from nsa.ops.decode import kernel
+
+    launched = spy_launches(monkeypatch, kernel, "decode_selected_fwd_kernel", "BITONIC", "RANKED", "ONE_TILE")
+    config = SMALL
+    q, gates, kv = _sequence(40, 4, 2, 16, 16, config, nsa_device)
+    ref_o, ref_idx = _prefill(q, gates, kv, config)
+    lens = torch.tensor([40, 21], device=nsa_device, dtype=torch.int32)
+    ex = {name: t.expand(2, *t.shape[1:]) for name, t in kv.items()}
+    launches = [
+        ({"score_blocks": 2}, (True, False, True)),  # 5 blocks in 3 score tiles of 2: 12 candidate slots, one tile of 16
+        ({}, (False, True, True)),  # one score tile of 64 blocks: ranked already
+        ({"score_blocks": 2, "block_tile": 4}, (False, False, False)),  # candidates in tiles of 4
+        ({"score_blocks": 2, "topn_bitonic": False}, (False, False, True)),
+    ]
+    for launch, expected in launches:
+        o, idx = kernel.decode_fwd(
+            q[0, lens.long() - 1, None], ex["k"], ex["v"], gates[0, lens.long() - 1, None], lens, ex["k_cmp"],
+            ex["v_cmp"], ex["k_win"], ex["v_win"], config, 16**-0.5, splits=(1, 1, 2), **launch,
+        )  # fmt: skip
+        assert launched[-1] == expected, launch
+        assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], 1e-4)
+        assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1]), launch
 
 
 def test_score_warps_by_launch_size(monkeypatch):
