@@ -77,6 +77,17 @@ def _every_step(q, gates, kv, config, tokens=1, launch=None, lens=None, **kwargs
     )  # fmt: skip
 
 
+def _rows_of_one_sequence(q, gates, kv, lens, config, **launch):
+    """``decode_fwd`` (launch overrides ``launch``) of one new token per row, row ``r`` being the
+    sequence's prefix of ``lens[r]`` tokens over its own caches (expanded, stride 0)."""
+    from nsa.ops.decode.kernel import decode_fwd
+
+    ex = {name: t.expand(lens.numel(), *t.shape[1:]) for name, t in kv.items()}
+    last = lens.long() - 1
+    return decode_fwd(q[0, last, None], ex["k"], ex["v"], gates[0, last, None], lens, ex["k_cmp"], ex["v_cmp"],
+                      ex["k_win"], ex["v_win"], config, config.softmax_scale(q.shape[-1]), **launch)  # fmt: skip
+
+
 EVERY_STEP = [
     # (T, HQ, H, DK, DV, config, tokens)
     pytest.param(45, 1, 1, 32, 16, SMALL, 1, id="T45-HQ1-H1-G1-DK32-DV16"),
@@ -164,17 +175,12 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
 def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, nsa_device, nsa_tolerance):
     """Split counts, a top-n that scans several candidate tiles, small token tiles, odd
     geometry, a combine over several chunks of splits and many score tiles per row."""
-    from nsa.ops.decode.kernel import decode_fwd
-
     T, HQ, H = 70, 4, 2
     q, gates, kv = _sequence(T, HQ, H, 16, 16, config, nsa_device)
     ref_o, ref_idx = _prefill(q, gates, kv, config)
     lens = torch.tensor([70, 9, 41], device=nsa_device, dtype=torch.int32)
-    ex = {name: t.expand(3, *t.shape[1:]) for name, t in kv.items()}
-    o, idx = decode_fwd(
-        q[0, lens.long() - 1, None], ex["k"], ex["v"], gates[0, lens.long() - 1, None], lens, ex["k_cmp"], ex["v_cmp"],
-        ex["k_win"], ex["v_win"], config, 16**-0.5, splits=splits, block_tile=block_tile, token_tile=token_tile, **extra,
-    )  # fmt: skip
+    o, idx = _rows_of_one_sequence(q, gates, kv, lens, config, splits=splits, block_tile=block_tile,
+                                   token_tile=token_tile, **extra)  # fmt: skip
     assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], nsa_tolerance(torch.float32))
     assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1])
 
@@ -329,7 +335,6 @@ def test_topn_is_one_bitonic_top_k_where_the_candidates_fit_one_tile(monkeypatch
     q, gates, kv = _sequence(40, 4, 2, 16, 16, config, nsa_device)
     ref_o, ref_idx = _prefill(q, gates, kv, config)
     lens = torch.tensor([40, 21], device=nsa_device, dtype=torch.int32)
-    ex = {name: t.expand(2, *t.shape[1:]) for name, t in kv.items()}
     launches = [
         ({"score_blocks": 2}, (True, False, True)),  # 5 blocks in 3 score tiles of 2: 12 candidate slots, one tile of 16
         ({}, (False, True, True)),  # one score tile of 64 blocks: ranked already
@@ -337,10 +342,7 @@ def test_topn_is_one_bitonic_top_k_where_the_candidates_fit_one_tile(monkeypatch
         ({"score_blocks": 2, "topn_bitonic": False}, (False, False, True)),
     ]
     for launch, expected in launches:
-        o, idx = kernel.decode_fwd(
-            q[0, lens.long() - 1, None], ex["k"], ex["v"], gates[0, lens.long() - 1, None], lens, ex["k_cmp"],
-            ex["v_cmp"], ex["k_win"], ex["v_win"], config, 16**-0.5, splits=(1, 1, 2), **launch,
-        )  # fmt: skip
+        o, idx = _rows_of_one_sequence(q, gates, kv, lens, config, splits=(1, 1, 2), **launch)
         assert launched[-1] == expected, launch
         assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], 1e-4)
         assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1]), launch

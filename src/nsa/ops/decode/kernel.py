@@ -713,9 +713,7 @@ def _selected_program(
         gdc_wait()
     # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
     o_sb = i_s * SB + tl.arange(0, SB)
-    b_j = tl.full([SB], -1, tl.int64)
     p_idx = block_idx + i_rh.to(tl.int64) * N
-    count = tl.full([], 0, tl.int32)
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
     n_cand = (own // BJ + 1) * N
@@ -723,6 +721,8 @@ def _selected_program(
         o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
         b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
     else:
+        b_j = tl.full([SB], -1, tl.int64)
+        count = tl.full([], 0, tl.int32)
         if RANKED:
             thr = tl.full([], 0, tl.int64)  # every candidate: the tile's rank kept exactly the top-n
         else:
