@@ -1,0 +1,39 @@
+#!/bin/bash
+# The GPU calls of session 22 (docs/perf/decode.md, "Session 22"):
+#
+#   bash scripts/gpu_session22.sh decode <rev>  # the selection programs score their row themselves
+#                                               # (no score launch) against the score launch:
+#                                               # correctness and graph timings (8k-64k; B = 1, 16;
+#                                               # gpu_decode.py variants), each kernel's span in a
+#                                               # batch-1 replay, then the decode GPU tests, the
+#                                               # report named after <rev>
+#   bash scripts/gpu_session22.sh table         # the decode table (PROFILE=h100 or h200) and the
+#                                               # decode points of the pytest baseline
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+case "${1:?usage: scripts/gpu_session22.sh decode REV|table}" in
+decode)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --batches 1 16 --check-contexts 8192 65536 \
+        --variants 8192 65536 --check-variants --out "$OUT/decode_variants.md" > "$OUT/decode_variants.log" 2>&1
+    tail -45 "$OUT/decode_variants.md"
+    python scripts/gpu_decode_timeline.py --batches 1 --contexts 8192 65536 \
+        --variants '{}' '{"score_in_selected": false}' '{}' '{"score_in_selected": false}' 2>&1 | tee "$OUT/decode_timeline.txt"
+    timeout 240 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    ;;
+table)
+    P="${PROFILE:-h100}"
+    python -m pytest tests/benchmarks -k decode --gpu-profile "$P" --nsa-baseline=save -p no:cacheprovider -q 2>&1 \
+        | tail -5 | tee "$OUT/pytest_baseline.txt"
+    cp "gpu_profiles/baselines/$P/benchmarks.json" "$OUT/benchmarks_$P.json"
+    python -m nsa.bench decode --profile "$P" --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$P.csv" \
+        --plot "$OUT/decode_$P.png" 2>&1 | tail -16
+    ;;
+*)
+    echo "unknown step $1" >&2
+    exit 2
+    ;;
+esac
