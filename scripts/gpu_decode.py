@@ -46,15 +46,16 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: the selection programs score their row themselves from the compressed tiles' block masses
-# (the default at batch 1, session 22) against the score launch (session 21's default), and at
-# batch 1 the selected launch's warps (8, the default there at 64k, against 4).
-_SCORE_LAUNCH = {"score_in_selected": False}
-VARIANTS = {True: [{}, _SCORE_LAUNCH] * 2, False: [{}, _SCORE_LAUNCH]}
+# Now: the selected programs' top-n as one bitonic top-k (the default) against rounds of 4 keys
+# (session 21), and at batch 1 score tiles of 64 and 16 blocks (256 and 1024 candidates at 64k).
+_ROUNDS = {"topn_bitonic": False}
+VARIANTS = {True: [{}, _ROUNDS] * 2 + [{"score_blocks": 64}, {"score_blocks": 16}], False: [{}, _ROUNDS] * 2}
+# with the cheaper top-n: fewer, longer selection programs (2 or 4 blocks each: fewer partials to
+# combine), 2 or 8 warps for the selected launch alone, more compressed splits
+_SEL_WARPS = [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}]
 CONTEXT_VARIANTS = {
-    (True, 8192): [{"selected_warps": 8}, {"score_in_selected": False, "topn_bitonic": False}],
-    (True, 65536): [{"selected_warps": 4}, {"score_in_selected": False, "score_mass": True}, {"splits": [24, 4, 1]},
-                    {"splits": [32, 4, 1]}],
+    (True, 8192): [{"splits": [8, 4, 2]}, {"splits": [8, 4, 4]}] + _SEL_WARPS + [{}],
+    (True, 65536): [{"splits": [16, 4, 2]}, {"splits": [16, 4, 4]}, {"splits": [24, 4, 1]}] + _SEL_WARPS + [{}],
 }
 
 

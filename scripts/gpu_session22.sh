@@ -6,7 +6,10 @@
 #                                               # correctness and graph timings (8k-64k; B = 1, 16;
 #                                               # gpu_decode.py variants), each kernel's span in a
 #                                               # batch-1 replay, then the decode GPU tests, the
-#                                               # report named after <rev>
+#                                               # report named after <rev>. It ran at dfd7ae4, whose
+#                                               # decode_fwd(score_in_selected=...) was dropped
+#                                               # (attempts/decode_score_in_selected_masses.patch):
+#                                               # apply that patch to repeat it
 #   bash scripts/gpu_session22.sh table         # the decode table (PROFILE=h100 or h200) and the
 #                                               # decode points of the pytest baseline
 #

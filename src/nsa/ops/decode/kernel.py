@@ -477,61 +477,6 @@ def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE
 
 
 @triton.jit
-def _group_lse(m_part, l_part, i_rq, m_g, S_CMP, S, BSC: tl.constexpr):
-    """Log2-sum-exp ``[BG]`` of each head ``i_rq`` (``m_g``: a real head) over the partial
-    ``(max, sum)`` of the compressed splits, slots ``[0, S_CMP)`` of rows of ``S``."""
-    o_sp = tl.arange(0, BSC)
-    m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
-    b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
-    b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
-    b_mx = tl.max(b_ms, 1)
-    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
-    return b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))
-
-
-@triton.jit
-def _row_keys_from_masses(logits, m_part, l_part, i_r, i_h, pos, SINK_STRIDE, S_CMP, S,  #
-                          H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
-                          SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-                          BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, R: tl.constexpr,
-                          CMP_TILE: tl.constexpr):
-    """Keys ``[BJ]`` of blocks ``0 .. BJ-1`` of a whole row from the compressed tiles' block
-    masses (:func:`_store_block_mass`), as :func:`_score_tile` finds them for one tile of
-    blocks, but read as ``[heads, tiles, blocks of a tile]``: each tile's max and the tail
-    it hands on are loaded once per head and tile, not once per block, so that a row of
-    1024 blocks stays within the registers of one program. Every selection program of the
-    row reads the same masses, so they are read without an eviction hint."""
-    NBT: tl.constexpr = CMP_TILE // R
-    NT: tl.constexpr = BJ // NBT
-    own = pos // SEL_BLOCK
-    nc = _visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
-    o_g = tl.arange(0, BG)
-    m_g = o_g < G
-    i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
-    at_max, at_tail = _mass_row_sections(SINK_STRIDE, NBT)
-    p_row = logits + i_rq[:, None] * SINK_STRIDE  # [BG, 1]
-    # the masses as one [heads, blocks] tile (loaded along the blocks, so that the warps split
-    # the blocks and the sum over heads stays inside each thread), viewed per compressed tile
-    o_j = tl.arange(0, BJ)
-    m_mass = m_g[:, None] & ((o_j // NBT * CMP_TILE < nc) & (o_j <= own))[None, :]  # tiles the pass wrote
-    b_mass = tl.reshape(tl.load(p_row + o_j[None, :], mask=m_mass, other=0.0), (BG, NT, NBT))
-    o_t = tl.arange(0, NT)
-    m_tile = m_g[:, None] & (o_t * CMP_TILE < nc)[None, :]
-    # the first block of tile t takes tile t-1's tail where tile t-1 reached it
-    m_prev = m_g[:, None] & ((o_t > 0) & (o_t * CMP_TILE <= nc) & (o_t * NBT <= own))[None, :]
-    b_ref = tl.load(p_row + at_max + o_t[None, :], mask=m_tile, other=float("-inf"))  # [BG, NT]
-    b_ref_prev = tl.load(p_row + at_max + o_t[None, :] - 1, mask=m_prev, other=float("-inf"))
-    b_tail = tl.load(p_row + at_tail + o_t[None, :] - 1, mask=m_prev, other=0.0)
-    b_lse = _group_lse(m_part, l_part, i_rq, m_g, S_CMP, S, BSC)[:, None]
-    b_tail = tl.exp2(b_ref_prev - b_lse) * b_tail  # [BG, NT]
-    b_first = (tl.arange(0, NBT) == 0)[None, None, :]
-    b_score3 = tl.exp2(b_ref - b_lse)[:, :, None] * b_mass + tl.where(b_first, b_tail[:, :, None], 0.0)
-    b_score = tl.reshape(tl.sum(b_score3, 0), (BJ,))
-    return _pack_keys(b_score, tl.arange(0, BJ), own, INIT, LOCAL)
-
-
-@triton.jit
 def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,  #
                 H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
@@ -558,7 +503,15 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     o_g = tl.arange(0, BG)
     m_g = o_g < G
     i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
-    b_lse = _group_lse(m_part, l_part, i_rq, m_g, S_CMP, S, BSC)
+    # -- log2-sum-exp of each head over all compressed splits --
+    o_sp = tl.arange(0, BSC)
+    m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
+    b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
+    b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
+    b_mx = tl.max(b_ms, 1)
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
+    b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
     # -- each block gathers the NCOVER compressed tokens that can overlap it: the
     # first is the one whose [i*d, i*d + l) ends just past the block's start --
     o_j = j0 + tl.arange(0, BJ)
@@ -680,11 +633,11 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
 
 @triton.jit
 def decode_selected_fwd_kernel(
-    q, k, v, seq_lens, cand, block_idx, k_win, v_win, logits,  #
+    q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
     o_part, m_part, l_part,  #
     s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
     s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
-    qk_scale, NCAND, SLOT0, S, S_SLC, S_WIN, WIN_SLOT0, SINK_STRIDE, S_CMP,  #
+    qk_scale, NCAND, SLOT0, S, S_SLC, S_WIN, WIN_SLOT0,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
@@ -692,9 +645,6 @@ def decode_selected_fwd_kernel(
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
     KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr,
-    SCORE_HERE: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, INIT: tl.constexpr,
-    LOCAL: tl.constexpr, BSC: tl.constexpr, BJ_ROW: tl.constexpr, R: tl.constexpr, CMP_TILE: tl.constexpr,
-    DROP: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -702,11 +652,7 @@ def decode_selected_fwd_kernel(
 
     With ``WIN``, programs ``S_SLC .. S_SLC + S_WIN - 1`` of a row-group are the window's
     splits instead (slots from ``WIN_SLOT0``): they need nothing from the launches before,
-    so they do not wait for them, and their reads overlap the selection programs' top-n.
-
-    With ``SCORE_HERE`` there is no score launch: every selection program scores the whole
-    row of ``BJ_ROW`` blocks itself from the compressed tiles' block masses in ``logits``
-    (:func:`_row_keys_from_masses`) and takes the top-n of those keys."""
+    so they do not wait for them, and their reads overlap the selection programs' top-n."""
     if PDL:
         gdc_launch_dependents()
     i_s, i_rh = tl.program_id(0), tl.program_id(1)
@@ -726,11 +672,10 @@ def decode_selected_fwd_kernel(
                                         G, K, V, BG, BK, BV, WIN_TILE, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
         _store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
     else:
-        _selected_program(q, k, v, cand, block_idx, logits, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                          qk_scale, NCAND, SLOT0, S, SINK_STRIDE, S_CMP, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
+        _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+                          qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC,
-                          SCORE_HERE, CMP_BLOCK, CMP_STRIDE, INIT, LOCAL, BSC, BJ_ROW, R, CMP_TILE, DROP)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC)  # fmt: skip
 
 
 @triton.jit
@@ -750,23 +695,19 @@ def _take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s):
 
 @triton.jit
 def _selected_program(
-    q, k, v, cand, block_idx, logits, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
-    qk_scale, NCAND, SLOT0, S, SINK_STRIDE, S_CMP, i_s, i_rh, i_r, i_h, i_b, pos, b_q,  #
+    q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
+    qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,  #
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
     RANKED: tl.constexpr, BITONIC: tl.constexpr,
-    SCORE_HERE: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, INIT: tl.constexpr,
-    LOCAL: tl.constexpr, BSC: tl.constexpr, BJ_ROW: tl.constexpr, R: tl.constexpr, CMP_TILE: tl.constexpr,
-    DROP: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
     With ``RANKED`` (one score tile holds all of a row's blocks) the candidates already are
-    the top-n, and the rounds are skipped. With ``SCORE_HERE`` it waits for the compressed
-    pass instead and scores the whole row itself (:func:`_row_keys_from_masses`)."""
+    the top-n, and the rounds are skipped."""
     own = pos // SEL_BLOCK
     if PDL:
         gdc_wait()
@@ -776,11 +717,7 @@ def _selected_program(
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
     n_cand = (own // BJ + 1) * N
-    if SCORE_HERE:
-        b_key = _row_keys_from_masses(logits, m_part, l_part, i_r, i_h, pos, SINK_STRIDE, S_CMP, S, H, G, CMP_BLOCK,
-                                      CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ_ROW, R, CMP_TILE)  # fmt: skip
-        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
-    elif BITONIC:
+    if BITONIC:
         o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
         b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
     else:
@@ -912,10 +849,6 @@ def decode_combine_kernel(
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
 
 
-# Rows of at most this many selection blocks (64k tokens at the paper's l' = 64) are scored
-# by the selection programs themselves while the batch does not fill the GPU.
-SCORE_IN_SELECTED_MAX_BLOCKS = 1024
-
 # Once the batch fills the GPU the compressed launch is one wave of this many programs per
 # SM, each pipelining its tiles through FILL_CMP_STAGES stages (their shared memory is what
 # bounds the programs per SM).
@@ -1014,8 +947,6 @@ def decode_fwd(
     score_mass: Optional[bool] = None,
     score_warps: Optional[int] = None,
     topn_bitonic: bool = True,
-    score_in_selected: Optional[bool] = None,
-    selected_warps: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -1111,21 +1042,14 @@ def decode_fwd(
                  and tokens_per_block == triton.next_power_of_2(tokens_per_block))  # fmt: skip
     r_blk = tokens_per_block if contig_ok else 1
     cmp_bc = cmp_tile or BC  # the compressed pass's token tile
-    mass_ok = (score_contig and contig_ok and config.cmp_block <= config.sel_block + config.cmp_stride
-               and cmp_bc % r_blk == 0)  # fmt: skip
-    # a whole row of block scores in one selection program: a power of two of blocks, whole
-    # compressed tiles of them, at least n rounded up (the top-k's k)
-    row_blocks = max(next_pow2(nblk_cap), next_pow2(n, 2), cmp_bc // r_blk)
-    if score_in_selected is None:
-        score_in_selected = not fills and row_blocks <= SCORE_IN_SELECTED_MAX_BLOCKS
-    score_in_selected = score_in_selected and mass_ok
     if score_mass is None:
         # once the batch fills the GPU, where the compressed pass is bound by its writes:
         # 100.4-101.4 against 104.9-105.2 us at batch 16, 64k (the pass 51.3-51.6 against
         # 55.0-55.1); at batch 1 the extra register work costs more (64k: 26.2-26.4 against
-        # 25.6-25.8; 8k: 19.0-19.2 against 18.5-18.7; H100) unless it spares the score launch
+        # 25.6-25.8; 8k: 19.0-19.2 against 18.5-18.7; H100)
         score_mass = fills
-    score_mass = (score_mass or score_in_selected) and mass_ok
+    score_mass = (score_mass and score_contig and contig_ok and config.cmp_block <= config.sel_block + config.cmp_stride
+                  and cmp_bc % r_blk == 0)  # fmt: skip
     sink_stride = triton.cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
     logits = torch.empty(rows * HQ, sink_stride, **f32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
@@ -1172,19 +1096,16 @@ def decode_fwd(
     BJ = next_pow2(score_blocks, 2)
     score_tiles = triton.cdiv(nblk_cap, BJ)
     n_cand = score_tiles * n  # n candidate slots per score tile
-    # what scoring needs, in the score launch or in the selection programs
-    scoring = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, INIT=config.init_blocks,
-                   LOCAL=config.local_blocks, BSC=next_pow2(s_cmp, 2), R=r_blk, CMP_TILE=cmp_bc, DROP=drop)  # fmt: skip
-    cand = torch.empty(rows * H, 0 if score_in_selected else n_cand, device=q.device, dtype=torch.int64)
-    if not score_in_selected:
-        decode_score_kernel[(score_tiles, rows * H)](
-            seq_lens, logits, m_part, l_part, cand,  #
-            sink_stride, n_cand, s_cmp, S,  #
-            SEL_BLOCK=config.sel_block, N=n, NP=next_pow2(n, 2), BJ=BJ,
-            NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
-            CONTIG=score_contig and contig_ok, MASS=score_mass,
-            num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **scoring, **common, **after,
-        )  # fmt: skip
+    cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
+    decode_score_kernel[(score_tiles, rows * H)](
+        seq_lens, logits, m_part, l_part, cand,  #
+        sink_stride, n_cand, s_cmp, S,  #
+        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
+        N=n, NP=next_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
+        BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
+        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
+        num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after,
+    )  # fmt: skip
     tj = block_tile or min(1024, next_pow2(n_cand))
     sel_block = config.sel_block
     if sel_desc is None:
@@ -1200,20 +1121,16 @@ def decode_fwd(
     if sel_desc:
         k, v = descriptor_ready(k), descriptor_ready(v)
         d_k, d_v = token_tile_descriptor(k, sel_block, BK), token_tile_descriptor(v, sel_block, BV)
-    if selected_warps is None:
-        # a whole row's masses of 16 heads x 1024 blocks take 64 registers a thread at 8 warps
-        selected_warps = 8 if score_in_selected and BG * row_blocks >= 16 * 1024 else num_warps
     decode_selected_fwd_kernel[(s_slc + (s_win if window_in_selected else 0), rows * H)](
-        q, k, v, seq_lens, cand, block_idx, k_win, v_win, logits,  #
+        q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
-        qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp, sink_stride, s_cmp,  #
+        qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
         SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, SCORE_HERE=score_in_selected, BJ_ROW=row_blocks,
-        num_warps=selected_warps, **scoring, **attend, **common, **after,
+        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **attend, **common, **after,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
