@@ -10,12 +10,15 @@
 #                                               # decode_fwd(score_in_selected=...) was dropped
 #                                               # (attempts/decode_score_in_selected_masses.patch):
 #                                               # apply that patch to repeat it
+#   bash scripts/gpu_session22.sh early         # the selected forward with the first queries of a
+#                                               # sequence in tiles of several positions, by schedule,
+#                                               # and the whole prefill with and without (8k-64k)
 #   bash scripts/gpu_session22.sh table         # the decode table (PROFILE=h100 or h200) and the
 #                                               # decode points of the pytest baseline
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session22.sh decode REV|table}" in
+case "${1:?usage: scripts/gpu_session22.sh decode REV|early|table}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --batches 1 16 --check-contexts 8192 65536 \
@@ -26,6 +29,10 @@ decode)
     timeout 240 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
         --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
         tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    ;;
+early)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_prefill_probe.py --only early_tiles --lengths 8192 16384 65536 2>&1 | tee "$OUT/early_tiles.txt"
     ;;
 table)
     P="${PROFILE:-h100}"
