@@ -37,8 +37,6 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 19. **Descriptors** (``kv_desc``): the selected forward's and dQ's blocks by bulk copies or plain loads.
 20. **dQ from dS** (``dq_ds``): the selected dQ from the dK/dV kernel's ``dS`` against recomputing its
     softmax, by warps and loads, each kernel alone and in the whole forward+backward.
-21. **Early tiles** (``early_tiles``): the selected forward with the sequence's first queries in
-    tiles of several positions, by schedule, and the whole ``nsa_attention`` with and without.
 """
 
 from __future__ import annotations
@@ -419,9 +417,8 @@ def forced_variants(T: int, config: NSAConfig) -> None:
     c = selected_case(T, config, T + 8)
     dims = sel._dims(c.q, c.k, c.v, c.idx, config.sel_block, c.forced)
     fargs, dargs = forced_kernel_args(c, c.o, c.lse, torch.empty_like(c.q))
-    cfg = {key: val for key, val in sel.FWD_TILES.items() if key != "EARLY"}
-    rest = lambda: sel.selected_fwd_kernel[(T, dims["H"])](*fargs, c.o, c.o, c.o, c.o, 0, T,  # one query a program
-                                                           **sel._warps(dict(cfg, BQ=1, KV_DESC=False), dims, 1), **dims)
+    cfg = sel._warps(dict(sel.FWD_TILES, BQ=1, KV_DESC=False), dims, 1)  # one query a program, plain loads
+    rest = lambda: sel.selected_fwd_kernel[(T, dims["H"])](*fargs, c.o, c.o, c.o, c.o, **cfg, **dims)  # no gated sum
     print(f"T={T} selected fwd without the forced kernel: {bench(rest):.3f} ms", flush=True)
     saved = dict(sel.FORCED_TILES)
     for rows, warps, stages in FORCED_SWEEP:
@@ -907,36 +904,6 @@ def _sel_tiles(T: int, config: NSAConfig, c: SimpleNamespace, idx: torch.Tensor,
               f"(against BQ 1: {rel_error(out, first):.1e})", flush=True)
 
 
-#: ``EARLY`` tiles of the selected forward timed by ``early_tiles`` (None: the default, ``()``: none)
-EARLY_SWEEP = (None, (), ((4, 32),), ((8, 32),), ((8, 16), (4, 32), (2, 64)), ((16, 16), (8, 32)), ((4, 64),))
-
-
-def early_tiles(T: int, config: NSAConfig) -> None:
-    """The selected forward (forced-block kernel included) with the first queries of the sequence
-    in tiles of several positions (``EARLY``, :data:`nsa.ops.selected.kernel.EARLY_TILES`), each
-    against the first variant; then the whole ``nsa_attention`` with and without, twice in turn."""
-    from nsa.ops.selected import kernel as sel
-
-    c = selected_case(T, config, T + 3)
-    first = None
-    for early in EARLY_SWEEP:
-        fn = lambda: sel.selected_fwd(c.q, c.k, c.v, c.idx, config.sel_block, c.scale, 0, forced=c.forced,
-                                      tiles=dict(EARLY=early))
-        first, _ = timed_variant(T, f"selected fwd, early tiles {'default' if early is None else early}", fn, first)
-    x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
-    fwd = lambda: nsa_attention(x, kk, vv, gates, config, backend="triton")
-    saved = sel.FWD_TILES["EARLY"]
-    for rnd in (1, 2):
-        for early in (None, ()):
-            sel.FWD_TILES["EARLY"] = early
-            with torch.no_grad():
-                f_ms = bench(fwd)
-            print(f"T={T} nsa_attention, early tiles {'default' if early is None else 'none'} (round {rnd}): "
-                  f"forward {f_ms:.3f} ms, forward+backward {bench(run):.3f} ms", flush=True)
-    sel.FWD_TILES["EARLY"] = saved
-
-
 def dq_from_ds(T: int, config: NSAConfig) -> None:
     """The selected backward with its dQ from the dK/dV kernel's ``dS`` (``NSA_SELECTED_DQ_FROM_DS_MIB``)
     against the dQ recomputing its softmax: the whole branch backward by the dS kernel's warps and
@@ -1032,7 +999,7 @@ SECTIONS = {
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
-    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "early_tiles": early_tiles,
+    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,
 }
 
 

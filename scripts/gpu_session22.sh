@@ -12,7 +12,10 @@
 #                                               # apply that patch to repeat it
 #   bash scripts/gpu_session22.sh early         # the selected forward with the first queries of a
 #                                               # sequence in tiles of several positions, by schedule,
-#                                               # and the whole prefill with and without (8k-64k)
+#                                               # and the whole prefill with and without (8k-64k). It
+#                                               # ran at 4a2c2ec, whose EARLY_TILES and probe section
+#                                               # early_tiles were dropped (the kernel change is
+#                                               # attempts/prefill_selected_early_tiles.patch)
 #   bash scripts/gpu_session22.sh table         # the decode table (PROFILE=h100 or h200) and the
 #                                               # decode points of the pytest baseline
 #

@@ -168,13 +168,12 @@ def _query_tile(i_t, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BQ: tl
 
 
 @triton.jit
-def _tile_selection(block_idx, i_b, i_h, i_t, T, T_END, q_offset, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+def _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
                     BQ: tl.constexpr, BS: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """:func:`_selection` of the queries of tile ``i_t`` in KV head ``i_h`` (``T`` queries in
-    ``block_idx``, those from ``T_END`` on belong to no tile of this launch)."""
+    """:func:`_selection` of the queries of tile ``i_t`` in KV head ``i_h``."""
     i0 = i_t * BQ
     p_idx = block_idx + ((i_b.to(tl.int64) * T + i0) * H + i_h) * N
-    return _selection(p_idx, q_offset + i0, T_END - i0, H * N, N, NP, BQ, BS, INIT, LOCAL)
+    return _selection(p_idx, q_offset + i0, T - i0, H * N, N, NP, BQ, BS, INIT, LOCAL)
 
 
 @triton.jit
@@ -225,20 +224,18 @@ def _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, G: tl.c
     return o_i, o_hq, m_r, o_pos, o_pos // BS, b_list
 
 
-@triton.jit(do_not_specialize=["T", "q_offset", "TILE0", "T_END"])
+@triton.jit(do_not_specialize=["T", "q_offset"])
 def selected_fwd_kernel(
     q, k, v, block_idx, o, lse,  #
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
     T, q_offset, qk_scale,  #
-    gates, o_cmp, o_win, o_sum, TILE0, T_END,  #
+    gates, o_cmp, o_win, o_sum,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
     SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
 ):
-    """Grid ``(tiles, B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]`` of the
-    queries of tiles ``TILE0, TILE0 + 1, ..`` of ``BQ`` positions, up to query ``T_END`` (the
-    launcher may cover ``T`` queries in ranges of different ``BQ``: :data:`EARLY_TILES`).
+    """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
     With forced blocks (``INIT + LOCAL > 0``), ``o``/``lse`` already hold the result
     over them (:func:`selected_forced_fwd_kernel`, or the window kernel's): it is the
@@ -246,10 +243,10 @@ def selected_fwd_kernel(
     (``gates [B, T, HQ, 3]``, ``o_cmp``/``o_win`` contiguous like ``o``), and ``o``/``lse``
     are written only with ``KEEP`` (training keeps them for the backward).
     """
-    i_t, i_bh = TILE0 + tl.program_id(0), tl.program_id(1)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
-    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T_END, q_offset, G, GP, BQ)
+    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
     o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
     m_dk, m_dv = o_dk < DK, o_dv < DV
 
@@ -257,9 +254,9 @@ def selected_fwd_kernel(
     # keys need a mask only without a local block (the own block is in the list) or past BS;
     # rows of a tile, for the blocks that their query does not hold
     MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
-    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, T_END, q_offset, H, N, NP, BQ, BS,
+    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
                                                       INIT, LOCAL)
-    t_last = tl.minimum(i_t * BQ + BQ, T_END) - 1 + q_offset
+    t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
 
@@ -318,7 +315,7 @@ def selected_bwd_dq_kernel(
     )
     # as in the forward
     MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
-    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, T, q_offset, H, N, NP, BQ, BS,
+    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
                                                       INIT, LOCAL)
     t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
@@ -353,7 +350,7 @@ def selected_bwd_dq_ds_kernel(
     o_dk = tl.arange(0, BK)
     m_dk = o_dk < DK
     o_g, o_c, o_e = tl.arange(0, GP), tl.arange(0, BSP), tl.arange(0, NP)
-    b_rank, b_blk, _, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, T, q_offset, H, N, NP, 1, BS, INIT, LOCAL)
+    b_rank, b_blk, _, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS, INIT, LOCAL)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_ds = ds + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N * G * BS
     m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
@@ -594,7 +591,7 @@ def _group_rows(G: int) -> int:
 #: 1.67 and 15.6 against 15.7). The dQ keeps plain loads: 1.92 against 1.87 and 17.4 against
 #: 17.0 with copies (docs/perf/prefill.md, session 16). The dQ from ``dS`` takes copies (``KV_DESC``
 #: None) only while K fits :data:`DQ_DS_COPIES_MAX_BYTES`.
-FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None, EARLY=None)
+FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
 BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
              "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None),
              "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
@@ -608,30 +605,6 @@ DQ_DS_COPIES_MAX_BYTES = 8 << 20
 
 #: Query positions a forward/dQ program may take: the ``NSA_SELECTED_TILE_QUERIES`` flag's choices.
 TILE_QUERIES = tuple(int(c) for c in flags.FLAGS["NSA_SELECTED_TILE_QUERIES"].choices)
-
-
-#: The forward's tiles for the first queries of a sequence: ``(BQ, blocks)`` pairs, each taking
-#: the queries whose own selection block lies below ``blocks`` (and not an earlier pair's) in
-#: tiles of ``BQ`` positions, where that is more than the launch's ``BQ`` (``EARLY`` None in the
-#: tiles: these; ``()``: none). A query that sees few blocks chooses most of them, so
-#: neighbours hold nearly the same lists even when the inputs are random: under 16 blocks every
-#: query holds all it sees, under 32 it holds 13 of at most 29 that are not forced.
-EARLY_TILES = ((8, 16), (4, 32))
-
-
-def _query_ranges(T: int, q_offset: int, sel_block: int, bq: int, early) -> list:
-    """``[(BQ, first query, end)]`` covering queries ``0 .. T-1`` in order: the ``early`` pairs
-    (:data:`EARLY_TILES`) whose ``BQ`` exceeds ``bq``, then ``bq`` for the rest. Every range but
-    the last ends on a multiple of the largest ``BQ``, so that each starts on a whole tile."""
-    pairs = [(b, blocks) for b, blocks in (EARLY_TILES if early is None else early) if b > bq]
-    step = max([bq] + [b for b, _ in pairs])
-    ranges, lo = [], 0
-    for b, blocks in pairs:
-        hi = max(lo, min(T, blocks * sel_block - q_offset) // step * step)
-        if hi > lo:
-            ranges.append((b, lo, hi))
-        lo = hi
-    return ranges + [(bq, lo, T)] if lo < T else ranges
 
 
 def _default_warps(dims: dict, narrow: int) -> int:
@@ -757,14 +730,10 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
-    cfg = dict(FWD_TILES, **(tiles or {}))
-    early = cfg.pop("EARLY")
-    cfg, loads = _block_loads(k, v, dims, cfg)
-    # one launch per range of queries with its own tile size (warps scale with it unless given)
-    for bq, lo, hi in _query_ranges(T, q_offset, sel_block, _tile_launch(cfg, dims, 1)["BQ"], early):
-        selected_fwd_kernel[(triton.cdiv(hi - lo, bq), B * H)](
-            *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, lo // bq, hi, **dims,
-            **_tile_launch(dict(cfg, BQ=bq), dims, 1), SUMMED=summed is not None, KEEP=keep, **loads)
+    cfg, loads = _block_loads(k, v, dims, _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1))
+    selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
+        *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
+        KEEP=keep, **loads)
     return o, lse, o_sum
 
 
