@@ -16,12 +16,12 @@
 #                                               # ran at 4a2c2ec, whose EARLY_TILES and probe section
 #                                               # early_tiles were dropped (the kernel change is
 #                                               # attempts/prefill_selected_early_tiles.patch)
-#   bash scripts/gpu_session22.sh table         # the decode table (PROFILE=h100 or h200) and the
-#                                               # decode points of the pytest baseline
+#
+# The decode table and the GPU suite in parts are scripts/gpu_session21.sh's table and suite steps.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session22.sh decode REV|early|table}" in
+case "${1:?usage: scripts/gpu_session22.sh decode REV|early}" in
 decode)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --batches 1 16 --check-contexts 8192 65536 \
@@ -36,14 +36,6 @@ decode)
 early)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_prefill_probe.py --only early_tiles --lengths 8192 16384 65536 2>&1 | tee "$OUT/early_tiles.txt"
-    ;;
-table)
-    P="${PROFILE:-h100}"
-    python -m pytest tests/benchmarks -k decode --gpu-profile "$P" --nsa-baseline=save -p no:cacheprovider -q 2>&1 \
-        | tail -5 | tee "$OUT/pytest_baseline.txt"
-    cp "gpu_profiles/baselines/$P/benchmarks.json" "$OUT/benchmarks_$P.json"
-    python -m nsa.bench decode --profile "$P" --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$P.csv" \
-        --plot "$OUT/decode_$P.png" 2>&1 | tail -16
     ;;
 *)
     echo "unknown step $1" >&2
