@@ -6,6 +6,7 @@
 #                                               # (8k, 64k; B = 1, 16; gpu_decode.py variants), each
 #                                               # kernel's span in a batch-1 replay, then the decode
 #                                               # GPU tests, the report named after <rev>
+#                                               # (CONTEXTS and AGAINST change what it times)
 #   bash scripts/gpu_session21.sh sweep         # batch-1 launch variants with the bitonic top-n
 #   bash scripts/gpu_session21.sh l2            # the rate at which L2 delivers random K/V blocks
 #                                               # (gpu_l2_ceiling.py), beside every kernel of one
@@ -20,12 +21,16 @@
 . "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session21.sh decode REV|sweep|l2|l2more|suite REV|table}" in
 decode)
+    # CONTEXTS: the contexts timed (8k and 64k are checked); AGAINST: the launch that each kernel's
+    # span in a replay is compared with, in turn with the default (session 22 sets both)
+    AGAINST="${AGAINST:-{\"topn_bitonic\": false\}}"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-    python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 16 --variants 8192 65536 --check-variants \
-        --out "$OUT/decode_variants.md" > "$OUT/decode_variants.log" 2>&1
-    tail -40 "$OUT/decode_variants.md"
+    # shellcheck disable=SC2086  # CONTEXTS is a list
+    python scripts/gpu_decode.py --contexts ${CONTEXTS:-8192 65536} --check-contexts 8192 65536 --batches 1 16 \
+        --variants 8192 65536 --check-variants --out "$OUT/decode_variants.md" > "$OUT/decode_variants.log" 2>&1
+    tail -45 "$OUT/decode_variants.md"
     python scripts/gpu_decode_timeline.py --batches 1 --contexts 8192 65536 \
-        --variants '{}' '{"topn_bitonic": false}' '{}' '{"topn_bitonic": false}' 2>&1 | tee "$OUT/decode_timeline.txt"
+        --variants '{}' "$AGAINST" '{}' "$AGAINST" 2>&1 | tee "$OUT/decode_timeline.txt"
     timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
         --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
         tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8

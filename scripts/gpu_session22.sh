@@ -23,15 +23,8 @@
 . "$(dirname "$0")/gpu_env.sh"
 case "${1:?usage: scripts/gpu_session22.sh decode REV|early}" in
 decode)
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-    python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --batches 1 16 --check-contexts 8192 65536 \
-        --variants 8192 65536 --check-variants --out "$OUT/decode_variants.md" > "$OUT/decode_variants.log" 2>&1
-    tail -45 "$OUT/decode_variants.md"
-    python scripts/gpu_decode_timeline.py --batches 1 --contexts 8192 65536 \
-        --variants '{}' '{"score_in_selected": false}' '{}' '{"score_in_selected": false}' 2>&1 | tee "$OUT/decode_timeline.txt"
-    timeout 240 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
-        --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
-        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    CONTEXTS="8192 16384 32768 65536" AGAINST='{"score_in_selected": false}' \
+        bash scripts/gpu_session21.sh decode "${2:?decode needs the commit to name the report after}"
     ;;
 early)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
