@@ -1,0 +1,309 @@
+"""How fast could one batch-1 decode step at 64k be? Synthetic steps that move its bytes, with its dependencies, and no attention math.
+
+The decode issue asks for <= 15 us per step at batch 1, 64k context (bf16, HQ 64, H 4, D 128,
+paper defaults, CUDA-graph replay). Whatever the kernels, a step must:
+
+1. read the compressed keys (4095 tokens x 4 heads x 128, 4.2 MB) to score the blocks, and the
+   compressed values (4.2 MB) and the window's keys and values (1 MB) for their branches;
+2. know every block's score of a KV head before choosing its 16 blocks (a reduction over the
+   whole compressed pass), and rank them;
+3. read the chosen blocks (16 x 64 tokens of keys and values per KV head, 2.1 MB) - an address
+   known only after step 2;
+4. merge the per-block partials into each head's output.
+
+This script times steps that do exactly that data movement with trivial arithmetic (sums
+instead of dot products and softmax), so each one is a floor for any kernel design with the
+same dependencies:
+
+- ``empty``: one 1-program kernel: what a graph replay costs under the timing itself;
+- ``stream``: step 1 alone, one launch (all 9.4 MB, or the compressed keys alone);
+- ``chain``: three launches (stream + scores; top-16 by ``tl.topk`` + block reads; merge),
+  with programmatic dependent launch as the library's decode uses it at batch 1;
+- ``one launch``: the same phases in one launch of at most one program an SM, separated by
+  grid barriers (an atomic count each); in the ``keys first`` form the first phase reads only
+  the compressed keys and the other programs stream the values and the window while the
+  chosen blocks are read.
+
+Each synthetic result is checked against the same computation by eager PyTorch ops. The
+library's step (``nsa_decode``) and dense SDPA are timed in the same run. Timings are medians
+of CUDA-graph replays with the L2 flushed before each, three ways (``gpu_flush_probe.py``):
+``zero`` (``triton.testing.do_bench``'s flush, which leaves dirty lines whose write-back runs
+inside the timed replay; the tables of this repository use it), ``read`` (nothing dirty) and
+``none``.
+
+Usage: ``python scripts/gpu_decode_floor.py [--context 65536] [--reps 300]``; prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_decode import CONFIG, D, H, HQ, dense_inputs, graph_of, make_inputs, run_nsa  # noqa: E402
+from gpu_flush_probe import median_us  # noqa: E402
+
+NBLK = 1024  # selection blocks of a KV head at 64k (scores per head, padded to a power of two)
+TOPN = 16  # blocks chosen per KV head (paper default)
+SEL = 64  # tokens a selection block
+PROGRAMS = 128  # programs of the one-launch step: at most one an SM on a 132-SM GPU
+
+
+@triton.jit
+def _stream(src, n, lo, hi, BLOCK: tl.constexpr):
+    """Sum of ``src[lo:hi]`` (elements past ``n`` read as zero), ``BLOCK`` elements a step."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for off in range(lo, hi, BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        acc += tl.load(src + idx, mask=(idx < hi) & (idx < n), other=0.0).to(tl.float32)
+    return tl.sum(acc)
+
+
+@triton.jit
+def _write_scores(scores, pid, total, PER: tl.constexpr):
+    """Scores ``[pid * PER, pid * PER + PER)`` in [0, 1), each a function of the bytes this
+    program summed (``total``), so that the ranking depends on the stream."""
+    o = pid * PER + tl.arange(0, PER)
+    x = total * 1e-3 + o.to(tl.float32) * 0.6180339887
+    tl.store(scores + o, x - tl.floor(x))
+
+
+@triton.jit
+def _gather_block(scores, k, v, part, h, r, H: tl.constexpr, D: tl.constexpr, NBLK: tl.constexpr,
+                  TOPN: tl.constexpr, SEL: tl.constexpr):
+    """Rank the ``NBLK`` scores of KV head ``h`` (``tl.topk``), read the ``r``-th chosen block
+    of keys and values and store the column sums of both as the partial ``part[h, r, :]``."""
+    o_j = tl.arange(0, NBLK)
+    b_s = tl.load(scores + h * NBLK + o_j, cache_modifier=".cg")  # written by other programs
+    key = (b_s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (NBLK - 1 - o_j).to(tl.int64)
+    top = tl.topk(key, TOPN)
+    chosen = tl.sum(tl.where(tl.arange(0, TOPN) == r, top, 0))
+    blk = NBLK - 1 - (chosen & 0xFFFFFFFF)
+    o_t = blk * SEL + tl.arange(0, SEL)
+    o_d = tl.arange(0, D)
+    off = (o_t.to(tl.int64) * H + h)[:, None] * D + o_d[None, :]
+    b_kv = tl.load(k + off).to(tl.float32) + tl.load(v + off).to(tl.float32)
+    tl.store(part + (h * TOPN + r) * D + o_d, tl.sum(b_kv, 0))
+
+
+@triton.jit
+def _merge(part, out, q_head, G: tl.constexpr, D: tl.constexpr, TOPN: tl.constexpr):
+    """``out[q_head] = sum of its KV head's partials``."""
+    h = q_head // G
+    o = tl.arange(0, TOPN)[:, None] * D + tl.arange(0, D)[None, :]
+    b = tl.load(part + h * TOPN * D + o, cache_modifier=".cg")
+    tl.store(out + q_head * D + tl.arange(0, D), tl.sum(b, 0))
+
+
+@triton.jit
+def stream_kernel(src, n, scores, PER_PROG: tl.constexpr, PER: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+    total = _stream(src, n, pid.to(tl.int64) * PER_PROG, pid.to(tl.int64) * PER_PROG + PER_PROG, BLOCK)
+    _write_scores(scores, pid, total, PER)
+
+
+@triton.jit
+def gather_kernel(scores, k, v, part, rest, n_rest, sink, REST_PER_PROG: tl.constexpr, H: tl.constexpr,
+                  D: tl.constexpr, NBLK: tl.constexpr, TOPN: tl.constexpr, SEL: tl.constexpr,
+                  BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Programs ``[0, H * TOPN)`` read one chosen block each; any further ones stream ``rest``
+    (which needs nothing from the launch before, so they do not wait for it)."""
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+    if pid < H * TOPN:
+        if PDL:
+            gdc_wait()
+        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL)
+    else:
+        i = pid - H * TOPN
+        tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
+                                   i.to(tl.int64) * REST_PER_PROG + REST_PER_PROG, BLOCK))
+
+
+@triton.jit
+def merge_kernel(part, out, G: tl.constexpr, D: tl.constexpr, TOPN: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+    _merge(part, out, tl.program_id(0), G, D, TOPN)
+
+
+@triton.jit
+def _grid_barrier(count, P: tl.constexpr):
+    """Wait until all ``P`` programs have reached this count (release on arrival, acquire after)."""
+    tl.debug_barrier()  # every thread's stores before the arrival (release is cumulative)
+    arrived = tl.atomic_add(count, 1, sem="release") + 1
+    while arrived < P:
+        arrived = tl.atomic_add(count, 0, sem="acquire")
+
+
+@triton.jit
+def one_launch_kernel(first, n_first, rest, n_rest, scores, k, v, part, out, sink, counts,
+                      P: tl.constexpr, PER_PROG: tl.constexpr, PER: tl.constexpr, REST_PER_PROG: tl.constexpr,
+                      H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NBLK: tl.constexpr, TOPN: tl.constexpr,
+                      SEL: tl.constexpr, BLOCK: tl.constexpr):
+    """The three phases in one launch of ``P`` co-resident programs. ``rest`` (``n_rest`` > 0):
+    streamed by the programs that read no block while the blocks are read."""
+    pid = tl.program_id(0)
+    total = _stream(first, n_first, pid.to(tl.int64) * PER_PROG, pid.to(tl.int64) * PER_PROG + PER_PROG, BLOCK)
+    _write_scores(scores, pid, total, PER)
+    _grid_barrier(counts, P)
+    if pid < H * TOPN:
+        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL)
+    elif n_rest > 0:
+        i = pid - H * TOPN
+        tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
+                                   i.to(tl.int64) * REST_PER_PROG + REST_PER_PROG, BLOCK))
+    _grid_barrier(counts + 1, P)
+    if pid < H * G:
+        _merge(part, out, pid, G, D, TOPN)
+    # the last program out resets the counts for the next launch: every program has left both
+    # barriers once it adds here, so none still reads them
+    if tl.atomic_add(counts + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(counts, 0)
+        tl.atomic_xchg(counts + 1, 0)
+        tl.atomic_xchg(counts + 2, 0)
+
+
+@triton.jit
+def empty_kernel(x):
+    tl.store(x, 1.0)
+
+
+class Step:
+    """The synthetic step's buffers at context ``S``: the compressed keys and values and the
+    window as flat bf16 buffers (the keys first), the raw cache, scores, partials, output."""
+
+    def __init__(self, S: int, dev: str = "cuda"):
+        bf = torch.bfloat16
+        nc = (S - CONFIG.cmp_block) // CONFIG.cmp_stride + 1
+        self.n_keys = nc * H * D
+        self.n_all = 2 * nc * H * D + 2 * CONFIG.window * H * D
+        self.stream_src = torch.randn(self.n_all, device=dev, dtype=bf)  # [compressed keys | values, window]
+        self.rest = self.stream_src[self.n_keys:]
+        self.k = torch.randn(S, H, D, device=dev, dtype=bf)
+        self.v = torch.randn(S, H, D, device=dev, dtype=bf)
+        assert S // SEL <= NBLK
+        self.scores = torch.empty(H * NBLK, device=dev)
+        self.part = torch.empty(H * TOPN, D, device=dev)
+        self.out = torch.empty(HQ, D, device=dev)
+        self.sink = torch.empty(PROGRAMS, device=dev)
+        self.counts = torch.zeros(3, device=dev, dtype=torch.int32)
+        self.flag = torch.empty(1, device=dev)
+
+    def per_prog(self, n: int, programs: int, block: int) -> int:
+        return triton.cdiv(triton.cdiv(n, programs), block) * block
+
+    # -- the steps -------------------------------------------------------------
+    def empty(self) -> None:
+        empty_kernel[(1,)](self.flag)
+
+    def stream(self, keys_only: bool, block: int = 4096, warps: int = 4) -> None:
+        n = self.n_keys if keys_only else self.n_all
+        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
+                                   H * NBLK // PROGRAMS, block, False, num_warps=warps)
+
+    def chain(self, pdl: bool, keys_first: bool, block: int = 4096) -> None:
+        n = self.n_keys if keys_first else self.n_all
+        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
+                                   H * NBLK // PROGRAMS, block, pdl, num_warps=4)
+        extra = PROGRAMS - H * TOPN if keys_first else 0
+        after = dict(launch_pdl=True) if pdl else {}
+        gather_kernel[(H * TOPN + extra,)](
+            self.scores, self.k, self.v, self.part, self.rest, self.rest.numel() if keys_first else 0, self.sink,
+            self.per_prog(self.rest.numel(), max(extra, 1), block), H, D, NBLK, TOPN, SEL, block, pdl,
+            num_warps=4, **after)
+        merge_kernel[(HQ,)](self.part, self.out, HQ // H, D, TOPN, pdl, num_warps=4, **after)
+
+    def one_launch(self, keys_first: bool, block: int = 4096) -> None:
+        n = self.n_keys if keys_first else self.n_all
+        extra = PROGRAMS - H * TOPN
+        one_launch_kernel[(PROGRAMS,)](
+            self.stream_src, n, self.rest, self.rest.numel() if keys_first else 0, self.scores, self.k, self.v,
+            self.part, self.out, self.sink, self.counts, PROGRAMS, self.per_prog(n, PROGRAMS, block),
+            H * NBLK // PROGRAMS, self.per_prog(self.rest.numel(), extra, block), H, HQ // H, D, NBLK, TOPN, SEL,
+            block, num_warps=4)
+
+    # -- the check ---------------------------------------------------------------
+    def expected(self, keys_first: bool) -> torch.Tensor:
+        """The merged output by eager ops from the scores the kernels left (the scores themselves
+        depend on the summation order of the stream; their ranking and the rest do not)."""
+        s = self.scores.view(H, NBLK)
+        blk = torch.topk(s, TOPN, dim=1).indices  # [H, TOPN]
+        kv = (self.k.float() + self.v.float()).view(-1, SEL, H, D)  # [blocks, SEL, H, D]
+        part = torch.stack([kv[blk[h], :, h, :].sum(dim=(0, 1)) for h in range(H)])  # [H, D]
+        return part.repeat_interleave(HQ // H, dim=0)
+
+
+def time_all(fn: Callable[[], object], buf: torch.Tensor, reps: int) -> Dict[str, float]:
+    graph = graph_of(fn)
+    return {flush: median_us(graph, flush, buf, reps) for flush in ("zero", "read", "none")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--context", type=int, default=65536)
+    parser.add_argument("--reps", type=int, default=300)
+    args = parser.parse_args()
+    S = args.context
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    assert props.multi_processor_count >= PROGRAMS, "the one-launch step needs one program an SM"
+    print(f"# Floors of a batch-1 decode step at {S} tokens\n")
+    print(f"Device: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}, "
+          f"triton {triton.__version__}, CUDA {torch.version.cuda}. Medians of {args.reps} graph replays, us.\n")
+    buf = torch.empty(256 * 2**20 // 4, device="cuda", dtype=torch.int32)
+    step = Step(S)
+    print(f"Bytes: compressed keys {2 * step.n_keys / 1e6:.2f} MB, all streamed {2 * step.n_all / 1e6:.2f} MB, "
+          f"chosen blocks {H * TOPN * SEL * D * 4 / 1e6:.2f} MB.\n")
+
+    checks: List[str] = []
+    for name, fn, keys_first in (("chain", lambda: step.chain(True, False), False),
+                                 ("chain, keys first", lambda: step.chain(True, True), True),
+                                 ("one launch", lambda: step.one_launch(False), False),
+                                 ("one launch, keys first", lambda: step.one_launch(True), True)):
+        for _ in range(3):  # repeated: a stale count or a stale line would show after the first
+            step.out.fill_(float("nan"))
+            fn()
+        torch.cuda.synchronize()
+        err = float((step.out - step.expected(keys_first)).abs().max() / step.expected(keys_first).abs().max())
+        checks.append(f"{name} {err:.1e}")
+        assert err < 1e-5, f"{name}: synthetic step wrong ({err})"
+        assert int(step.counts.abs().sum()) == 0
+    print("Checked against eager ops (max error / max): " + ", ".join(checks) + ".\n")
+
+    rows = [
+        ("empty kernel (one program)", step.empty),
+        ("stream the compressed keys (4.2 MB), 1 launch", lambda: step.stream(True)),
+        ("stream all 9.4 MB, 1 launch", lambda: step.stream(False)),
+        ("stream all, 8 warps, 16k-element steps", lambda: step.stream(False, 16384, 8)),
+        ("chain of 3 launches, no PDL", lambda: step.chain(False, False)),
+        ("chain of 3 launches, PDL", lambda: step.chain(True, False)),
+        ("chain, PDL, keys first", lambda: step.chain(True, True)),
+        ("one launch, 2 grid barriers", lambda: step.one_launch(False)),
+        ("one launch, keys first", lambda: step.one_launch(True)),
+    ]
+    t = make_inputs(1, S)
+    q, K, V = dense_inputs(1, S)
+    rows += [("library step (nsa_decode, default launch)", lambda: run_nsa(t)),
+             ("dense SDPA over the whole cache", lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))]
+    print("| step | zero (do_bench) | read | none |\n|---|---:|---:|---:|")
+    for _round in range(2):
+        for name, fn in rows:
+            r = time_all(fn, buf, args.reps)
+            print(f"| {name} | {r['zero']:.1f} | {r['read']:.1f} | {r['none']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
