@@ -51,7 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_decode import CONFIG, D, H, HQ, dense_inputs, graph_of, make_inputs, run_nsa  # noqa: E402
 from gpu_flush_probe import median_us  # noqa: E402
 
-NBLK = 1024  # selection blocks of a KV head at 64k (scores per head, padded to a power of two)
 TOPN = 16  # blocks chosen per KV head (paper default)
 SEL = 64  # tokens a selection block
 PROGRAMS = 128  # programs of the one-launch step: at most one an SM on a 132-SM GPU
@@ -194,8 +193,9 @@ class Step:
         self.rest = self.stream_src[self.n_keys:]
         self.k = torch.randn(S, H, D, device=dev, dtype=bf)
         self.v = torch.randn(S, H, D, device=dev, dtype=bf)
-        assert S // SEL <= NBLK
-        self.scores = torch.empty(H * NBLK, device=dev)
+        self.nblk = S // SEL  # selection blocks of a KV head (scores per head): a power of two here
+        assert self.nblk == triton.next_power_of_2(self.nblk) and H * self.nblk % PROGRAMS == 0
+        self.scores = torch.empty(H * self.nblk, device=dev)
         self.part = torch.empty(H * TOPN, D, device=dev)
         self.out = torch.empty(HQ, D, device=dev)
         self.sink = torch.empty(PROGRAMS, device=dev)
@@ -212,17 +212,17 @@ class Step:
     def stream(self, keys_only: bool, block: int = 4096, warps: int = 4) -> None:
         n = self.n_keys if keys_only else self.n_all
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
-                                   H * NBLK // PROGRAMS, block, False, num_warps=warps)
+                                   H * self.nblk // PROGRAMS, block, False, num_warps=warps)
 
     def chain(self, pdl: bool, keys_first: bool, block: int = 4096) -> None:
         n = self.n_keys if keys_first else self.n_all
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
-                                   H * NBLK // PROGRAMS, block, pdl, num_warps=4)
+                                   H * self.nblk // PROGRAMS, block, pdl, num_warps=4)
         extra = PROGRAMS - H * TOPN if keys_first else 0
         after = dict(launch_pdl=True) if pdl else {}
         gather_kernel[(H * TOPN + extra,)](
             self.scores, self.k, self.v, self.part, self.rest, self.rest.numel() if keys_first else 0, self.sink,
-            self.per_prog(self.rest.numel(), max(extra, 1), block), H, D, NBLK, TOPN, SEL, block, pdl,
+            self.per_prog(self.rest.numel(), max(extra, 1), block), H, D, self.nblk, TOPN, SEL, block, pdl,
             num_warps=4, **after)
         merge_kernel[(HQ,)](self.part, self.out, HQ // H, D, TOPN, pdl, num_warps=4, **after)
 
@@ -232,14 +232,14 @@ class Step:
         one_launch_kernel[(PROGRAMS,)](
             self.stream_src, n, self.rest, self.rest.numel() if keys_first else 0, self.scores, self.k, self.v,
             self.part, self.out, self.sink, self.counts, PROGRAMS, self.per_prog(n, PROGRAMS, block),
-            H * NBLK // PROGRAMS, self.per_prog(self.rest.numel(), extra, block), H, HQ // H, D, NBLK, TOPN, SEL,
+            H * self.nblk // PROGRAMS, self.per_prog(self.rest.numel(), extra, block), H, HQ // H, D, self.nblk, TOPN, SEL,
             block, num_warps=4)
 
     # -- the check ---------------------------------------------------------------
     def expected(self, keys_first: bool) -> torch.Tensor:
         """The merged output by eager ops from the scores the kernels left (the scores themselves
         depend on the summation order of the stream; their ranking and the rest do not)."""
-        s = self.scores.view(H, NBLK)
+        s = self.scores.view(H, self.nblk)
         blk = torch.topk(s, TOPN, dim=1).indices  # [H, TOPN]
         kv = (self.k.float() + self.v.float()).view(-1, SEL, H, D)  # [blocks, SEL, H, D]
         part = torch.stack([kv[blk[h], :, h, :].sum(dim=(0, 1)) for h in range(H)])  # [H, D]
