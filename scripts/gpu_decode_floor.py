@@ -28,8 +28,9 @@ Each synthetic result is checked against the same computation by eager PyTorch o
 library's step (``nsa_decode``) and dense SDPA are timed in the same run. Timings are medians
 of CUDA-graph replays with the L2 flushed before each, three ways (``gpu_flush_probe.py``):
 ``zero`` (``triton.testing.do_bench``'s flush, which leaves dirty lines whose write-back runs
-inside the timed replay; the tables of this repository use it), ``read`` (nothing dirty) and
-``none``.
+inside the timed replay; the tables of this repository use it) and ``read`` (nothing dirty).
+(With no flush at all, each replay follows a host synchronisation on an idle GPU, and a
+one-program kernel measured 13-25 us: that mode times the wake-up, not the step.)
 
 Usage: ``python scripts/gpu_decode_floor.py [--context 65536] [--reps 300]``; prints markdown.
 """
@@ -201,39 +202,43 @@ class Step:
         self.sink = torch.empty(PROGRAMS, device=dev)
         self.counts = torch.zeros(3, device=dev, dtype=torch.int32)
         self.flag = torch.empty(1, device=dev)
+        self.block, self.warps = 4096, 4  # how every streaming phase reads: set by main() to the fastest
+
 
     def per_prog(self, n: int, programs: int, block: int) -> int:
-        return triton.cdiv(triton.cdiv(n, programs), block) * block
+        """Elements a program streams: an even share, whole 16-byte vectors (the last step of
+        ``block`` elements is masked)."""
+        return triton.cdiv(triton.cdiv(n, programs), 1024) * 1024
 
     # -- the steps -------------------------------------------------------------
     def empty(self) -> None:
         empty_kernel[(1,)](self.flag)
 
-    def stream(self, keys_only: bool, block: int = 4096, warps: int = 4) -> None:
+    def stream(self, keys_only: bool, block: int, warps: int) -> None:
         n = self.n_keys if keys_only else self.n_all
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
                                    H * self.nblk // PROGRAMS, block, False, num_warps=warps)
 
-    def chain(self, pdl: bool, keys_first: bool, block: int = 4096) -> None:
-        n = self.n_keys if keys_first else self.n_all
+    def chain(self, pdl: bool, keys_first: bool) -> None:
+        block, n = self.block, (self.n_keys if keys_first else self.n_all)
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
-                                   H * self.nblk // PROGRAMS, block, pdl, num_warps=4)
+                                   H * self.nblk // PROGRAMS, block, pdl, num_warps=self.warps)
         extra = PROGRAMS - H * TOPN if keys_first else 0
         after = dict(launch_pdl=True) if pdl else {}
         gather_kernel[(H * TOPN + extra,)](
             self.scores, self.k, self.v, self.part, self.rest, self.rest.numel() if keys_first else 0, self.sink,
             self.per_prog(self.rest.numel(), max(extra, 1), block), H, D, self.nblk, TOPN, SEL, block, pdl,
-            num_warps=4, **after)
+            num_warps=self.warps, **after)
         merge_kernel[(HQ,)](self.part, self.out, HQ // H, D, TOPN, pdl, num_warps=4, **after)
 
-    def one_launch(self, keys_first: bool, block: int = 4096) -> None:
-        n = self.n_keys if keys_first else self.n_all
+    def one_launch(self, keys_first: bool) -> None:
+        block, n = self.block, (self.n_keys if keys_first else self.n_all)
         extra = PROGRAMS - H * TOPN
         one_launch_kernel[(PROGRAMS,)](
             self.stream_src, n, self.rest, self.rest.numel() if keys_first else 0, self.scores, self.k, self.v,
             self.part, self.out, self.sink, self.counts, PROGRAMS, self.per_prog(n, PROGRAMS, block),
             H * self.nblk // PROGRAMS, self.per_prog(self.rest.numel(), extra, block), H, HQ // H, D, self.nblk, TOPN, SEL,
-            block, num_warps=4)
+            block, num_warps=self.warps)
 
     # -- the check ---------------------------------------------------------------
     def expected(self, keys_first: bool) -> torch.Tensor:
@@ -248,7 +253,7 @@ class Step:
 
 def time_all(fn: Callable[[], object], buf: torch.Tensor, reps: int) -> Dict[str, float]:
     graph = graph_of(fn)
-    return {flush: median_us(graph, flush, buf, reps) for flush in ("zero", "read", "none")}
+    return {flush: median_us(graph, flush, buf, reps) for flush in ("zero", "read")}
 
 
 def main() -> None:
@@ -268,6 +273,14 @@ def main() -> None:
     print(f"Bytes: compressed keys {2 * step.n_keys / 1e6:.2f} MB, all streamed {2 * step.n_all / 1e6:.2f} MB, "
           f"chosen blocks {H * TOPN * SEL * D * 4 / 1e6:.2f} MB.\n")
 
+    # the streaming phases read as the fastest of these launches reads all the bytes
+    configs = [(4096, 4), (16384, 8), (32768, 8), (16384, 16), (32768, 16)]
+    speed = {c: median_us(graph_of(lambda c=c: step.stream(False, *c)), "zero", buf, args.reps) for c in configs}
+    step.block, step.warps = min(speed, key=speed.get)
+    print("Streaming all the bytes, one launch of 128 programs, by (elements a step, warps), zero flush, us: "
+          + ", ".join(f"{c} {t:.1f}" for c, t in speed.items())
+          + f". Every streaming phase below reads as {(step.block, step.warps)}.\n")
+
     checks: List[str] = []
     for name, fn, keys_first in (("chain", lambda: step.chain(True, False), False),
                                  ("chain, keys first", lambda: step.chain(True, True), True),
@@ -285,9 +298,8 @@ def main() -> None:
 
     rows = [
         ("empty kernel (one program)", step.empty),
-        ("stream the compressed keys (4.2 MB), 1 launch", lambda: step.stream(True)),
-        ("stream all 9.4 MB, 1 launch", lambda: step.stream(False)),
-        ("stream all, 8 warps, 16k-element steps", lambda: step.stream(False, 16384, 8)),
+        ("stream the compressed keys, 1 launch", lambda: step.stream(True, step.block, step.warps)),
+        ("stream all, 1 launch", lambda: step.stream(False, step.block, step.warps)),
         ("chain of 3 launches, no PDL", lambda: step.chain(False, False)),
         ("chain of 3 launches, PDL", lambda: step.chain(True, False)),
         ("chain, PDL, keys first", lambda: step.chain(True, True)),
@@ -298,11 +310,11 @@ def main() -> None:
     q, K, V = dense_inputs(1, S)
     rows += [("library step (nsa_decode, default launch)", lambda: run_nsa(t)),
              ("dense SDPA over the whole cache", lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))]
-    print("| step | zero (do_bench) | read | none |\n|---|---:|---:|---:|")
+    print("| step | zero (do_bench) | read |\n|---|---:|---:|")
     for _round in range(2):
         for name, fn in rows:
             r = time_all(fn, buf, args.reps)
-            print(f"| {name} | {r['zero']:.1f} | {r['read']:.1f} | {r['none']:.1f} |", flush=True)
+            print(f"| {name} | {r['zero']:.1f} | {r['read']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
