@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -205,9 +205,9 @@ class Step:
         self.block, self.warps = 4096, 4  # how every streaming phase reads: set by main() to the fastest
 
 
-    def per_prog(self, n: int, programs: int, block: int) -> int:
+    def per_prog(self, n: int, programs: int) -> int:
         """Elements a program streams: an even share, whole 16-byte vectors (the last step of
-        ``block`` elements is masked)."""
+        ``self.block`` elements is masked)."""
         return triton.cdiv(triton.cdiv(n, programs), 1024) * 1024
 
     # -- the steps -------------------------------------------------------------
@@ -216,29 +216,38 @@ class Step:
 
     def stream(self, keys_only: bool, block: int, warps: int) -> None:
         n = self.n_keys if keys_only else self.n_all
-        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
+        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
                                    H * self.nblk // PROGRAMS, block, False, num_warps=warps)
 
     def chain(self, pdl: bool, keys_first: bool) -> None:
         block, n = self.block, (self.n_keys if keys_first else self.n_all)
-        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS, block),
+        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
                                    H * self.nblk // PROGRAMS, block, pdl, num_warps=self.warps)
-        extra = PROGRAMS - H * TOPN if keys_first else 0
         after = dict(launch_pdl=True) if pdl else {}
+        self.gather(pdl, keys_first, after)
+        self.merge(pdl, after)
+
+    def gather(self, pdl: bool = False, keys_first: bool = False, after: Optional[dict] = None) -> None:
+        """The second link alone: top-n and one block a program (plus, keys first, the rest of the
+        stream in programs of the streaming phases' width; else 4 warps)."""
+        extra = PROGRAMS - H * TOPN if keys_first else 0
         gather_kernel[(H * TOPN + extra,)](
             self.scores, self.k, self.v, self.part, self.rest, self.rest.numel() if keys_first else 0, self.sink,
-            self.per_prog(self.rest.numel(), max(extra, 1), block), H, D, self.nblk, TOPN, SEL, block, pdl,
-            num_warps=self.warps, **after)
-        merge_kernel[(HQ,)](self.part, self.out, HQ // H, D, TOPN, pdl, num_warps=4, **after)
+            self.per_prog(self.rest.numel(), max(extra, 1)), H, D, self.nblk, TOPN, SEL, self.block, pdl,
+            num_warps=self.warps if keys_first else 4, **(after or {}))
 
-    def one_launch(self, keys_first: bool) -> None:
+    def merge(self, pdl: bool = False, after: Optional[dict] = None) -> None:
+        merge_kernel[(HQ,)](self.part, self.out, HQ // H, D, TOPN, pdl, num_warps=4, **(after or {}))
+
+    def one_launch(self, keys_first: bool, warps: int = 0) -> None:
+        """``warps`` 0: the streaming phases' width (one launch has one width for all its phases)."""
         block, n = self.block, (self.n_keys if keys_first else self.n_all)
         extra = PROGRAMS - H * TOPN
         one_launch_kernel[(PROGRAMS,)](
             self.stream_src, n, self.rest, self.rest.numel() if keys_first else 0, self.scores, self.k, self.v,
-            self.part, self.out, self.sink, self.counts, PROGRAMS, self.per_prog(n, PROGRAMS, block),
-            H * self.nblk // PROGRAMS, self.per_prog(self.rest.numel(), extra, block), H, HQ // H, D, self.nblk, TOPN, SEL,
-            block, num_warps=self.warps)
+            self.part, self.out, self.sink, self.counts, PROGRAMS, self.per_prog(n, PROGRAMS),
+            H * self.nblk // PROGRAMS, self.per_prog(self.rest.numel(), extra), H, HQ // H, D, self.nblk, TOPN, SEL,
+            block, num_warps=warps or self.warps)
 
     # -- the check ---------------------------------------------------------------
     def expected(self, keys_first: bool) -> torch.Tensor:
@@ -300,11 +309,15 @@ def main() -> None:
         ("empty kernel (one program)", step.empty),
         ("stream the compressed keys, 1 launch", lambda: step.stream(True, step.block, step.warps)),
         ("stream all, 1 launch", lambda: step.stream(False, step.block, step.warps)),
+        ("second link alone (top-n, one block a program), 1 launch", step.gather),
+        ("third link alone (merge), 1 launch", step.merge),
         ("chain of 3 launches, no PDL", lambda: step.chain(False, False)),
         ("chain of 3 launches, PDL", lambda: step.chain(True, False)),
         ("chain, PDL, keys first", lambda: step.chain(True, True)),
         ("one launch, 2 grid barriers", lambda: step.one_launch(False)),
         ("one launch, keys first", lambda: step.one_launch(True)),
+        ("one launch, keys first, 8 warps", lambda: step.one_launch(True, 8)),
+        ("one launch, keys first, 4 warps", lambda: step.one_launch(True, 4)),
     ]
     t = make_inputs(1, S)
     q, K, V = dense_inputs(1, S)
