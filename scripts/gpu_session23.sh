@@ -4,14 +4,30 @@
 #   bash scripts/gpu_session23.sh floor   # synthetic batch-1 decode steps that move the step's
 #                                         # bytes with its dependencies and no attention math,
 #                                         # beside the library's step and dense SDPA (64k, 8k)
+#   bash scripts/gpu_session23.sh l2bytes # Nsight Compute: each kernel of one prefill forward
+#                                         # (8k, 64k), NSA and dense SDPA (cuDNN): time, L2 and
+#                                         # DRAM bytes, L2 and SM throughput against peak
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session23.sh floor}" in
+case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes}" in
 floor)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     for S in 65536 8192; do
         timeout 280 python scripts/gpu_decode_floor.py --context "$S" 2>&1 | tee "$OUT/decode_floor_$S.txt"
+    done
+    ;;
+l2bytes)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    M=gpu__time_duration.sum,lts__t_bytes.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    M=$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    for T in 8192 65536; do
+        for who in nsa dense; do
+            flag=$([ $who = dense ] && echo --dense)
+            timeout 280 ncu --profile-from-start off --clock-control none --metrics "$M" --csv --page raw \
+                python scripts/ncu_prefill.py --length $T $flag > "$OUT/l2bytes_${who}_$T.csv" 2> "$OUT/l2bytes_${who}_$T.err"
+            tail -3 "$OUT/l2bytes_${who}_$T.err"
+        done
     done
     ;;
 *)
