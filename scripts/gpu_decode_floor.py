@@ -78,15 +78,20 @@ def _write_scores(scores, pid, total, PER: tl.constexpr):
 
 @triton.jit
 def _gather_block(scores, k, v, part, h, r, H: tl.constexpr, D: tl.constexpr, NBLK: tl.constexpr,
-                  TOPN: tl.constexpr, SEL: tl.constexpr):
+                  TOPN: tl.constexpr, SEL: tl.constexpr, RANK: tl.constexpr):
     """Rank the ``NBLK`` scores of KV head ``h`` (``tl.topk``), read the ``r``-th chosen block
-    of keys and values and store the column sums of both as the partial ``part[h, r, :]``."""
-    o_j = tl.arange(0, NBLK)
-    b_s = tl.load(scores + h * NBLK + o_j, cache_modifier=".cg")  # written by other programs
-    key = (b_s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (NBLK - 1 - o_j).to(tl.int64)
-    top = tl.topk(key, TOPN)
-    chosen = tl.sum(tl.where(tl.arange(0, TOPN) == r, top, 0))
-    blk = NBLK - 1 - (chosen & 0xFFFFFFFF)
+    of keys and values and store the column sums of both as the partial ``part[h, r, :]``.
+    Without ``RANK`` the block is ``floor(score[h, r] * NBLK)``: still an address that the
+    launch before wrote, but no ranking."""
+    if RANK:
+        o_j = tl.arange(0, NBLK)
+        b_s = tl.load(scores + h * NBLK + o_j, cache_modifier=".cg")  # written by other programs
+        key = (b_s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (NBLK - 1 - o_j).to(tl.int64)
+        top = tl.topk(key, TOPN)
+        chosen = tl.sum(tl.where(tl.arange(0, TOPN) == r, top, 0))
+        blk = NBLK - 1 - (chosen & 0xFFFFFFFF)
+    else:
+        blk = tl.minimum((tl.load(scores + h * NBLK + r, cache_modifier=".cg") * NBLK).to(tl.int32), NBLK - 1)
     o_t = blk * SEL + tl.arange(0, SEL)
     o_d = tl.arange(0, D)
     off = (o_t.to(tl.int64) * H + h)[:, None] * D + o_d[None, :]
@@ -116,7 +121,7 @@ def stream_kernel(src, n, scores, PER_PROG: tl.constexpr, PER: tl.constexpr, BLO
 @triton.jit
 def gather_kernel(scores, k, v, part, rest, n_rest, sink, REST_PER_PROG: tl.constexpr, H: tl.constexpr,
                   D: tl.constexpr, NBLK: tl.constexpr, TOPN: tl.constexpr, SEL: tl.constexpr,
-                  BLOCK: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK: tl.constexpr, PDL: tl.constexpr, RANK: tl.constexpr):
     """Programs ``[0, H * TOPN)`` read one chosen block each; any further ones stream ``rest``
     (which needs nothing from the launch before, so they do not wait for it)."""
     pid = tl.program_id(0)
@@ -125,7 +130,7 @@ def gather_kernel(scores, k, v, part, rest, n_rest, sink, REST_PER_PROG: tl.cons
     if pid < H * TOPN:
         if PDL:
             gdc_wait()
-        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL)
+        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL, RANK)
     else:
         i = pid - H * TOPN
         tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
@@ -160,7 +165,7 @@ def one_launch_kernel(first, n_first, rest, n_rest, scores, k, v, part, out, sin
     _write_scores(scores, pid, total, PER)
     _grid_barrier(counts, P)
     if pid < H * TOPN:
-        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL)
+        _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL, True)
     elif n_rest > 0:
         i = pid - H * TOPN
         tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
@@ -219,21 +224,22 @@ class Step:
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
                                    H * self.nblk // PROGRAMS, block, False, num_warps=warps)
 
-    def chain(self, pdl: bool, keys_first: bool) -> None:
+    def chain(self, pdl: bool, keys_first: bool, rank: bool = True) -> None:
         block, n = self.block, (self.n_keys if keys_first else self.n_all)
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
                                    H * self.nblk // PROGRAMS, block, pdl, num_warps=self.warps)
         after = dict(launch_pdl=True) if pdl else {}
-        self.gather(pdl, keys_first, after)
+        self.gather(pdl, keys_first, after, rank)
         self.merge(pdl, after)
 
-    def gather(self, pdl: bool = False, keys_first: bool = False, after: Optional[dict] = None) -> None:
+    def gather(self, pdl: bool = False, keys_first: bool = False, after: Optional[dict] = None,
+               rank: bool = True) -> None:
         """The second link alone: top-n and one block a program (plus, keys first, the rest of the
         stream in programs of the streaming phases' width; else 4 warps)."""
         extra = PROGRAMS - H * TOPN if keys_first else 0
         gather_kernel[(H * TOPN + extra,)](
             self.scores, self.k, self.v, self.part, self.rest, self.rest.numel() if keys_first else 0, self.sink,
-            self.per_prog(self.rest.numel(), max(extra, 1)), H, D, self.nblk, TOPN, SEL, self.block, pdl,
+            self.per_prog(self.rest.numel(), max(extra, 1)), H, D, self.nblk, TOPN, SEL, self.block, pdl, rank,
             num_warps=self.warps if keys_first else 4, **(after or {}))
 
     def merge(self, pdl: bool = False, after: Optional[dict] = None) -> None:
@@ -250,11 +256,14 @@ class Step:
             block, num_warps=warps or self.warps)
 
     # -- the check ---------------------------------------------------------------
-    def expected(self, keys_first: bool) -> torch.Tensor:
+    def expected(self, rank: bool = True) -> torch.Tensor:
         """The merged output by eager ops from the scores the kernels left (the scores themselves
         depend on the summation order of the stream; their ranking and the rest do not)."""
         s = self.scores.view(H, self.nblk)
-        blk = torch.topk(s, TOPN, dim=1).indices  # [H, TOPN]
+        if rank:
+            blk = torch.topk(s, TOPN, dim=1).indices  # [H, TOPN]
+        else:
+            blk = (s[:, :TOPN] * self.nblk).to(torch.int64).clamp(max=self.nblk - 1)
         kv = (self.k.float() + self.v.float()).view(-1, SEL, H, D)  # [blocks, SEL, H, D]
         part = torch.stack([kv[blk[h], :, h, :].sum(dim=(0, 1)) for h in range(H)])  # [H, D]
         return part.repeat_interleave(HQ // H, dim=0)
@@ -291,15 +300,17 @@ def main() -> None:
           + f". Every streaming phase below reads as {(step.block, step.warps)}.\n")
 
     checks: List[str] = []
-    for name, fn, keys_first in (("chain", lambda: step.chain(True, False), False),
-                                 ("chain, keys first", lambda: step.chain(True, True), True),
-                                 ("one launch", lambda: step.one_launch(False), False),
-                                 ("one launch, keys first", lambda: step.one_launch(True), True)):
+    for name, fn, rank in (("chain", lambda: step.chain(True, False), True),
+                           ("chain, keys first", lambda: step.chain(True, True), True),
+                           ("chain, no ranking", lambda: step.chain(False, False, False), False),
+                           ("one launch", lambda: step.one_launch(False), True),
+                           ("one launch, keys first", lambda: step.one_launch(True), True)):
         for _ in range(3):  # repeated: a stale count or a stale line would show after the first
             step.out.fill_(float("nan"))
             fn()
         torch.cuda.synchronize()
-        err = float((step.out - step.expected(keys_first)).abs().max() / step.expected(keys_first).abs().max())
+        want = step.expected(rank)
+        err = float((step.out - want).abs().max() / want.abs().max())
         checks.append(f"{name} {err:.1e}")
         assert err < 1e-5, f"{name}: synthetic step wrong ({err})"
         assert int(step.counts.abs().sum()) == 0
@@ -310,8 +321,10 @@ def main() -> None:
         ("stream the compressed keys, 1 launch", lambda: step.stream(True, step.block, step.warps)),
         ("stream all, 1 launch", lambda: step.stream(False, step.block, step.warps)),
         ("second link alone (top-n, one block a program), 1 launch", step.gather),
+        ("second link alone, no ranking (the block from one score)", lambda: step.gather(rank=False)),
         ("third link alone (merge), 1 launch", step.merge),
         ("chain of 3 launches, no PDL", lambda: step.chain(False, False)),
+        ("chain of 3 launches, no PDL, no ranking", lambda: step.chain(False, False, False)),
         ("chain of 3 launches, PDL", lambda: step.chain(True, False)),
         ("chain, PDL, keys first", lambda: step.chain(True, True)),
         ("one launch, 2 grid barriers", lambda: step.one_launch(False)),
