@@ -354,12 +354,25 @@ def cmp_bwd_ab(T: int, config: NSAConfig) -> None:
     current.DKDV_TILES["split_target"] = saved
 
 
+#: (rows, warps, stages, register cap or 0) of the window forward's sweep: the default first, then
+#: wider tiles (fewer re-reads of each key tile), more stages, and capped registers with fewer
+#: stages (more programs an SM: the kernel is at 41-45 % of both SM and L2 peak at 8k, session 23)
+WINDOW_FWD_SWEEP = ((64, 4, 2, 0), (64, 4, 3, 0), (64, 8, 2, 0), (128, 8, 2, 0), (128, 8, 3, 0), (128, 4, 2, 0),
+                    (64, 4, 1, 0), (64, 4, 1, 168), (64, 4, 2, 168), (32, 4, 2, 0))
+
+
 def window_variants(T: int, config: NSAConfig) -> None:
-    """Tiles of the window forward and dQ: (rows, BN, warps, stages), error against the default."""
+    """Tiles of the window forward as the NSA ops launch it (with the selected branch's forced
+    blocks, ``window_fwd_forced``): each against the first; then the dQ's (rows, BN, warps, stages)."""
     from nsa.ops.window import kernel as win
 
     q, k, v, _ = inputs(T, T + 7)
     scale = config.softmax_scale(D)
+    first = None
+    for rows, warps, stages, maxnreg in WINDOW_FWD_SWEEP:
+        tiles = dict(rows=rows, num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+        first, _ = timed_variant(T, f"window forward with forced blocks {tiles}",
+                                 lambda: win.window_fwd_forced(q, k, v, config, scale, 0, tiles=tiles), first)
     o, lse = win.window_fwd(q, k, v, config.window, scale, 0)
     do = torch.randn_like(o)
     delta = attn_bwd_delta(o, do)
@@ -367,9 +380,6 @@ def window_variants(T: int, config: NSAConfig) -> None:
     for rows, bn, warps, stages in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2), (64, 128, 4, 3),
                                     (128, 64, 8, 3)):
         tiles = dict(rows=rows, BN=bn, num_warps=warps, num_stages=stages)
-        fn = lambda: win.window_fwd(q, k, v, config.window, scale, 0, tiles=tiles)
-        err = (fn()[0].float() - o.float()).abs().max().item()
-        print(f"T={T} window fwd {tiles}: {bench(fn):.3f} ms (max abs diff {err:.1e})", flush=True)
         cfg = win._bwd_cfg("dq", 16, D, D, {"dq": tiles})
         fn = lambda: win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, cfg)
         err = (fn().float() - want_dq.float()).abs().max().item()

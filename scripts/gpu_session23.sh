@@ -7,10 +7,12 @@
 #   bash scripts/gpu_session23.sh l2bytes # Nsight Compute: each kernel of one prefill forward
 #                                         # (8k, 64k), NSA and dense SDPA (cuDNN): time, L2 and
 #                                         # DRAM bytes, L2 and SM throughput against peak
+#   bash scripts/gpu_session23.sh window  # the window forward's tiles (with the forced blocks, as
+#                                         # the NSA ops launch it) at 8k and 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes}" in
+case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window}" in
 floor)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     for S in 65536 8192; do
@@ -29,6 +31,11 @@ l2bytes)
             tail -3 "$OUT/l2bytes_${who}_$T.err"
         done
     done
+    python scripts/ncu_bytes.py "$OUT"/l2bytes_*.csv | tee "$OUT/l2bytes.md"
+    ;;
+window)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_prefill_probe.py --only window --lengths 8192 65536 2>&1 | tee "$OUT/window_tiles.txt"
     ;;
 *)
     echo "unknown step $1" >&2
