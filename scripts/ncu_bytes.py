@@ -4,9 +4,11 @@ Each file must hold these metrics (``scripts/gpu_session23.sh l2bytes`` collects
 ``gpu__time_duration.sum``, ``lts__t_bytes.sum`` (bytes through L2), ``dram__bytes_read.sum``,
 ``dram__bytes_write.sum``, ``lts__throughput.avg.pct_of_peak_sustained_elapsed`` and
 ``sm__throughput.avg.pct_of_peak_sustained_elapsed``. Launches of one kernel name are summed
-(their throughputs time-weighted). Under the table: the file's totals, the L2 peak that its
-busiest kernel implies (its L2 bytes a second over its share of peak), and what all the file's
-L2 bytes would take at that peak: a floor for any schedule of these kernels, overlapped or not.
+(their throughputs time-weighted). Under the table: the file's totals, the best L2 rate that any
+of its kernels implies at 100 % (its L2 bytes a second over its share of peak; that share is the
+busiest L2 sub-unit's, so the rate a byte costs depends on the access pattern), and what all the
+file's L2 bytes would take at that rate: a floor for any schedule of these kernels, overlapped
+or not, as long as they move the same bytes.
 
 Usage: ``python scripts/ncu_bytes.py FILE.csv [FILE.csv ...]``.
 """
@@ -64,8 +66,8 @@ def table(path: str) -> str:
                      f"{rate / 1e12:.2f} |")
     total = {key: sum(k[key] for k in ks.values()) for key in ("s", "l2", "dr", "dw")}
     lines += ["", f"All: {1e3 * total['s']:.3f} ms, {total['l2'] / 1e9:.2f} GB through L2, DRAM "
-              f"{total['dr'] / 1e9:.2f} GB read / {total['dw'] / 1e9:.2f} GB written. L2 peak implied by the "
-              f"busiest kernel: {peak / 1e12:.2f} TB/s; all these L2 bytes at that peak: "
+              f"{total['dr'] / 1e9:.2f} GB read / {total['dw'] / 1e9:.2f} GB written. Best L2 rate a kernel "
+              f"implies at 100 %: {peak / 1e12:.2f} TB/s; all these L2 bytes at that rate: "
               f"{1e3 * total['l2'] / peak:.3f} ms.", ""]
     return "\n".join(lines)
 
