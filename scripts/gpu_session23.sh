@@ -9,10 +9,12 @@
 #                                         # DRAM bytes, L2 and SM throughput against peak
 #   bash scripts/gpu_session23.sh window  # the window forward's tiles (with the forced blocks, as
 #                                         # the NSA ops launch it) at 8k and 64k
+#   bash scripts/gpu_session23.sh cmpfwd  # the compressed forward with selection in tiles of 8
+#                                         # query positions (128 rows) against 4 (8k, 16k, 64k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window}" in
+case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd}" in
 floor)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     for S in 65536 8192; do
@@ -36,6 +38,10 @@ l2bytes)
 window)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_prefill_probe.py --only window --lengths 8192 65536 2>&1 | tee "$OUT/window_tiles.txt"
+    ;;
+cmpfwd)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+    python scripts/gpu_prefill_probe.py --only cmp_fwd --lengths 8192 16384 65536 2>&1 | tee "$OUT/cmp_fwd_rows.txt"
     ;;
 *)
     echo "unknown step $1" >&2
