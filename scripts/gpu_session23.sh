@@ -14,15 +14,15 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-case "${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd}" in
+step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
 floor)
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     for S in 65536 8192; do
         timeout 280 python scripts/gpu_decode_floor.py --context "$S" 2>&1 | tee "$OUT/decode_floor_$S.txt"
     done
     ;;
 l2bytes)
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     M=gpu__time_duration.sum,lts__t_bytes.sum,dram__bytes_read.sum,dram__bytes_write.sum
     M=$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
     for T in 8192 65536; do
@@ -36,15 +36,13 @@ l2bytes)
     python scripts/ncu_bytes.py "$OUT"/l2bytes_*.csv | tee "$OUT/l2bytes.md"
     ;;
 window)
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_prefill_probe.py --only window --lengths 8192 65536 2>&1 | tee "$OUT/window_tiles.txt"
     ;;
 cmpfwd)
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
     python scripts/gpu_prefill_probe.py --only cmp_fwd --lengths 8192 16384 65536 2>&1 | tee "$OUT/cmp_fwd_rows.txt"
     ;;
 *)
-    echo "unknown step $1" >&2
+    echo "unknown step $step" >&2
     exit 2
     ;;
 esac
