@@ -1,4 +1,4 @@
-"""How fast could one batch-1 decode step at 64k be? Synthetic steps that move its bytes, with its dependencies, and no attention math.
+"""How fast could a batch-1 decode step be? Synthetic steps: its bytes and dependencies, no attention math.
 
 The decode issue asks for <= 15 us per step at batch 1, 64k context (bf16, HQ 64, H 4, D 128,
 paper defaults, CUDA-graph replay). Whatever the kernels, a step must:
@@ -18,7 +18,9 @@ same dependencies:
 - ``empty``: one 1-program kernel: what a graph replay costs under the timing itself;
 - ``stream``: step 1 alone, one launch (all 9.4 MB, or the compressed keys alone);
 - ``chain``: three launches (stream + scores; top-16 by ``tl.topk`` + block reads; merge),
-  with programmatic dependent launch as the library's decode uses it at batch 1;
+  with or without programmatic dependent launch (the library's decode uses it at batch 1), and
+  without the ranking (each block's address read from one score: still written by the launch
+  before, but no top-n);
 - ``one launch``: the same phases in one launch of at most one program an SM, separated by
   grid barriers (an atomic count each); in the ``keys first`` form the first phase reads only
   the compressed keys and the other programs stream the values and the window while the
@@ -26,7 +28,7 @@ same dependencies:
 
 Each synthetic result is checked against the same computation by eager PyTorch ops. The
 library's step (``nsa_decode``) and dense SDPA are timed in the same run. Timings are medians
-of CUDA-graph replays with the L2 flushed before each, three ways (``gpu_flush_probe.py``):
+of CUDA-graph replays with the L2 flushed before each, two ways (``gpu_flush_probe.py``):
 ``zero`` (``triton.testing.do_bench``'s flush, which leaves dirty lines whose write-back runs
 inside the timed replay; the tables of this repository use it) and ``read`` (nothing dirty).
 (With no flush at all, each replay follows a host synchronisation on an idle GPU, and a
