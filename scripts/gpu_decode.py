@@ -46,17 +46,14 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now: the selected programs' top-n as one bitonic top-k (the default) against rounds of 4 keys
-# (session 21), and at batch 1 score tiles of 64 and 16 blocks (256 and 1024 candidates at 64k).
-_ROUNDS = {"topn_bitonic": False}
-VARIANTS = {True: [{}, _ROUNDS] * 2 + [{"score_blocks": 64}, {"score_blocks": 16}], False: [{}, _ROUNDS] * 2}
-# with the cheaper top-n: fewer, longer selection programs (2 or 4 blocks each: fewer partials to
-# combine), 2 or 8 warps for the selected launch alone, more compressed splits
-_SEL_WARPS = [{"num_warps": 2, "cmp_warps": 4}, {"num_warps": 8, "cmp_warps": 4}]
-CONTEXT_VARIANTS = {
-    (True, 8192): [{"splits": [8, 4, 2]}, {"splits": [8, 4, 4]}] + _SEL_WARPS + [{}],
-    (True, 65536): [{"splits": [16, 4, 2]}, {"splits": [16, 4, 4]}, {"splits": [24, 4, 1]}] + _SEL_WARPS + [{}],
-}
+# Now (session 23): which of the score, selected and combine launches start early at batch 1
+# (programmatic dependent launch per launch; the default starts all three early). Session 21's
+# lists (the top-n rounds, score tiles, selected blocks a program, warps, compressed splits) are
+# in docs/perf/raw/session21_decode_variants_h100.md and session21_decode_sweep_h100.md.
+_EARLY = [(False, True, True), (True, False, True), (True, True, False), (False, False, True), (True, False, False),
+          (False, True, False), (False, False, False)]
+VARIANTS = {True: ([{}] + [{"pdl": e} for e in _EARLY]) * 2, False: [{}]}
+CONTEXT_VARIANTS: Dict[Tuple[bool, int], List[dict]] = {}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:

@@ -11,10 +11,13 @@
 #                                         # the NSA ops launch it) at 8k and 64k
 #   bash scripts/gpu_session23.sh cmpfwd  # the compressed forward with selection in tiles of 8
 #                                         # query positions (128 rows) against 4 (8k, 16k, 64k)
+#   bash scripts/gpu_session23.sh pdl     # batch-1 decode with programmatic dependent launch per
+#                                         # launch (score, selected, combine): the GPU test, then
+#                                         # correctness and graph timings of every combination
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd}"
+step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd|pdl}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 floor)
@@ -40,6 +43,12 @@ window)
     ;;
 cmpfwd)
     python scripts/gpu_prefill_probe.py --only cmp_fwd --lengths 8192 16384 65536 2>&1 | tee "$OUT/cmp_fwd_rows.txt"
+    ;;
+pdl)
+    python -m pytest -q -p no:cacheprovider tests/ops/test_decode_kernel.py -k pdl --gpu-profile auto 2>&1 | tail -4 \
+        | tee "$OUT/pdl_tests.txt"
+    python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 --variants 8192 65536 --check-variants \
+        --out "$OUT/decode_pdl.md" 2>&1 | tail -60
     ;;
 *)
     echo "unknown step $step" >&2

@@ -288,6 +288,42 @@ def test_decode_rejects_bad_arguments():
         nsa_decode(q.requires_grad_(), k, v, gates, lens, SMALL, kv_cmp=(kc, vc))
 
 
+def test_decode_rejects_bad_pdl_flags():
+    """``pdl`` is one flag or one per dependent launch (score, selected, combine); checked
+    before anything is launched, so the CPU sees it too."""
+    config, T = SMALL, 12
+    q, gates, kv = _sequence(T, 4, 2, 8, 8, config, torch.device("cpu"))
+    for bad in ((True, False), (True, True, True, True)):
+        with pytest.raises(ValueError, match=r"pdl must be a bool or three flags \(score, selected, combine"):
+            _every_step(q, gates, kv, config, launch={"pdl": bad}, lens=torch.tensor([T], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize("S", [8192, 65536 - 77])
+def test_decode_pdl_per_launch_changes_nothing_but_timing(S, nsa_device):
+    """Which of the score, selected and combine launches start early (programmatic dependent
+    launch) changes when they start, never what they compute: every combination is bitwise
+    equal to PDL on all three and off on all three (batch 1, bf16, paper geometry)."""
+    from nsa.ops.decode.kernel import _pdl_supported, decode_fwd
+
+    if not _pdl_supported(torch.device(nsa_device).index or 0):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
+    config, HQ, H, D = NSAConfig(), 64, 4, 128
+    bf = dict(device=nsa_device, dtype=torch.bfloat16)
+    q, gates = torch.randn(1, 1, HQ, D, **bf), torch.rand(1, 1, HQ, 3, **bf)
+    k, v, k_win, v_win = (torch.randn(1, S, H, D, **bf) for _ in range(4))
+    args = (q, k, v, gates, torch.tensor([S], device=nsa_device, dtype=torch.int32),
+            mean_compress(k, config), mean_compress(v, config), k_win, v_win, config, config.softmax_scale(D))
+    want_o, want_idx = decode_fwd(*args, pdl=True)
+    plain_o, plain_idx = decode_fwd(*args, pdl=False)
+    assert torch.equal(want_o, plain_o) and torch.equal(want_idx, plain_idx)
+    for early in ((False, True, True), (True, False, True), (True, True, False), (False, False, True)):
+        o, idx = decode_fwd(*args, pdl=early)
+        assert torch.equal(o, want_o) and torch.equal(idx, want_idx), f"pdl={early} changed the result"
+
+
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.parity

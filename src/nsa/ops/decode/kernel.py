@@ -46,7 +46,7 @@ by the next, carry L2 eviction hints (stored evict-last, read once evict-first).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import triton
@@ -932,7 +932,7 @@ def decode_fwd(
     cmp_warps: Optional[int] = None,
     combine_chunk: int = 64,
     score_blocks: Optional[int] = None,
-    pdl: Optional[bool] = None,
+    pdl: Optional[Union[bool, Tuple[bool, bool, bool]]] = None,
     score_contig: bool = True,
     cmp_desc: Optional[bool] = None,
     win_desc: bool = False,
@@ -957,7 +957,9 @@ def decode_fwd(
     the combine reads at once), ``score_blocks`` (selection blocks per scoring program:
     32, which measured 2 us faster than 64 at batch 1, 64k, but 64 for a batch-1 cache of at
     most 128 blocks), ``pdl`` (programmatic dependent
-    launch), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
+    launch: for the score, selected and combine launches alike, or a tuple of three flags, one
+    each, which launches start early; every kernel still waits where it reads the launch
+    before, which costs nothing in a launch that starts in stream order), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
     descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile, at
     least 16 on a GPU, and pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
@@ -1023,6 +1025,10 @@ def decode_fwd(
     fills = _batch_fills_gpu(rows * H, config, q.device)
     if pdl is None:
         pdl = on_gpu and _pdl_supported(index) and not fills
+    early = tuple(bool(e) for e in pdl) if isinstance(pdl, (tuple, list)) else (bool(pdl),) * 3
+    if len(early) != 3:
+        raise ValueError(f"pdl must be a bool or three flags (score, selected, combine launches), got {pdl!r}")
+    pdl = any(early)
     if cmp_desc is None:
         cmp_desc = on_gpu and bulk_copies_supported(q.device) and fills
         cmp_tile = cmp_tile or (32 if cmp_desc else None)
@@ -1032,7 +1038,7 @@ def decode_fwd(
     if cmp_tile is not None:
         cmp_tile = max(cmp_tile, min_dot)
     # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
-    after = dict(launch_pdl=True) if pdl else {}
+    after_score, after_selected, after_combine = (dict(launch_pdl=True) if e else {} for e in early)
     f32 = dict(device=q.device, dtype=torch.float32)
     # what the compressed pass leaves for scoring: each tile's block masses where the
     # geometry allows (blocks of R = l'/d whole tokens, a power of two; a token reaching at
@@ -1104,7 +1110,7 @@ def decode_fwd(
         N=n, NP=next_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
-        num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after,
+        num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
     )  # fmt: skip
     tj = block_tile or min(1024, next_pow2(n_cand))
     sel_block = config.sel_block
@@ -1130,7 +1136,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **attend, **common, **after,
+        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **attend, **common, **after_selected,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
@@ -1142,7 +1148,7 @@ def decode_fwd(
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
         V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
-        **after,
+        **after_combine,
     )  # fmt: skip
     return o, block_idx
 
