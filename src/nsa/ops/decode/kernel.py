@@ -959,7 +959,9 @@ def decode_fwd(
     most 128 blocks), ``pdl`` (programmatic dependent
     launch: for the score, selected and combine launches alike, or a tuple of three flags, one
     each, which launches start early; every kernel still waits where it reads the launch
-    before, which costs nothing in a launch that starts in stream order), ``score_contig`` (scoring reads each tile's tokens as one contiguous range
+    before, which costs nothing in a launch that starts in stream order; at batch 1 all three
+    early measured fastest on an H100, 23.6 us at 64k against 24.5-28.1 for the six mixes),
+    ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
     descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile, at
     least 16 on a GPU, and pipeline stages of the compressed/window kernel alone), ``sel_desc`` (selected blocks
