@@ -1011,6 +1011,54 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     _whole_op_with_buffer(T, config, "NSA_COMPRESSED_DQ_FROM_DS_MIB", "compressed dS buffer")
 
 
+def window_beside_compressed(T: int, config: NSAConfig) -> None:
+    """The inference forward (``nsa_attention`` without a gradient) with its window kernel, which
+    also computes the selected branch's forced blocks and needs nothing from the compressed
+    branch, on a second stream beside mean pooling, the compressed pass and its top-n (at 8k both
+    kernels run at 41-50 % of SM and L2 peak, session 23); the selected kernel waits for both.
+    The window launched before or after the compressed pass; each result against the library's
+    (bitwise), two rounds in turn."""
+    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.selected.kernel import selected_fwd_summed
+    from nsa.ops.window.kernel import window_fwd_forced
+
+    q, k, v, gates = inputs(T, T + 5)
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    side = torch.cuda.Stream()
+
+    def step(window_at: str) -> torch.Tensor:
+        main = torch.cuda.current_stream()
+
+        def window():
+            if window_at == "serial":
+                return window_fwd_forced(q, k, v, config, scale, 0)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                return window_fwd_forced(q, k, v, config, scale, 0)
+
+        win = window() if window_at == "first" else None
+        k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+        o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, scale, 0)
+        win = win or window()
+        o_win, _, o_frc, lse_frc = win
+        if window_at != "serial":
+            main.wait_stream(side)
+            for t in (o_win, o_frc, lse_frc):
+                t.record_stream(main)
+        return selected_fwd_summed(q, k, v, idx.contiguous(), config.sel_block, scale, 0, gates, o_cmp, o_win,
+                                   forced=forced, start=(o_frc, lse_frc), keep=False)[0]
+
+    library = lambda: nsa_attention(q, k, v, gates, config, backend="triton")  # noqa: E731
+    want = library()
+    cases = (("nsa_attention", library), ("the same launches composed here", lambda: step("serial")),
+             ("window first, on a second stream", lambda: step("first")),
+             ("window after the compressed pass, on a second stream", lambda: step("after")))
+    for _round in range(2):
+        for label, fn in cases:
+            same = torch.equal(fn(), want)
+            print(f"T={T} forward, {label}: {bench(fn):.3f} ms (bitwise equal to nsa_attention: {same})", flush=True)
+
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
@@ -1019,6 +1067,7 @@ SECTIONS = {
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,
+    "win_beside": window_beside_compressed,
 }
 
 

@@ -14,10 +14,12 @@
 #   bash scripts/gpu_session23.sh pdl     # batch-1 decode with programmatic dependent launch per
 #                                         # launch (score, selected, combine): the GPU test, then
 #                                         # correctness and graph timings of every combination
+#   bash scripts/gpu_session23.sh beside  # the inference forward with the window kernel on a
+#                                         # second stream beside the compressed pass (8k-64k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd|pdl}"
+step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd|pdl|beside}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 floor)
@@ -49,6 +51,9 @@ pdl)
         | tee "$OUT/pdl_tests.txt"
     python scripts/gpu_decode.py --contexts 8192 65536 --batches 1 --variants 8192 65536 --check-variants \
         --out "$OUT/decode_pdl.md" 2>&1 | tail -60
+    ;;
+beside)
+    python scripts/gpu_prefill_probe.py --only win_beside --lengths 8192 16384 65536 2>&1 | tee "$OUT/win_beside.txt"
     ;;
 *)
     echo "unknown step $step" >&2
