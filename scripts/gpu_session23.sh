@@ -16,10 +16,12 @@
 #                                         # correctness and graph timings of every combination
 #   bash scripts/gpu_session23.sh beside  # the inference forward with the window kernel on a
 #                                         # second stream beside the compressed pass (8k-64k)
+#   bash scripts/gpu_session23.sh tests REV  # the decode GPU tests (kernels, graph, cache,
+#                                         # module), the report named after REV
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd|pdl|beside}"
+step="${1:?usage: scripts/gpu_session23.sh floor|l2bytes|window|cmpfwd|pdl|beside|tests [REV]}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 floor)
@@ -54,6 +56,11 @@ pdl)
     ;;
 beside)
     python scripts/gpu_prefill_probe.py --only win_beside --lengths 8192 16384 65536 2>&1 | tee "$OUT/win_beside.txt"
+    ;;
+tests)
+    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?tests needs the commit to name the report after}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
     ;;
 *)
     echo "unknown step $step" >&2
