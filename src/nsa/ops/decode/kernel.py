@@ -960,7 +960,7 @@ def decode_fwd(
     launch: for the score, selected and combine launches alike, or a tuple of three flags, one
     each, which launches start early; every kernel still waits where it reads the launch
     before, which costs nothing in a launch that starts in stream order; at batch 1 all three
-    early measured fastest on an H100, 23.6 us at 64k against 24.5-28.1 for the six mixes),
+    early measured fastest on an H100, 23.6 us at 64k against 24.5-28.1 for the seven others),
     ``score_contig`` (scoring reads each tile's tokens as one contiguous range
     where the geometry allows), ``cmp_desc`` (compressed keys/values through tensor
     descriptors; ``win_desc`` the window's), ``cmp_tile``/``cmp_stages`` (token tile, at
