@@ -60,8 +60,11 @@ PROGRAMS = 128  # programs of the one-launch step: at most one an SM on a 132-SM
 
 
 @triton.jit
-def _stream(src, n, lo, hi, BLOCK: tl.constexpr):
-    """Sum of ``src[lo:hi]`` (elements past ``n`` read as zero), ``BLOCK`` elements a step."""
+def _stream(src, n, share, PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum of share ``share`` of ``src``, ``src[share * PER_PROG:][:PER_PROG]`` (elements past
+    ``n`` read as zero), ``BLOCK`` elements a step."""
+    lo = share.to(tl.int64) * PER_PROG
+    hi = lo + PER_PROG
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(lo, hi, BLOCK):
         idx = off + tl.arange(0, BLOCK)
@@ -116,8 +119,7 @@ def stream_kernel(src, n, scores, PER_PROG: tl.constexpr, PER: tl.constexpr, BLO
     pid = tl.program_id(0)
     if PDL:
         gdc_launch_dependents()
-    total = _stream(src, n, pid.to(tl.int64) * PER_PROG, pid.to(tl.int64) * PER_PROG + PER_PROG, BLOCK)
-    _write_scores(scores, pid, total, PER)
+    _write_scores(scores, pid, _stream(src, n, pid, PER_PROG, BLOCK), PER)
 
 
 @triton.jit
@@ -134,9 +136,7 @@ def gather_kernel(scores, k, v, part, rest, n_rest, sink, REST_PER_PROG: tl.cons
             gdc_wait()
         _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL, RANK)
     else:
-        i = pid - H * TOPN
-        tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
-                                   i.to(tl.int64) * REST_PER_PROG + REST_PER_PROG, BLOCK))
+        tl.store(sink + pid - H * TOPN, _stream(rest, n_rest, pid - H * TOPN, REST_PER_PROG, BLOCK))
 
 
 @triton.jit
@@ -163,15 +163,12 @@ def one_launch_kernel(first, n_first, rest, n_rest, scores, k, v, part, out, sin
     """The three phases in one launch of ``P`` co-resident programs. ``rest`` (``n_rest`` > 0):
     streamed by the programs that read no block while the blocks are read."""
     pid = tl.program_id(0)
-    total = _stream(first, n_first, pid.to(tl.int64) * PER_PROG, pid.to(tl.int64) * PER_PROG + PER_PROG, BLOCK)
-    _write_scores(scores, pid, total, PER)
+    _write_scores(scores, pid, _stream(first, n_first, pid, PER_PROG, BLOCK), PER)
     _grid_barrier(counts, P)
     if pid < H * TOPN:
         _gather_block(scores, k, v, part, pid // TOPN, pid % TOPN, H, D, NBLK, TOPN, SEL, True)
     elif n_rest > 0:
-        i = pid - H * TOPN
-        tl.store(sink + i, _stream(rest, n_rest, i.to(tl.int64) * REST_PER_PROG,
-                                   i.to(tl.int64) * REST_PER_PROG + REST_PER_PROG, BLOCK))
+        tl.store(sink + pid - H * TOPN, _stream(rest, n_rest, pid - H * TOPN, REST_PER_PROG, BLOCK))
     _grid_barrier(counts + 1, P)
     if pid < H * G:
         _merge(part, out, pid, G, D, TOPN)
@@ -211,7 +208,6 @@ class Step:
         self.flag = torch.empty(1, device=dev)
         self.block, self.warps = 4096, 4  # how every streaming phase reads: set by main() to the fastest
 
-
     def per_prog(self, n: int, programs: int) -> int:
         """Elements a program streams: an even share, whole 16-byte vectors (the last step of
         ``self.block`` elements is masked)."""
@@ -221,15 +217,13 @@ class Step:
     def empty(self) -> None:
         empty_kernel[(1,)](self.flag)
 
-    def stream(self, keys_only: bool, block: int, warps: int) -> None:
+    def stream(self, keys_only: bool, block: int, warps: int, pdl: bool = False) -> None:
         n = self.n_keys if keys_only else self.n_all
         stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
-                                   H * self.nblk // PROGRAMS, block, False, num_warps=warps)
+                                   H * self.nblk // PROGRAMS, block, pdl, num_warps=warps)
 
     def chain(self, pdl: bool, keys_first: bool, rank: bool = True) -> None:
-        block, n = self.block, (self.n_keys if keys_first else self.n_all)
-        stream_kernel[(PROGRAMS,)](self.stream_src, n, self.scores, self.per_prog(n, PROGRAMS),
-                                   H * self.nblk // PROGRAMS, block, pdl, num_warps=self.warps)
+        self.stream(keys_first, self.block, self.warps, pdl)
         after = dict(launch_pdl=True) if pdl else {}
         self.gather(pdl, keys_first, after, rank)
         self.merge(pdl, after)

@@ -34,9 +34,9 @@ l2bytes)
     M=$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
     for T in 8192 65536; do
         for who in nsa dense; do
-            flag=$([ $who = dense ] && echo --dense)
+            impl=$([ $who = dense ] && echo dense_cudnn || echo nsa)
             timeout 280 ncu --profile-from-start off --clock-control none --metrics "$M" --csv --page raw \
-                python scripts/ncu_prefill.py --length $T $flag > "$OUT/l2bytes_${who}_$T.csv" 2> "$OUT/l2bytes_${who}_$T.err"
+                python scripts/ncu_prefill.py --length $T --impl $impl > "$OUT/l2bytes_${who}_$T.csv" 2> "$OUT/l2bytes_${who}_$T.err"
             tail -3 "$OUT/l2bytes_${who}_$T.err"
         done
     done

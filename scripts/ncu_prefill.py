@@ -1,12 +1,13 @@
-"""One NSA prefill forward (and backward with ``--backward``) between cudaProfilerStart/Stop, for Nsight Compute.
+"""One prefill forward (and backward with ``--backward``) between cudaProfilerStart/Stop, for Nsight Compute.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
         python scripts/ncu_prefill.py --length 16384
 
-bf16, B = 1, 64 query heads, 4 KV heads, head dim 128, paper defaults, every op on its Triton
-kernel; warm-up calls (compilation, autotune) happen before profiling starts. ``--dense``
-profiles dense SDPA (causal, GQA, the cuDNN backend the tables compare with) on the same shapes
-instead.
+The call and its inputs are those that ``nsa.bench prefill`` times (``nsa.bench.workloads``):
+bf16, B = 1, 64 query heads, 4 KV heads, head dim 128, paper defaults, NSA on its Triton
+kernels; ``--impl dense_cudnn`` (or ``dense``, ``dense_flash``) profiles dense SDPA (causal,
+GQA) on the same shapes instead. Warm-up calls (compilation, autotune) happen before profiling
+starts.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 from nsa import NSAConfig
-from nsa.ops import nsa_attention
+from nsa.bench.workloads import DENSE_PREFILL_BACKENDS, Shape, _prefill_fn, prefill_inputs
 from ncu_range import profile_once
 
 
@@ -25,28 +25,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--backward", action="store_true", help="profile the backward too")
-    parser.add_argument("--dense", action="store_true", help="dense SDPA (cuDNN) instead of NSA")
+    parser.add_argument("--impl", default="nsa", choices=["nsa", *DENSE_PREFILL_BACKENDS],
+                        help="NSA, or dense SDPA with its own backend choice or one forced")
     args = parser.parse_args()
-    config, T = NSAConfig(), args.length
-    bf = dict(device="cuda", dtype=torch.bfloat16, requires_grad=args.backward)
-    q, k, v = torch.randn(1, T, 64, 128, **bf), torch.randn(1, T, 4, 128, **bf), torch.randn(1, T, 4, 128, **bf)
-    gates = torch.rand(1, T, 64, 3, **bf)
-
-    def attend():
-        if not args.dense:
-            return nsa_attention(q, k, v, gates, config, backend="triton")
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
-
-    def step():
-        o = attend()
-        if args.backward:
-            o.backward(torch.ones_like(o))
-
-    profile_once([step], warmup=2)
+    device = torch.device("cuda")
+    inputs = prefill_inputs(args.impl, Shape.default(device, 1, args.length), device, args.backward)
+    call = _prefill_fn(args.impl, NSAConfig(), args.backward)
+    profile_once([lambda: call(*inputs)], warmup=2)
 
 
 if __name__ == "__main__":

@@ -288,6 +288,19 @@ def test_decode_rejects_bad_arguments():
         nsa_decode(q.requires_grad_(), k, v, gates, lens, SMALL, kv_cmp=(kc, vc))
 
 
+def _real_size_inputs(lens, HQ, H, DK, DV, config, device):
+    """bf16 decode inputs of one new token per sequence, caches of capacity ``max(lens)``:
+    ``(q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win)``, the compressed pair pooled from
+    ``(k, v)``."""
+    B, cap = len(lens), max(lens)
+    bf = dict(device=device, dtype=torch.bfloat16)
+    q, gates = torch.randn(B, 1, HQ, DK, **bf), torch.rand(B, 1, HQ, 3, **bf)
+    k, k_win = (torch.randn(B, cap, H, DK, **bf) for _ in range(2))
+    v, v_win = (torch.randn(B, cap, H, DV, **bf) for _ in range(2))
+    seq_lens = torch.tensor(lens, device=device, dtype=torch.int32)
+    return q, k, v, gates, seq_lens, mean_compress(k, config), mean_compress(v, config), k_win, v_win
+
+
 def test_decode_rejects_bad_pdl_flags():
     """``pdl`` is one flag or one per dependent launch (score, selected, combine); checked
     before anything is launched, so the CPU sees it too."""
@@ -310,12 +323,9 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(S, nsa_device):
 
     if not _pdl_supported(torch.device(nsa_device).index or 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
-    config, HQ, H, D = NSAConfig(), 64, 4, 128
-    bf = dict(device=nsa_device, dtype=torch.bfloat16)
-    q, gates = torch.randn(1, 1, HQ, D, **bf), torch.rand(1, 1, HQ, 3, **bf)
-    k, v, k_win, v_win = (torch.randn(1, S, H, D, **bf) for _ in range(4))
-    args = (q, k, v, gates, torch.tensor([S], device=nsa_device, dtype=torch.int32),
-            mean_compress(k, config), mean_compress(v, config), k_win, v_win, config, config.softmax_scale(D))
+    config = NSAConfig()
+    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs([S], 64, 4, 128, 128, config, nsa_device)
+    args = (q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, config, config.softmax_scale(128))
     want_o, want_idx = decode_fwd(*args, pdl=True)
     plain_o, plain_idx = decode_fwd(*args, pdl=False)
     assert torch.equal(want_o, plain_o) and torch.equal(want_idx, plain_idx)
@@ -341,13 +351,7 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
     """bf16 kernel vs the float32 reference at paper geometry; blocks may differ only at
     near-ties of the float32 scores (none expected at these sizes with random data)."""
     config = NSAConfig()
-    B, cap = len(lens), max(lens)
-    seq_lens = torch.tensor(lens, device=nsa_device, dtype=torch.int32)
-    q = torch.randn(B, 1, HQ, DK, device=nsa_device, dtype=torch.bfloat16)
-    gates = torch.rand(B, 1, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
-    k, k_win = (torch.randn(B, cap, H, DK, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    v, v_win = (torch.randn(B, cap, H, DV, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, HQ, H, DK, DV, config, nsa_device)
     ins = (q, k, v, gates, seq_lens, config)
     kw = dict(kv_cmp=(k_cmp, v_cmp), kv_win=(k_win, v_win), return_block_idx=True)
     o, idx = nsa_decode(*ins, backend="triton", **kw)
