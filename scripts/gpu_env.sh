@@ -6,3 +6,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
+
+# The decode GPU tests (kernels, graph, cache, module) on 3 workers, the report named after $1.
+decode_gpu_tests() {
+    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${1:?the decode tests need the commit to name the report after}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+}

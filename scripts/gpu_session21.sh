@@ -31,9 +31,7 @@ decode)
     tail -45 "$OUT/decode_variants.md"
     python scripts/gpu_decode_timeline.py --batches 1 --contexts 8192 65536 \
         --variants '{}' "$AGAINST" '{}' "$AGAINST" 2>&1 | tee "$OUT/decode_timeline.txt"
-    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
-        --nsa-report-commit "${2:?decode needs the commit to name the report after}" \
-        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    decode_gpu_tests "${2:-}"
     ;;
 sweep)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"

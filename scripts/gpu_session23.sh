@@ -58,9 +58,7 @@ beside)
     python scripts/gpu_prefill_probe.py --only win_beside --lengths 8192 16384 65536 2>&1 | tee "$OUT/win_beside.txt"
     ;;
 tests)
-    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
-        --nsa-report-commit "${2:?tests needs the commit to name the report after}" \
-        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+    decode_gpu_tests "${2:-}"
     ;;
 *)
     echo "unknown step $step" >&2
