@@ -126,6 +126,8 @@ def unequal_lengths(S: int, B: int) -> List[int]:
 
 
 def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph (after three warm-up calls on a side stream); the
+    captured call's result stays on the graph as ``graph.output``, rewritten by each replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -134,7 +136,7 @@ def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        graph.output = fn()
     return graph
 
 

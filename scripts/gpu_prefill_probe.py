@@ -37,6 +37,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 19. **Descriptors** (``kv_desc``): the selected forward's and dQ's blocks by bulk copies or plain loads.
 20. **dQ from dS** (``dq_ds``): the selected dQ from the dK/dV kernel's ``dS`` against recomputing its
     softmax, by warps and loads, each kernel alone and in the whole forward+backward.
+21. **The window beside the compressed pass** (``win_beside``), on a second stream.
+22. **The window beside the selected forward** (``win_slc_pipe``): both by query chunks, the
+    window's on a second stream, each chunk's selected launch waiting for its own window launch.
 """
 
 from __future__ import annotations
@@ -1059,6 +1062,56 @@ def window_beside_compressed(T: int, config: NSAConfig) -> None:
             print(f"T={T} forward, {label}: {bench(fn):.3f} ms (bitwise equal to nsa_attention: {same})", flush=True)
 
 
+def window_selected_pipelined(T: int, config: NSAConfig) -> None:
+    """The window kernel (with the forced blocks) and the selected kernel that starts from its
+    forced-block result, by query chunks: chunk ``c``'s selected launch waits only for chunk ``c``'s
+    window launch. On one stream, and with the window's chunks on a second stream, so that the
+    selected kernel (bound by L2) can run beside the next chunk's window (latency-bound: 41-50 %
+    of SM and L2 peak at 8k, session 23). Outputs against the whole launches (bitwise), two
+    rounds in turn; the compressed pass runs once, before."""
+    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.selected.kernel import selected_fwd_summed
+    from nsa.ops.window.kernel import window_fwd_forced
+
+    q, k, v, gates = inputs(T, T + 7)
+    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, scale, 0)
+    idx = idx.contiguous()
+    side = torch.cuda.Stream()
+
+    def chunked(chunks: int, streams: int) -> List[torch.Tensor]:
+        bounds = [(T * c // chunks, T * (c + 1) // chunks) for c in range(chunks)]
+        main, outs, wins = torch.cuda.current_stream(), [], []
+        if streams == 2:
+            side.wait_stream(main)
+        for t0, t1 in bounds:
+            with torch.cuda.stream(side if streams == 2 else main):
+                wins.append(window_fwd_forced(q[:, t0:t1], k, v, config, scale, t0))
+                done = torch.cuda.Event()
+                done.record()
+            if streams == 2:
+                main.wait_event(done)
+                for x in wins[-1]:
+                    x.record_stream(main)
+            o_win, _, o_frc, lse_frc = wins[-1]
+            outs.append(selected_fwd_summed(q[:, t0:t1], k, v, idx[:, t0:t1], config.sel_block, scale, t0,
+                                            gates[:, t0:t1], o_cmp[:, t0:t1], o_win, forced=forced,
+                                            start=(o_frc, lse_frc), keep=False)[0])
+        return outs
+
+    want = torch.cat(chunked(1, 1), 1)
+    cases = [("whole launches, one stream", lambda: chunked(1, 1))]
+    for chunks in (2, 4, 8, 16):
+        if T // chunks >= 512:
+            cases += [(f"{chunks} chunks, one stream", lambda c=chunks: chunked(c, 1)),
+                      (f"{chunks} chunks, window on a second stream", lambda c=chunks: chunked(c, 2))]
+    for _round in range(2):
+        for label, fn in cases:
+            same = torch.equal(torch.cat(fn(), 1), want)
+            print(f"T={T} window + selected forward, {label}: {bench(fn):.3f} ms (bitwise equal: {same})", flush=True)
+
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
@@ -1067,7 +1120,7 @@ SECTIONS = {
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,
-    "win_beside": window_beside_compressed,
+    "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
 }
 
 

@@ -1,0 +1,25 @@
+#!/bin/bash
+# The GPU calls of session 24 (docs/perf/decode.md, "Session 24"):
+#
+#   bash scripts/gpu_session24.sh layers   # one layer's decode step inside a graph of 8 layers
+#                                          # (each its own caches, each query the last output),
+#                                          # NSA and dense SDPA, 8k and 64k, batch 1 and 16
+#   bash scripts/gpu_session24.sh pipe     # the window and selected forwards by query chunks,
+#                                          # the window's on a second stream (8k, 16k, 64k)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
+layers)
+    timeout 500 python scripts/gpu_decode_layers.py 2>&1 | tee "$OUT/decode_layers.md"
+    ;;
+pipe)
+    python scripts/gpu_prefill_probe.py --only win_slc_pipe --lengths 8192 16384 65536 2>&1 | tee "$OUT/win_slc_pipe.txt"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
