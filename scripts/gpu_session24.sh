@@ -6,10 +6,15 @@
 #                                          # NSA and dense SDPA, 8k and 64k, batch 1 and 16
 #   bash scripts/gpu_session24.sh pipe     # the window and selected forwards by query chunks,
 #                                          # the window's on a second stream (8k, 16k, 64k)
+#   bash scripts/gpu_session24.sh prefetch # decode: the score programs prefetch their tiles'
+#                                          # best blocks into L2: the GPU test, then correctness
+#                                          # and graph timings by count (8k, 64k; batch 1, 16).
+#                                          # Dropped: run it on a tree with
+#                                          # docs/perf/attempts/decode_l2_prefetch_best_blocks.patch
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session24.sh layers|pipe}"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 layers)
@@ -17,6 +22,12 @@ layers)
     ;;
 pipe)
     python scripts/gpu_prefill_probe.py --only win_slc_pipe --lengths 8192 16384 65536 2>&1 | tee "$OUT/win_slc_pipe.txt"
+    ;;
+prefetch)
+    python -m pytest -q -p no:cacheprovider tests/ops/test_decode_kernel.py -k "prefetch" --gpu-profile auto 2>&1 | tail -4 \
+        | tee "$OUT/prefetch_tests.txt"
+    python scripts/gpu_decode.py --contexts 8192 65536 --variants 8192 65536 --check-variants \
+        --out "$OUT/decode_prefetch.md" 2>&1 | tail -60
     ;;
 *)
     echo "unknown step $step" >&2
