@@ -89,7 +89,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--reps", type=int, default=300)
     args = parser.parse_args()
-    assert args.layers >= 2, "--layers must be at least 2 (the marginal cost needs two sizes)"
+    if args.layers < 2:
+        parser.error(f"--layers must be at least 2 (the marginal cost needs two stack sizes), got {args.layers}")
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     print(f"# One layer's decode step inside a graph of {args.layers} layers\n")
