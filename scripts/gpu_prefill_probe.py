@@ -795,16 +795,14 @@ def gated_bits(T: int, config: NSAConfig) -> None:
 #: 18.69 and 19.24 at 64k. Hence SHORT_TILES for calls whose walks are all short.
 #: The top-n inside the compressed program (``attempts/prefill_topn_in_compressed_fwd.patch``) took
 #: 0.585 / 1.807 / 5.590 / 20.16 ms at 8k / 16k / 32k / 64k against 0.476 / 1.420 / 4.807 / 18.34.
-CMP_FWD_SWEEP = (("default tiles", {}),
-                 # session 23: 8 query positions a program (128 rows, two warp groups) read each key
-                 # tile once for twice the rows; at 64k the compressed forward's long walks run at
-                 # 71-77 % of the L2's peak (Nsight Compute), re-reading the compressed keys per tile
-                 ("128 rows, 8 warps, 64-token tiles, 3 stages", dict(rows=128, num_warps=8, block_n=64, num_stages=3)),
-                 ("128 rows, 8 warps, 64-token tiles, 2 stages", dict(rows=128, num_warps=8, block_n=64, num_stages=2)),
-                 ("128 rows, 8 warps, 32-token tiles, 3 stages", dict(rows=128, num_warps=8, block_n=32, num_stages=3)),
-                 ("128 rows, 8 warps, 64-token tiles, 16 blocks a step, 2 stages",
-                  dict(rows=128, num_warps=8, block_n=64, blocks_per_step=16, num_stages=2)),
-                 ("64 rows, wide tiles (64 / 32 / 3)", dict(block_n=64, blocks_per_step=32, num_stages=3)))
+#: Session 23 (``raw/session23_cmp_fwd_rows_h100.txt``): 8 query positions a program (128 rows, two
+#: warp groups, reading each key tile once for twice the rows) in four launches (64- or 32-token
+#: tiles, 2 or 3 stages, 16 blocks a step) and session 19's wide 64-row tiles: none faster.
+#: Now (session 24): the score buffer, hence the query chunks (256 MB, the default: 8 chunks at 64k).
+#: Session 20 found fewer chunks slower (1 and 2 GiB); smaller buffers are also more launches, but
+#: a chunk's masses then stay in L2 for its top-n.
+CMP_FWD_SWEEP = (("default (256 MB score buffer)", {}),) + tuple(
+    (f"{mb} MB score buffer", dict(score_buffer_bytes=mb * 2**20)) for mb in (128, 64, 32, 16))
 
 
 def cmp_fwd_variants(T: int, config: NSAConfig) -> None:

@@ -11,10 +11,12 @@
 #                                          # and graph timings by count (8k, 64k; batch 1, 16).
 #                                          # Dropped: run it on a tree with
 #                                          # docs/perf/attempts/decode_l2_prefetch_best_blocks.patch
+#   bash scripts/gpu_session24.sh scorebuf # the compressed forward with selection by score buffer
+#                                          # size, hence query chunks (16k, 32k, 64k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch}"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 layers)
@@ -28,6 +30,9 @@ prefetch)
         | tee "$OUT/prefetch_tests.txt"
     python scripts/gpu_decode.py --contexts 8192 65536 --variants 8192 65536 --check-variants \
         --out "$OUT/decode_prefetch.md" 2>&1 | tail -60
+    ;;
+scorebuf)
+    python scripts/gpu_prefill_probe.py --only cmp_fwd --lengths 16384 32768 65536 2>&1 | tee "$OUT/cmp_fwd_score_buffer.txt"
     ;;
 *)
     echo "unknown step $step" >&2
