@@ -13,13 +13,13 @@
 #                                          # docs/perf/attempts/decode_l2_prefetch_best_blocks.patch
 #   bash scripts/gpu_session24.sh scorebuf # the compressed forward with selection by score buffer
 #                                          # size, hence query chunks (16k, 32k, 64k)
-#   bash scripts/gpu_session24.sh h200     # on an H200 only (exits 3 elsewhere): the decode and
-#                                          # prefill tables (nsa-bench, 8k-64k), the batch-1 floors
-#                                          # at 64k and the 8-layer graph
+#   bash scripts/gpu_session24.sh h200     # on an H200 only (exits 3 elsewhere): the decode table
+#                                          # (nsa-bench), the batch-1 floors at 64k, the 8-layer graph
+#   bash scripts/gpu_session24.sh h200p    # on an H200 only: the prefill table (nsa-bench, 8k-64k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200}"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 layers)
@@ -43,6 +43,9 @@ h200)
         --plot "$OUT/decode_h200.png" 2>&1 | tail -14
     timeout 150 python scripts/gpu_decode_floor.py --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -20
     timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
+    ;;
+h200p)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
     python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" 2>&1 | tail -8
     ;;
 *)
