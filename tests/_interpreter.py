@@ -2,10 +2,10 @@
 
 Under ``TRITON_INTERPRET=1`` a launch patches ``triton.language`` so that its builtins run on
 NumPy, runs every program, then restores it. Each call of a ``@triton.jit`` helper inside the
-launch patches again (``_patch_lang``), walking the modules' members with ``inspect``: about a
-third of the interpreter's time in this suite's kernel tests (Triton 3.9; 210 s against 134 s
-for the whole-op and decode-override tests), for nothing, since the launch's patches are still in
-place. :func:`install` makes a helper's call skip that walk when every language module its
+launch patches again (``_patch_lang``), walking the modules' members with ``inspect``, for
+nothing, since the launch's patches are still in place. With Triton 3.9 that walk was about 40 %
+of the whole suite's time on 2 cores (6m55s with :func:`install`, 11m30s without; the whole-op
+and decode-override kernel tests alone 134 s against 210 s). :func:`install` makes a helper's call skip that walk when every language module its
 function sees (``triton.language``, ``triton.language.core``) was already patched during the
 current launch; a helper that sees one not yet patched (``triton.language.standard`` calls
 ``core`` directly) patches as before. Nothing else changes, and the launch still restores what it
