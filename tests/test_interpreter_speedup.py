@@ -4,15 +4,14 @@ once per launch, and a launch still restores it."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
-needs_interpreter = pytest.mark.skipif(not INTERPRETING, reason="checks Triton's CPU interpreter (TRITON_INTERPRET=1)")
+from nsa.routing import triton_interpreter_on
+
+needs_interpreter = pytest.mark.skipif(not triton_interpreter_on(), reason="checks Triton's CPU interpreter (TRITON_INTERPRET=1)")
 
 
 @triton.jit
