@@ -5,11 +5,12 @@ NumPy, runs every program, then restores it. Each call of a ``@triton.jit`` help
 launch patches again (``_patch_lang``), walking the modules' members with ``inspect``, for
 nothing, since the launch's patches are still in place. With Triton 3.9 that walk was about 40 %
 of the whole suite's time on 2 cores (6m55s with :func:`install`, 11m30s without; the whole-op
-and decode-override kernel tests alone 134 s against 210 s). :func:`install` makes a helper's call skip that walk when every language module its
-function sees (``triton.language``, ``triton.language.core``) was already patched during the
-current launch; a helper that sees one not yet patched (``triton.language.standard`` calls
-``core`` directly) patches as before. Nothing else changes, and the launch still restores what it
-patched.
+and decode-override kernel tests alone 134 s against 210 s).
+
+:func:`install` makes a helper's call skip that walk when every language module its function
+sees (``triton.language``, ``triton.language.core``) was already patched during the current
+launch; a helper that sees one not yet patched (``triton.language.standard`` calls ``core``
+directly) patches as before. Nothing else changes, and the launch still restores what it patched.
 
 It touches private names of ``triton.runtime.interpreter``; where they are missing or shaped
 otherwise, :func:`install` leaves the interpreter alone and the tests run as before, only slower.
