@@ -16,13 +16,14 @@
 #   bash scripts/gpu_session24.sh h200     # on an H200 only (exits 3 elsewhere): the decode table
 #                                          # (nsa-bench), the batch-1 floors at 64k, the 8-layer graph
 #   bash scripts/gpu_session24.sh h200p    # on an H200 only: the prefill table (nsa-bench, 8k-64k)
+#   bash scripts/gpu_session24.sh table    # the H100 prefill table again (nsa-bench, 8k-64k)
 #   bash scripts/gpu_session24.sh tests REV # the interpreter speed-up's tests (on a GPU: installed,
 #                                          # the interpreter ones skip), then the decode GPU tests,
 #                                          # the report named after REV
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p|tests [REV]}"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p|table|tests [REV]}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 layers)
@@ -50,6 +51,9 @@ h200)
 h200p)
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
     python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" 2>&1 | tail -8
+    ;;
+table)
+    python -m nsa.bench prefill --profile h100 --budget 4 --csv "$OUT/prefill_h100.csv" --plot "$OUT/prefill_h100.png" 2>&1 | tail -8
     ;;
 tests)
     python -m pytest -q -p no:cacheprovider tests/test_interpreter_speedup.py --gpu-profile auto 2>&1 | tail -4
