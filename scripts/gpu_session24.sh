@@ -17,13 +17,16 @@
 #                                          # (nsa-bench), the batch-1 floors at 64k, the 8-layer graph
 #   bash scripts/gpu_session24.sh h200p    # on an H200 only: the prefill table (nsa-bench, 8k-64k)
 #   bash scripts/gpu_session24.sh table    # the H100 prefill table again (nsa-bench, 8k-64k)
+#   bash scripts/gpu_session24.sh ab REV   # the compressed dK/dV's split sum in one launch: the
+#                                          # compressed and whole-op GPU tests (report named after
+#                                          # REV), then the prefill A/B against ab_base (carried)
 #   bash scripts/gpu_session24.sh tests REV # the interpreter speed-up's tests (on a GPU: installed,
 #                                          # the interpreter ones skip), then the decode GPU tests,
 #                                          # the report named after REV
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p|table|tests [REV]}"
+step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p|table|ab REV|tests REV}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 layers)
@@ -54,6 +57,12 @@ h200p)
     ;;
 table)
     python -m nsa.bench prefill --profile h100 --budget 4 --csv "$OUT/prefill_h100.csv" --plot "$OUT/prefill_h100.png" 2>&1 | tail -8
+    ;;
+ab)
+    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?the commit to name the report after}" \
+        tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py 2>&1 | tail -4
+    PYTHON=python bash scripts/gpu_ab_prefill.sh ab_base 8192,65536 2 2>&1 | tee "$OUT/ab_sum_splits.txt" | grep -v "^baseline"
     ;;
 tests)
     python -m pytest -q -p no:cacheprovider tests/test_interpreter_speedup.py --gpu-profile auto 2>&1 | tail -4
