@@ -19,7 +19,9 @@
 #   bash scripts/gpu_session24.sh table    # the H100 prefill table again (nsa-bench, 8k-64k)
 #   bash scripts/gpu_session24.sh ab REV   # the compressed dK/dV's split sum in one launch: the
 #                                          # compressed and whole-op GPU tests (report named after
-#                                          # REV), then the prefill A/B against ab_base (carried)
+#                                          # REV; they ran past their 300 s), then the prefill A/B
+#                                          # against ab_base (carried). Dropped: run it on a tree with
+#                                          # docs/perf/attempts/prefill_compressed_dkdv_split_sum_kernel.patch
 #   bash scripts/gpu_session24.sh tests REV # the interpreter speed-up's tests (on a GPU: installed,
 #                                          # the interpreter ones skip), then the decode GPU tests,
 #                                          # the report named after REV
