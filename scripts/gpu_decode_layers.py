@@ -39,32 +39,31 @@ from gpu_decode import dense_inputs, graph_of, make_inputs, run_nsa  # noqa: E40
 from gpu_flush_probe import median_us  # noqa: E402
 
 
-def nsa_stack(B: int, S: int, layers: int) -> Callable[[int], torch.Tensor]:
-    """``run(n)``: the first ``n`` NSA layers, each query the output of the layer before."""
-    caches: List[Dict[str, torch.Tensor]] = [make_inputs(B, S) for _ in range(layers)]
-    q0 = caches[0]["q"]
+def stack(layer: Callable[[torch.Tensor, object], torch.Tensor], caches: List[object],
+          q0: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    """``run(n)``: the first ``n`` layers, ``layer(query, cache)`` each, each query the output of
+    the layer before (the first ``q0``)."""
 
     def run(n: int) -> torch.Tensor:
         x = q0
-        for t in caches[:n]:
-            x, _ = run_nsa(dict(t, q=x))
+        for cache in caches[:n]:
+            x = layer(x, cache)
         return x
 
     return run
+
+
+def nsa_stack(B: int, S: int, layers: int) -> Callable[[int], torch.Tensor]:
+    """NSA layers (``nsa_decode`` over each layer's own caches), chained by :func:`stack`."""
+    caches: List[Dict[str, torch.Tensor]] = [make_inputs(B, S) for _ in range(layers)]
+    return stack(lambda x, t: run_nsa(dict(t, q=x))[0], caches, caches[0]["q"])
 
 
 def dense_stack(B: int, S: int, layers: int) -> Callable[[int], torch.Tensor]:
-    """``run(n)``: the first ``n`` dense layers (SDPA over each layer's whole cache), chained alike."""
+    """Dense layers (SDPA over each layer's whole cache), chained by :func:`stack`."""
     caches = [dense_inputs(B, S) for _ in range(layers)]
-    q0 = caches[0][0]
-
-    def run(n: int) -> torch.Tensor:
-        x = q0
-        for _, K, V in caches[:n]:
-            x = F.scaled_dot_product_attention(x, K, V, enable_gqa=True)
-        return x
-
-    return run
+    sdpa = lambda x, kv: F.scaled_dot_product_attention(x, kv[1], kv[2], enable_gqa=True)  # noqa: E731
+    return stack(sdpa, caches, caches[0][0])
 
 
 def measure(run: Callable[[int], torch.Tensor], layers: int, buf: torch.Tensor, reps: int) -> Dict[str, float]:

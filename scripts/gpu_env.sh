@@ -7,9 +7,17 @@ export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONU
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
 
-# The decode GPU tests (kernels, graph, cache, module) on 3 workers, the report named after $1.
-decode_gpu_tests() {
+# GPU tests on 3 workers with a validation report in $OUT: gpu_tests REV FILE... (report named
+# after REV; at most 300 s, the tail of the output shown).
+gpu_tests() {
+    local rev="${1:?gpu_tests needs the commit to name the report after}"
+    shift
     timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
-        --nsa-report-commit "${1:?the decode tests need the commit to name the report after}" \
-        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py 2>&1 | tail -8
+        --nsa-report-commit "$rev" "$@" 2>&1 | tail -8
+}
+
+# The decode GPU tests (kernels, graph, cache, module), the report named after $1.
+decode_gpu_tests() {
+    gpu_tests "${1:?the decode tests need the commit to name the report after}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py
 }

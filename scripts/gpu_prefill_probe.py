@@ -1012,6 +1012,27 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     _whole_op_with_buffer(T, config, "NSA_COMPRESSED_DQ_FROM_DS_MIB", "compressed dS buffer")
 
 
+def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
+                           t1: Optional[int] = None) -> torch.Tensor:
+    """The selected forward with the branches' gated sum, as the inference path runs it, over
+    queries ``t0 .. t1``: it starts from ``win``, the window launch's ``(o, lse, o_frc, lse_frc)``
+    of those queries (``window_fwd_forced``)."""
+    from nsa.ops.selected.kernel import selected_fwd_summed
+
+    rows = slice(t0, t1)
+    o_win, _, o_frc, lse_frc = win
+    return selected_fwd_summed(q[:, rows], k, v, idx[:, rows].contiguous(), config.sel_block, config.softmax_scale(D),
+                               t0, gates[:, rows], o_cmp[:, rows], o_win,
+                               forced=(config.init_blocks, config.local_blocks), start=(o_frc, lse_frc),
+                               keep=False)[0]
+
+
+def _hand_over(tensors, stream: torch.cuda.Stream) -> None:
+    """Tensors made on a side stream, now used on ``stream`` (which already waits for them)."""
+    for t in tensors:
+        t.record_stream(stream)
+
+
 def window_beside_compressed(T: int, config: NSAConfig) -> None:
     """The inference forward (``nsa_attention`` without a gradient) with its window kernel, which
     also computes the selected branch's forced blocks and needs nothing from the compressed
@@ -1020,11 +1041,10 @@ def window_beside_compressed(T: int, config: NSAConfig) -> None:
     The window launched before or after the compressed pass; each result against the library's
     (bitwise), two rounds in turn."""
     from nsa.ops.compressed.kernel import compressed_attention_select
-    from nsa.ops.selected.kernel import selected_fwd_summed
     from nsa.ops.window.kernel import window_fwd_forced
 
     q, k, v, gates = inputs(T, T + 5)
-    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    scale = config.softmax_scale(D)
     side = torch.cuda.Stream()
 
     def step(window_at: str) -> torch.Tensor:
@@ -1041,13 +1061,10 @@ def window_beside_compressed(T: int, config: NSAConfig) -> None:
         k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
         o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, scale, 0)
         win = win or window()
-        o_win, _, o_frc, lse_frc = win
         if window_at != "serial":
             main.wait_stream(side)
-            for t in (o_win, o_frc, lse_frc):
-                t.record_stream(main)
-        return selected_fwd_summed(q, k, v, idx.contiguous(), config.sel_block, scale, 0, gates, o_cmp, o_win,
-                                   forced=forced, start=(o_frc, lse_frc), keep=False)[0]
+            _hand_over(win, main)
+        return _selected_after_window(q, k, v, gates, idx, o_cmp, win, config)
 
     library = lambda: nsa_attention(q, k, v, gates, config, backend="triton")  # noqa: E731
     want = library()
@@ -1068,11 +1085,10 @@ def window_selected_pipelined(T: int, config: NSAConfig) -> None:
     of SM and L2 peak at 8k, session 23). Outputs against the whole launches (bitwise), two
     rounds in turn; the compressed pass runs once, before."""
     from nsa.ops.compressed.kernel import compressed_attention_select
-    from nsa.ops.selected.kernel import selected_fwd_summed
     from nsa.ops.window.kernel import window_fwd_forced
 
     q, k, v, gates = inputs(T, T + 7)
-    scale, forced = config.softmax_scale(D), (config.init_blocks, config.local_blocks)
+    scale = config.softmax_scale(D)
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, scale, 0)
     idx = idx.contiguous()
@@ -1090,12 +1106,8 @@ def window_selected_pipelined(T: int, config: NSAConfig) -> None:
                 done.record()
             if streams == 2:
                 main.wait_event(done)
-                for x in wins[-1]:
-                    x.record_stream(main)
-            o_win, _, o_frc, lse_frc = wins[-1]
-            outs.append(selected_fwd_summed(q[:, t0:t1], k, v, idx[:, t0:t1], config.sel_block, scale, t0,
-                                            gates[:, t0:t1], o_cmp[:, t0:t1], o_win, forced=forced,
-                                            start=(o_frc, lse_frc), keep=False)[0])
+                _hand_over(wins[-1], main)
+            outs.append(_selected_after_window(q, k, v, gates, idx, o_cmp, wins[-1], config, t0, t1))
         return outs
 
     want = torch.cat(chunked(1, 1), 1)

@@ -61,9 +61,8 @@ table)
     python -m nsa.bench prefill --profile h100 --budget 4 --csv "$OUT/prefill_h100.csv" --plot "$OUT/prefill_h100.png" 2>&1 | tail -8
     ;;
 ab)
-    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
-        --nsa-report-commit "${2:?the commit to name the report after}" \
-        tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py 2>&1 | tail -4
+    gpu_tests "${2:?the commit to name the report after}" tests/ops/test_compressed_kernel.py \
+        tests/ops/test_nsa_attention_kernel.py
     PYTHON=python bash scripts/gpu_ab_prefill.sh ab_base 8192,65536 2 2>&1 | tee "$OUT/ab_sum_splits.txt" | grep -v "^baseline"
     ;;
 tests)
