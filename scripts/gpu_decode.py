@@ -46,13 +46,15 @@ DEVICE = "cuda"
 # and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
 # compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
-# Now (session 23): which of the score, selected and combine launches start early at batch 1
-# (programmatic dependent launch per launch; the default starts all three early). Session 21's
-# lists (the top-n rounds, score tiles, selected blocks a program, warps, compressed splits) are
+# Session 23's list (which of the score, selected and combine launches start early at batch 1:
+# programmatic dependent launch per launch) is in docs/perf/raw/session23_decode_pdl_per_launch_h100.md;
+# session 21's lists (the top-n rounds, score tiles, selected blocks a program, warps, compressed splits) are
 # in docs/perf/raw/session21_decode_variants_h100.md and session21_decode_sweep_h100.md.
-_EARLY = [(False, True, True), (True, False, True), (True, True, False), (False, False, True), (True, False, False),
-          (False, True, False), (False, False, False)]
-VARIANTS = {True: ([{}] + [{"pdl": e} for e in _EARLY]) * 2, False: [{}]}
+# Session 25's list (score tiles of 32-256 blocks ranked by a bitonic top-k) is in
+# docs/perf/attempts/decode_score_tile_topk.patch, its output in docs/perf/raw/session25_decode_score_topk_h100.md.
+# Now (session 25): the score programs take each block's token before it from their own tile's
+# range in registers (tl.gather) instead of reading every one again (score_gather False).
+VARIANTS = {True: [{}, {"score_gather": False}] * 3, False: [{}, {"score_gather": False}]}
 CONTEXT_VARIANTS: Dict[Tuple[bool, int], List[dict]] = {}
 
 

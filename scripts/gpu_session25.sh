@@ -1,0 +1,59 @@
+#!/bin/bash
+# The GPU calls of session 25 (docs/perf/decode.md, "Session 25"):
+#
+#   bash scripts/gpu_session25.sh scoretopk # decode: each score tile's candidates by one bitonic
+#                                           # top-k (score_topk) against the all-pairs rank, tiles of
+#                                           # 32-256 blocks: the CPU-sized GPU tests, then correctness
+#                                           # and graph timings of every variant (8k, 64k; batch 1, 16).
+#                                           # Dropped: run it on a tree with
+#                                           # docs/perf/attempts/decode_score_tile_topk.patch
+#   bash scripts/gpu_session25.sh gather    # decode: the score programs take each block's token
+#                                           # before it from their tile's range (tl.gather) against
+#                                           # reading it again: correctness and graph timings in turn
+#                                           # (8k-64k; batch 1, 16), then the decode GPU tests
+#   bash scripts/gpu_session25.sh ncu       # where one batch-1 step at 64k spends its kernels' time:
+#                                           # Nsight Compute's warp states and stall sampling of the
+#                                           # four decode kernels (PDL off)
+#   bash scripts/gpu_session25.sh h200      # on an H200 only (exits 3 elsewhere): the decode table
+#                                           # (nsa-bench), the batch-1 floors at 64k, the 8-layer graph
+#   bash scripts/gpu_session25.sh h200p     # on an H200 only: the prefill table (nsa-bench, 8k-64k)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|ncu|h200|h200p}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
+scoretopk)
+    python -m pytest -q -p no:cacheprovider tests/ops/test_decode_kernel.py -k "score-topk" --gpu-profile auto 2>&1 | tail -3 \
+        | tee "$OUT/score_topk_tests.txt"
+    timeout 420 python scripts/gpu_decode.py --contexts 8192 65536 --variants 8192 65536 --check-variants \
+        --out "$OUT/decode_score_topk.md" 2>&1 | tail -70
+    ;;
+gather)
+    timeout 400 python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --check-contexts 8192 65536 \
+        --variants 8192 16384 32768 65536 --check-variants --out "$OUT/decode_score_gather.md" 2>&1 | grep -v "^- decode_" | tail -60
+    decode_gpu_tests "${2:?the commit to name the report after}"
+    ;;
+ncu)
+    timeout 300 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section SourceCounters --section LaunchStats -k regex:decode_ \
+        python scripts/ncu_decode.py --cases 1:65536 > "$OUT/ncu_decode_b1_64k.txt" 2> "$OUT/ncu_decode_b1_64k.err"
+    grep -E "decode_|Duration|Stall|stall|Warp Cycles|Issued|Elapsed|Memory Throughput|DRAM Through|Registers|Block Size|Grid Size" \
+        "$OUT/ncu_decode_b1_64k.txt" | head -120
+    ;;
+h200)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
+    python -m nsa.bench decode --profile h200 --batch 1,16 --graph --budget 4 --csv "$OUT/decode_h200.csv" \
+        --plot "$OUT/decode_h200.png" 2>&1 | tail -14
+    timeout 150 python scripts/gpu_decode_floor.py --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -20
+    timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
+    ;;
+h200p)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
+    python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" 2>&1 | tail -8
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
