@@ -52,9 +52,10 @@ DEVICE = "cuda"
 # in docs/perf/raw/session21_decode_variants_h100.md and session21_decode_sweep_h100.md.
 # Session 25's list (score tiles of 32-256 blocks ranked by a bitonic top-k) is in
 # docs/perf/attempts/decode_score_tile_topk.patch, its output in docs/perf/raw/session25_decode_score_topk_h100.md.
-# Now (session 25): the score programs take each block's token before it from their own tile's
-# range in registers (tl.gather) instead of reading every one again (score_gather False).
-VARIANTS = {True: [{}, {"score_gather": False}] * 3, False: [{}, {"score_gather": False}]}
+# Session 25 also timed the score programs taking each block's token before it from their own
+# tile's range (tl.gather): docs/perf/attempts/decode_score_gather_tile_tokens.patch, output in
+# docs/perf/raw/session25_decode_score_gather_h100.md. Each list is timed on a tree with its patch.
+VARIANTS: Dict[bool, List[dict]] = {True: [{}], False: [{}]}
 CONTEXT_VARIANTS: Dict[Tuple[bool, int], List[dict]] = {}
 
 

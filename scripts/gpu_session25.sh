@@ -11,6 +11,11 @@
 #                                           # before it from their tile's range (tl.gather) against
 #                                           # reading it again: correctness and graph timings in turn
 #                                           # (8k-64k; batch 1, 16), then the decode GPU tests
+#   bash scripts/gpu_session25.sh workers  # the GPU suite's time against its xdist workers: two files
+#                                           # whose tests compile many small kernels, on 3 and on 12
+#                                           # workers, each from an empty Triton cache
+#   bash scripts/gpu_session25.sh suite REV # the whole suite but the benchmarks on 12 workers, from an
+#                                           # empty Triton cache, the report named after REV
 #   bash scripts/gpu_session25.sh ncu       # where one batch-1 step at 64k spends its kernels' time:
 #                                           # Nsight Compute's warp states and stall sampling of the
 #                                           # four decode kernels (PDL off)
@@ -20,7 +25,7 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|ncu|h200|h200p}"
+step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|workers|suite REV|ncu|h200|h200p}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 scoretopk)
@@ -33,6 +38,24 @@ gather)
     timeout 400 python scripts/gpu_decode.py --contexts 8192 16384 32768 65536 --check-contexts 8192 65536 \
         --variants 8192 16384 32768 65536 --check-variants --out "$OUT/decode_score_gather.md" 2>&1 | grep -v "^- decode_" | tail -60
     decode_gpu_tests "${2:?the commit to name the report after}"
+    ;;
+workers)
+    for n in 3 12; do
+        export TRITON_CACHE_DIR="/tmp/triton_cache_n$n"
+        rm -rf "$TRITON_CACHE_DIR"
+        start=$(date +%s)
+        python -m pytest -q -p no:cacheprovider -n "$n" --dist worksteal -m "not benchmark" --gpu-profile auto \
+            tests/ops/test_window_kernel.py tests/test_identities.py 2>&1 | tail -1
+        echo "workers $n: $(( $(date +%s) - start )) s" | tee -a "$OUT/workers.txt"
+    done
+    ;;
+suite)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_suite
+    rm -rf "$TRITON_CACHE_DIR"
+    start=$(date +%s)
+    timeout 560 python -m pytest -q -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+        --nsa-report-commit "${2:?suite needs the commit to name the report after}" 2>&1 | tail -8
+    echo "suite on 12 workers: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
     ;;
 ncu)
     timeout 300 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \

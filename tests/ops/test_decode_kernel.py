@@ -141,9 +141,6 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (3, 1, 2), None, None, {"score_contig": True, "score_blocks": 2}, id="score-contiguous"),
         pytest.param(SPAN3, (2, 1, 2), 8, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-span3"),
         pytest.param(TINY, (2, 1, 1), None, 16, {"score_contig": True, "score_blocks": 4}, id="score-contiguous-many-tiles"),
-        # the token before each block read again for every block instead of taken from the tile
-        pytest.param(SPAN3, (2, 1, 2), 8, 16, {"score_blocks": 4, "score_gather": False}, id="score-contiguous-reread-span3"),
-        pytest.param(SMALL, (3, 1, 2), None, None, {"score_blocks": 2, "score_gather": False}, id="score-contiguous-reread"),
         # the compressed pass leaves block masses by default where the geometry allows; the
         # logits it leaves otherwise, on a geometry that allows masses; tiles of one block,
         # where every block takes the previous tile's tail; masses through descriptors

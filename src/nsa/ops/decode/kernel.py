@@ -481,8 +481,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
                 H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
                 BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr,
-                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
-                GATHER: tl.constexpr = True):
+                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr):
     """Keys ``[BJ]`` of blocks ``o_j = [j0, j0 + BJ)`` (-1 past the query's own block) from
     their group scores: each head's log-sum-exp over the compressed splits turns its
     logits into probabilities, summed over the group and mapped onto selection blocks
@@ -550,19 +549,8 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
         for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
             o_i = o_j * R - u
             m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
-            # the tile's range already holds token j*R - u but for its first blocks: those are
-            # taken from it in registers, and only the others are read (a strided read of every
-            # block's token was half the launch's sectors: Nsight Compute, batch 1 at 64k)
-            if GATHER:
-                o_in = o_i - j0 * R
-                b_pg = tl.gather(b_pc, tl.maximum(o_in, 0), 0)
-                m_out = m_i & (o_in < 0)
-                b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_out[None, :],
-                              other=float("-inf"))  # fmt: skip
-                b_pg = tl.where(o_in < 0, tl.sum(tl.exp2(b_s - b_lse[:, None]), 0), b_pg)
-            else:
-                b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-                b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
+            b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
             b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
             b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
     else:
@@ -588,7 +576,6 @@ def decode_score_kernel(
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
-    GATHER: tl.constexpr = True,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
     program writes only its tile's ``N`` best keys (the candidates), in ascending block
@@ -605,7 +592,7 @@ def decode_score_kernel(
     if j0 <= pos // SEL_BLOCK:
         o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,
                                  H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP,
-                                 MASS, CMP_TILE, GATHER)  # fmt: skip
+                                 MASS, CMP_TILE)  # fmt: skip
         # -- this tile's candidates: keys with fewer than N larger keys in the tile --
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
         b_cand = (b_rank < N) & (b_key >= 0)
@@ -960,7 +947,6 @@ def decode_fwd(
     score_mass: Optional[bool] = None,
     score_warps: Optional[int] = None,
     topn_bitonic: bool = True,
-    score_gather: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -1125,7 +1111,7 @@ def decode_fwd(
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=next_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
-        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, GATHER=score_gather,
+        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
     )  # fmt: skip
     tj = block_tile or min(1024, next_pow2(n_cand))
