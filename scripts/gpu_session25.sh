@@ -16,6 +16,9 @@
 #                                           # workers, each from an empty Triton cache
 #   bash scripts/gpu_session25.sh suite REV # the whole suite but the benchmarks on 12 workers, from an
 #                                           # empty Triton cache, the report named after REV
+#   bash scripts/gpu_session25.sh dtypes   # the kernels each op compiles for bfloat16 and float32 inputs
+#                                           # (head dims 128 and 192/128), compile and call times,
+#                                           # registers and spills, from an empty Triton cache
 #   bash scripts/gpu_session25.sh ncu       # where one batch-1 step at 64k spends its kernels' time:
 #                                           # Nsight Compute's warp states and stall sampling of the
 #                                           # four decode kernels (PDL off)
@@ -25,7 +28,7 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|workers|suite REV|ncu|h200|h200p}"
+step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|workers|suite REV|dtypes|ncu|h200|h200p}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 scoretopk)
@@ -56,6 +59,11 @@ suite)
     timeout 560 python -m pytest -q -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
         --nsa-report-commit "${2:?suite needs the commit to name the report after}" 2>&1 | tail -8
     echo "suite on 12 workers: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    ;;
+dtypes)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_dtypes
+    rm -rf "$TRITON_CACHE_DIR"
+    timeout 560 python scripts/gpu_kernels_by_dtype.py --dtypes bfloat16 float32 2>&1 | tee "$OUT/kernels_by_dtype.md"
     ;;
 ncu)
     timeout 300 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \

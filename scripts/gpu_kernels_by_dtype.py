@@ -1,0 +1,114 @@
+"""Which Triton kernels each op compiles for float32 against bfloat16 inputs, how long the
+compiles take, and what they compiled to (registers, spills, shared memory).
+
+Why: on the GPU the test suite's float32 cases took minutes a test (session 25: a Dk = 192
+compressed forward+backward 171 s), and the sm_90 compile of the compressed dK/dV kernel at
+float32, head dim 128, read off locally (``scripts/sass_loops.py``) held a 29 KB stack a thread.
+
+For each dtype and head dims, each op runs forward and backward on small random inputs (B = 1,
+T = 300, 16 query heads, 1 KV head, paper defaults but sel_count 4): the first call (compiles
+included) and the second are timed, and every kernel of the ``nsa.ops`` modules compiled so far
+is listed once. Output as markdown; run from an empty ``TRITON_CACHE_DIR`` for compile times.
+
+Usage: ``python scripts/gpu_kernels_by_dtype.py [--dtypes float32 bfloat16] [--dims 128:128 192:128]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from typing import Callable, Dict, List, Set, Tuple
+
+import torch
+import triton
+
+from nsa import NSAConfig, nsa_attention
+from nsa.ops import compressed_attention, mean_compress, selected_attention, select_blocks, sliding_window_attention
+
+CONFIG = NSAConfig(sel_count=4)
+MODULES = ["nsa.ops.compressed.kernel", "nsa.ops._triton.compressed_fwd", "nsa.ops._triton.block_topn",
+           "nsa.ops.selected.kernel", "nsa.ops.selected.inversion", "nsa.ops.window.kernel", "nsa.ops.gates.kernel",
+           "nsa.ops.compress.kernel"]
+
+
+def compiled_kernels() -> Dict[Tuple[str, int], str]:
+    """Every compiled variant of every Triton kernel of :data:`MODULES`: ``{(name, index): resources}``."""
+    out = {}
+    for mod_name in MODULES:
+        mod = importlib.import_module(mod_name)
+        for name, fn in vars(mod).items():
+            if not isinstance(fn, triton.runtime.jit.JITFunction):
+                continue
+            i = 0
+            for entry in fn.device_caches.values():
+                for compiled in entry[0].values():
+                    if hasattr(compiled, "_init_handles"):
+                        compiled._init_handles()
+                    meta = compiled.metadata
+                    out[(name, i)] = (f"warps {meta.num_warps}, stages {meta.num_stages}, regs {compiled.n_regs}, "
+                                      f"spills {compiled.n_spills}, shared {meta.shared} B")
+                    i += 1
+    return out
+
+
+def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda") -> List[Tuple[str, Callable[[], None]]]:
+    """``(name, forward+backward)`` of each op on fresh inputs."""
+    B, T, HQ, H = 1, 300, 16, 1
+    q = torch.randn(B, T, HQ, dk, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, T, H, dk, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, T, H, dv, device=dev, dtype=dtype, requires_grad=True)
+    gates = torch.rand(B, T, HQ, 3, device=dev, dtype=dtype, requires_grad=True)
+    k_cmp, v_cmp = (mean_compress(x.detach(), CONFIG).requires_grad_() for x in (k, v))
+    block_idx = select_blocks(q.detach(), k_cmp.detach(), CONFIG, backend="triton")
+
+    def backward(*outs):
+        torch.autograd.backward([o for o in outs if o.requires_grad],
+                                [torch.randn_like(o) for o in outs if o.requires_grad])
+
+    return [
+        ("compressed_attention", lambda: backward(*compressed_attention(q, k_cmp, v_cmp, CONFIG, backend="triton"))),
+        ("selected_attention", lambda: backward(selected_attention(q, k, v, block_idx, CONFIG, backend="triton"))),
+        ("sliding_window_attention", lambda: backward(sliding_window_attention(q, k, v, CONFIG, backend="triton"))),
+        ("nsa_attention", lambda: backward(nsa_attention(q, k, v, gates, CONFIG, backend="triton"))),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dims", nargs="+", default=["128:128", "192:128"], help="Dk:Dv pairs")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run through the interpreter")
+    args = parser.parse_args()
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}\n", flush=True)
+    print("| dtype | Dk:Dv | op | first call s | second call ms | kernels compiled by it |", flush=True)
+    print("|---|---|---|---:|---:|---|", flush=True)
+    seen: Set[Tuple[str, int]] = set(compiled_kernels())
+    details = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for dims in args.dims:
+            dk, dv = (int(x) for x in dims.split(":"))
+            for op_name, call in ops(dtype, dk, dv, args.device):
+                sync()
+                start = time.perf_counter()
+                call()
+                sync()
+                first = time.perf_counter() - start
+                start = time.perf_counter()
+                call()
+                sync()
+                second = time.perf_counter() - start
+                now = compiled_kernels()
+                new = {key: res for key, res in now.items() if key not in seen}
+                seen.update(new)
+                details += [f"- {dtype_name} {dims} {op_name}: {key[0]} ({res})" for key, res in new.items()]
+                print(f"| {dtype_name} | {dims} | {op_name} | {first:.1f} | {second * 1e3:.2f} | {len(new)} |", flush=True)
+    print("\nKernels compiled, by the op that first needed them:\n")
+    print("\n".join(details), flush=True)
+
+
+if __name__ == "__main__":
+    main()
