@@ -94,18 +94,21 @@ def main() -> None:
             for op_name, call in ops(dtype, dk, dv, args.device):
                 sync()
                 start = time.perf_counter()
-                call()
-                sync()
-                first = time.perf_counter() - start
-                start = time.perf_counter()
-                call()
-                sync()
-                second = time.perf_counter() - start
+                try:
+                    call()
+                    sync()
+                    first = f"{time.perf_counter() - start:.1f}"
+                    start = time.perf_counter()
+                    call()
+                    sync()
+                    second = f"{(time.perf_counter() - start) * 1e3:.2f}"
+                except Exception as err:  # noqa: BLE001 - a failing op is the finding, the others still run
+                    first, second = f"failed after {time.perf_counter() - start:.1f}", f"{type(err).__name__}: {str(err)[:90]}"
                 now = compiled_kernels()
                 new = {key: res for key, res in now.items() if key not in seen}
                 seen.update(new)
                 details += [f"- {dtype_name} {dims} {op_name}: {key[0]} ({res})" for key, res in new.items()]
-                print(f"| {dtype_name} | {dims} | {op_name} | {first:.1f} | {second * 1e3:.2f} | {len(new)} |", flush=True)
+                print(f"| {dtype_name} | {dims} | {op_name} | {first} | {second} | {len(new)} |", flush=True)
     print("\nKernels compiled, by the op that first needed them:\n")
     print("\n".join(details), flush=True)
 

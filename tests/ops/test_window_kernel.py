@@ -94,13 +94,28 @@ def test_window_gpu_backward_deterministic(nsa_device):
     assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, NSAConfig(), 0, "triton", do))
 
 
-def test_window_dkdv_tiles_by_head_width():
-    """dK/dV takes 128-key tiles for heads up to 128 wide (half the q/do re-reads of 64-key
-    tiles) and 64-key tiles beyond, whose accumulators fit; a caller's override wins."""
+def test_window_dkdv_tiles_by_head_width_and_dtype():
+    """dK/dV takes 128-key tiles in 3 stages for 16-bit heads up to 128 wide (half the q/do
+    re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
+    would not fit, and for float32, whose 128-key tiles need more shared memory than an H100 has;
+    a caller's override wins."""
     from nsa.ops.window import kernel
 
     assert kernel._bwd_cfg("dkdv", 16, 128, 128, None)["BN"] == 128
     assert kernel._bwd_cfg("dkdv", 16, 192, 128, None)["BN"] == 64
     assert kernel._bwd_cfg("dkdv", 16, 128, 256, None)["BN"] == 64
+    small = kernel._bwd_cfg("dkdv", 16, 128, 128, None, torch.float32)
+    assert (small["BN"], small["num_stages"]) == (64, 2)
+    assert kernel._bwd_cfg("dkdv", 16, 128, 128, None, torch.float16)["BN"] == 128
     assert kernel._bwd_cfg("dkdv", 16, 128, 128, {"dkdv": {"BN": 32}})["BN"] == 32
     assert kernel._bwd_cfg("dq", 16, 128, 128, None)["BN"] == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dk, dv", [(128, 128), (192, 128)])
+def test_window_float32_real_head_dims_on_gpu(dk, dv, nsa_device, nsa_tolerance):
+    """float32 inputs with the head dims of real models launch within the GPU's shared memory
+    (the 128-key dK/dV tiles needed 289 KiB at head dim 128, past an H100's 227) and match the
+    reference, forward and gradients."""
+    q, k, v = qkv(1, 150, 4, 1, dk, dv, torch.float32, nsa_device)
+    check_against_reference(q, k, v, NSAConfig(window=40), 0, nsa_tolerance)

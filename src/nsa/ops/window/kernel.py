@@ -53,6 +53,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_step,
     check_gate,
     dot_precision,
+    hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
@@ -557,13 +558,19 @@ def window_fwd_summed(
 #: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
 #: 16.5, 128-key tiles with 4 warps 20.4 ms.
 BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3)}
-#: dK/dV tiles for heads wider than 128, whose 128-key accumulators would not fit.
-WIDE_DKDV_TILES = dict(rows=64, BN=64, num_warps=4, num_stages=2)
+#: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
+#: 128, whose 128-key accumulators would not fit; float32 inputs, whose 128-key tiles in 3 stages
+#: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
+#: and GPUs with less shared memory than Hopper.
+SMALL_DKDV_TILES = dict(rows=64, BN=64, num_warps=4, num_stages=2)
 
 
-def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict]) -> dict:
-    wide = kind == "dkdv" and max(next_pow2(DK), next_pow2(DV)) > 128
-    cfg = dict(WIDE_DKDV_TILES if wide else BWD_TILES[kind])
+def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: torch.dtype = torch.bfloat16,
+             device: torch.device = torch.device("cpu")) -> dict:
+    """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
+    ``device``, the caller's ``tiles[kind]`` over the defaults."""
+    small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
+    cfg = dict(SMALL_DKDV_TILES if small else BWD_TILES[kind])
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
@@ -668,10 +675,10 @@ def window_bwd(
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dq", G, DK, DV, tiles), dq, gate,
-                       forced)
-    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, _bwd_cfg("dkdv", G, DK, DV, tiles),
-                             gate, forced, dkv)
+    dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset,
+                       _bwd_cfg("dq", G, DK, DV, tiles, q.dtype, q.device), dq, gate, forced)
+    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset,
+                             _bwd_cfg("dkdv", G, DK, DV, tiles, q.dtype, q.device), gate, forced, dkv)
     return dq, dk, dv
 
 
