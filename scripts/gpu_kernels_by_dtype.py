@@ -10,7 +10,8 @@ T = 300, 16 query heads, 1 KV head, paper defaults but sel_count 4): the first c
 included) and the second are timed, and every kernel of the ``nsa.ops`` modules compiled so far
 is listed once. Output as markdown; run from an empty ``TRITON_CACHE_DIR`` for compile times.
 
-Usage: ``python scripts/gpu_kernels_by_dtype.py [--dtypes float32 bfloat16] [--dims 128:128 192:128]``.
+Usage: ``python scripts/gpu_kernels_by_dtype.py [--dtypes float32 bfloat16] [--dims 128:128 192:128]
+[--ops nsa_attention ...]``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--dims", nargs="+", default=["128:128", "192:128"], help="Dk:Dv pairs")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run through the interpreter")
+    parser.add_argument("--ops", nargs="+", default=None, help="only these ops (default: all four)")
     args = parser.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
@@ -92,6 +94,8 @@ def main() -> None:
         for dims in args.dims:
             dk, dv = (int(x) for x in dims.split(":"))
             for op_name, call in ops(dtype, dk, dv, args.device):
+                if args.ops and op_name not in args.ops:
+                    continue
                 sync()
                 start = time.perf_counter()
                 try:

@@ -64,11 +64,11 @@ dtypes)
     export TRITON_CACHE_DIR=/tmp/triton_cache_dtypes
     rm -rf "$TRITON_CACHE_DIR"
     # TESTS: GPU tests to run first; DTYPES, DIMS: the dtypes and Dk:Dv pairs (default: bfloat16
-    # and float32; 128:128 and 192:128); LIMIT: seconds for the listing (default 560)
+    # and float32; 128:128 and 192:128); OPS: only these ops; LIMIT: seconds for the listing (default 560)
     # shellcheck disable=SC2086  # lists
-    [ -n "${TESTS:-}" ] && python -m pytest -q -p no:cacheprovider --gpu-profile auto $TESTS 2>&1 | tail -4
+    [ -n "${TESTS:-}" ] && python -m pytest -q -p no:cacheprovider --durations=3 --gpu-profile auto $TESTS 2>&1 | tail -8
     timeout "${LIMIT:-560}" python scripts/gpu_kernels_by_dtype.py --dtypes ${DTYPES:-bfloat16 float32} \
-        --dims ${DIMS:-128:128 192:128} 2>&1 | tee "$OUT/kernels_by_dtype.md"
+        --dims ${DIMS:-128:128 192:128} ${OPS:+--ops $OPS} 2>&1 | tee "$OUT/kernels_by_dtype.md"
     ;;
 ncu)
     timeout 300 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \

@@ -112,10 +112,10 @@ def test_window_dkdv_tiles_by_head_width_and_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dk, dv", [(128, 128), (192, 128)])
-def test_window_float32_real_head_dims_on_gpu(dk, dv, nsa_device, nsa_tolerance):
-    """float32 inputs with the head dims of real models launch within the GPU's shared memory
-    (the 128-key dK/dV tiles needed 289 KiB at head dim 128, past an H100's 227) and match the
-    reference, forward and gradients."""
-    q, k, v = qkv(1, 150, 4, 1, dk, dv, torch.float32, nsa_device)
+def test_window_float32_head_dim_128_on_gpu(nsa_device, nsa_tolerance):
+    """float32 inputs at head dim 128 launch within the GPU's shared memory (the 128-key dK/dV
+    tiles needed 289 KiB, past an H100's 227) and match the reference, forward and gradients.
+    (Head dims 192/128 passed too on an H100 in session 25, but their float32 kernels take minutes
+    to compile, so the suite leaves them out.)"""
+    q, k, v = qkv(1, 150, 4, 1, 128, 128, torch.float32, nsa_device)
     check_against_reference(q, k, v, NSAConfig(window=40), 0, nsa_tolerance)
