@@ -10,11 +10,12 @@ and write text (:mod:`~pytest_nsa.summary`). State lives in ``config.stash``
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 import pytest
 
-from pytest_nsa import hookspecs, lifecycle, summary, versions
+from pytest_nsa import hookspecs, lifecycle, sharing, summary, versions
 from pytest_nsa.fixtures import nsa_device, nsa_gradcheck_tolerance, nsa_hardware, nsa_profile, nsa_tolerance
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, RequirementError, skip_reason
@@ -103,6 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: {err}") from None
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+    sharing.whole_device_tests_last(items, get_state(config).pin, os.environ)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -117,6 +117,45 @@ def test_memory_hungry_tests_run_alone_on_a_shared_device(pytester, fake, subpro
     assert any(b[0] < a[1] for a, b in zip(small, small[1:])), "ordinary tests never ran side by side"
 
 
+def test_whole_device_tests_go_last_where_workers_share_a_gpu(pytester):
+    """Where more workers than GPUs run, the long_context, exclusive and requires(memory_gib=...)
+    tests move to the end of the collection in their order, the others keep theirs; alone on a GPU,
+    or outside xdist, nothing moves."""
+    items = pytester.getitems(textwrap.dedent('''
+        import pytest
+
+        def test_a(): pass
+
+        @pytest.mark.long_context
+        def test_long(): pass
+
+        def test_b(): pass
+
+        @pytest.mark.requires(memory_gib=40)
+        def test_big(): pass
+
+        @pytest.mark.requires(sm=">=8.0")
+        def test_c(): pass
+
+        @pytest.mark.exclusive
+        def test_timed(): pass
+
+        def test_d(): pass
+    '''))
+    names = [item.name for item in items]
+    shared = {sharing.WORKER_COUNT_ENV: "3", "PYTEST_XDIST_WORKER": "gw1"}
+    moved = list(items)
+    assert sharing.whole_device_tests_last(moved, Pin("gw1", "0", ("0",)), shared)
+    assert [item.name for item in moved] == ["test_a", "test_b", "test_c", "test_d", "test_long", "test_big", "test_timed"]
+    assert not sharing.whole_device_tests_last(moved, Pin("gw1", "0", ("0",)), shared)  # already last
+    for pin, env in [(Pin("gw1", "1", ("0", "1", "2")), shared),  # a GPU each
+                     (None, shared),  # not pinned
+                     (Pin("gw1", "0", ("0",)), {sharing.WORKER_COUNT_ENV: "3"})]:  # not a worker
+        kept = list(items)
+        assert not sharing.whole_device_tests_last(kept, pin, env)
+        assert [item.name for item in kept] == names
+
+
 def test_every_turn_gives_cached_gpu_memory_back(tmp_path, monkeypatch):
     """After a test, a sharing worker empties torch's CUDA cache (where CUDA is in use), so
     the memory a test took is free for the next turn; without CUDA it does nothing."""
