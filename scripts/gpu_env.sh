@@ -21,3 +21,20 @@ decode_gpu_tests() {
     gpu_tests "${1:?the decode tests need the commit to name the report after}" \
         tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py tests/test_module.py
 }
+
+# On an H200 only (returns 3 elsewhere): the decode table (nsa-bench), the batch-1 floors at 64k
+# and the 8-layer graph.
+h200_decode() {
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }
+    python -m nsa.bench decode --profile h200 --batch 1,16 --graph --budget 4 --csv "$OUT/decode_h200.csv" \
+        --plot "$OUT/decode_h200.png" 2>&1 | tail -14
+    timeout 150 python scripts/gpu_decode_floor.py --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -20
+    timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
+}
+
+# On an H200 only (returns 3 elsewhere): the prefill table (nsa-bench, 8k-64k).
+h200_prefill() {
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }
+    python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" \
+        2>&1 | tail -8
+}

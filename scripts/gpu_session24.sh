@@ -47,15 +47,10 @@ scorebuf)
     python scripts/gpu_prefill_probe.py --only cmp_fwd --lengths 16384 32768 65536 2>&1 | tee "$OUT/cmp_fwd_score_buffer.txt"
     ;;
 h200)
-    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
-    python -m nsa.bench decode --profile h200 --batch 1,16 --graph --budget 4 --csv "$OUT/decode_h200.csv" \
-        --plot "$OUT/decode_h200.png" 2>&1 | tail -14
-    timeout 150 python scripts/gpu_decode_floor.py --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -20
-    timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
+    h200_decode || exit
     ;;
 h200p)
-    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 3; }
-    python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" 2>&1 | tail -8
+    h200_prefill || exit
     ;;
 table)
     python -m nsa.bench prefill --profile h100 --budget 4 --csv "$OUT/prefill_h100.csv" --plot "$OUT/prefill_h100.png" 2>&1 | tail -8
