@@ -158,6 +158,7 @@ class Reporter:
         run = RunInfo(self.started, datetime.now().astimezone(), status, self.config.invocation_params.args,
                       session.testscollected, _workers(self.config))
         run.unfinished = state.results.unfinished()
+        run.worker_notes = dict(state.workers)
         run.partial_reasons = self.partial_reasons = self._partial(session, status, len(outcomes))
         if self.error is not None:  # the folder could not be made for the benchmark JSON already
             return

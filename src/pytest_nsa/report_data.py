@@ -61,6 +61,9 @@ class RunInfo:
         collected: tests collected (after deselection).
         workers: xdist workers (0 without xdist).
         unfinished: tests that started but did not end (interrupted mid-test).
+        worker_notes: ``{worker id: note}`` that each xdist worker sent back: its device and CPU
+            threads, and where workers share a GPU, how many tests ran alone and how long it waited
+            for turns (as the terminal's worker lines print them).
     """
 
     started: datetime
@@ -71,6 +74,7 @@ class RunInfo:
     workers: int = 0
     partial_reasons: List[str] = field(default_factory=list)
     unfinished: List[str] = field(default_factory=list)
+    worker_notes: Dict[str, str] = field(default_factory=dict)
 
 
 def slug(text: str) -> str:
@@ -218,6 +222,7 @@ def _run(run: RunInfo) -> Dict[str, Any]:
         "args": list(run.args),
         "collected": run.collected,
         "xdist_workers": run.workers,
+        "worker_notes": dict(sorted(run.worker_notes.items())),
     }
 
 

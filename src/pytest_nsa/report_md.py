@@ -52,9 +52,9 @@ def _title(env: Mapping[str, Any], results: Mapping[str, Any]) -> List[str]:
         f"- exit status {status} ({_status(results)}); {run['collected']} tests collected"
         + (f", {run['xdist_workers']} xdist workers" if run["xdist_workers"] else ""),
         f"- command: `{' '.join(['pytest', *run['args']])}`",
-        "",
     ]
-    return lines
+    lines += [f"- worker {worker}: {note}" for worker, note in run.get("worker_notes", {}).items()]
+    return lines + [""]
 
 
 def _status(results: Mapping[str, Any]) -> str:

@@ -277,6 +277,12 @@ def test_xdist_controller_writes_exactly_one_report(pytester, bench_project):
     assert {k: res["totals"][k] for k in OUTCOMES} == pytest_counts(result)
     assert res["run"]["xdist_workers"] == 2 and not res["run"]["partial"]
     assert {t["worker"] for t in res["tests"]} == {"gw0", "gw1"} and len(res["tests"]) == 8 + 4
+    # each worker's note, as the terminal's worker lines print it, is in both files
+    notes = res["run"]["worker_notes"]
+    assert sorted(notes) == ["gw0", "gw1"]
+    for worker, note in notes.items():
+        result.stdout.fnmatch_lines([f"{worker}: {note}"])
+        assert f"- worker {worker}: {note}" in rep["md"]
     assert len(res["failures"]) == 2 and res["by_marker"]["benchmark"]["passed"] == 4
     # pytest-benchmark times nothing under xdist: the benchmarks ran as smoke tests, and the report says so.
     bench = res["benchmarks"]
