@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Set, Tuple
 import torch
 import triton
 
+from compiled_kernels import resources  # scripts/ is on the path as the session scripts run it
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import compressed_attention, mean_compress, selected_attention, select_blocks, sliding_window_attention
 
@@ -37,19 +38,9 @@ def compiled_kernels() -> Dict[Tuple[str, int], str]:
     """Every compiled variant of every Triton kernel of :data:`MODULES`: ``{(name, index): resources}``."""
     out = {}
     for mod_name in MODULES:
-        mod = importlib.import_module(mod_name)
-        for name, fn in vars(mod).items():
-            if not isinstance(fn, triton.runtime.jit.JITFunction):
-                continue
-            i = 0
-            for entry in fn.device_caches.values():
-                for compiled in entry[0].values():
-                    if hasattr(compiled, "_init_handles"):
-                        compiled._init_handles()
-                    meta = compiled.metadata
-                    out[(name, i)] = (f"warps {meta.num_warps}, stages {meta.num_stages}, regs {compiled.n_regs}, "
-                                      f"spills {compiled.n_spills}, shared {meta.shared} B")
-                    i += 1
+        for name, fn in vars(importlib.import_module(mod_name)).items():
+            if isinstance(fn, triton.runtime.jit.JITFunction):
+                out.update(((name, i), res) for i, res in enumerate(resources(fn)))
     return out
 
 

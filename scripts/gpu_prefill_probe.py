@@ -379,11 +379,11 @@ def window_variants(T: int, config: NSAConfig) -> None:
     o, lse = win.window_fwd(q, k, v, config.window, scale, 0)
     do = torch.randn_like(o)
     delta = attn_bwd_delta(o, do)
-    want_dq = win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, win._bwd_cfg("dq", 16, D, D, None))
+    want_dq = win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, win._bwd_cfg("dq", 16, D, D, None, q.dtype, q.device))
     for rows, bn, warps, stages in ((64, 64, 4, 2), (64, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2), (64, 128, 4, 3),
                                     (128, 64, 8, 3)):
         tiles = dict(rows=rows, BN=bn, num_warps=warps, num_stages=stages)
-        cfg = win._bwd_cfg("dq", 16, D, D, {"dq": tiles})
+        cfg = win._bwd_cfg("dq", 16, D, D, {"dq": tiles}, q.dtype, q.device)
         fn = lambda: win.window_bwd_dq(q, k, v, do, lse, delta, config.window, scale, 0, cfg)
         err = (fn().float() - want_dq.float()).abs().max().item()
         print(f"T={T} window dQ {tiles}: {bench(fn):.3f} ms (max abs diff {err:.1e})", flush=True)

@@ -168,7 +168,7 @@ def launch_variants(T, q, k, v, idx, do):
     o, lse = win.window_fwd(q, k, v, 512, scale, 0)
     delta = attn_bwd_delta(o, do)
     for kind, launch in (("dq", win.window_bwd_dq), ("dkdv", win.window_bwd_dkdv)):
-        cfg = win._bwd_cfg(kind, 16, 128, 128, None)
+        cfg = win._bwd_cfg(kind, 16, 128, 128, None, q.dtype, q.device)
         bench(f"window {kind}", T, lambda: launch(q, k, v, do, lse, delta, 512, scale, 0, cfg))
 
 

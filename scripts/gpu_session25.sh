@@ -7,18 +7,21 @@
 #                                           # and graph timings of every variant (8k, 64k; batch 1, 16).
 #                                           # Dropped: run it on a tree with
 #                                           # docs/perf/attempts/decode_score_tile_topk.patch
-#   bash scripts/gpu_session25.sh gather    # decode: the score programs take each block's token
+#   bash scripts/gpu_session25.sh gather REV # decode: the score programs take each block's token
 #                                           # before it from their tile's range (tl.gather) against
 #                                           # reading it again: correctness and graph timings in turn
-#                                           # (8k-64k; batch 1, 16), then the decode GPU tests
-#   bash scripts/gpu_session25.sh workers  # the GPU suite's time against its xdist workers: two files
+#                                           # (8k-64k; batch 1, 16), then the decode GPU tests, the
+#                                           # report named after REV. Dropped: run it on a tree with
+#                                           # docs/perf/attempts/decode_score_gather_tile_tokens.patch
+#   bash scripts/gpu_session25.sh workers   # the GPU suite's time against its xdist workers: two files
 #                                           # whose tests compile many small kernels, on 3 and on 12
 #                                           # workers, each from an empty Triton cache
 #   bash scripts/gpu_session25.sh suite REV # the whole suite but the benchmarks on 12 workers, from an
 #                                           # empty Triton cache, the report named after REV
-#   bash scripts/gpu_session25.sh dtypes   # the kernels each op compiles for bfloat16 and float32 inputs
+#   bash scripts/gpu_session25.sh dtypes    # the kernels each op compiles for bfloat16 and float32 inputs
 #                                           # (head dims 128 and 192/128), compile and call times,
 #                                           # registers and spills, from an empty Triton cache
+#                                           # (TESTS, DTYPES, DIMS, OPS, LIMIT: see the step)
 #   bash scripts/gpu_session25.sh ncu       # where one batch-1 step at 64k spends its kernels' time:
 #                                           # Nsight Compute's warp states and stall sampling of the
 #                                           # four decode kernels (PDL off)

@@ -53,7 +53,7 @@ def _title(env: Mapping[str, Any], results: Mapping[str, Any]) -> List[str]:
         + (f", {run['xdist_workers']} xdist workers" if run["xdist_workers"] else ""),
         f"- command: `{' '.join(['pytest', *run['args']])}`",
     ]
-    lines += [f"- worker {worker}: {note}" for worker, note in run.get("worker_notes", {}).items()]
+    lines += [f"- worker {worker}: {note}" for worker, note in run["worker_notes"].items()]
     return lines + [""]
 
 

@@ -74,10 +74,11 @@ def whole_device_tests_last(items: List[pytest.Item], pin: Optional[Pin], enviro
     requires."""
     if pin is None or WORKER_ENV not in environ or int(environ.get(WORKER_COUNT_ENV) or 1) <= len(pin.pool):
         return False
-    alone = [item for item in items if needs_whole_device(item)]
-    if not alone or items[-len(alone):] == alone:
+    alone = [needs_whole_device(item) for item in items]
+    order = [item for item, last in zip(items, alone) if not last] + [item for item, last in zip(items, alone) if last]
+    if order == items:
         return False
-    items[:] = [item for item in items if not needs_whole_device(item)] + alone
+    items[:] = order
     return True
 
 

@@ -101,14 +101,17 @@ def test_window_dkdv_tiles_by_head_width_and_dtype():
     a caller's override wins."""
     from nsa.ops.window import kernel
 
-    assert kernel._bwd_cfg("dkdv", 16, 128, 128, None)["BN"] == 128
-    assert kernel._bwd_cfg("dkdv", 16, 192, 128, None)["BN"] == 64
-    assert kernel._bwd_cfg("dkdv", 16, 128, 256, None)["BN"] == 64
-    small = kernel._bwd_cfg("dkdv", 16, 128, 128, None, torch.float32)
+    def cfg(kind, dk, dv, tiles=None, dtype=torch.bfloat16):
+        return kernel._bwd_cfg(kind, 16, dk, dv, tiles, dtype, torch.device("cpu"))
+
+    assert cfg("dkdv", 128, 128)["BN"] == 128
+    assert cfg("dkdv", 192, 128)["BN"] == 64
+    assert cfg("dkdv", 128, 256)["BN"] == 64
+    small = cfg("dkdv", 128, 128, dtype=torch.float32)
     assert (small["BN"], small["num_stages"]) == (64, 2)
-    assert kernel._bwd_cfg("dkdv", 16, 128, 128, None, torch.float16)["BN"] == 128
-    assert kernel._bwd_cfg("dkdv", 16, 128, 128, {"dkdv": {"BN": 32}})["BN"] == 32
-    assert kernel._bwd_cfg("dq", 16, 128, 128, None)["BN"] == 64
+    assert cfg("dkdv", 128, 128, dtype=torch.float16)["BN"] == 128
+    assert cfg("dkdv", 128, 128, {"dkdv": {"BN": 32}})["BN"] == 32
+    assert cfg("dq", 128, 128)["BN"] == 64
 
 
 @pytest.mark.gpu

@@ -565,8 +565,8 @@ BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=6
 SMALL_DKDV_TILES = dict(rows=64, BN=64, num_warps=4, num_stages=2)
 
 
-def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: torch.dtype = torch.bfloat16,
-             device: torch.device = torch.device("cpu")) -> dict:
+def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: torch.dtype,
+             device: torch.device) -> dict:
     """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
