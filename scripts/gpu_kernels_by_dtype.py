@@ -5,13 +5,15 @@ Why: on the GPU the test suite's float32 cases took minutes a test (session 25: 
 compressed forward+backward 171 s), and the sm_90 compile of the compressed dK/dV kernel at
 float32, head dim 128, read off locally (``scripts/sass_loops.py``) held a 29 KB stack a thread.
 
-For each dtype and head dims, each op runs forward and backward on small random inputs (B = 1,
-T = 300, 16 query heads, 1 KV head, paper defaults but sel_count 4): the first call (compiles
-included) and the second are timed, and every kernel of the ``nsa.ops`` modules compiled so far
-is listed once. Output as markdown; run from an empty ``TRITON_CACHE_DIR`` for compile times.
+For each dtype and head dims, each op runs forward and backward on random inputs (B = 1, T = 300
+unless ``--T``, 16 query heads, 1 KV head, paper defaults but sel_count 4; the decode: one step of
+a batch of 2): the first call (compiles included) and the second are timed, and every kernel of the
+``nsa.ops`` modules compiled so far is listed once. float32 runs at the precision
+``NSA_FLOAT32_DOT`` (or torch's float32 matmul precision) gives, printed in the header. Output as
+markdown; run from an empty ``TRITON_CACHE_DIR`` for compile times.
 
 Usage: ``python scripts/gpu_kernels_by_dtype.py [--dtypes float32 bfloat16] [--dims 128:128 192:128]
-[--ops nsa_attention ...]``.
+[--ops nsa_attention ...] [--T 4096]``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import triton
 from compiled_kernels import resources  # scripts/ is on the path as the session scripts run it
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import compressed_attention, mean_compress, selected_attention, select_blocks, sliding_window_attention
+from nsa.ops._triton.attention import dot_precision
+from nsa.ops.decode import nsa_decode
 
 CONFIG = NSAConfig(sel_count=4)
 MODULES = ["nsa.ops.compressed.kernel", "nsa.ops._triton.compressed_fwd", "nsa.ops._triton.block_topn",
            "nsa.ops.selected.kernel", "nsa.ops.selected.inversion", "nsa.ops.window.kernel", "nsa.ops.gates.kernel",
-           "nsa.ops.compress.kernel"]
+           "nsa.ops.compress.kernel", "nsa.ops.decode.kernel"]
 
 
 def compiled_kernels() -> Dict[Tuple[str, int], str]:
@@ -44,9 +48,10 @@ def compiled_kernels() -> Dict[Tuple[str, int], str]:
     return out
 
 
-def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda") -> List[Tuple[str, Callable[[], None]]]:
-    """``(name, forward+backward)`` of each op on fresh inputs."""
-    B, T, HQ, H = 1, 300, 16, 1
+def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda", T: int = 300) -> List[Tuple[str, Callable[[], None]]]:
+    """``(name, forward+backward)`` of each op on fresh inputs of ``T`` tokens (the decode step:
+    forward)."""
+    B, HQ, H = 1, 16, 1
     q = torch.randn(B, T, HQ, dk, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(B, T, H, dk, device=dev, dtype=dtype, requires_grad=True)
     v = torch.randn(B, T, H, dv, device=dev, dtype=dtype, requires_grad=True)
@@ -63,6 +68,12 @@ def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda") -> List[Tuple[s
         ("selected_attention", lambda: backward(selected_attention(q, k, v, block_idx, CONFIG, backend="triton"))),
         ("sliding_window_attention", lambda: backward(sliding_window_attention(q, k, v, CONFIG, backend="triton"))),
         ("nsa_attention", lambda: backward(nsa_attention(q, k, v, gates, CONFIG, backend="triton"))),
+        # one decode step of a batch of 2 (caches of T and T - 37 tokens): forward only
+        ("nsa_decode", lambda: nsa_decode(
+            q.detach()[:, -1:].expand(2, 1, HQ, dk), k.detach().expand(2, T, H, dk), v.detach().expand(2, T, H, dv),
+            gates.detach()[:, -1:].expand(2, 1, HQ, 3), torch.tensor([T, T - 37], dtype=torch.int32, device=dev), CONFIG,
+            kv_cmp=(k_cmp.detach().expand(2, *k_cmp.shape[1:]), v_cmp.detach().expand(2, *v_cmp.shape[1:])),
+            backend="triton")),
     ]
 
 
@@ -71,11 +82,13 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--dims", nargs="+", default=["128:128", "192:128"], help="Dk:Dv pairs")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run through the interpreter")
-    parser.add_argument("--ops", nargs="+", default=None, help="only these ops (default: all four)")
+    parser.add_argument("--ops", nargs="+", default=None, help="only these ops (default: all five)")
+    parser.add_argument("--T", type=int, default=300, help="tokens (the second call's time is the op's at this length)")
     args = parser.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}\n", flush=True)
+    prec = f"float32 products: {dot_precision(torch.float32, torch.device(args.device))} (NSA_FLOAT32_DOT / torch's float32 matmul precision)"
+    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}; T = {args.T}; {prec}\n", flush=True)
     print("| dtype | Dk:Dv | op | first call s | second call ms | kernels compiled by it |", flush=True)
     print("|---|---|---|---:|---:|---|", flush=True)
     seen: Set[Tuple[str, int]] = set(compiled_kernels())
@@ -84,7 +97,7 @@ def main() -> None:
         dtype = getattr(torch, dtype_name)
         for dims in args.dims:
             dk, dv = (int(x) for x in dims.split(":"))
-            for op_name, call in ops(dtype, dk, dv, args.device):
+            for op_name, call in ops(dtype, dk, dv, args.device, args.T):
                 if args.ops and op_name not in args.ops:
                     continue
                 sync()

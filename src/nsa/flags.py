@@ -187,6 +187,17 @@ FLAGS: Mapping[str, Flag] = _declare(
         "blocks instead of the selected dK/dV kernel. Off restores those kernels (for comparisons).",
     ),
     Flag(
+        "NSA_FLOAT32_DOT",
+        str,
+        "auto",
+        "Precision of the Triton kernels' matrix products for float32 inputs: 'ieee' exact float32 "
+        "(multiply-adds: minutes to compile, no tensor cores), 'tf32x3' three TF32 products (about "
+        "21 mantissa bits, tensor cores), 'tf32' one (10 bits). 'auto' follows "
+        "torch.get_float32_matmul_precision(): highest -> ieee (torch's default), high -> tf32x3, "
+        "medium -> tf32.",
+        ("auto", "ieee", "tf32x3", "tf32"),
+    ),
+    Flag(
         "NSA_LOG_ROUTING",
         bool,
         False,

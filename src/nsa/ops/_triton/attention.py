@@ -47,10 +47,46 @@ def next_pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(n))
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """``input_precision`` of ``tl.dot``: exact ``ieee`` for float32 inputs (tf32 would
-    cost about 1e-3 relative error), irrelevant for 16-bit inputs."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+#: ``tl.dot`` precision for float32 inputs at each ``torch.get_float32_matmul_precision()``,
+#: each at least as precise as torch promises for its own matmuls there: "highest" exact float32
+#: (``ieee``: multiply-adds, no tensor cores); "high" TF32 or two bfloat16s, about 16 mantissa
+#: bits (``tf32x3``: three TF32 products, about 21 bits, on tensor cores); "medium" bfloat16
+#: (``tf32``: one TF32 product, 10 bits).
+FLOAT32_DOT_BY_TORCH_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
+
+
+def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
+    """``input_precision`` of ``tl.dot`` for inputs of ``dtype`` on ``device``.
+
+    16-bit inputs: irrelevant (``"tf32"``, Triton's default). float32: ``NSA_FLOAT32_DOT``, whose
+    default ``auto`` follows ``torch.get_float32_matmul_precision()``
+    (:data:`FLOAT32_DOT_BY_TORCH_PRECISION`): exact ``ieee`` at torch's default "highest". The
+    tensor-core launches are sized for Hopper's shared memory (:func:`fit_stages`), so ``auto``
+    stays ``ieee`` on GPUs with less (compiled for an A100, the dK/dV kernels would ask 176 KiB
+    of its 163); the flag set explicitly applies anywhere."""
+    if dtype != torch.float32:
+        return "tf32"
+    choice = flags.get("NSA_FLOAT32_DOT")
+    if choice == "auto":
+        choice = FLOAT32_DOT_BY_TORCH_PRECISION.get(torch.get_float32_matmul_precision(), "ieee")
+        if choice != "ieee" and not large_shared_memory(device):
+            choice = "ieee"
+    return choice
+
+
+def float32_on_tensor_cores(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether tiles of ``dtype`` multiply on tensor cores as float32 (``tf32``/``tf32x3``,
+    :func:`dot_precision`): 4-byte operands in shared memory, and for ``tf32x3`` their split
+    halves beside them."""
+    return dtype == torch.float32 and dot_precision(dtype, device) != "ieee"
+
+
+def fit_stages(cfg: dict, dtype: torch.dtype, device: torch.device) -> dict:
+    """A copy of the launch options ``cfg``, with ``num_stages`` 1 where float32 tiles multiply on
+    tensor cores (:func:`float32_on_tensor_cores`). Two stages of the tiles tuned for 16-bit
+    inputs (64 rows, 64 keys, head dim 128) then ask 256 KiB of shared memory, past an H100's
+    227; one asks 192 (sm_90 compiles of every launch, ``scripts/sm90_resources.py``)."""
+    return dict(cfg, num_stages=1) if float32_on_tensor_cores(dtype, device) else dict(cfg)
 
 
 #: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on
@@ -68,11 +104,16 @@ def sm_count(device: torch.device, interpreter: int = 1) -> int:
 
 def hopper_tiles_fit(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
     """Whether the deeper pipelines and wider tiles tuned on Hopper fit: 16-bit inputs, heads up
-    to 128 wide, and Hopper-sized shared memory per program. The CPU counts as large,
-    since the interpreter has no such limit, so that CI runs the launch configurations of the
-    H100/H200."""
+    to 128 wide, and Hopper-sized shared memory per program (:func:`large_shared_memory`)."""
     if dtype == torch.float32 or head_dim > 128:
         return False
+    return large_shared_memory(device)
+
+
+def large_shared_memory(device: torch.device) -> bool:
+    """Whether ``device`` offers a program at least :data:`LARGE_SHARED_MEMORY` of shared memory.
+    The CPU counts as large, since the interpreter has no such limit, so that CI runs the launch
+    configurations of the H100/H200."""
     if device.type != "cuda":
         return True
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -36,6 +36,7 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     check_gate,
     dot_precision,
+    float32_on_tensor_cores,
     dq_from_ds_budget,
     hopper_tiles_fit,
     load_gate,
@@ -317,7 +318,7 @@ def compressed_bwd(
     rows: Optional[int] = None,
     block_n: int = 64,
     num_warps: Optional[int] = None,
-    num_stages: int = 2,
+    num_stages: Optional[int] = None,
     dkdv: Optional[Tuple[int, int, int, int]] = None,
     max_splits: Optional[int] = None,
     delta: Optional[torch.Tensor] = None,
@@ -327,7 +328,8 @@ def compressed_bwd(
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
-    dK/dV kernel's where :data:`DKDV_TILES` does not apply; ``dkdv = (rows, block_n,
+    dK/dV kernel's where :data:`DKDV_TILES` does not apply (``num_stages`` None: 2, or 1 for
+    float32 on tensor cores, :func:`float32_on_tensor_cores`); ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None). With it, and where the buffer fits
@@ -354,8 +356,8 @@ def compressed_bwd(
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
-                  L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype),
-                  num_warps=num_warps or 4, num_stages=num_stages)
+                  L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device),
+                  num_warps=num_warps or 4, num_stages=num_stages or (1 if float32_on_tensor_cores(q.dtype, q.device) else 2))
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]

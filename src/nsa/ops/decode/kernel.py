@@ -59,6 +59,8 @@ from nsa.ops._triton.attention import (
     bulk_copies_supported,
     cuda_capability_major,
     descriptor_ready,
+    dot_precision,
+    float32_on_tensor_cores,
     last_dim_contiguous,
     next_pow2,
     sm_count,
@@ -1021,7 +1023,7 @@ def decode_fwd(
     S = s_cmp + s_win + s_slc
     BG, BK, BV = next_pow2(G), next_pow2(K), next_pow2(V)
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
-    PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    PREC = dot_precision(q.dtype, q.device)
     on_gpu = q.device.type == "cuda"
     index = q.device.index if q.device.index is not None else (torch.cuda.current_device() if on_gpu else 0)
     fills = _batch_fills_gpu(rows * H, config, q.device)
@@ -1076,6 +1078,8 @@ def decode_fwd(
         k_win_arg, v_win_arg = token_tile_descriptor(k_win, cmp_attend["BC"], BK), token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
+    if cmp_stages is None and float32_on_tensor_cores(q.dtype, q.device):
+        cmp_stages = 1  # 3 stages of float32 tiles through tensor cores ask 256 KiB of shared memory
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split

@@ -54,6 +54,7 @@ from nsa.ops._triton.attention import (
     describable,
     descriptor_ready,
     dot_precision,
+    fit_stages,
     dq_from_ds_budget,
     hopper_tiles_fit,
     last_dim_contiguous,
@@ -669,13 +670,13 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     return dict(
         H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block,
         BSP=next_pow2(sel_block), INIT=forced[0], LOCAL=forced[1], DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV),
-        PREC=dot_precision(q.dtype),
+        PREC=dot_precision(q.dtype, q.device),
     )
 
 
-def _forced_launch(dims: dict) -> Tuple[dict, int]:
-    """Constexprs and launch parameters of a forced-block kernel, and its ``BT``."""
-    cfg = _warps(FORCED_TILES, dims, 4)
+def _forced_launch(dims: dict, q: torch.Tensor) -> Tuple[dict, int]:
+    """Constexprs and launch parameters of a forced-block kernel for queries ``q``, and its ``BT``."""
+    cfg = _warps(fit_stages(FORCED_TILES, q.dtype, q.device), dims, 4)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
     return dict(dims, GP=GP, BT=BT, **cfg), BT
@@ -726,7 +727,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
     if sum(forced) and start is None:
-        meta, BT = _forced_launch(dims)
+        meta, BT = _forced_launch(dims, q)
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
@@ -762,7 +763,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced) and not forced_done:
-        meta, BT = _forced_launch(dims)
+        meta, BT = _forced_launch(dims, q)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1),
@@ -843,7 +844,7 @@ def selected_bwd(
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    cfg = {kind: dict(BWD_TILES[kind], **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
+    cfg = {kind: dict(fit_stages(BWD_TILES[kind], q.dtype, q.device), **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
     skip_local = forced[1] if forced_done else 0
     ds = ds_buffer(q, block_idx, sel_block, cfg["dq"])
     if ds is not None:  # dK/dV first: it leaves dS for the dQ

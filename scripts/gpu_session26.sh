@@ -1,0 +1,44 @@
+#!/bin/bash
+# The GPU calls of session 26 (docs/perf/float32.md):
+#
+#   bash scripts/gpu_session26.sh suite REV  # the whole suite but the benchmarks on 12 workers, from an
+#                                            # empty Triton cache, with float32 products on tensor cores
+#                                            # (NSA_FLOAT32_DOT=tf32x3) everywhere: every float32 test at
+#                                            # its float32 tolerance; the report named after REV
+#   bash scripts/gpu_session26.sh listing    # each op's compile and call times in float32 at each
+#                                            # precision (tf32x3, tf32, ieee for three ops) and in
+#                                            # bfloat16, head dim 128, T = 4096, each from an empty
+#                                            # Triton cache, with the kernels' registers and spills
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session26.sh suite REV|listing}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
+suite)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_suite NSA_FLOAT32_DOT=tf32x3
+    rm -rf "$TRITON_CACHE_DIR"
+    start=$(date +%s)
+    timeout 560 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
+    echo "suite with NSA_FLOAT32_DOT=tf32x3: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    ;;
+listing)
+    run_listing() {  # run_listing NAME PRECISION ARGS...: one listing from an empty cache
+        local name="$1" precision="$2"
+        shift 2
+        export TRITON_CACHE_DIR="/tmp/triton_cache_$name"
+        rm -rf "$TRITON_CACHE_DIR"
+        NSA_FLOAT32_DOT="$precision" timeout 240 python scripts/gpu_kernels_by_dtype.py --dims 128:128 --T 4096 "$@" \
+            2>&1 | tee "$OUT/listing_$name.md" | grep -v "^- "
+    }
+    run_listing tf32x3 tf32x3 --dtypes float32
+    run_listing tf32 tf32 --dtypes float32
+    run_listing bf16 auto --dtypes bfloat16
+    run_listing ieee ieee --dtypes float32 --ops compressed_attention selected_attention nsa_decode
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,176 @@
+"""Shared memory, registers and stack of every Triton kernel an op launches, compiled for
+Hopper (sm_90, or another ``--capability``) on a machine without a GPU.
+
+Why: whether a launch fits an H100's 227 KiB of shared memory a program, and how much it spills,
+depends on the dtype, the ``tl.dot`` precision and the tiles each op picks for them. Finding out
+on the GPU machine costs its scarce time (a float32 compile takes minutes there); here the ops run
+once under the CPU interpreter, which records each launch exactly as the op made it, and Triton
+then compiles those launches for sm_90.
+
+Two steps, because the interpreter and the compiler may be different Tritons (use the GPU
+machine's for the compile, 3.6 in this repository's sessions)::
+
+    TRITON_INTERPRET=1 PYTHONPATH=src:scripts python scripts/sm90_resources.py record \\
+        --dtype float32 --ops nsa_attention --out /tmp/launches.json
+    PYTHONPATH=/tmp/t36:src:scripts python scripts/sm90_resources.py compile /tmp/launches.json
+
+``record`` runs the ops of ``scripts/gpu_kernels_by_dtype.py`` (forward and backward, small random
+inputs) with every ``NSA_*`` flag as set in the environment, and writes one entry per distinct
+launch. ``compile`` prints a markdown table: kernel, warps, stages, shared memory (flagged where it
+passes the GPU's limit), ``cuobjdump``'s registers and stack a thread, and the compile time (from
+an empty Triton cache). Session 26 sized the float32 tensor-core launches with it
+(``docs/perf/float32.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from typing import Any, Dict, List
+
+#: Opt-in shared memory a program may use (``max_shared_mem`` of the driver), by compute
+#: capability: H100/H200, A100, RTX 4090 and RTX 3090 (the shipped GPU profiles).
+SHARED_LIMIT = {90: 232448, 80: 166912, 89: 101376, 86: 101376}
+
+_TORCH_TO_TRITON = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64", "int32": "i32",
+                    "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
+
+
+def _describe(value: Any, is_constexpr: bool) -> Dict[str, Any]:
+    """How the launcher would type one argument: a pointer, a tensor descriptor, a scalar
+    (with Triton's multiple-of-16 specialisation) or a constexpr."""
+    import torch
+
+    if is_constexpr:
+        return {"constexpr": value}
+    if isinstance(value, torch.Tensor):
+        return {"ptr": _TORCH_TO_TRITON[str(value.dtype).replace("torch.", "")]}
+    if type(value).__name__ == "TensorDescriptor":
+        dtype = _TORCH_TO_TRITON[str(value.base.dtype).replace("torch.", "")]
+        return {"desc": f"tensordesc<{dtype}[{','.join(str(b) for b in value.block_shape)}]>"}
+    if isinstance(value, bool):
+        return {"scalar": "i1", "div16": False}
+    if isinstance(value, int):
+        return {"scalar": "i64" if abs(value) >= 2 ** 31 else "i32", "div16": value % 16 == 0 and value != 0}
+    if isinstance(value, float):
+        return {"scalar": "fp32", "div16": False}
+    if value is None:
+        return {"constexpr": None}
+    raise TypeError(f"cannot describe an argument of type {type(value).__name__}")
+
+
+def record(args: argparse.Namespace) -> None:
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from gpu_kernels_by_dtype import ops
+
+    launches: Dict[str, Dict[str, Any]] = {}
+    original = InterpretedFunction.run
+
+    def run(self, *call_args, grid, warmup, **kwargs):
+        fn = self.fn
+        sig = inspect.signature(fn)
+        bound = sig.bind_partial(*call_args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+        bound.apply_defaults()
+        values = {}
+        for name, param in sig.parameters.items():
+            is_constexpr = "constexpr" in str(param.annotation)
+            values[name] = _describe(bound.arguments.get(name), is_constexpr)
+        options = {k: kwargs[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+        entry = {"kernel": f"{fn.__module__}:{fn.__name__}", "values": values, "options": options}
+        launches.setdefault(json.dumps(entry, sort_keys=True), entry)
+        return original(self, *call_args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+    dtype = getattr(torch, args.dtype)
+    dk, dv = (int(x) for x in args.dims.split(":"))
+    for name, call in ops(dtype, dk, dv, "cpu"):
+        if args.ops and name not in args.ops:
+            continue
+        start = time.perf_counter()
+        call()
+        print(f"recorded {name} ({time.perf_counter() - start:.1f} s): {len(launches)} distinct launches so far",
+              file=sys.stderr, flush=True)
+    with open(args.out, "w") as f:
+        json.dump(list(launches.values()), f, indent=1)
+
+
+def compile_all(args: argparse.Namespace) -> None:
+    import importlib
+    import os
+    import tempfile
+
+    # an empty cache, so that the compile times are compiles (set before Triton reads it)
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90_resources_cache_")
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sass_loops import resource_usage
+
+    with open(args.launches) as f:
+        launches: List[Dict[str, Any]] = json.load(f)
+    cap = args.capability
+    print(f"triton {triton.__version__}, sm_{cap}\n")
+    print(f"| kernel | warps | stages | shared KB | fits {SHARED_LIMIT[cap] // 1024} KB | registers / stack (B) | compile s |")
+    print("|---|---:|---:|---:|---|---|---:|")
+    for i, entry in enumerate(launches):
+        module, name = entry["kernel"].split(":")
+        fn = getattr(importlib.import_module(module), name)
+        signature, constexprs, attrs = {}, {}, {}
+        for j, (param, desc) in enumerate(entry["values"].items()):
+            if "ptr" in desc:
+                signature[param] = "*" + desc["ptr"]
+                attrs[(j,)] = [["tt.divisibility", 16]]
+            elif "desc" in desc:
+                signature[param] = desc["desc"]
+            elif "scalar" in desc:
+                signature[param] = desc["scalar"]
+                if desc["div16"]:
+                    attrs[(j,)] = [["tt.divisibility", 16]]
+            else:
+                signature[param] = "constexpr"
+                constexprs[(j,)] = desc["constexpr"]
+        opts = {"num_warps": 4, "num_stages": 3, **entry["options"]}
+        start = time.perf_counter()
+        try:
+            kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                    target=GPUTarget("cuda", cap, 32), options=opts)
+        except Exception as err:  # noqa: BLE001 - a launch that does not compile is a finding
+            print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | | | failed: {str(err)[:80]} | |")
+            continue
+        seconds = time.perf_counter() - start
+        cubin = f"{args.tmp}/k{i}.cubin"
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = resource_usage(cubin)
+        shared = kernel.metadata.shared
+        fits = "yes" if shared <= SHARED_LIMIT[cap] else "**no**"
+        print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | {shared / 1024:.1f} | {fits} | "
+              f"{usage} | {seconds:.1f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    rec = sub.add_parser("record", help="run the ops under the interpreter and record their launches")
+    rec.add_argument("--dtype", default="float32")
+    rec.add_argument("--dims", default="128:128", help="Dk:Dv")
+    rec.add_argument("--ops", nargs="+", default=None, help="only these ops (names of gpu_kernels_by_dtype)")
+    rec.add_argument("--out", required=True)
+    com = sub.add_parser("compile", help="compile recorded launches for sm_90")
+    com.add_argument("launches")
+    com.add_argument("--tmp", default="/tmp", help="folder for the cubins")
+    com.add_argument("--capability", type=int, default=90, choices=sorted(SHARED_LIMIT),
+                     help="compute capability to compile for (90: Hopper)")
+    args = parser.parse_args()
+    record(args) if args.step == "record" else compile_all(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""float32 inputs: which ``tl.dot`` precision the Triton kernels take, and that every launch takes it.
+
+The precision follows ``torch.get_float32_matmul_precision()`` unless ``NSA_FLOAT32_DOT`` says
+otherwise (:func:`nsa.ops._triton.attention.dot_precision`). On CPU the interpreter computes every
+``tl.dot`` in float32 whatever the precision, so these tests check what each launch is given; the
+``gpu`` test checks what the tensor-core precision computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, Set, Tuple
+
+import pytest
+import torch
+import triton
+
+from nsa import NSAConfig, flags, nsa_attention
+from nsa.ops import mean_compress
+from nsa.ops._triton.attention import dot_precision
+from nsa.ops.decode import nsa_decode
+from nsa.testing import assert_close
+
+pytestmark = pytest.mark.triton
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def float32_matmul_precision():
+    """``torch.set_float32_matmul_precision``, restored after the test."""
+    saved = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(saved)
+
+
+@pytest.mark.parametrize(
+    "torch_level, flag, expected",
+    [
+        ("highest", None, "ieee"),
+        ("high", None, "tf32x3"),
+        ("medium", None, "tf32"),
+        ("medium", "auto", "tf32"),
+        ("high", "ieee", "ieee"),
+        ("highest", "tf32x3", "tf32x3"),
+        ("highest", "tf32", "tf32"),
+    ],
+)
+def test_float32_precision_follows_torch_unless_the_flag_says(torch_level, flag, expected, monkeypatch,
+                                                              float32_matmul_precision):
+    float32_matmul_precision(torch_level)
+    if flag is None:
+        monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
+    else:
+        monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
+    assert dot_precision(torch.float32, CPU) == expected
+    for dtype in (torch.bfloat16, torch.float16):  # 16-bit products are exact in any case
+        assert dot_precision(dtype, CPU) == "tf32"
+
+
+@pytest.mark.parametrize("shared_kib, flag, expected", [(227, None, "tf32x3"), (163, None, "ieee"), (99, None, "ieee"),
+                                                       (163, "tf32x3", "tf32x3"), (99, "tf32", "tf32")])
+def test_auto_keeps_exact_float32_where_the_tensor_core_tiles_do_not_fit(shared_kib, flag, expected, monkeypatch,
+                                                                         float32_matmul_precision):
+    """The tensor-core launches are sized for Hopper's shared memory: on a GPU with less (an A100's
+    163 KiB, a consumer card's 99) ``auto`` stays exact; the flag set explicitly still applies."""
+    from nsa.ops._triton import attention
+
+    float32_matmul_precision("high")
+    monkeypatch.setattr(attention, "_shared_memory_per_program", lambda index: shared_kib * 1024)
+    if flag is None:
+        monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
+    else:
+        monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
+    assert dot_precision(torch.float32, torch.device("cuda", 0)) == expected
+
+
+def test_bad_float32_precision_names_the_flag(monkeypatch):
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "fp32")
+    with pytest.raises(flags.FlagError, match="NSA_FLOAT32_DOT='fp32'.*ieee, tf32x3, tf32"):
+        dot_precision(torch.float32, CPU)
+
+
+@contextlib.contextmanager
+def _launch_precisions() -> Iterator[Dict[str, Set[Tuple[str, int]]]]:
+    """Record the ``PREC`` argument and the pipeline stages (0: Triton's default) of every Triton
+    launch inside the block that takes a ``PREC``: ``{kernel: {(PREC, num_stages)}}``."""
+    from nsa.ops.window.kernel import window_fwd_kernel
+
+    kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
+    real_run = kernel_type.run
+    seen: Dict[str, Set[Tuple[str, int]]] = {}
+
+    def run(self, *args, **kwargs):
+        if "PREC" in kwargs:
+            seen.setdefault(self.fn.__name__, set()).add((kwargs["PREC"], kwargs.get("num_stages", 0)))
+        return real_run(self, *args, **kwargs)
+
+    kernel_type.run = run
+    try:
+        yield seen
+    finally:
+        kernel_type.run = real_run
+
+
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+#: Kernels whose float32 tiles ask more than an H100's 227 KiB of shared memory on tensor cores
+#: unless they take one pipeline stage (sm_90 compiles, ``scripts/sm90_resources.py``: 256 KiB with
+#: two stages or, for the decode's compressed pass, three).
+ONE_STAGE_ON_TENSOR_CORES = {"compressed_fwd_kernel", "compressed_bwd_dkdv_kernel", "selected_bwd_dkdv_kernel",
+                             "window_bwd_dq_kernel", "window_bwd_dkdv_kernel", "decode_cmp_win_fwd_kernel"}
+
+
+def _nsa_forward_backward(q, k, v, gates, config, backend):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
+    o = nsa_attention(*leaves, config, backend=backend)
+    do = torch.randn_like(o, dtype=torch.float64)
+    (o.double() * do).sum().backward()
+    return [o] + [x.grad for x in leaves]
+
+
+def _inputs(T, HQ, H, D, device, dtype=torch.float32):
+    q = torch.randn(1, T, HQ, D, device=device, dtype=dtype)
+    k = torch.randn(1, T, H, D, device=device, dtype=dtype)
+    v = torch.randn(1, T, H, D, device=device, dtype=dtype)
+    gates = torch.rand(1, T, HQ, 3, device=device, dtype=dtype)
+    return q, k, v, gates
+
+
+@pytest.mark.parametrize("torch_level, flag, expected",
+                         [("high", None, "tf32x3"), ("highest", "tf32", "tf32"), ("highest", None, "ieee")])
+def test_every_float32_launch_takes_the_chosen_precision(torch_level, flag, expected, monkeypatch, nsa_device,
+                                                         float32_matmul_precision):
+    """Prefill forward and backward, and decode: each kernel that multiplies tiles is launched
+    with the precision :func:`dot_precision` chose, none with another (a launcher that picked
+    its own, as the decode's once did, fails this); on tensor cores, the kernels whose tiles
+    would not fit otherwise take one pipeline stage, and exact float32 keeps its stages."""
+    float32_matmul_precision(torch_level)
+    if flag is None:
+        monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
+    else:
+        monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
+    q, k, v, gates = _inputs(40, 4, 1, 16, nsa_device)
+    with _launch_precisions() as seen:
+        _nsa_forward_backward(q, k, v, gates, SMALL, "triton")
+        k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
+        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=nsa_device), SMALL,
+                   kv_cmp=(k_cmp, v_cmp), backend="triton")
+    assert {"compressed_fwd_kernel", "compressed_bwd_dkdv_kernel", "selected_fwd_kernel", "selected_bwd_dkdv_kernel",
+            "window_fwd_kernel", "window_bwd_dq_kernel", "window_bwd_dkdv_kernel"} <= set(seen)
+    assert {"decode_cmp_win_fwd_kernel", "decode_selected_fwd_kernel"} <= set(seen), sorted(seen)
+    assert {name: launches for name, launches in seen.items() if {p for p, _ in launches} != {expected}} == {}
+    stages = {name: {n for _, n in seen[name]} for name in ONE_STAGE_ON_TENSOR_CORES}
+    if expected == "ieee":
+        assert all(1 not in n for n in stages.values()), stages
+    else:
+        assert all(n == {1} for n in stages.values()), stages
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+def test_float32_on_tensor_cores_matches_the_reference_on_gpu(nsa_device, nsa_tolerance, monkeypatch,
+                                                               float32_matmul_precision):
+    """``tf32x3`` (torch's "high") keeps float32 accuracy: the whole prefill, forward and gradients,
+    within the float32 tolerances of a float64 reference, at the paper's head dim and group size."""
+    float32_matmul_precision("high")
+    monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
+    config = NSAConfig(window=128)
+    q, k, v, gates = _inputs(600, 16, 1, 128, nsa_device)
+    got = _nsa_forward_backward(q, k, v, gates, config, "triton")
+    want = _nsa_forward_backward(q.double(), k.double(), v.double(), gates.double(), config, "reference")
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dgates"), got, want):
+        assert_close(name, a, b, nsa_tolerance(torch.float32, "fwd" if name == "o" else "grad"))
