@@ -52,17 +52,19 @@ def test_float32_precision_follows_torch_unless_the_flag_says(torch_level, flag,
         monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
     else:
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
-    assert dot_precision(torch.float32, CPU) == expected
+    assert dot_precision(torch.float32, CPU, 128) == expected
+    # heads wider than 128: the tensor-core launches are not sized for them, whatever was asked
+    assert dot_precision(torch.float32, CPU, 192) == "ieee"
     for dtype in (torch.bfloat16, torch.float16):  # 16-bit products are exact in any case
-        assert dot_precision(dtype, CPU) == "tf32"
+        assert dot_precision(dtype, CPU, 128) == "tf32"
 
 
 @pytest.mark.parametrize("shared_kib, flag, expected", [(227, None, "tf32x3"), (163, None, "ieee"), (99, None, "ieee"),
-                                                       (163, "tf32x3", "tf32x3"), (99, "tf32", "tf32")])
-def test_auto_keeps_exact_float32_where_the_tensor_core_tiles_do_not_fit(shared_kib, flag, expected, monkeypatch,
-                                                                         float32_matmul_precision):
+                                                       (227, "tf32", "tf32"), (163, "tf32x3", "ieee")])
+def test_exact_float32_where_the_tensor_core_tiles_do_not_fit(shared_kib, flag, expected, monkeypatch,
+                                                              float32_matmul_precision):
     """The tensor-core launches are sized for Hopper's shared memory: on a GPU with less (an A100's
-    163 KiB, a consumer card's 99) ``auto`` stays exact; the flag set explicitly still applies."""
+    163 KiB, a consumer card's 99) float32 stays exact, whether torch's setting or the flag asked."""
     from nsa.ops._triton import attention
 
     float32_matmul_precision("high")
@@ -71,13 +73,13 @@ def test_auto_keeps_exact_float32_where_the_tensor_core_tiles_do_not_fit(shared_
         monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
     else:
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
-    assert dot_precision(torch.float32, torch.device("cuda", 0)) == expected
+    assert dot_precision(torch.float32, torch.device("cuda", 0), 128) == expected
 
 
 def test_bad_float32_precision_names_the_flag(monkeypatch):
     monkeypatch.setenv("NSA_FLOAT32_DOT", "fp32")
     with pytest.raises(flags.FlagError, match="NSA_FLOAT32_DOT='fp32'.*ieee, tf32x3, tf32"):
-        dot_precision(torch.float32, CPU)
+        dot_precision(torch.float32, CPU, 128)
 
 
 @contextlib.contextmanager
@@ -111,10 +113,10 @@ ONE_STAGE_ON_TENSOR_CORES = {"compressed_fwd_kernel", "compressed_bwd_dkdv_kerne
                              "window_bwd_dq_kernel", "window_bwd_dkdv_kernel", "decode_cmp_win_fwd_kernel"}
 
 
-def _nsa_forward_backward(q, k, v, gates, config, backend):
+def _nsa_forward_backward(q, k, v, gates, config, backend, do):
+    """``o`` and the gradients of ``q, k, v, gates`` for the upstream gradient ``do`` (float64)."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
     o = nsa_attention(*leaves, config, backend=backend)
-    do = torch.randn_like(o, dtype=torch.float64)
     (o.double() * do).sum().backward()
     return [o] + [x.grad for x in leaves]
 
@@ -142,7 +144,7 @@ def test_every_float32_launch_takes_the_chosen_precision(torch_level, flag, expe
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
     q, k, v, gates = _inputs(40, 4, 1, 16, nsa_device)
     with _launch_precisions() as seen:
-        _nsa_forward_backward(q, k, v, gates, SMALL, "triton")
+        _nsa_forward_backward(q, k, v, gates, SMALL, "triton", torch.randn(q.shape, dtype=torch.float64, device=nsa_device))
         k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
         nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=nsa_device), SMALL,
                    kv_cmp=(k_cmp, v_cmp), backend="triton")
@@ -167,7 +169,8 @@ def test_float32_on_tensor_cores_matches_the_reference_on_gpu(nsa_device, nsa_to
     monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
     config = NSAConfig(window=128)
     q, k, v, gates = _inputs(600, 16, 1, 128, nsa_device)
-    got = _nsa_forward_backward(q, k, v, gates, config, "triton")
-    want = _nsa_forward_backward(q.double(), k.double(), v.double(), gates.double(), config, "reference")
+    do = torch.randn(q.shape, dtype=torch.float64, device=nsa_device)
+    got = _nsa_forward_backward(q, k, v, gates, config, "triton", do)
+    want = _nsa_forward_backward(q.double(), k.double(), v.double(), gates.double(), config, "reference", do)
     for name, a, b in zip(("o", "dq", "dk", "dv", "dgates"), got, want):
         assert_close(name, a, b, nsa_tolerance(torch.float32, "fwd" if name == "o" else "grad"))

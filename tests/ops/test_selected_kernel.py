@@ -246,7 +246,7 @@ def test_selected_gpu_backward_deterministic(nsa_device):
 def test_selected_warps_follow_the_head_width(dk, dv, warps):
     """Measured launch shapes at head dims up to 128; wider heads get twice the warps to hold
     their accumulators (forward, dQ, dK/dV, forced-block kernels)."""
-    dims = dict(BK=dk, BV=dv, G=16)
+    dims = dict(BK=dk, BV=dv, DK=dk, DV=dv, G=16)
     got = (_warps(FWD_TILES, dims, 1)["num_warps"], _warps(BWD_TILES["dq"], dims, 2)["num_warps"],
            _warps(BWD_TILES["dkdv"], dims, 4)["num_warps"], _forced_launch(dims, torch.empty(0, dtype=torch.bfloat16))[0]["num_warps"])
     assert got == warps

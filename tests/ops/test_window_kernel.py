@@ -94,12 +94,14 @@ def test_window_gpu_backward_deterministic(nsa_device):
     assert_bitwise_repeatable(lambda: _forward_backward(q, k, v, NSAConfig(), 0, "triton", do))
 
 
-def test_window_dkdv_tiles_by_head_width_and_dtype():
+def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
     """dK/dV takes 128-key tiles in 3 stages for 16-bit heads up to 128 wide (half the q/do
     re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
-    would not fit, and for float32, whose 128-key tiles need more shared memory than an H100 has;
-    a caller's override wins."""
+    would not fit, and for exact float32, whose 128-key tiles need more shared memory than an H100
+    has (1 stage on tensor cores); a caller's override wins."""
     from nsa.ops.window import kernel
+
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")
 
     def cfg(kind, dk, dv, tiles=None, dtype=torch.bfloat16):
         return kernel._bwd_cfg(kind, 16, dk, dv, tiles, dtype, torch.device("cpu"))
@@ -109,6 +111,9 @@ def test_window_dkdv_tiles_by_head_width_and_dtype():
     assert cfg("dkdv", 128, 256)["BN"] == 64
     small = cfg("dkdv", 128, 128, dtype=torch.float32)
     assert (small["BN"], small["num_stages"]) == (64, 2)
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "tf32x3")
+    small = cfg("dkdv", 128, 128, dtype=torch.float32)
+    assert (small["BN"], small["num_stages"]) == (64, 1)
     assert cfg("dkdv", 128, 128, dtype=torch.float16)["BN"] == 128
     assert cfg("dkdv", 128, 128, {"dkdv": {"BN": 32}})["BN"] == 32
     assert cfg("dq", 128, 128)["BN"] == 64

@@ -55,38 +55,40 @@ def next_pow2(n: int, minimum: int = 16) -> int:
 FLOAT32_DOT_BY_TORCH_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
 
 
-def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
-    """``input_precision`` of ``tl.dot`` for inputs of ``dtype`` on ``device``.
+def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> str:
+    """``input_precision`` of ``tl.dot`` for inputs of ``dtype`` on ``device``, heads of
+    ``head_dim`` (the wider of the key and value heads).
 
     16-bit inputs: irrelevant (``"tf32"``, Triton's default). float32: ``NSA_FLOAT32_DOT``, whose
     default ``auto`` follows ``torch.get_float32_matmul_precision()``
     (:data:`FLOAT32_DOT_BY_TORCH_PRECISION`): exact ``ieee`` at torch's default "highest". The
-    tensor-core launches are sized for Hopper's shared memory (:func:`fit_stages`), so ``auto``
-    stays ``ieee`` on GPUs with less (compiled for an A100, the dK/dV kernels would ask 176 KiB
-    of its 163); the flag set explicitly applies anywhere."""
+    tensor-core precisions apply where their launches are sized (:func:`fit_stages`): heads up to
+    128 wide on a GPU with Hopper's shared memory. Elsewhere the products stay ``ieee``: float32
+    tiles of 192-wide heads asked 256-384 KiB of an H100's 227 (session 26), and compiled for an
+    A100 the dK/dV kernels would ask 176 KiB of its 163."""
     if dtype != torch.float32:
         return "tf32"
     choice = flags.get("NSA_FLOAT32_DOT")
     if choice == "auto":
         choice = FLOAT32_DOT_BY_TORCH_PRECISION.get(torch.get_float32_matmul_precision(), "ieee")
-        if choice != "ieee" and not large_shared_memory(device):
-            choice = "ieee"
+    if choice != "ieee" and not (head_dim <= 128 and large_shared_memory(device)):
+        choice = "ieee"
     return choice
 
 
-def float32_on_tensor_cores(dtype: torch.dtype, device: torch.device) -> bool:
+def float32_on_tensor_cores(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether tiles of ``dtype`` multiply on tensor cores as float32 (``tf32``/``tf32x3``,
     :func:`dot_precision`): 4-byte operands in shared memory, and for ``tf32x3`` their split
     halves beside them."""
-    return dtype == torch.float32 and dot_precision(dtype, device) != "ieee"
+    return dtype == torch.float32 and dot_precision(dtype, device, head_dim) != "ieee"
 
 
-def fit_stages(cfg: dict, dtype: torch.dtype, device: torch.device) -> dict:
+def fit_stages(cfg: dict, dtype: torch.dtype, device: torch.device, head_dim: int) -> dict:
     """A copy of the launch options ``cfg``, with ``num_stages`` 1 where float32 tiles multiply on
     tensor cores (:func:`float32_on_tensor_cores`). Two stages of the tiles tuned for 16-bit
     inputs (64 rows, 64 keys, head dim 128) then ask 256 KiB of shared memory, past an H100's
     227; one asks 192 (sm_90 compiles of every launch, ``scripts/sm90_resources.py``)."""
-    return dict(cfg, num_stages=1) if float32_on_tensor_cores(dtype, device) else dict(cfg)
+    return dict(cfg, num_stages=1) if float32_on_tensor_cores(dtype, device, head_dim) else dict(cfg)
 
 
 #: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on

@@ -371,7 +371,7 @@ def compressed_fwd(
         maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
     block_n = block_n or 64
     if num_stages is None:
-        num_stages = 3 if narrow_16bit else 1 if float32_on_tensor_cores(q.dtype, q.device) else 2
+        num_stages = 3 if narrow_16bit else 1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2
     geo = _score_geometry(config, blocks_per_step)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None
     lse = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device) if store_o else None
@@ -387,7 +387,7 @@ def compressed_fwd(
         H=H, G=G, GP=GP, BT=BT, BN=block_n,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
         L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block,
-        STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype, q.device),
+        STORE_O=store_o, SELECT=select, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo, **({"maxnreg": maxnreg} if maxnreg else {}),
     )

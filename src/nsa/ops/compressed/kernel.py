@@ -356,8 +356,8 @@ def compressed_bwd(
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
-                  L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device),
-                  num_warps=num_warps or 4, num_stages=num_stages or (1 if float32_on_tensor_cores(q.dtype, q.device) else 2))
+                  L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
+                  num_warps=num_warps or 4, num_stages=num_stages or (1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2))
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]

@@ -1023,7 +1023,7 @@ def decode_fwd(
     S = s_cmp + s_win + s_slc
     BG, BK, BV = next_pow2(G), next_pow2(K), next_pow2(V)
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
-    PREC = dot_precision(q.dtype, q.device)
+    PREC = dot_precision(q.dtype, q.device, max(K, V))
     on_gpu = q.device.type == "cuda"
     index = q.device.index if q.device.index is not None else (torch.cuda.current_device() if on_gpu else 0)
     fills = _batch_fills_gpu(rows * H, config, q.device)
@@ -1078,7 +1078,7 @@ def decode_fwd(
         k_win_arg, v_win_arg = token_tile_descriptor(k_win, cmp_attend["BC"], BK), token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
-    if cmp_stages is None and float32_on_tensor_cores(q.dtype, q.device):
+    if cmp_stages is None and float32_on_tensor_cores(q.dtype, q.device, max(K, V)):
         cmp_stages = 1  # 3 stages of float32 tiles through tensor cores ask 256 KiB of shared memory
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     if window_in_selected is None:

@@ -670,13 +670,13 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     return dict(
         H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block,
         BSP=next_pow2(sel_block), INIT=forced[0], LOCAL=forced[1], DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV),
-        PREC=dot_precision(q.dtype, q.device),
+        PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
     )
 
 
 def _forced_launch(dims: dict, q: torch.Tensor) -> Tuple[dict, int]:
     """Constexprs and launch parameters of a forced-block kernel for queries ``q``, and its ``BT``."""
-    cfg = _warps(fit_stages(FORCED_TILES, q.dtype, q.device), dims, 4)
+    cfg = _warps(fit_stages(FORCED_TILES, q.dtype, q.device, max(dims["DK"], dims["DV"])), dims, 4)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
     return dict(dims, GP=GP, BT=BT, **cfg), BT
@@ -844,7 +844,7 @@ def selected_bwd(
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    cfg = {kind: dict(fit_stages(BWD_TILES[kind], q.dtype, q.device), **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
+    cfg = {kind: dict(fit_stages(BWD_TILES[kind], q.dtype, q.device, max(q.shape[-1], v.shape[-1])), **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
     skip_local = forced[1] if forced_done else 0
     ds = ds_buffer(q, block_idx, sel_block, cfg["dq"])
     if ds is not None:  # dK/dV first: it leaves dS for the dQ

@@ -487,7 +487,7 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
         o_frc, o if lse_frc is None else lse_frc,  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
         T, q_offset, window, scale * LOG2E,  #
-        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype, q.device), GATED=gated is not None, KEEP=keep,
+        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype, q.device, max(DK, DV)), GATED=gated is not None, KEEP=keep,
         FORCED=forced is not None, INIT=forced.init_blocks if forced else 0, LOCAL=forced.local_blocks if forced else 0,
         **cfg,
     )
@@ -571,7 +571,7 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: 
     """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
-    cfg = fit_stages(SMALL_DKDV_TILES if small else BWD_TILES[kind], dtype, device)
+    cfg = fit_stages(SMALL_DKDV_TILES if small else BWD_TILES[kind], dtype, device, max(DK, DV))
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
@@ -607,7 +607,7 @@ def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: 
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype, q.device), **frc, **cfg,
+        PREC=dot_precision(q.dtype, q.device, max(DK, v.shape[-1])), **frc, **cfg,
     )
     return dq
 
@@ -646,7 +646,7 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype, q.device), **frc, **cfg,
+        PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg,
     )
     return dk, dv
 
