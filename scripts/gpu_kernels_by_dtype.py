@@ -87,16 +87,16 @@ def main() -> None:
     args = parser.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    prec = f"float32 products: {dot_precision(torch.float32, torch.device(args.device))} (NSA_FLOAT32_DOT / torch's float32 matmul precision)"
-    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}; T = {args.T}; {prec}\n", flush=True)
-    print("| dtype | Dk:Dv | op | first call s | second call ms | kernels compiled by it |", flush=True)
-    print("|---|---|---|---:|---:|---|", flush=True)
+    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}; T = {args.T}\n", flush=True)
+    print("| dtype | Dk:Dv | products | op | first call s | second call ms | kernels compiled by it |", flush=True)
+    print("|---|---|---|---|---:|---:|---|", flush=True)
     seen: Set[Tuple[str, int]] = set(compiled_kernels())
     details = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for dims in args.dims:
             dk, dv = (int(x) for x in dims.split(":"))
+            products = dot_precision(dtype, torch.device(args.device), max(dk, dv))  # NSA_FLOAT32_DOT, torch's setting
             for op_name, call in ops(dtype, dk, dv, args.device, args.T):
                 if args.ops and op_name not in args.ops:
                     continue
@@ -116,7 +116,7 @@ def main() -> None:
                 new = {key: res for key, res in now.items() if key not in seen}
                 seen.update(new)
                 details += [f"- {dtype_name} {dims} {op_name}: {key[0]} ({res})" for key, res in new.items()]
-                print(f"| {dtype_name} | {dims} | {op_name} | {first} | {second} | {len(new)} |", flush=True)
+                print(f"| {dtype_name} | {dims} | {products} | {op_name} | {first} | {second} | {len(new)} |", flush=True)
     print("\nKernels compiled, by the op that first needed them:\n")
     print("\n".join(details), flush=True)
 
