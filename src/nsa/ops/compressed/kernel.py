@@ -36,8 +36,8 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     check_gate,
     dot_precision,
-    float32_on_tensor_cores,
     dq_from_ds_budget,
+    float32_on_tensor_cores,
     hopper_tiles_fit,
     load_gate,
     next_pow2,
@@ -355,9 +355,11 @@ def compressed_bwd(
         raise ValueError("compressed_bwd: a gate scales the output's gradient, not the lse's: pass one of gate and dlse")
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
+    if num_stages is None:
+        num_stages = 1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
-                  num_warps=num_warps or 4, num_stages=num_stages or (1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2))
+                  num_warps=num_warps or 4, num_stages=num_stages)
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]
