@@ -1,10 +1,12 @@
 #!/bin/bash
 # The GPU calls of session 26 (docs/perf/float32.md):
 #
-#   bash scripts/gpu_session26.sh suite REV  # the whole suite but the benchmarks on 12 workers, from an
-#                                            # empty Triton cache, with float32 products on tensor cores
-#                                            # (NSA_FLOAT32_DOT=tf32x3) everywhere: every float32 test at
-#                                            # its float32 tolerance; the report named after REV
+#   bash scripts/gpu_session26.sh suite REV [PRECISION]  # the whole suite but the benchmarks on 12
+#                                            # workers, from an empty Triton cache, the report named after
+#                                            # REV, with NSA_FLOAT32_DOT=PRECISION (default auto: exact
+#                                            # float32 at torch's default). Run at eca6a4c with tf32x3
+#                                            # (every float32 test at its float32 tolerance on tensor
+#                                            # cores) and at 5a3c4dd with auto
 #   bash scripts/gpu_session26.sh tests      # with NSA_FLOAT32_DOT=tf32x3: the float32 precision tests
 #                                            # (tensor-core float32 against the float64 reference at head
 #                                            # dim 128) and the window's tile choice
@@ -16,16 +18,16 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session26.sh suite REV|tests|listing NAME...}"
+step="${1:?usage: scripts/gpu_session26.sh suite REV [PRECISION]|tests|listing NAME...}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 suite)
-    export TRITON_CACHE_DIR=/tmp/triton_cache_suite NSA_FLOAT32_DOT=tf32x3
+    export TRITON_CACHE_DIR=/tmp/triton_cache_suite NSA_FLOAT32_DOT="${3:-auto}"
     rm -rf "$TRITON_CACHE_DIR"
     start=$(date +%s)
     timeout 560 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
         --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
-    echo "suite with NSA_FLOAT32_DOT=tf32x3: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    echo "suite with NSA_FLOAT32_DOT=$NSA_FLOAT32_DOT: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
     ;;
 tests)
     NSA_FLOAT32_DOT=tf32x3 timeout 300 python -m pytest -q -p no:cacheprovider -n 3 --gpu-profile auto \
