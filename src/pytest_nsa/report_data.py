@@ -124,6 +124,33 @@ def routing_rows(device: str, dtype_name: str) -> List[Dict[str, str]]:
     return rows
 
 
+def flags_in_effect() -> Dict[str, str]:
+    """Every declared ``NSA_`` flag set in the environment now (by the user or by the profile),
+    as the environment spells it: what a rerun must set to reproduce the run."""
+    from nsa import flags
+
+    return {name: flags.FLAGS[name].format(value) for name, (value, source) in flags.current().items()
+            if source == "environment"}
+
+
+def float32_products(device: str) -> Dict[str, Optional[str]]:
+    """How float32 inputs multiply on ``device`` (heads up to 128 wide): torch's float32 matmul
+    precision and the ``tl.dot`` precision the Triton kernels take from it and ``NSA_FLOAT32_DOT``
+    (:func:`nsa.ops._triton.attention.dot_precision`); ``products`` None where that cannot be
+    told (no Triton, a bad flag value), with ``error`` saying why."""
+    import torch
+
+    out: Dict[str, Optional[str]] = {"torch_matmul_precision": torch.get_float32_matmul_precision(),
+                                     "products": None, "error": None}
+    try:
+        from nsa.ops._triton.attention import dot_precision
+
+        out["products"] = dot_precision(torch.float32, torch.device(device), 128)
+    except Exception as err:  # noqa: BLE001 - the report records why instead of failing the run
+        out["error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
 def _gpus(hw: "HardwareInfo") -> List[Dict[str, Any]]:
     return [{"index": g.index, "name": g.name, "capability": g.sm, "memory_gib": round(g.memory_gib, 2)}
             for g in hw.gpus]
@@ -175,7 +202,9 @@ def env_document(state: "NSAState", commit: Tuple[str, Optional[bool]], created:
             "applied": dict(sorted(applied.applied.items())) if applied is not None else {},
             "kept": {k: {"yours": mine, "profile": theirs} for k, (mine, theirs) in sorted(applied.kept.items())}
             if applied is not None else {},
+            "in_effect": flags_in_effect(),
         },
+        "float32": float32_products(routing["device"]),
         "features": {} if profile is None else
         {name: {"enabled": f.enabled, "reason": f.reason} for name, f in profile.features.items()},
         "routing": dict(routing),

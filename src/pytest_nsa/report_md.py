@@ -94,18 +94,28 @@ def _profile(env: Mapping[str, Any]) -> List[str]:
     prof, flags = env["profile"], env["flags"]
     lines = ["## Profile and flags", ""]
     if prof is None:
-        return lines + ["No profile was selected.", ""]
-    lines.append(f"- profile `{prof['name']}` ({prof['path']}): {prof['description']}")
-    lines.append(f"- chosen by: {prof['note']}" + ("" if prof["applied"] else " (flags not applied)"))
-    if prof["mismatch"]:
-        lines.append(f"- **mismatch**: {prof['mismatch']}; GPU tests skipped")
-    applied = ", ".join(f"`{k}={v}`" for k, v in flags["applied"].items()) or "none"
-    lines.append(f"- flags the profile applied: {applied}")
-    if flags["kept"]:
-        kept = ", ".join(f"`{k}={v['yours']}` (profile: `{v['profile']}`)" for k, v in flags["kept"].items())
-        lines.append(f"- your settings kept over the profile's: {kept}")
-    off = [(name, f["reason"]) for name, f in env["features"].items() if not f["enabled"]]
-    lines.append("- features off: " + ("; ".join(f"{n} ({r})" for n, r in off) or "none"))
+        lines.append("No profile was selected.")
+    else:
+        lines.append(f"- profile `{prof['name']}` ({prof['path']}): {prof['description']}")
+        lines.append(f"- chosen by: {prof['note']}" + ("" if prof["applied"] else " (flags not applied)"))
+        if prof["mismatch"]:
+            lines.append(f"- **mismatch**: {prof['mismatch']}; GPU tests skipped")
+        applied = ", ".join(f"`{k}={v}`" for k, v in flags["applied"].items()) or "none"
+        lines.append(f"- flags the profile applied: {applied}")
+        if flags["kept"]:
+            kept = ", ".join(f"`{k}={v['yours']}` (profile: `{v['profile']}`)" for k, v in flags["kept"].items())
+            lines.append(f"- your settings kept over the profile's: {kept}")
+    if "in_effect" in flags:  # reports from session 26 on
+        in_effect = ", ".join(f"`{k}={v}`" for k, v in flags["in_effect"].items()) or "none (every flag at its default)"
+        lines.append(f"- NSA_ flags set for the run: {in_effect}")
+    f32 = env.get("float32")
+    if f32 is not None:
+        products = f32["products"] or f"unknown ({f32['error']})"
+        lines.append(f"- float32 products: {products} (torch's float32 matmul precision: "
+                     f"{f32['torch_matmul_precision']}; `NSA_FLOAT32_DOT`)")
+    if prof is not None:
+        off = [(name, f["reason"]) for name, f in env["features"].items() if not f["enabled"]]
+        lines.append("- features off: " + ("; ".join(f"{n} ({r})" for n, r in off) or "none"))
     lines += [f"- warning: {w}" for w in env["warnings"]]
     return lines + [""]
 

@@ -178,6 +178,35 @@ def test_env_states_profile_flags_versions_and_routing(pytester, inprocess, fake
         assert md_row(md, f"`{marker}`") == ["0"] * 7
 
 
+@pytest.mark.parametrize("flag, torch_level, products", [(None, "highest", "ieee"), ("tf32", "high", "tf32")])
+def test_env_states_the_flags_set_and_how_float32_multiplies(flag, torch_level, products, pytester, inprocess, fake,
+                                                            monkeypatch):
+    """Every NSA_ flag set for the run is recorded, not only those a profile touched, and the
+    float32 products with torch's setting they follow: both change what a run computes."""
+    import torch
+
+    fake()
+    for name in [n for n in __import__("os").environ if n.startswith("NSA_")]:
+        monkeypatch.delenv(name)
+    if flag is not None:
+        monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(torch_level)
+    try:
+        pytester.makepyfile(test_one="def test_one():\n    pass\n")
+        inprocess("--gpu-profile", "cpu", "--nsa-report", "out")
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    rep = only_report(pytester.path / "out")
+    assert_valid(rep)
+    env, md = rep["env"], rep["md"]
+    assert env["flags"]["in_effect"] == ({} if flag is None else {"NSA_FLOAT32_DOT": flag})
+    assert env["float32"] == {"torch_matmul_precision": torch_level, "products": products, "error": None}
+    assert (f"NSA_ flags set for the run: `NSA_FLOAT32_DOT={flag}`" if flag else
+            "NSA_ flags set for the run: none") in md
+    assert f"float32 products: {products} (torch's float32 matmul precision: {torch_level}" in md
+
+
 def test_faked_gpu_names_the_folder_after_the_device(pytester, fake, inprocess):
     fake("h200")
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
