@@ -19,8 +19,8 @@ the launcher's tensors are, so that loads can be pipelined), ``i32``/``i64``/``f
 runtime scalar (``i64/16``: one that Triton's launcher specialises as a multiple of 16, as it does
 the strides of most tensors; without it, loads along such a stride compile as 16-bit scalar loads,
 unlike the code that runs), ``tensordesc<bf16[1,64,1,128]>`` for a tensor descriptor built on the
-host (its block shape in brackets), anything else for a constexpr (``True``/``False``, an integer or a
-string).
+host (its block shape in brackets), anything else for a constexpr (``True``/``False``, ``None``, an
+integer or a string).
 Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
 take the compressed forward's scoring step from 616 to 457 instructions (docs/perf/prefill.md).
@@ -43,13 +43,16 @@ SCALARS = ("i32", "i64", "fp32")
 def _constexpr(value: str):
     if value in ("True", "False"):
         return value == "True"
+    if value == "None":
+        return None
     return int(value) if value.lstrip("-").isdigit() else value
 
 
 def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int, num_stages: int,
-                   maxnreg: int = 0) -> int:
-    """Compile ``module:kernel`` with the given parameter values (``maxnreg`` > 0 caps the registers
-    a thread as the launch option of that name does); returns its shared memory."""
+                   maxnreg: int = 0, capability: int = 90) -> int:
+    """Compile ``module:kernel`` with the given parameter values for compute ``capability``
+    (``maxnreg`` > 0 caps the registers a thread as the launch option of that name does); returns
+    its shared memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -77,7 +80,7 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
             signature[p] = "constexpr"
             constexprs[(i,)] = _constexpr(value)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32),
                             options=dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {})))
     with open(out + ".ttgir", "w") as f:
         f.write(kernel.asm["ttgir"])

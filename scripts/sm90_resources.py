@@ -39,26 +39,26 @@ _TORCH_TO_TRITON = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "f
                     "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
 
 
-def _describe(value: Any, is_constexpr: bool) -> Dict[str, Any]:
-    """How the launcher would type one argument: a pointer, a tensor descriptor, a scalar
-    (with Triton's multiple-of-16 specialisation) or a constexpr."""
+def _describe(value: Any, is_constexpr: bool) -> str:
+    """How the launcher would type one argument, in ``scripts/sass_loops.py``'s notation: a pointer
+    (``*bf16``), a tensor descriptor, a scalar (``i32/16`` where Triton specialises a multiple of
+    16) or a constexpr."""
     import torch
 
-    if is_constexpr:
-        return {"constexpr": value}
+    if is_constexpr or value is None:
+        return str(value)
     if isinstance(value, torch.Tensor):
-        return {"ptr": _TORCH_TO_TRITON[str(value.dtype).replace("torch.", "")]}
+        return "*" + _TORCH_TO_TRITON[str(value.dtype).replace("torch.", "")]
     if type(value).__name__ == "TensorDescriptor":
         dtype = _TORCH_TO_TRITON[str(value.base.dtype).replace("torch.", "")]
-        return {"desc": f"tensordesc<{dtype}[{','.join(str(b) for b in value.block_shape)}]>"}
+        return f"tensordesc<{dtype}[{','.join(str(b) for b in value.block_shape)}]>"
     if isinstance(value, bool):
-        return {"scalar": "i1", "div16": False}
+        return "i1"
     if isinstance(value, int):
-        return {"scalar": "i64" if abs(value) >= 2 ** 31 else "i32", "div16": value % 16 == 0 and value != 0}
+        kind = "i64" if abs(value) >= 2 ** 31 else "i32"
+        return kind + ("/16" if value % 16 == 0 and value != 0 else "")
     if isinstance(value, float):
-        return {"scalar": "fp32", "div16": False}
-    if value is None:
-        return {"constexpr": None}
+        return "fp32"
     raise TypeError(f"cannot describe an argument of type {type(value).__name__}")
 
 
@@ -100,7 +100,6 @@ def record(args: argparse.Namespace) -> None:
 
 
 def compile_all(args: argparse.Namespace) -> None:
-    import importlib
     import os
     import tempfile
 
@@ -108,48 +107,28 @@ def compile_all(args: argparse.Namespace) -> None:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90_resources_cache_")
 
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from sass_loops import resource_usage
+    from sass_loops import compile_kernel, resource_usage
 
     with open(args.launches) as f:
         launches: List[Dict[str, Any]] = json.load(f)
     cap = args.capability
     print(f"triton {triton.__version__}, sm_{cap}\n")
-    print(f"| kernel | warps | stages | shared KB | fits {SHARED_LIMIT[cap] // 1024} KB | registers / stack (B) | compile s |")
+    print(f"| kernel | warps | stages | shared KB | fits {SHARED_LIMIT[cap] // 1024} KB | registers / stack (B) | compile and SASS dump s |")
     print("|---|---:|---:|---:|---|---|---:|")
     for i, entry in enumerate(launches):
-        module, name = entry["kernel"].split(":")
-        fn = getattr(importlib.import_module(module), name)
-        signature, constexprs, attrs = {}, {}, {}
-        for j, (param, desc) in enumerate(entry["values"].items()):
-            if "ptr" in desc:
-                signature[param] = "*" + desc["ptr"]
-                attrs[(j,)] = [["tt.divisibility", 16]]
-            elif "desc" in desc:
-                signature[param] = desc["desc"]
-            elif "scalar" in desc:
-                signature[param] = desc["scalar"]
-                if desc["div16"]:
-                    attrs[(j,)] = [["tt.divisibility", 16]]
-            else:
-                signature[param] = "constexpr"
-                constexprs[(j,)] = desc["constexpr"]
-        opts = {"num_warps": 4, "num_stages": 3, **entry["options"]}
+        name = entry["kernel"].split(":")[1]
+        opts = {"num_warps": 4, "num_stages": 3, "maxnreg": 0, **entry["options"]}
         start = time.perf_counter()
         try:
-            kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                    target=GPUTarget("cuda", cap, 32), options=opts)
+            shared = compile_kernel(entry["kernel"], f"{args.tmp}/k{i}", entry["values"], opts["num_warps"],
+                                    opts["num_stages"], opts["maxnreg"], capability=cap)
         except Exception as err:  # noqa: BLE001 - a launch that does not compile is a finding
             print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | | | failed: {str(err)[:80]} | |")
             continue
         seconds = time.perf_counter() - start
         cubin = f"{args.tmp}/k{i}.cubin"
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
         usage = resource_usage(cubin)
-        shared = kernel.metadata.shared
         fits = "yes" if shared <= SHARED_LIMIT[cap] else "**no**"
         print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | {shared / 1024:.1f} | {fits} | "
               f"{usage} | {seconds:.1f} |", flush=True)

@@ -68,10 +68,13 @@ def whole_device_tests_last(items: List[pytest.Item], pin: Optional[Pin], enviro
 
     Why: such a test waits for every test in flight on its GPU, and the tests that arrive
     meanwhile queue behind it, so each one holds up every worker of its GPU for up to the
-    longest test in flight. On an H100 with 12 workers the suite's three took 119-152 s a worker
-    of a 348-s run (session 25). At the end of the session few tests are left to hold up. Every
-    worker decides from the same worker count and pool, so all collect the same order, as xdist
-    requires."""
+    longest test in flight. On an H100 with 12 workers the workers waited 119-152 s each in a 348-s
+    run (session 25); at the end of the session fewer tests are left to hold up. Measured since
+    (session 26, 12 workers, other tests): 106-142 s and 69-201 s. The waits are mostly the
+    whole-device tests' own run time, which every other worker sits out wherever they run, so the
+    order moves them little; it stays (exact and cheap), though no run has shown it shortening them.
+    Every worker decides from the
+    same worker count and pool, so all collect the same order, as xdist requires."""
     if pin is None or WORKER_ENV not in environ or int(environ.get(WORKER_COUNT_ENV) or 1) <= len(pin.pool):
         return False
     alone = [needs_whole_device(item) for item in items]

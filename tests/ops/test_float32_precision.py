@@ -21,6 +21,8 @@ from nsa.ops._triton.attention import dot_precision
 from nsa.ops.decode import nsa_decode
 from nsa.testing import assert_close
 
+from _kernel_inputs import qkv
+
 pytestmark = pytest.mark.triton
 CPU = torch.device("cpu")
 
@@ -121,12 +123,9 @@ def _nsa_forward_backward(q, k, v, gates, config, backend, do):
     return [o] + [x.grad for x in leaves]
 
 
-def _inputs(T, HQ, H, D, device, dtype=torch.float32):
-    q = torch.randn(1, T, HQ, D, device=device, dtype=dtype)
-    k = torch.randn(1, T, H, D, device=device, dtype=dtype)
-    v = torch.randn(1, T, H, D, device=device, dtype=dtype)
-    gates = torch.rand(1, T, HQ, 3, device=device, dtype=dtype)
-    return q, k, v, gates
+def _inputs(T, HQ, H, D, device):
+    """float32 ``q, k, v`` (:func:`qkv`, B = 1) and gates."""
+    return (*qkv(1, T, HQ, H, D, D, torch.float32, device), torch.rand(1, T, HQ, 3, device=device))
 
 
 @pytest.mark.parametrize("torch_level, flag, expected",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -186,7 +187,7 @@ def test_env_states_the_flags_set_and_how_float32_multiplies(flag, torch_level, 
     import torch
 
     fake()
-    for name in [n for n in __import__("os").environ if n.startswith("NSA_")]:
+    for name in [n for n in os.environ if n.startswith("NSA_")]:
         monkeypatch.delenv(name)
     if flag is not None:
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)

@@ -62,7 +62,7 @@ def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> st
     16-bit inputs: irrelevant (``"tf32"``, Triton's default). float32: ``NSA_FLOAT32_DOT``, whose
     default ``auto`` follows ``torch.get_float32_matmul_precision()``
     (:data:`FLOAT32_DOT_BY_TORCH_PRECISION`): exact ``ieee`` at torch's default "highest". The
-    tensor-core precisions apply where their launches are sized (:func:`fit_stages`): heads up to
+    tensor-core precisions apply where their launches are sized (:func:`pipeline_stages`): heads up to
     128 wide on a GPU with Hopper's shared memory. Elsewhere the products stay ``ieee``: float32
     tiles of 192-wide heads asked 256-384 KiB of an H100's 227 (session 26), and compiled for an
     A100 the dK/dV kernels would ask 176 KiB of its 163."""
@@ -76,19 +76,15 @@ def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> st
     return choice
 
 
-def float32_on_tensor_cores(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether tiles of ``dtype`` multiply on tensor cores as float32 (``tf32``/``tf32x3``,
-    :func:`dot_precision`): 4-byte operands in shared memory, and for ``tf32x3`` their split
-    halves beside them."""
-    return dtype == torch.float32 and dot_precision(dtype, device, head_dim) != "ieee"
-
-
-def fit_stages(cfg: dict, dtype: torch.dtype, device: torch.device, head_dim: int) -> dict:
-    """A copy of the launch options ``cfg``, with ``num_stages`` 1 where float32 tiles multiply on
-    tensor cores (:func:`float32_on_tensor_cores`). Two stages of the tiles tuned for 16-bit
-    inputs (64 rows, 64 keys, head dim 128) then ask 256 KiB of shared memory, past an H100's
-    227; one asks 192 (sm_90 compiles of every launch, ``scripts/sm90_resources.py``)."""
-    return dict(cfg, num_stages=1) if float32_on_tensor_cores(dtype, device, head_dim) else dict(cfg)
+def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.device, head_dim: int) -> Optional[int]:
+    """A launch's pipeline stages: ``stages`` as tuned (None or 0 too: the launcher's default), or 1
+    where float32 tiles multiply on tensor cores (``tf32``/``tf32x3``, :func:`dot_precision`).
+    Their 4-byte operands, and for ``tf32x3`` the split halves beside them, sit in shared memory:
+    two stages of the tiles tuned for 16-bit inputs (64 rows, 64 keys, head dim 128) ask 256 KiB,
+    past an H100's 227; one asks 192 (sm_90 compiles of every launch, ``scripts/sm90_resources.py``)."""
+    if dtype == torch.float32 and dot_precision(dtype, device, head_dim) != "ieee":
+        return 1
+    return stages
 
 
 #: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on

@@ -42,8 +42,8 @@ from nsa.ops._triton.attention import (
     attn_fwd_finish,
     attn_fwd_step,
     dot_precision,
-    float32_on_tensor_cores,
     next_pow2,
+    pipeline_stages,
 )
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
@@ -371,7 +371,7 @@ def compressed_fwd(
         maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
     block_n = block_n or 64
     if num_stages is None:
-        num_stages = 3 if narrow_16bit else 1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2
+        num_stages = 3 if narrow_16bit else pipeline_stages(2, q.dtype, q.device, max(DK, DV))
     geo = _score_geometry(config, blocks_per_step)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None
     lse = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device) if store_o else None

@@ -37,7 +37,7 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     dq_from_ds_budget,
-    float32_on_tensor_cores,
+    pipeline_stages,
     hopper_tiles_fit,
     load_gate,
     next_pow2,
@@ -329,7 +329,7 @@ def compressed_bwd(
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
     dK/dV kernel's where :data:`DKDV_TILES` does not apply (``num_stages`` None: 2, or 1 for
-    float32 on tensor cores, :func:`float32_on_tensor_cores`); ``dkdv = (rows, block_n,
+    float32 on tensor cores, :func:`pipeline_stages`); ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None). With it, and where the buffer fits
@@ -356,7 +356,7 @@ def compressed_bwd(
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
     if num_stages is None:
-        num_stages = 1 if float32_on_tensor_cores(q.dtype, q.device, max(DK, DV)) else 2
+        num_stages = pipeline_stages(2, q.dtype, q.device, max(DK, DV))
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
                   num_warps=num_warps or 4, num_stages=num_stages)

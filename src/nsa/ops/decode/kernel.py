@@ -60,9 +60,9 @@ from nsa.ops._triton.attention import (
     cuda_capability_major,
     descriptor_ready,
     dot_precision,
-    float32_on_tensor_cores,
     last_dim_contiguous,
     next_pow2,
+    pipeline_stages,
     sm_count,
     token_tile_descriptor,
 )
@@ -1078,8 +1078,7 @@ def decode_fwd(
         k_win_arg, v_win_arg = token_tile_descriptor(k_win, cmp_attend["BC"], BK), token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
-    if cmp_stages is None and float32_on_tensor_cores(q.dtype, q.device, max(K, V)):
-        cmp_stages = 1  # 3 stages of float32 tiles through tensor cores ask 256 KiB of shared memory
+    cmp_stages = pipeline_stages(cmp_stages, q.dtype, q.device, max(K, V))
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split

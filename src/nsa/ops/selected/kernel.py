@@ -55,12 +55,12 @@ from nsa.ops._triton.attention import (
     descriptor_ready,
     dot_precision,
     dq_from_ds_budget,
-    fit_stages,
     hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
     next_pow2,
+    pipeline_stages,
     row_offsets,
     sm_count,
     store_scaled,
@@ -676,7 +676,8 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
 
 def _forced_launch(dims: dict, q: torch.Tensor) -> Tuple[dict, int]:
     """Constexprs and launch parameters of a forced-block kernel for queries ``q``, and its ``BT``."""
-    cfg = _warps(fit_stages(FORCED_TILES, q.dtype, q.device, max(dims["DK"], dims["DV"])), dims, 4)
+    stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, max(dims["DK"], dims["DV"]))
+    cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
     return dict(dims, GP=GP, BT=BT, **cfg), BT
@@ -844,7 +845,9 @@ def selected_bwd(
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    cfg = {kind: dict(fit_stages(BWD_TILES[kind], q.dtype, q.device, max(q.shape[-1], v.shape[-1])), **(tiles or {}).get(kind, {})) for kind in BWD_TILES}
+    head_dim = max(q.shape[-1], v.shape[-1])
+    cfg = {kind: {**default, "num_stages": pipeline_stages(default["num_stages"], q.dtype, q.device, head_dim),
+                  **(tiles or {}).get(kind, {})} for kind, default in BWD_TILES.items()}
     skip_local = forced[1] if forced_done else 0
     ds = ds_buffer(q, block_idx, sel_block, cfg["dq"])
     if ds is not None:  # dK/dV first: it leaves dS for the dQ

@@ -53,12 +53,12 @@ from nsa.ops._triton.attention import (
     attn_fwd_step,
     check_gate,
     dot_precision,
-    fit_stages,
     hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
     next_pow2,
+    pipeline_stages,
     row_offsets,
     store_scaled,
 )
@@ -571,7 +571,8 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: 
     """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
-    cfg = fit_stages(SMALL_DKDV_TILES if small else BWD_TILES[kind], dtype, device, max(DK, DV))
+    cfg = dict(SMALL_DKDV_TILES if small else BWD_TILES[kind])
+    cfg["num_stages"] = pipeline_stages(cfg["num_stages"], dtype, device, max(DK, DV))
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
