@@ -48,16 +48,23 @@ def compiled_kernels() -> Dict[Tuple[str, int], str]:
     return out
 
 
-def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda", T: int = 300) -> List[Tuple[str, Callable[[], None]]]:
+def ops(dtype: torch.dtype, dk: int, dv: int, dev: str = "cuda", T: int = 300,
+        random_selection: bool = False) -> List[Tuple[str, Callable[[], None]]]:
     """``(name, forward+backward)`` of each op on fresh inputs of ``T`` tokens (the decode step:
-    forward)."""
+    forward). ``random_selection`` gives ``selected_attention`` random blocks instead of the
+    selection's (for callers that launch no kernel, whose selection would be garbage)."""
     B, HQ, H = 1, 16, 1
     q = torch.randn(B, T, HQ, dk, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(B, T, H, dk, device=dev, dtype=dtype, requires_grad=True)
     v = torch.randn(B, T, H, dv, device=dev, dtype=dtype, requires_grad=True)
     gates = torch.rand(B, T, HQ, 3, device=dev, dtype=dtype, requires_grad=True)
     k_cmp, v_cmp = (mean_compress(x.detach(), CONFIG).requires_grad_() for x in (k, v))
-    block_idx = select_blocks(q.detach(), k_cmp.detach(), CONFIG, backend="triton")
+    if random_selection:
+        visible = torch.arange(T, device=dev) // CONFIG.sel_block + 1  # blocks each query sees
+        draws = torch.rand(B, T, H, CONFIG.sel_count, device=dev)
+        block_idx = (draws * visible[None, :, None, None]).long().to(torch.int32)
+    else:
+        block_idx = select_blocks(q.detach(), k_cmp.detach(), CONFIG, backend="triton")
 
     def backward(*outs):
         torch.autograd.backward([o for o in outs if o.requires_grad],

@@ -71,7 +71,8 @@ from nsa.ops.selected.kernel import (
     selected_bwd_dq,
     selected_fwd,
 )
-from nsa.ops._triton.attention import LOG2E, attn_bwd_delta, sm_count
+from nsa.ops._triton.attention import LOG2E, attn_bwd_delta
+from nsa.ops._triton.device import sm_count
 
 DEV = torch.device("cuda")
 D = 128  # the workload's head dim (Shape.default on a GPU: 64 query heads, 4 KV heads, bf16)

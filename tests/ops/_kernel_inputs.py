@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Dict, Iterator, List, Tuple
+
 import pytest
 import torch
 
@@ -20,6 +23,17 @@ def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):
     k = torch.randn(B, TK, H, DK, device=device, dtype=dtype)
     v = torch.randn(B, TK, H, DV, device=device, dtype=dtype)
     return q, k, v
+
+
+def nsa_forward_backward(q, k, v, gates, config, backend, do):
+    """``o`` of :func:`nsa.nsa_attention` and the gradients of ``q, k, v, gates`` for the upstream
+    gradient ``do`` (float64)."""
+    from nsa import nsa_attention
+
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
+    o = nsa_attention(*leaves, config, backend=backend)
+    (o.double() * do).sum().backward()
+    return [o] + [x.grad for x in leaves]
 
 
 def assert_bitwise_repeatable(run):
@@ -44,3 +58,25 @@ def spy_launches(monkeypatch, module, name, *keys):
 
     monkeypatch.setattr(module, name, Spy())
     return launched
+
+
+@contextlib.contextmanager
+def every_launch() -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
+    """Record every Triton launch inside the block, as ``(kernel name, keyword arguments)``: the
+    constexprs and launch options (``num_warps``, ``num_stages``) that the launcher passed by
+    keyword, and the positional arguments under ``"args"``."""
+    from nsa.ops.window.kernel import window_fwd_kernel
+
+    kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
+    real_run = kernel_type.run
+    launches: List[Tuple[str, Dict[str, Any]]] = []
+
+    def run(self, *args, **kwargs):
+        launches.append((self.fn.__name__, dict(kwargs, args=args)))
+        return real_run(self, *args, **kwargs)
+
+    kernel_type.run = run
+    try:
+        yield launches
+    finally:
+        kernel_type.run = real_run

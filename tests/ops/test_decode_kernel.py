@@ -19,6 +19,7 @@ import torch
 from _kernel_inputs import spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
+from nsa.ops._triton.device import sized_as
 from nsa.ops.decode import nsa_decode
 from nsa.testing import assert_close
 
@@ -321,7 +322,7 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(S, nsa_device):
     equal to PDL on all three and off on all three (batch 1, bf16, paper geometry)."""
     from nsa.ops.decode.kernel import _pdl_supported, decode_fwd
 
-    if not _pdl_supported(torch.device(nsa_device).index or 0):
+    if not _pdl_supported(torch.device(nsa_device)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
     config = NSAConfig()
     q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs([S], 64, 4, 128, 128, config, nsa_device)
@@ -350,8 +351,30 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(S, nsa_device):
 def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
     """bf16 kernel vs the float32 reference at paper geometry; blocks may differ only at
     near-ties of the float32 scores (none expected at these sizes with random data)."""
+    _check_bf16_real_size(lens, HQ, H, DK, DV, nsa_device)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize("gpu", ["a100", "rtx4090"])
+@pytest.mark.parametrize(
+    "lens, HQ, H, DK, DV",
+    [
+        pytest.param([8192, 5001], 64, 4, 128, 128, id="B2-8k-5001-HQ64-H4-D128"),
+        pytest.param([16384 - 1531 * i for i in range(16)], 64, 4, 128, 128, id="B16-16k-unequal-HQ64-H4-D128"),
+    ],
+)
+def test_decode_sized_for_other_gpus_real_size(gpu, lens, HQ, H, DK, DV, nsa_device):
+    """The decode launches of an A100 or a consumer GPU (no bulk copies at batch 16, no
+    programmatic dependent launch) compute the same step (``nsa.ops._triton.device.sized_as``)."""
+    with sized_as(gpu):
+        _check_bf16_real_size(lens, HQ, H, DK, DV, nsa_device)
+
+
+def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
     config = NSAConfig()
-    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, HQ, H, DK, DV, config, nsa_device)
+    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, HQ, H, DK, DV, config, device)
     ins = (q, k, v, gates, seq_lens, config)
     kw = dict(kv_cmp=(k_cmp, v_cmp), kv_win=(k_win, v_win), return_block_idx=True)
     o, idx = nsa_decode(*ins, backend="triton", **kw)

@@ -8,20 +8,20 @@ otherwise (:func:`nsa.ops._triton.attention.dot_precision`). On CPU the interpre
 
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, Iterator, Set, Tuple
+import dataclasses
+from typing import Dict, Set, Tuple
 
 import pytest
 import torch
 import triton
 
-from nsa import NSAConfig, flags, nsa_attention
+from nsa import NSAConfig, flags
 from nsa.ops import mean_compress
 from nsa.ops._triton.attention import dot_precision
 from nsa.ops.decode import nsa_decode
 from nsa.testing import assert_close
 
-from _kernel_inputs import qkv
+from _kernel_inputs import every_launch, nsa_forward_backward, qkv
 
 pytestmark = pytest.mark.triton
 CPU = torch.device("cpu")
@@ -67,15 +67,15 @@ def test_exact_float32_where_the_tensor_core_tiles_do_not_fit(shared_kib, flag, 
                                                               float32_matmul_precision):
     """The tensor-core launches are sized for Hopper's shared memory: on a GPU with less (an A100's
     163 KiB, a consumer card's 99) float32 stays exact, whether torch's setting or the flag asked."""
-    from nsa.ops._triton import attention
+    from nsa.ops._triton.device import SHIPPED_GPUS, sized_as
 
     float32_matmul_precision("high")
-    monkeypatch.setattr(attention, "_shared_memory_per_program", lambda index: shared_kib * 1024)
     if flag is None:
         monkeypatch.delenv("NSA_FLOAT32_DOT", raising=False)
     else:
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
-    assert dot_precision(torch.float32, torch.device("cuda", 0), 128) == expected
+    with sized_as(dataclasses.replace(SHIPPED_GPUS["h100"], shared_memory=shared_kib * 1024)):
+        assert dot_precision(torch.float32, CPU, 128) == expected
 
 
 def test_bad_float32_precision_names_the_flag(monkeypatch):
@@ -84,43 +84,23 @@ def test_bad_float32_precision_names_the_flag(monkeypatch):
         dot_precision(torch.float32, CPU, 128)
 
 
-@contextlib.contextmanager
-def _launch_precisions() -> Iterator[Dict[str, Set[Tuple[str, int]]]]:
-    """Record the ``PREC`` argument and the pipeline stages (0: Triton's default) of every Triton
-    launch inside the block that takes a ``PREC``: ``{kernel: {(PREC, num_stages)}}``."""
-    from nsa.ops.window.kernel import window_fwd_kernel
-
-    kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
-    real_run = kernel_type.run
+def _precisions(launches) -> Dict[str, Set[Tuple[str, int]]]:
+    """The ``PREC`` argument and the pipeline stages (0: Triton's default) of every launch of
+    :func:`every_launch` that takes a ``PREC``: ``{kernel: {(PREC, num_stages)}}``."""
     seen: Dict[str, Set[Tuple[str, int]]] = {}
-
-    def run(self, *args, **kwargs):
+    for name, kwargs in launches:
         if "PREC" in kwargs:
-            seen.setdefault(self.fn.__name__, set()).add((kwargs["PREC"], kwargs.get("num_stages", 0)))
-        return real_run(self, *args, **kwargs)
-
-    kernel_type.run = run
-    try:
-        yield seen
-    finally:
-        kernel_type.run = real_run
+            seen.setdefault(name, set()).add((kwargs["PREC"], kwargs.get("num_stages", 0)))
+    return seen
 
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 #: Kernels whose float32 tiles ask more than an H100's 227 KiB of shared memory on tensor cores
-#: unless they take one pipeline stage (sm_90 compiles, ``scripts/sm90_resources.py``: 256 KiB with
+#: unless they take one pipeline stage (sm_90 compiles, ``scripts/launch_resources.py``: 256 KiB with
 #: two stages or, for the decode's compressed pass, three).
 ONE_STAGE_ON_TENSOR_CORES = {"compressed_fwd_kernel", "compressed_bwd_dkdv_kernel", "selected_bwd_dkdv_kernel",
                              "window_bwd_dq_kernel", "window_bwd_dkdv_kernel", "decode_cmp_win_fwd_kernel"}
-
-
-def _nsa_forward_backward(q, k, v, gates, config, backend, do):
-    """``o`` and the gradients of ``q, k, v, gates`` for the upstream gradient ``do`` (float64)."""
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
-    o = nsa_attention(*leaves, config, backend=backend)
-    (o.double() * do).sum().backward()
-    return [o] + [x.grad for x in leaves]
 
 
 def _inputs(T, HQ, H, D, device):
@@ -142,11 +122,12 @@ def test_every_float32_launch_takes_the_chosen_precision(torch_level, flag, expe
     else:
         monkeypatch.setenv("NSA_FLOAT32_DOT", flag)
     q, k, v, gates = _inputs(40, 4, 1, 16, nsa_device)
-    with _launch_precisions() as seen:
-        _nsa_forward_backward(q, k, v, gates, SMALL, "triton", torch.randn(q.shape, dtype=torch.float64, device=nsa_device))
+    with every_launch() as launches:
+        nsa_forward_backward(q, k, v, gates, SMALL, "triton", torch.randn(q.shape, dtype=torch.float64, device=nsa_device))
         k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
         nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=nsa_device), SMALL,
                    kv_cmp=(k_cmp, v_cmp), backend="triton")
+    seen = _precisions(launches)
     assert {"compressed_fwd_kernel", "compressed_bwd_dkdv_kernel", "selected_fwd_kernel", "selected_bwd_dkdv_kernel",
             "window_fwd_kernel", "window_bwd_dq_kernel", "window_bwd_dkdv_kernel"} <= set(seen)
     assert {"decode_cmp_win_fwd_kernel", "decode_selected_fwd_kernel"} <= set(seen), sorted(seen)
@@ -169,7 +150,7 @@ def test_float32_on_tensor_cores_matches_the_reference_on_gpu(nsa_device, nsa_to
     config = NSAConfig(window=128)
     q, k, v, gates = _inputs(600, 16, 1, 128, nsa_device)
     do = torch.randn(q.shape, dtype=torch.float64, device=nsa_device)
-    got = _nsa_forward_backward(q, k, v, gates, config, "triton", do)
-    want = _nsa_forward_backward(q.double(), k.double(), v.double(), gates.double(), config, "reference", do)
+    got = nsa_forward_backward(q, k, v, gates, config, "triton", do)
+    want = nsa_forward_backward(q.double(), k.double(), v.double(), gates.double(), config, "reference", do)
     for name, a, b in zip(("o", "dq", "dk", "dv", "dgates"), got, want):
         assert_close(name, a, b, nsa_tolerance(torch.float32, "fwd" if name == "o" else "grad"))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nsa import NSAConfig, nsa_attention
+from nsa.ops._triton.device import sized_as
 from nsa.testing import assert_close
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
@@ -61,6 +62,30 @@ def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, config, nsa
 @pytest.mark.requires(memory_gib=40)  # its float32 reference peaks near 35 GiB: it runs alone on a shared GPU
 def test_nsa_attention_triton_bf16_real_size(nsa_device, nsa_tolerance):
     _check(1, 4096 + 77, 64, 4, 128, 128, NSAConfig(), torch.bfloat16, torch.float32, nsa_device, nsa_tolerance)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "rtx4090"])
+@pytest.mark.parametrize("DK, DV", [(16, 16), (192, 128)], ids=["D16", "DK192-DV128"])
+def test_nsa_attention_sized_for_other_gpus(gpu, DK, DV, nsa_device, nsa_tolerance):
+    """The launches an A100 or a consumer GPU makes (no bulk copies, their tiles and stages:
+    ``tests/ops/test_launch_sizing.py``) compute the same prefill, forward and gradients."""
+    with sized_as(gpu):
+        _check(1, 61, 4, 1, DK, DV, SMALL_FORCED, torch.float32, torch.float64, nsa_device, nsa_tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gpu", ["a100", "rtx4090"])
+@pytest.mark.parametrize(
+    "T, HQ, H, DK, DV",
+    [(4096 + 77, 32, 2, 128, 128), (2053, 16, 1, 192, 128)],
+    ids=["T4173-HQ32-H2-D128", "T2053-G16-DK192-DV128"],
+)
+def test_nsa_attention_sized_for_other_gpus_real_size(gpu, T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
+    """The same in bf16 at real sizes, on whatever GPU runs the suite (compiled for it, so this
+    checks what the launches compute; whether they fit the other GPU, the sm_80/sm_89 compiles of
+    ``scripts/launch_resources.py`` checked, docs/perf/other_gpus.md)."""
+    with sized_as(gpu):
+        _check(1, T, HQ, H, DK, DV, NSAConfig(), torch.bfloat16, torch.float32, nsa_device, nsa_tolerance)
 
 
 def _inference_and_training(T, HQ, H, D, config, dtype, device):

@@ -190,7 +190,8 @@ def test_selected_block_copies_equal_plain_loads(forced, bq, nsa_device):
     (``KV_DESC``: the forward's default where copies run, the CPU included) give bitwise the
     plain loads' results, also over a cache whose unwritten tail holds NaN: the keys that the
     mask drops must not reach ``P V`` or ``dS K`` as ``0 * NaN``."""
-    from nsa.ops._triton.attention import attn_bwd_delta, bulk_copies_supported
+    from nsa.ops._triton.attention import attn_bwd_delta
+    from nsa.ops._triton.device import bulk_copies_supported
     from nsa.ops.selected.kernel import selected_bwd_dq
 
     if not bulk_copies_supported(nsa_device):

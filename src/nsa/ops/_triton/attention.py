@@ -27,7 +27,6 @@ the mask, only edge tiles pay for it.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -36,6 +35,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa import flags
+from nsa.ops._triton.device import device_memory, large_shared_memory, small_shared_memory
 
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
 LOG2E = 1.4426950408889634
@@ -76,28 +76,25 @@ def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> st
     return choice
 
 
-def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.device, head_dim: int) -> Optional[int]:
+def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.device, head_dim: int, *,
+                    wide_heads_one_stage: bool = False) -> Optional[int]:
     """A launch's pipeline stages: ``stages`` as tuned (None or 0 too: the launcher's default), or 1
-    where float32 tiles multiply on tensor cores (``tf32``/``tf32x3``, :func:`dot_precision`).
-    Their 4-byte operands, and for ``tf32x3`` the split halves beside them, sit in shared memory:
-    two stages of the tiles tuned for 16-bit inputs (64 rows, 64 keys, head dim 128) ask 256 KiB,
-    past an H100's 227; one asks 192 (sm_90 compiles of every launch, ``scripts/sm90_resources.py``)."""
+    where the tuned tiles would not fit the GPU's shared memory otherwise (compiles of every launch
+    for each shipped GPU, ``scripts/launch_resources.py``):
+
+    - float32 tiles multiplied on tensor cores (``tf32``/``tf32x3``, :func:`dot_precision`): their
+      4-byte operands, and for ``tf32x3`` the split halves beside them, sit in shared memory; two
+      stages of the tiles tuned for 16-bit inputs (64 rows, 64 keys, head dim 128) ask 256 KiB,
+      past an H100's 227, one asks 192;
+    - ``wide_heads_one_stage`` launches with heads wider than 128 (tiles padded to 256) on a GPU
+      with less than 128 KiB a program (:func:`small_shared_memory`: an RTX 4090's or 3090's 99).
+      The launchers pass it where two stages ask 104-112 KiB there (sm_89 compiles): the
+      backward kernels, the compressed forward. The other launches fit in their tuned stages."""
     if dtype == torch.float32 and dot_precision(dtype, device, head_dim) != "ieee":
         return 1
+    if wide_heads_one_stage and head_dim > 128 and small_shared_memory(device):
+        return 1
     return stages
-
-
-#: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on
-#: Hopper (227 KiB) are used; the A100 (163 KiB) and consumer GPUs (99 KiB) keep the smaller ones.
-LARGE_SHARED_MEMORY = 200 * 1024
-
-
-def sm_count(device: torch.device, interpreter: int = 1) -> int:
-    """Streaming multiprocessors of ``device``; on the CPU, ``interpreter`` stands in (launch
-    heuristics then see a tiny GPU, so small test problems still take their multi-program paths)."""
-    if device.type != "cuda":
-        return interpreter
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def hopper_tiles_fit(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
@@ -108,27 +105,6 @@ def hopper_tiles_fit(dtype: torch.dtype, head_dim: int, device: torch.device) ->
     return large_shared_memory(device)
 
 
-def large_shared_memory(device: torch.device) -> bool:
-    """Whether ``device`` offers a program at least :data:`LARGE_SHARED_MEMORY` of shared memory.
-    The CPU counts as large, since the interpreter has no such limit, so that CI runs the launch
-    configurations of the H100/H200."""
-    if device.type != "cuda":
-        return True
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _shared_memory_per_program(index) >= LARGE_SHARED_MEMORY
-
-
-@lru_cache(maxsize=None)
-def _shared_memory_per_program(index: int) -> int:
-    props = torch.cuda.get_device_properties(index)
-    optin = getattr(props, "shared_memory_per_block_optin", None)
-    if optin is None:  # older torch: ask Triton's driver
-        from triton.runtime import driver
-
-        optin = driver.active.utils.get_device_properties(index)["max_shared_mem"]
-    return int(optin)
-
-
 def dq_from_ds_budget(flag: str, device: torch.device) -> int:
     """Bytes a branch's backward may fill with its dK/dV kernel's ``dS`` so that its dQ reads
     ``dS`` instead of recomputing the softmax: the MiB of the NSA_ flag ``flag``, or for -1 an
@@ -136,9 +112,7 @@ def dq_from_ds_budget(flag: str, device: torch.device) -> int:
     mib = flags.get(flag)
     if mib >= 0:
         return mib * 2**20
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 8
-    return 4 * 2**30
+    return device_memory(device) // 8
 
 
 def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -159,21 +133,6 @@ def check_gate(gate: Optional[torch.Tensor], rows: Tuple[int, int, int]) -> bool
     if gate.dtype != torch.float32 or not gate.is_contiguous():
         raise ValueError(f"gate must be contiguous float32, got {gate.dtype} with strides {gate.stride()}")
     return True
-
-
-def bulk_copies_supported(device: torch.device) -> bool:
-    """Whether tensor-descriptor (TMA) bulk copies run on ``device``: Hopper (compute capability
-    9.0) or later. The CPU counts as able, since the interpreter runs them, so that CI tests the
-    path that the H100/H200 take."""
-    if device.type != "cuda":
-        return True
-    return cuda_capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
-@lru_cache(maxsize=None)
-def cuda_capability_major(index: int) -> int:
-    """Major compute capability of CUDA device ``index`` (9 for Hopper), asked once."""
-    return torch.cuda.get_device_capability(index)[0]
 
 
 def describable(t: torch.Tensor) -> bool:

@@ -371,7 +371,7 @@ def compressed_fwd(
         maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
     block_n = block_n or 64
     if num_stages is None:
-        num_stages = 3 if narrow_16bit else pipeline_stages(2, q.dtype, q.device, max(DK, DV))
+        num_stages = 3 if narrow_16bit else pipeline_stages(2, q.dtype, q.device, max(DK, DV), wide_heads_one_stage=True)
     geo = _score_geometry(config, blocks_per_step)
     o = torch.empty(B, TQ, HQ, DV, dtype=q.dtype, device=q.device) if store_o else None
     lse = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device) if store_o else None

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
+from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_dkdv_ds_step,
@@ -41,7 +42,6 @@ from nsa.ops._triton.attention import (
     hopper_tiles_fit,
     load_gate,
     next_pow2,
-    sm_count,
     store_scaled,
 )
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
@@ -356,7 +356,7 @@ def compressed_bwd(
     delta = delta if has_delta else torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
     gated = check_gate(gate, (B, TQ, HQ))
     if num_stages is None:
-        num_stages = pipeline_stages(2, q.dtype, q.device, max(DK, DV))
+        num_stages = pipeline_stages(2, q.dtype, q.device, max(DK, DV), wide_heads_one_stage=True)
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
                   num_warps=num_warps or 4, num_stages=num_stages)

@@ -54,16 +54,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
+from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
-    bulk_copies_supported,
-    cuda_capability_major,
     descriptor_ready,
     dot_precision,
     last_dim_contiguous,
     next_pow2,
     pipeline_stages,
-    sm_count,
     token_tile_descriptor,
 )
 
@@ -908,10 +906,10 @@ def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) 
     return rows_groups * config.sel_count > 4 * _sm_count(device)
 
 
-def _pdl_supported(index: int) -> bool:
+def _pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch needs Hopper (compute capability 9.0) or later
     (``scripts/gpu_decode.py`` turns it off here where the driver cannot)."""
-    return cuda_capability_major(index) >= 9
+    return capability_major(device) >= 9
 
 
 def decode_fwd(
@@ -1025,10 +1023,9 @@ def decode_fwd(
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
     PREC = dot_precision(q.dtype, q.device, max(K, V))
     on_gpu = q.device.type == "cuda"
-    index = q.device.index if q.device.index is not None else (torch.cuda.current_device() if on_gpu else 0)
     fills = _batch_fills_gpu(rows * H, config, q.device)
     if pdl is None:
-        pdl = on_gpu and _pdl_supported(index) and not fills
+        pdl = on_gpu and _pdl_supported(q.device) and not fills
     early = tuple(bool(e) for e in pdl) if isinstance(pdl, (tuple, list)) else (bool(pdl),) * 3
     if len(early) != 3:
         raise ValueError(f"pdl must be a bool or three flags (score, selected, combine launches), got {pdl!r}")

@@ -41,6 +41,7 @@ from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops.selected.inversion import invert_selection
+from nsa.ops._triton.device import bulk_copies_supported, sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
@@ -49,7 +50,6 @@ from nsa.ops._triton.attention import (
     attn_bwd_dq_step,
     attn_fwd_finish,
     attn_fwd_step,
-    bulk_copies_supported,
     check_gate,
     describable,
     descriptor_ready,
@@ -62,7 +62,6 @@ from nsa.ops._triton.attention import (
     next_pow2,
     pipeline_stages,
     row_offsets,
-    sm_count,
     store_scaled,
     token_tile_descriptor,
 )
@@ -674,9 +673,11 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     )
 
 
-def _forced_launch(dims: dict, q: torch.Tensor) -> Tuple[dict, int]:
-    """Constexprs and launch parameters of a forced-block kernel for queries ``q``, and its ``BT``."""
-    stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, max(dims["DK"], dims["DV"]))
+def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, int]:
+    """Constexprs and launch parameters of a forced-block kernel for queries ``q`` (the ``dQ``
+    kernel's with ``backward``), and its ``BT``."""
+    stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, max(dims["DK"], dims["DV"]),
+                             wide_heads_one_stage=backward)
     cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
@@ -728,7 +729,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32)
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
     if sum(forced) and start is None:
-        meta, BT = _forced_launch(dims, q)
+        meta, BT = _forced_launch(dims, q, backward=False)
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
@@ -764,7 +765,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced) and not forced_done:
-        meta, BT = _forced_launch(dims, q)
+        meta, BT = _forced_launch(dims, q, backward=True)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1),
@@ -795,7 +796,9 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg = _warps(cfg, dims, 4)
     if not cfg["num_stages"]:
-        cfg["num_stages"] = 3 if hopper_tiles_fit(q.dtype, max(dims["BK"], dims["BV"]), q.device) else 2
+        head_dim = max(dims["BK"], dims["BV"])
+        cfg["num_stages"] = pipeline_stages(3 if hopper_tiles_fit(q.dtype, head_dim, q.device) else 2, q.dtype, q.device,
+                                            head_dim, wide_heads_one_stage=True)
     num_blocks = triton.cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local, ds is not None)
@@ -846,7 +849,8 @@ def selected_bwd(
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
     head_dim = max(q.shape[-1], v.shape[-1])
-    cfg = {kind: {**default, "num_stages": pipeline_stages(default["num_stages"], q.dtype, q.device, head_dim),
+    cfg = {kind: {**default, "num_stages": pipeline_stages(default["num_stages"], q.dtype, q.device, head_dim,
+                                                           wide_heads_one_stage=kind != "dq_ds"),
                   **(tiles or {}).get(kind, {})} for kind, default in BWD_TILES.items()}
     skip_local = forced[1] if forced_done else 0
     ds = ds_buffer(q, block_idx, sel_block, cfg["dq"])

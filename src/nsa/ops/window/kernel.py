@@ -572,7 +572,7 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: 
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
     cfg = dict(SMALL_DKDV_TILES if small else BWD_TILES[kind])
-    cfg["num_stages"] = pipeline_stages(cfg["num_stages"], dtype, device, max(DK, DV))
+    cfg["num_stages"] = pipeline_stages(cfg["num_stages"], dtype, device, max(DK, DV), wide_heads_one_stage=True)
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 

@@ -1,39 +1,43 @@
-"""Shared memory, registers and stack of every Triton kernel an op launches, compiled for
-Hopper (sm_90, or another ``--capability``) on a machine without a GPU.
+"""Shared memory, registers and stack of every Triton kernel an op launches, as sized for one of
+the shipped GPUs and compiled for it, on a machine without a GPU.
 
-Why: whether a launch fits an H100's 227 KiB of shared memory a program, and how much it spills,
-depends on the dtype, the ``tl.dot`` precision and the tiles each op picks for them. Finding out
-on the GPU machine costs its scarce time (a float32 compile takes minutes there); here the ops run
-once under the CPU interpreter, which records each launch exactly as the op made it, and Triton
-then compiles those launches for sm_90.
+Why: whether a launch fits a GPU's shared memory a program (227 KiB on an H100, 163 on an A100,
+99 on an RTX 4090 or 3090), and how much it spills, depends on the dtype, the head dims, the
+``tl.dot`` precision and the tiles each op picks for them and for that GPU. Finding out on a GPU
+costs its scarce time, and the consumer GPUs are not at hand at all. So the ops run once under
+the CPU interpreter, which records each launch exactly as the op made it, with the launchers
+sized for the GPU named by ``--as-gpu`` (:func:`nsa.ops._triton.device.sized_as`), and Triton
+then compiles those launches for that GPU's compute capability.
 
 Two steps, because the interpreter and the compiler may be different Tritons (use the GPU
 machine's for the compile, 3.6 in this repository's sessions)::
 
-    TRITON_INTERPRET=1 PYTHONPATH=src:scripts python scripts/sm90_resources.py record \\
-        --dtype float32 --ops nsa_attention --out /tmp/launches.json
-    PYTHONPATH=/tmp/t36:src:scripts python scripts/sm90_resources.py compile /tmp/launches.json
+    TRITON_INTERPRET=1 PYTHONPATH=src:scripts python scripts/launch_resources.py record \\
+        --dtype bfloat16 --dims 192:128 --as-gpu rtx4090 --T 32768 --dry --out /tmp/launches.json
+    PYTHONPATH=/tmp/t36:src:scripts python scripts/launch_resources.py compile /tmp/launches.json \\
+        --gpu rtx4090
 
-``record`` runs the ops of ``scripts/gpu_kernels_by_dtype.py`` (forward and backward, small random
-inputs) with every ``NSA_*`` flag as set in the environment, and writes one entry per distinct
-launch. ``compile`` prints a markdown table: kernel, warps, stages, shared memory (flagged where it
-passes the GPU's limit), ``cuobjdump``'s registers and stack a thread, and the compile time (from
-an empty Triton cache). Session 26 sized the float32 tensor-core launches with it
-(``docs/perf/float32.md``).
+``record`` runs the ops of ``scripts/gpu_kernels_by_dtype.py`` (forward and backward, random
+inputs of ``--T`` tokens) with every ``NSA_*`` flag as set in the environment, and writes one
+entry per distinct launch; ``--dry`` records the launches without running them, for lengths the
+interpreter would take hours over (some launches depend on the length). ``compile`` prints a
+markdown table: kernel, warps, stages, shared memory (flagged where it passes the GPU's limit),
+``cuobjdump``'s registers and stack a thread, and the compile time (from an empty Triton cache).
+Session 26 sized the float32 tensor-core launches with it (``docs/perf/float32.md``), session 27
+the launches of the A100 and the consumer GPUs (``docs/perf/other_gpus.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import sys
 import time
 from typing import Any, Dict, List
 
-#: Opt-in shared memory a program may use (``max_shared_mem`` of the driver), by compute
-#: capability: H100/H200, A100, RTX 4090 and RTX 3090 (the shipped GPU profiles).
-SHARED_LIMIT = {90: 232448, 80: 166912, 89: 101376, 86: 101376}
+from nsa.ops._triton.device import SHIPPED_GPUS
 
 _TORCH_TO_TRITON = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64", "int32": "i32",
                     "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
@@ -68,6 +72,9 @@ def record(args: argparse.Namespace) -> None:
 
     from gpu_kernels_by_dtype import ops
 
+    from nsa.ops._triton.device import sized_as
+
+
     launches: Dict[str, Dict[str, Any]] = {}
     original = InterpretedFunction.run
 
@@ -83,16 +90,19 @@ def record(args: argparse.Namespace) -> None:
         options = {k: kwargs[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
         entry = {"kernel": f"{fn.__module__}:{fn.__name__}", "values": values, "options": options}
         launches.setdefault(json.dumps(entry, sort_keys=True), entry)
+        if args.dry:
+            return None
         return original(self, *call_args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = run
     dtype = getattr(torch, args.dtype)
     dk, dv = (int(x) for x in args.dims.split(":"))
-    for name, call in ops(dtype, dk, dv, "cpu"):
+    for name, call in ops(dtype, dk, dv, "cpu", T=args.T, random_selection=args.dry):
         if args.ops and name not in args.ops:
             continue
         start = time.perf_counter()
-        call()
+        with sized_as(args.as_gpu) if args.as_gpu else contextlib.nullcontext():
+            call()
         print(f"recorded {name} ({time.perf_counter() - start:.1f} s): {len(launches)} distinct launches so far",
               file=sys.stderr, flush=True)
     with open(args.out, "w") as f:
@@ -112,9 +122,11 @@ def compile_all(args: argparse.Namespace) -> None:
 
     with open(args.launches) as f:
         launches: List[Dict[str, Any]] = json.load(f)
-    cap = args.capability
-    print(f"triton {triton.__version__}, sm_{cap}\n")
-    print(f"| kernel | warps | stages | shared KB | fits {SHARED_LIMIT[cap] // 1024} KB | registers / stack (B) | compile and SASS dump s |")
+    gpu = SHIPPED_GPUS[args.gpu]
+    cap = gpu.capability[0] * 10 + gpu.capability[1]
+    limit = gpu.shared_memory
+    print(f"triton {triton.__version__}, sm_{cap} ({args.gpu})\n")
+    print(f"| kernel | warps | stages | shared KB | fits {limit // 1024} KB | registers / stack (B) | compile and SASS dump s |")
     print("|---|---:|---:|---:|---|---|---:|")
     for i, entry in enumerate(launches):
         name = entry["kernel"].split(":")[1]
@@ -129,7 +141,7 @@ def compile_all(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - start
         cubin = f"{args.tmp}/k{i}.cubin"
         usage = resource_usage(cubin)
-        fits = "yes" if shared <= SHARED_LIMIT[cap] else "**no**"
+        fits = "yes" if shared <= limit else "**no**"
         print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | {shared / 1024:.1f} | {fits} | "
               f"{usage} | {seconds:.1f} |", flush=True)
 
@@ -142,11 +154,16 @@ def main() -> None:
     rec.add_argument("--dims", default="128:128", help="Dk:Dv")
     rec.add_argument("--ops", nargs="+", default=None, help="only these ops (names of gpu_kernels_by_dtype)")
     rec.add_argument("--out", required=True)
+    rec.add_argument("--as-gpu", choices=sorted(SHIPPED_GPUS), default=None,
+                     help="size the launches as on this GPU (default: as the interpreter, Hopper-sized)")
+    rec.add_argument("--T", type=int, default=300, help="tokens of the inputs")
+    rec.add_argument("--dry", action="store_true",
+                     help="record the launches without running them (outputs are garbage; for long --T)")
     com = sub.add_parser("compile", help="compile recorded launches for sm_90")
     com.add_argument("launches")
     com.add_argument("--tmp", default="/tmp", help="folder for the cubins")
-    com.add_argument("--capability", type=int, default=90, choices=sorted(SHARED_LIMIT),
-                     help="compute capability to compile for (90: Hopper)")
+    com.add_argument("--gpu", default="h100", choices=sorted(SHIPPED_GPUS),
+                     help="compile for this GPU's compute capability, flag launches past its shared memory")
     args = parser.parse_args()
     record(args) if args.step == "record" else compile_all(args)
 

@@ -1,0 +1,37 @@
+#!/bin/bash
+# The GPU calls of session 27 (docs/perf/other_gpus.md):
+#
+#   bash scripts/gpu_session27.sh sizing     # the launches sized for an A100 and an RTX 4090
+#                                            # (nsa.ops._triton.device.sized_as) run on this GPU:
+#                                            # prefill and decode against the reference at real sizes,
+#                                            # and the CPU-side sizing tests
+#   bash scripts/gpu_session27.sh suite REV  # the whole suite but the benchmarks on 12 workers, from
+#                                            # an empty Triton cache, the report named after REV
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session27.sh sizing|suite REV}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
+sizing)
+    start=$(date +%s)
+    timeout 500 python -m pytest -q -p no:cacheprovider -n 6 --dist worksteal --gpu-profile auto -rs --durations=12 \
+        tests/ops/test_launch_sizing.py \
+        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus_real_size" \
+        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus" \
+        "tests/ops/test_decode_kernel.py::test_decode_sized_for_other_gpus_real_size" 2>&1 | tee "$OUT/sizing.txt" | tail -30
+    echo "sizing tests: $(( $(date +%s) - start )) s" | tee -a "$OUT/sizing.txt"
+    ;;
+suite)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_suite
+    rm -rf "$TRITON_CACHE_DIR"
+    start=$(date +%s)
+    timeout 570 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
+    echo "suite: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,149 @@
+"""What the launchers know of the GPU they size a launch for, and a way to size for another one.
+
+Every launch choice that depends on the GPU asks the functions below, never ``torch.cuda``
+directly: tiles and pipeline stages that must fit its shared memory, whether it takes bulk
+copies, how many programs fill it, how large a ``dS`` buffer may grow. So :func:`sized_as` can
+make them answer for one of the GPUs of the shipped profiles (:data:`SHIPPED_GPUS`) instead of
+the one at hand: the launches that an RTX 4090 or an A100 would make then run under the
+interpreter in CI and on the H100 in the GPU tests, and ``scripts/launch_resources.py`` compiles
+them for those GPUs without one.
+
+The CPU (the interpreter) counts as a Hopper-sized GPU unless :func:`sized_as` says otherwise, so
+that CI runs the launch configurations of the H100/H200.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterator, Optional, Tuple, Union
+
+import torch
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """The facts of a GPU that launch choices depend on."""
+
+    #: compute capability ((9, 0) for Hopper)
+    capability: Tuple[int, int]
+    #: opt-in shared memory a program may use, bytes (the driver's ``max_shared_mem``)
+    shared_memory: int
+    #: streaming multiprocessors
+    sms: int
+    #: device memory, bytes
+    memory: int
+
+
+#: The GPUs of the shipped profiles (``gpu_profiles/``), as their drivers report them.
+SHIPPED_GPUS = {
+    "h100": GpuFacts((9, 0), 232448, 132, 80 * _GIB),
+    "h200": GpuFacts((9, 0), 232448, 132, 141 * _GIB),
+    "a100": GpuFacts((8, 0), 166912, 108, 80 * _GIB),
+    "rtx4090": GpuFacts((8, 9), 101376, 128, 24 * _GIB),
+    "rtx3090": GpuFacts((8, 6), 101376, 82, 24 * _GIB),
+}
+
+#: Opt-in shared memory per program from which the deeper pipelines and wider tiles tuned on
+#: Hopper (227 KiB) are used; the A100 (163 KiB) and consumer GPUs (99 KiB) keep the smaller ones.
+LARGE_SHARED_MEMORY = 200 * 1024
+
+#: Below this much shared memory a program (consumer GPUs: 99 KiB), launches of heads wider than
+#: 128 take one pipeline stage: two stages of their 64-row, 64-token tiles ask 104-112 KiB
+#: (sm_89 compiles, docs/perf/other_gpus.md).
+SMALL_SHARED_MEMORY = 128 * 1024
+
+_sized_for: Optional[GpuFacts] = None
+
+
+@contextlib.contextmanager
+def sized_as(gpu: Union[str, GpuFacts]) -> Iterator[GpuFacts]:
+    """Within the block, size every launch as for ``gpu`` (a key of :data:`SHIPPED_GPUS` or
+    :class:`GpuFacts`), whatever device the tensors are on. Not thread-safe: for tests and scripts."""
+    global _sized_for
+    if isinstance(gpu, str):
+        if gpu not in SHIPPED_GPUS:
+            raise ValueError(f"gpu must be one of {', '.join(SHIPPED_GPUS)}, got {gpu!r}")
+        gpu = SHIPPED_GPUS[gpu]
+    before, _sized_for = _sized_for, gpu
+    try:
+        yield gpu
+    finally:
+        _sized_for = before
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device, interpreter: int = 1) -> int:
+    """Streaming multiprocessors of ``device``; on the CPU, ``interpreter`` stands in (launch
+    heuristics then see a tiny GPU, so small test problems still take their multi-program paths)."""
+    if _sized_for is not None:
+        return _sized_for.sms
+    if device.type != "cuda":
+        return interpreter
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def shared_memory_per_program(device: torch.device) -> int:
+    """Opt-in shared memory a program may use on ``device``, bytes; the CPU counts as Hopper."""
+    if _sized_for is not None:
+        return _sized_for.shared_memory
+    if device.type != "cuda":
+        return SHIPPED_GPUS["h100"].shared_memory
+    return _cuda_shared_memory_per_program(_index(device))
+
+
+@lru_cache(maxsize=None)
+def _cuda_shared_memory_per_program(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is None:  # older torch: ask Triton's driver
+        from triton.runtime import driver
+
+        optin = driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return int(optin)
+
+
+def large_shared_memory(device: torch.device) -> bool:
+    """Whether ``device`` offers a program at least :data:`LARGE_SHARED_MEMORY` of shared memory."""
+    return shared_memory_per_program(device) >= LARGE_SHARED_MEMORY
+
+
+def small_shared_memory(device: torch.device) -> bool:
+    """Whether ``device`` offers a program less than :data:`SMALL_SHARED_MEMORY` (consumer GPUs)."""
+    return shared_memory_per_program(device) < SMALL_SHARED_MEMORY
+
+
+def capability_major(device: torch.device) -> int:
+    """Major compute capability of ``device`` (9 for Hopper); the CPU counts as Hopper."""
+    if _sized_for is not None:
+        return _sized_for.capability[0]
+    if device.type != "cuda":
+        return SHIPPED_GPUS["h100"].capability[0]
+    return _cuda_capability_major(_index(device))
+
+
+@lru_cache(maxsize=None)
+def _cuda_capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def bulk_copies_supported(device: torch.device) -> bool:
+    """Whether tensor-descriptor (TMA) bulk copies run on ``device``: Hopper (compute capability
+    9.0) or later. The CPU counts as able, since the interpreter runs them, so that CI tests the
+    path that the H100/H200 take."""
+    return capability_major(device) >= 9
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of ``device``; the CPU counts as 32 GiB."""
+    if _sized_for is not None:
+        return _sized_for.memory
+    if device.type != "cuda":
+        return 32 * _GIB
+    return torch.cuda.get_device_properties(device).total_memory

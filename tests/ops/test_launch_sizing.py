@@ -1,0 +1,117 @@
+"""Launches sized for each shipped GPU (:mod:`nsa.ops._triton.device`).
+
+The launchers pick tiles, pipeline stages and bulk copies from the facts of the GPU, and
+:func:`sized_as` makes them pick for another GPU than the one at hand. These tests pin what the
+A100 and the consumer GPUs get, which the sm_80/sm_86/sm_89 compiles of
+``scripts/launch_resources.py`` found to fit their shared memory (docs/perf/other_gpus.md);
+``test_nsa_attention_kernel.py`` checks that those launches compute the same NSA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Optional, Set
+
+import pytest
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from nsa import NSAConfig
+from nsa.ops import mean_compress
+from nsa.ops._triton.device import (
+    SHIPPED_GPUS,
+    bulk_copies_supported,
+    capability_major,
+    device_memory,
+    large_shared_memory,
+    shared_memory_per_program,
+    sized_as,
+    small_shared_memory,
+    sm_count,
+)
+from nsa.ops.decode import nsa_decode
+
+from _kernel_inputs import every_launch, nsa_forward_backward, qkv
+
+pytestmark = pytest.mark.triton
+CPU = torch.device("cpu")
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+#: Launches whose two pipeline stages of 256-wide tiles (heads wider than 128) ask 104-112 KiB,
+#: past a consumer GPU's 99 (sm_89 compiles); every other launch fits in its tuned stages there.
+ONE_STAGE_FOR_WIDE_HEADS = {
+    "compressed_fwd_kernel", "compressed_bwd_dq_kernel", "compressed_bwd_dkdv_kernel", "selected_bwd_dq_kernel",
+    "selected_bwd_dkdv_kernel", "selected_forced_dq_kernel", "window_bwd_dq_kernel", "window_bwd_dkdv_kernel",
+}
+
+
+def _facts(device: torch.device) -> tuple:
+    return (capability_major(device), shared_memory_per_program(device), sm_count(device), device_memory(device),
+            bulk_copies_supported(device), large_shared_memory(device), small_shared_memory(device))
+
+
+def test_sized_as_answers_for_the_named_gpu_and_restores():
+    """Inside ``sized_as`` every fact is the named GPU's, whatever the tensors' device; nested
+    blocks restore the outer GPU, and the CPU's own facts (a Hopper-sized interpreter) come back."""
+    cpu = _facts(CPU)
+    assert cpu == (9, SHIPPED_GPUS["h100"].shared_memory, 1, 32 * 2**30, True, True, False)
+    with sized_as("rtx4090") as gpu:
+        consumer = (8, 101376, 128, 24 * 2**30, False, False, True)
+        assert gpu is SHIPPED_GPUS["rtx4090"] and _facts(CPU) == consumer
+        with sized_as("a100"):
+            assert _facts(CPU) == (8, 166912, 108, 80 * 2**30, False, False, False)
+        assert _facts(CPU) == consumer
+    assert _facts(CPU) == cpu
+
+
+def test_sized_as_names_a_bad_gpu():
+    with pytest.raises(ValueError, match=r"gpu must be one of h100, h200, a100, rtx4090, rtx3090, got 'v100'"):
+        with sized_as("v100"):
+            pass
+
+
+def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device) -> list:
+    """Every launch of a float32 prefill, forward and backward, and of one decode step, sized for
+    ``gpu`` (None: the device's own)."""
+    q, k, v = qkv(1, 40, 4, 1, DK, DV, torch.float32, device)
+    gates = torch.rand(1, 40, 4, 3, device=device)
+    do = torch.randn(1, 40, 4, DV, dtype=torch.float64, device=device)
+    with sized_as(gpu) if gpu else contextlib.nullcontext(), every_launch() as launches:
+        nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
+        k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
+        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=device), SMALL,
+                   kv_cmp=(k_cmp, v_cmp), backend="triton")
+    return launches
+
+
+@pytest.mark.parametrize("gpu", [None, "h100", "a100", "rtx4090"])
+def test_bulk_copies_only_where_the_gpu_takes_them(gpu, nsa_device):
+    """The selected forward fetches its blocks by bulk copies (tensor descriptors) on Hopper and
+    under the interpreter; sized for an A100 or a consumer GPU, no launch takes a descriptor."""
+    launches = _launches(gpu, 16, 16, nsa_device)
+    with_copies = {name for name, kwargs in launches
+                   if any(isinstance(a, TensorDescriptor) for a in (*kwargs["args"], *kwargs.values()))}
+    takes_copies = SHIPPED_GPUS[gpu].capability[0] >= 9 if gpu else bulk_copies_supported(nsa_device)
+    assert ("selected_fwd_kernel" in with_copies) == takes_copies, sorted(with_copies)
+    if not takes_copies:
+        assert with_copies == set()
+
+
+@pytest.mark.parametrize("gpu, DK, one_stage", [
+    ("rtx4090", 192, True), ("rtx3090", 192, True), ("rtx4090", 128, False), ("a100", 192, False), ("h100", 192, False),
+])
+def test_wide_heads_take_one_stage_where_two_do_not_fit(gpu, DK, one_stage, monkeypatch, nsa_device):
+    """On a GPU with 99 KiB a program, the launches of :data:`ONE_STAGE_FOR_WIDE_HEADS` take one
+    pipeline stage for heads wider than 128, and only those: 128-wide heads, the A100's 163 KiB and
+    the other launches keep their stages. Both ``dQ`` paths run (recomputing: the dS buffers off)."""
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")  # float32 on tensor cores takes one stage anyway
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "0")
+    monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "0")
+    stages: Dict[str, Set[int]] = {}
+    for name, kwargs in _launches(gpu, DK, 128, nsa_device):
+        if "PREC" in kwargs:  # the launches that multiply tiles
+            stages.setdefault(name, set()).add(kwargs.get("num_stages", 0))
+    assert ONE_STAGE_FOR_WIDE_HEADS <= set(stages), sorted(stages)
+    one = {name for name, n in stages.items() if 1 in n}
+    assert one == (ONE_STAGE_FOR_WIDE_HEADS if one_stage else set()), stages
+    assert all(len(stages[name]) == 1 for name in one), stages
