@@ -5,22 +5,36 @@
 #                                            # (nsa.ops._triton.device.sized_as) run on this GPU:
 #                                            # prefill and decode against the reference at real sizes,
 #                                            # and the CPU-side sizing tests
+#   bash scripts/gpu_session27.sh errors     # scripts/gpu_sizing_errors.py: the bf16 prefill's errors
+#                                            # against the float32 reference, sized for each GPU
 #   bash scripts/gpu_session27.sh suite REV  # the whole suite but the benchmarks on 12 workers, from
 #                                            # an empty Triton cache, the report named after REV
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session27.sh sizing|suite REV}"
+step="${1:?usage: scripts/gpu_session27.sh sizing|errors|suite REV}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 sizing)
+    # one pytest a group, each under its own limit, so that a slow group cannot hide another's failures
     start=$(date +%s)
-    timeout 500 python -m pytest -q -p no:cacheprovider -n 6 --dist worksteal --gpu-profile auto -rs --durations=12 \
-        tests/ops/test_launch_sizing.py \
-        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus_real_size" \
-        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus" \
-        "tests/ops/test_decode_kernel.py::test_decode_sized_for_other_gpus_real_size" 2>&1 | tee "$OUT/sizing.txt" | tail -30
-    echo "sizing tests: $(( $(date +%s) - start )) s" | tee -a "$OUT/sizing.txt"
+    run_group() {  # NAME LIMIT WORKERS TEST...
+        local name="$1" limit="$2" workers="$3"
+        shift 3
+        timeout "$limit" python -m pytest -q -p no:cacheprovider -n "$workers" --gpu-profile auto -rs --tb=short \
+            --durations=6 "$@" > "$OUT/sizing_$name.txt" 2>&1
+        echo "== $name: rc $? after $(( $(date +%s) - start )) s"
+        grep -v -i "warn" "$OUT/sizing_$name.txt" | tail -25
+    }
+    run_group launches 60 2 tests/ops/test_launch_sizing.py \
+        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus"
+    run_group prefill 200 2 "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus_real_size"
+    run_group decode 150 2 "tests/ops/test_decode_kernel.py::test_decode_sized_for_other_gpus_real_size"
+    ;;
+errors)
+    # bf16 prefill errors against the float32 reference, launches sized for this GPU and the others
+    timeout 240 python scripts/gpu_sizing_errors.py --shapes 4173:16:1:128:128 3001:16:16:128:128 \
+        2053:16:1:192:128 2>&1 | tee "$OUT/sizing_errors.md"
     ;;
 suite)
     export TRITON_CACHE_DIR=/tmp/triton_cache_suite

@@ -362,7 +362,7 @@ def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
     "lens, HQ, H, DK, DV",
     [
         pytest.param([8192, 5001], 64, 4, 128, 128, id="B2-8k-5001-HQ64-H4-D128"),
-        pytest.param([16384 - 1531 * i for i in range(16)], 64, 4, 128, 128, id="B16-16k-unequal-HQ64-H4-D128"),
+        pytest.param([16384 - 511 * i for i in range(16)], 64, 4, 128, 128, id="B16-16k-unequal-HQ64-H4-D128"),
     ],
 )
 def test_decode_sized_for_other_gpus_real_size(gpu, lens, HQ, H, DK, DV, nsa_device):

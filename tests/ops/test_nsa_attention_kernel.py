@@ -69,6 +69,8 @@ def test_nsa_attention_triton_bf16_real_size(nsa_device, nsa_tolerance):
 def test_nsa_attention_sized_for_other_gpus(gpu, DK, DV, nsa_device, nsa_tolerance):
     """The launches an A100 or a consumer GPU makes (no bulk copies, their tiles and stages:
     ``tests/ops/test_launch_sizing.py``) compute the same prefill, forward and gradients."""
+    if nsa_device.type == "cuda":
+        pytest.skip("small float32 sizes run under the interpreter; the GPU runs the _real_size variant")
     with sized_as(gpu):
         _check(1, 61, 4, 1, DK, DV, SMALL_FORCED, torch.float32, torch.float64, nsa_device, nsa_tolerance)
 
@@ -77,8 +79,8 @@ def test_nsa_attention_sized_for_other_gpus(gpu, DK, DV, nsa_device, nsa_toleran
 @pytest.mark.parametrize("gpu", ["a100", "rtx4090"])
 @pytest.mark.parametrize(
     "T, HQ, H, DK, DV",
-    [(4096 + 77, 32, 2, 128, 128), (2053, 16, 1, 192, 128)],
-    ids=["T4173-HQ32-H2-D128", "T2053-G16-DK192-DV128"],
+    [(3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
+    ids=["T3001-G1-D128", "T2053-G16-DK192-DV128"],
 )
 def test_nsa_attention_sized_for_other_gpus_real_size(gpu, T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     """The same in bf16 at real sizes, on whatever GPU runs the suite (compiled for it, so this
