@@ -131,6 +131,27 @@ def test_cuda_capability(gpu):
     assert route.backend == "reference" and route.reason == "auto: needs SM >= 8.0, have 7.5"
 
 
+def test_float32_stays_off_triton_on_consumer_gpus(gpu):
+    """A consumer GPU's 99 KiB of shared memory a program is less than the float32 launches ask
+    (sm_89 compiles): float32 takes the reference there, with the reason; 16-bit inputs and the
+    A100's float32 keep Triton."""
+    from nsa.ops._triton.device import sized_as
+
+    gpu[0] = (8, 9)
+    with sized_as("rtx4090"):
+        route = resolve("window", "cuda", torch.float32)
+        assert route.backend == "reference"
+        assert route.reason == ("auto: float32 Triton kernels ask more shared memory than this GPU's 99 KiB a "
+                                "program (112-264 KiB compiled for SM 8.9, docs/perf/other_gpus.md); use "
+                                "bfloat16/float16 inputs")
+        with pytest.raises(BackendUnavailableError, match="float32 Triton kernels ask more shared memory"):
+            resolve("window", "cuda", torch.float32, backend="triton")
+        assert resolve("window", "cuda", torch.bfloat16).backend == "triton"
+    gpu[0] = (8, 0)
+    with sized_as("a100"):
+        assert resolve("window", "cuda", torch.float32).backend == "triton"
+
+
 def test_bad_flag_value_raises_from_resolve(monkeypatch):
     monkeypatch.setenv("NSA_BACKEND_WINDOW", "fast")
     with pytest.raises(flags.FlagError, match=r"NSA_BACKEND_WINDOW='fast' \(from environment\)"):

@@ -6,7 +6,8 @@ before it runs. The decision, in order of precedence:
 1. ``backend=`` passed to the op (anything but ``"auto"``);
 2. the op's flag ``NSA_BACKEND_<OP>``, then ``NSA_BACKEND`` (see :mod:`nsa.flags`);
 3. ``auto``: Triton on a CUDA device of SM >= 8.0 when the op has a Triton
-   kernel and the dtype is float16/bfloat16/float32; the reference otherwise.
+   kernel and the dtype is float16/bfloat16/float32 (float32 only where a program gets
+   at least 128 KiB of shared memory: not on consumer GPUs); the reference otherwise.
 
 An explicit choice (1 or 2) that cannot run here raises
 :class:`BackendUnavailableError` with the reason: asking for Triton and silently
@@ -88,6 +89,15 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype) -> Tuple[bool
         cap = torch.cuda.get_device_capability(device)
         if cap < MIN_CUDA_CAPABILITY:
             return False, f"needs SM >= {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}, have {cap[0]}.{cap[1]}"
+        if dtype == torch.float32:
+            from nsa.ops._triton.device import shared_memory_per_program, small_shared_memory
+
+            if small_shared_memory(device):
+                return False, (
+                    f"float32 Triton kernels ask more shared memory than this GPU's "
+                    f"{shared_memory_per_program(device) // 1024} KiB a program (112-264 KiB compiled for "
+                    f"SM 8.9, docs/perf/other_gpus.md); use bfloat16/float16 inputs"
+                )
         return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
     if device.type == "cpu":
         if triton_interpreter_on():

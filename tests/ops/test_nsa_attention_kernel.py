@@ -79,8 +79,11 @@ def test_nsa_attention_sized_for_other_gpus(gpu, DK, DV, nsa_device, nsa_toleran
 @pytest.mark.parametrize("gpu", ["a100", "rtx4090"])
 @pytest.mark.parametrize(
     "T, HQ, H, DK, DV",
-    [(3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
-    ids=["T3001-G1-D128", "T2053-G16-DK192-DV128"],
+    [
+        # its float32 reference's backward peaks near 50 GiB: it runs alone on a shared GPU
+        pytest.param(3001, 16, 16, 128, 128, marks=pytest.mark.requires(memory_gib=60), id="T3001-G1-D128"),
+        pytest.param(2053, 16, 1, 192, 128, id="T2053-G16-DK192-DV128"),
+    ],
 )
 def test_nsa_attention_sized_for_other_gpus_real_size(gpu, T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     """The same in bf16 at real sizes, on whatever GPU runs the suite (compiled for it, so this

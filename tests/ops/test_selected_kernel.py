@@ -249,7 +249,7 @@ def test_selected_warps_follow_the_head_width(dk, dv, warps):
     their accumulators (forward, dQ, dK/dV, forced-block kernels)."""
     dims = dict(BK=dk, BV=dv, DK=dk, DV=dv, G=16)
     got = (_warps(FWD_TILES, dims, 1)["num_warps"], _warps(BWD_TILES["dq"], dims, 2)["num_warps"],
-           _warps(BWD_TILES["dkdv"], dims, 4)["num_warps"], _forced_launch(dims, torch.empty(0, dtype=torch.bfloat16))[0]["num_warps"])
+           _warps(BWD_TILES["dkdv"], dims, 4)["num_warps"], _forced_launch(dims, torch.empty(0, dtype=torch.bfloat16), backward=False)[0]["num_warps"])
     assert got == warps
     assert _warps(dict(num_warps=8), dims, 1)["num_warps"] == 8  # an explicit count stands
 

@@ -86,15 +86,22 @@ def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.dev
       4-byte operands, and for ``tf32x3`` the split halves beside them, sit in shared memory; two
       stages of the tiles tuned for 16-bit inputs (64 rows, 64 keys, head dim 128) ask 256 KiB,
       past an H100's 227, one asks 192;
-    - ``wide_heads_one_stage`` launches with heads wider than 128 (tiles padded to 256) on a GPU
-      with less than 128 KiB a program (:func:`small_shared_memory`: an RTX 4090's or 3090's 99).
-      The launchers pass it where two stages ask 104-112 KiB there (sm_89 compiles): the
-      backward kernels, the compressed forward. The other launches fit in their tuned stages."""
+    - ``wide_heads_one_stage`` launches where :func:`wide_heads_on_small_gpu`: the launchers pass
+      it where two stages ask 104-112 KiB there and one fits (sm_89 compiles: the dQ kernels, the
+      compressed forward). The dK/dV kernels and the forced blocks' dQ take smaller tiles instead."""
     if dtype == torch.float32 and dot_precision(dtype, device, head_dim) != "ieee":
         return 1
-    if wide_heads_one_stage and head_dim > 128 and small_shared_memory(device):
+    if wide_heads_one_stage and wide_heads_on_small_gpu(head_dim, device):
         return 1
     return stages
+
+
+def wide_heads_on_small_gpu(head_dim: int, device: torch.device) -> bool:
+    """Whether heads wider than 128 (tiles padded to 256) meet a GPU with less than 128 KiB of
+    shared memory a program (:func:`small_shared_memory`: an RTX 4090's or 3090's 99). The
+    backward launches tuned for 16-bit heads then ask 104-112 KiB (sm_89 compiles,
+    docs/perf/other_gpus.md), and take one stage or smaller tiles."""
+    return head_dim > 128 and small_shared_memory(device)
 
 
 def hopper_tiles_fit(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:

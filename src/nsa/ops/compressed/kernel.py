@@ -40,6 +40,7 @@ from nsa.ops._triton.attention import (
     dq_from_ds_budget,
     pipeline_stages,
     hopper_tiles_fit,
+    wide_heads_on_small_gpu,
     load_gate,
     next_pow2,
     store_scaled,
@@ -278,6 +279,10 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
 #: against 30.10; (32, 4, 3) 0.701 and 30.00, (128, 4, 2) 0.760 and 32.44 (docs/perf/prefill.md,
 #: session 19).
 DQ_DS_TILES = (64, 4, 3)
+#: dK/dV tiles ``(rows, block_n, num_warps, num_stages)`` for heads wider than 128 on a GPU with
+#: less than 128 KiB of shared memory a program (:func:`wide_heads_on_small_gpu`): 64-token tiles
+#: ask 104 KiB even in one stage, 32-token ones 76.5 KiB in two (sm_89 compiles, RTX 4090: 99).
+WIDE_ON_SMALL_GPU_DKDV_TILES = (64, 32, 4, 2)
 
 
 @lru_cache(maxsize=32)
@@ -363,6 +368,8 @@ def compressed_bwd(
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]
+    elif dkdv is None and wide_heads_on_small_gpu(max(DK, DV), q.device):
+        dkdv = WIDE_ON_SMALL_GPU_DKDV_TILES
     if dkdv is not None:
         kv_rows, kv_block_n, kv_warps, kv_stages = dkdv
         kv.update(BT=max(1, kv_rows // GP), BN=kv_block_n, num_warps=kv_warps, num_stages=kv_stages)
@@ -402,7 +409,8 @@ def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset
     dQ's tiles; None where it would pass ``NSA_COMPRESSED_DQ_FROM_DS_MIB`` or the problem is empty."""
     B, TQ, HQ, _ = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
-    tiles = tuple(tiles or DQ_DS_TILES)
+    # by default the dK/dV's token tile where it is narrower (heads wider than 128 on a small GPU)
+    tiles = tuple(tiles or (min(DQ_DS_TILES[0], kv["BN"]), *DQ_DS_TILES[1:]))
     if kv["BN"] % tiles[0]:
         raise ValueError(f"dq_ds block_n {tiles[0]} must divide the dK/dV kernel's token tile {kv['BN']}")
     budget = dq_from_ds_budget("NSA_COMPRESSED_DQ_FROM_DS_MIB", q.device)

@@ -56,6 +56,7 @@ from nsa.ops._triton.attention import (
     dot_precision,
     dq_from_ds_budget,
     hopper_tiles_fit,
+    wide_heads_on_small_gpu,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
@@ -676,9 +677,11 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
 def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, int]:
     """Constexprs and launch parameters of a forced-block kernel for queries ``q`` (the ``dQ``
     kernel's with ``backward``), and its ``BT``."""
-    stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, max(dims["DK"], dims["DV"]),
-                             wide_heads_one_stage=backward)
+    head_dim = max(dims["DK"], dims["DV"])
+    stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, head_dim, wide_heads_one_stage=backward)
     cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
+    if backward and wide_heads_on_small_gpu(head_dim, q.device):
+        cfg["rows"] = 32  # 64 rows ask 112 KiB even in one stage, 32 rows 88 (sm_89 compiles, RTX 4090: 99)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
     return dict(dims, GP=GP, BT=BT, **cfg), BT
@@ -792,11 +795,13 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     GP = triton.next_power_of_2(dims["G"])  # rows pack BQ queries: no need to pad G to 16 here
     cfg = dict(cfg)
     # tl.dot needs K >= 16 on the GPU, and the dK/dV products contract over BQ * GP query rows.
-    cfg["BQ"] = max(cfg["BQ"] or 64 // GP, -(-16 // GP))
+    head_dim = max(dims["BK"], dims["BV"])
+    # 64 rows ask 112 KiB for heads wider than 128 even in one stage, 32 rows 80 (sm_89 compiles, RTX 4090: 99)
+    rows = 32 if wide_heads_on_small_gpu(head_dim, q.device) else 64
+    cfg["BQ"] = max(cfg["BQ"] or rows // GP, -(-16 // GP))
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg = _warps(cfg, dims, 4)
     if not cfg["num_stages"]:
-        head_dim = max(dims["BK"], dims["BV"])
         cfg["num_stages"] = pipeline_stages(3 if hopper_tiles_fit(q.dtype, head_dim, q.device) else 2, q.dtype, q.device,
                                             head_dim, wide_heads_one_stage=True)
     num_blocks = triton.cdiv(TK, sel_block)

@@ -54,6 +54,7 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     hopper_tiles_fit,
+    wide_heads_on_small_gpu,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
@@ -564,6 +565,10 @@ BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=6
 #: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
 #: and GPUs with less shared memory than Hopper.
 SMALL_DKDV_TILES = dict(rows=64, BN=64, num_warps=4, num_stages=2)
+#: dK/dV tiles for heads wider than 128 on a GPU with less than 128 KiB of shared memory a program
+#: (:func:`wide_heads_on_small_gpu`): 64-key tiles ask 104 KiB even in one stage, 32-key ones
+#: 76.5 KiB in two (sm_89 compiles, RTX 4090: 99).
+WIDE_ON_SMALL_GPU_DKDV_TILES = dict(rows=64, BN=32, num_warps=4, num_stages=2)
 
 
 def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: torch.dtype,
@@ -571,8 +576,11 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: 
     """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
-    cfg = dict(SMALL_DKDV_TILES if small else BWD_TILES[kind])
-    cfg["num_stages"] = pipeline_stages(cfg["num_stages"], dtype, device, max(DK, DV), wide_heads_one_stage=True)
+    if small and wide_heads_on_small_gpu(max(DK, DV), device):
+        cfg = dict(WIDE_ON_SMALL_GPU_DKDV_TILES)
+    else:
+        cfg = dict(SMALL_DKDV_TILES if small else BWD_TILES[kind])
+    cfg["num_stages"] = pipeline_stages(cfg["num_stages"], dtype, device, max(DK, DV), wide_heads_one_stage=kind == "dq")
     cfg.update((tiles or {}).get(kind, {}))
     return dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
 
