@@ -21,8 +21,9 @@ from pytest_nsa._yaml import LinedDict, line_of
 DTYPES: Tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
 KINDS: Tuple[str, ...] = ("fwd", "grad")
 #: Features a profile switches on or off, each with a reason. ``triton_<op>`` are the
-#: per-op Triton kernels (also off when ``triton`` is off).
-FEATURES: Tuple[str, ...] = ("triton", *(f"triton_{op}" for op in flags.OPS), "fa2")
+#: per-op Triton kernels, ``triton_float32`` the Triton kernels on float32 inputs (all also off
+#: when ``triton`` is off).
+FEATURES: Tuple[str, ...] = ("triton", *(f"triton_{op}" for op in flags.OPS), "triton_float32", "fa2")
 #: The one variable outside nsa's registry that a profile may set (Triton reads it
 #: when kernels are defined; the cpu profile needs it for the interpreter).
 EXTRA_ENV: Tuple[str, ...] = ("TRITON_INTERPRET",)

@@ -141,6 +141,7 @@ def test_every_float32_launch_takes_the_chosen_precision(torch_level, flag, expe
 
 @pytest.mark.gpu
 @pytest.mark.parity
+@pytest.mark.requires(feature="triton_float32")
 def test_float32_on_tensor_cores_matches_the_reference_on_gpu(nsa_device, nsa_tolerance, monkeypatch,
                                                                float32_matmul_precision):
     """``tf32x3`` (torch's "high") keeps float32 accuracy: the whole prefill, forward and gradients,

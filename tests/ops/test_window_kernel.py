@@ -120,6 +120,7 @@ def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.requires(feature="triton_float32")
 def test_window_float32_head_dim_128_on_gpu(nsa_device, nsa_tolerance):
     """float32 inputs at head dim 128 launch within the GPU's shared memory (the 128-key dK/dV
     tiles needed 289 KiB, past an H100's 227) and match the reference, forward and gradients.

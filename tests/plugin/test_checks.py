@@ -149,12 +149,17 @@ def test_requires_sm_memory_and_count(hw):
     assert reason(context(hw(), "cpu"), "requires", sm="8.0") == "needs a CUDA GPU, none is visible (cpu)"
 
 
-def test_features_and_their_force_flags(hw):
+def test_features_and_their_force_flags(hw, tmp_path):
     ctx = context(hw("rtx4090"))
-    off = reason(ctx, "requires", feature="triton_selected")
-    assert off.startswith("triton_selected off in profile rtx4090: SM 8.9 has 100 KiB shared memory per SM")
-    assert reason(ctx, "requires", feature=["triton_window", "triton_compress"]) is None
-    forced = context(hw("rtx4090"), environ={"NSA_BACKEND_SELECTED": "triton"})
+    off = reason(ctx, "requires", feature="triton_float32")
+    assert off.startswith("triton_float32 off in profile rtx4090: SM 8.9 has 99 KiB of shared memory a program")
+    assert reason(ctx, "requires", feature=["triton_window", "triton_compress", "triton_selected"]) is None
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("name: lab\nextends: rtx4090\nfeatures:\n  triton_selected:\n    enabled: false\n"
+                   "    reason: kept on the reference\n    force: {NSA_BACKEND_SELECTED: triton}\n")
+    assert reason(context(hw("rtx4090"), str(lab)), "requires", feature="triton_selected") == (
+        "triton_selected off in profile lab: kept on the reference")
+    forced = context(hw("rtx4090"), str(lab), environ={"NSA_BACKEND_SELECTED": "triton"})
     assert reason(forced, "requires", feature="triton_selected") is None
     with pytest.raises(RequirementError, match="unknown feature 'triton_fast'"):
         reason(ctx, "requires", feature="triton_fast")

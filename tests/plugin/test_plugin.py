@@ -40,6 +40,10 @@ def test_hopper():
 def test_selected_kernel():
     pass
 
+@pytest.mark.requires(feature="triton_float32")
+def test_float32_kernel():
+    pass
+
 @pytest.mark.parity
 def test_parity(nsa_profile, nsa_tolerance):
     assert nsa_tolerance("float32") == nsa_profile.tolerance("float32")
@@ -59,11 +63,10 @@ def test_every_shipped_profile_runs_on_its_device(pytester, fake, inprocess, nam
     assert result.ret == 0 and outcomes["passed"] >= 2
     hopper = "PASSED" if name in ("h100", "h200") else "SKIPPED"
     result.stdout.fnmatch_lines([f"*test_hopper {hopper}*"])
-    selected = "SKIPPED" if name in ("cpu", "rtx3090", "rtx4090") else "PASSED"
     if name == "cpu":
-        result.stdout.fnmatch_lines(["*TRITON_INTERPRET=1 (profile)*", "*test_selected_kernel PASSED*"])
-    else:
-        result.stdout.fnmatch_lines([f"*test_selected_kernel {selected}*"])
+        result.stdout.fnmatch_lines(["*TRITON_INTERPRET=1 (profile)*"])
+    float32 = "SKIPPED" if name in ("rtx3090", "rtx4090") else "PASSED"
+    result.stdout.fnmatch_lines(["*test_selected_kernel PASSED*", f"*test_float32_kernel {float32}*"])
 
 
 def test_auto_picks_the_faked_device_and_explains_skips(pytester, fake, inprocess):
@@ -73,16 +76,16 @@ def test_auto_picks_the_faked_device_and_explains_skips(pytester, fake, inproces
     result.stdout.fnmatch_lines([
         "nsa profile: rtx4090 (*rtx4090.yaml; --gpu-profile auto: matches NVIDIA GeForce RTX 4090 (SM 8.9, 23.6 GiB))",
         "nsa device: NVIDIA GeForce RTX 4090 (SM 8.9, 23.6 GiB), driver 550.54.15, CUDA 12.4 [faked by conftest]",
-        "nsa flags: NSA_BACKEND_SELECTED=reference (profile)",
-        "nsa features off: triton_selected (SM 8.9 has 100 KiB*); fa2 (flash-attn is optional*",
-        "*SEEN NSA_BACKEND_SELECTED=reference*",
+        "nsa flags: none",
+        "nsa features off: triton_float32 (SM 8.9 has 99 KiB*); fa2 (flash-attn is optional*",
+        "*SEEN NSA_BACKEND_SELECTED=None*",
         "*nsa: skipped tests by reason*",
         "1  flash_attn is not installed",
         "1  needs SM >= 9.0, have 8.9 (rtx4090)",
-        "1  triton_selected off in profile rtx4090: SM 8.9 has 100 KiB shared memory per SM*",
+        "1  triton_float32 off in profile rtx4090: SM 8.9 has 99 KiB of shared memory a program*",
         "SKIPPED [[]1] test_x.py:*: needs SM >= 9.0, have 8.9 (rtx4090)",
     ])
-    result.assert_outcomes(passed=4, skipped=3)
+    result.assert_outcomes(passed=5, skipped=3)
 
 
 def test_named_profile_that_does_not_match_is_an_error(pytester, fake, inprocess):
@@ -104,7 +107,7 @@ def test_mismatch_skip_runs_with_gpu_tests_skipped(pytester, fake, inprocess):
         "3  GPU tests off: profile rtx4090 wants SM 8.9, device 0 is NVIDIA H200 (SM 9.0, 139.8 GiB) "
         "(--gpu-profile-mismatch=skip)",
     ])
-    result.assert_outcomes(passed=2, skipped=5)
+    result.assert_outcomes(passed=3, skipped=5)
 
 
 def test_bad_yaml_names_file_and_line(pytester, inprocess):
@@ -145,7 +148,7 @@ def test_project_profile_directory_and_list(pytester, inprocess):
         "cpu        CPU only; off: fa2 (extends base) - *",
         "h100 *", "h200 *(extends h100)*",
         "lab        SM 8.0, *(extends a100) - our lab box",
-        "rtx3090    SM 8.6, *off: triton_selected, fa2*", "rtx4090    SM 8.9, *",
+        "rtx3090    SM 8.6, *off: triton_float32, fa2*", "rtx4090    SM 8.9, *",
         "typo       INVALID: *typo.yaml:3: device.sm: unknown key 'sm'; allowed here: kind, capability*",
         f"searched: {profiles}, {SHIPPED_DIR}",
     ])
@@ -185,7 +188,7 @@ def test_marker_selection_and_strict_markers(pytester, inprocess):
             pass
     '''))
     result = inprocess("--strict-markers", "-m", "parity or gradcheck", "--gpu-profile", "cpu")
-    result.assert_outcomes(passed=2, deselected=6)
+    result.assert_outcomes(passed=2, deselected=7)
     markers = inprocess("--markers")
     markers.stdout.fnmatch_lines(["@pytest.mark.triton: *", "@pytest.mark.requires(sm=None, memory_gib=None, *"])
 
@@ -231,18 +234,42 @@ def test_fixtures_and_results_in_stash(pytester, fake, inprocess):
     assert "SKIPS [('flash_attn is not installed', 1)]" in out
 
 
+#: A lab's own profile that keeps selected attention on the reference unless the user forces it.
+BOX4090 = """\
+name: box4090
+extends: rtx4090
+description: a lab's RTX 4090
+env:
+  NSA_BACKEND_SELECTED: reference
+features:
+  triton_selected:
+    enabled: false
+    reason: kept on the reference in this lab
+    force:
+      NSA_BACKEND_SELECTED: triton
+"""
+
+
 def test_user_flag_wins_over_profile_and_forces_feature(pytester, fake, subprocess, inprocess, monkeypatch):
     fake("rtx4090")
     pytester.makepyfile(test_x=MARKED_TESTS)
+    (pytester.mkdir("gpu_profiles") / "box4090.yaml").write_text(BOX4090)
+    profile_off = inprocess("--gpu-profile", "box4090", "-s", "-v")
+    profile_off.stdout.fnmatch_lines([
+        "nsa flags: NSA_BACKEND_SELECTED=reference (profile)",
+        "*test_selected_kernel SKIPPED*",
+        "*SEEN NSA_BACKEND_SELECTED=reference*",
+        "1  triton_selected off in profile box4090: kept on the reference in this lab",
+    ])
     monkeypatch.setenv("NSA_BACKEND_SELECTED", "triton")
-    result = subprocess("--gpu-profile", "rtx4090", "-s", "-v")
+    result = subprocess("--gpu-profile", "box4090", "-s", "-v")
     result.stdout.fnmatch_lines([
         "nsa flags: NSA_BACKEND_SELECTED=triton (yours; profile: reference)",
         "*test_selected_kernel PASSED*",
         "*SEEN NSA_BACKEND_SELECTED=triton*",
     ])
     monkeypatch.setenv("NSA_BACKEND_SELECTED", "fastest")
-    bad = inprocess("--gpu-profile", "rtx4090")
+    bad = inprocess("--gpu-profile", "box4090")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["ERROR: pytest_nsa: NSA_BACKEND_SELECTED='fastest' (from environment) is not allowed*"])
 
