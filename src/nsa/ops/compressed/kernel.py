@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_dkdv_ds_step,
@@ -38,13 +37,14 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     dq_from_ds_budget,
-    pipeline_stages,
     hopper_tiles_fit,
-    wide_heads_on_small_gpu,
     load_gate,
     next_pow2,
+    pipeline_stages,
     store_scaled,
+    wide_heads_on_small_gpu,
 )
+from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 
 

@@ -54,7 +54,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
     descriptor_ready,
@@ -64,6 +63,7 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
+from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the

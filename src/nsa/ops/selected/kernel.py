@@ -41,7 +41,6 @@ from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops.selected.inversion import invert_selection
-from nsa.ops._triton.device import bulk_copies_supported, sm_count
 from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
@@ -56,7 +55,6 @@ from nsa.ops._triton.attention import (
     dot_precision,
     dq_from_ds_budget,
     hopper_tiles_fit,
-    wide_heads_on_small_gpu,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
@@ -65,7 +63,9 @@ from nsa.ops._triton.attention import (
     row_offsets,
     store_scaled,
     token_tile_descriptor,
+    wide_heads_on_small_gpu,
 )
+from nsa.ops._triton.device import bulk_copies_supported, sm_count
 
 
 @triton.jit

@@ -47,14 +47,13 @@ from nsa.ops._triton.attention import (
     LOG2E,
     attn_bwd_delta,
     attn_bwd_dkdv_step,
-    attn_bwd_ds,
     attn_bwd_dq_step,
+    attn_bwd_ds,
     attn_fwd_finish,
     attn_fwd_step,
     check_gate,
     dot_precision,
     hopper_tiles_fit,
-    wide_heads_on_small_gpu,
     last_dim_contiguous,
     load_bwd_rows,
     load_gate,
@@ -62,6 +61,7 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     row_offsets,
     store_scaled,
+    wide_heads_on_small_gpu,
 )
 
 
