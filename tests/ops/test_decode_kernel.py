@@ -372,6 +372,28 @@ def test_decode_sized_for_other_gpus_real_size(gpu, lens, HQ, H, DK, DV, nsa_dev
         _check_bf16_real_size(lens, HQ, H, DK, DV, nsa_device)
 
 
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.requires(feature="triton_float32")
+def test_decode_float32_head_dim_128_on_gpu(monkeypatch, nsa_device, nsa_tolerance):
+    """Exact float32 products at head dim 128: the compressed pass takes one pipeline stage (in
+    Triton's default three its tiles ask 264 KiB, past an H100's 227, compiled for sm_90) and
+    matches the float64 reference."""
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")
+    config = NSAConfig()
+    ins = _real_size_inputs([4099, 3001], 16, 1, 128, 128, config, nsa_device)
+    f32 = [t.float() if t.is_floating_point() else t for t in ins]
+    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = f32
+    kw = dict(kv_cmp=(k_cmp, v_cmp), kv_win=(k_win, v_win), return_block_idx=True)
+    o, idx = nsa_decode(q, k, v, gates, seq_lens, config, backend="triton", **kw)
+    up = [t.double() if t.is_floating_point() else t for t in f32]
+    ref_o, ref_idx = nsa_decode(*up[:5], config, backend="reference", kv_cmp=tuple(up[5:7]), kv_win=tuple(up[7:9]),
+                                return_block_idx=True)
+    assert_close("o", o, ref_o, nsa_tolerance(torch.float32))
+    assert torch.equal(idx, ref_idx)
+
+
 def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
     config = NSAConfig()
     q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, HQ, H, DK, DV, config, device)

@@ -134,6 +134,9 @@ def test_every_float32_launch_takes_the_chosen_precision(torch_level, flag, expe
     assert {name: launches for name, launches in seen.items() if {p for p, _ in launches} != {expected}} == {}
     stages = {name: {n for _, n in seen[name]} for name in ONE_STAGE_ON_TENSOR_CORES}
     if expected == "ieee":
+        # exact products keep their tuned stages, but for the decode's compressed pass, whose
+        # Triton default of 3 asks 264 KiB at head dim 128 (docs/perf/other_gpus.md)
+        assert stages.pop("decode_cmp_win_fwd_kernel") == {1}
         assert all(1 not in n for n in stages.values()), stages
     else:
         assert all(n == {1} for n in stages.values()), stages

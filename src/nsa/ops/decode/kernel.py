@@ -1076,6 +1076,11 @@ def decode_fwd(
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
     cmp_stages = pipeline_stages(cmp_stages, q.dtype, q.device, max(K, V))
+    if cmp_stages is None and q.dtype == torch.float32:
+        # exact float32 tiles of head dim 128 in Triton's default 3 stages ask 264 KiB, past an
+        # H100's 227 (out of resources at the launch); one stage asks 72 KiB, two 136 with spills
+        # (sm_90 and sm_80 compiles, docs/perf/other_gpus.md)
+        cmp_stages = 1
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split
