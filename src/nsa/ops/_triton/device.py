@@ -51,9 +51,9 @@ SHIPPED_GPUS = {
 #: Hopper (227 KiB) are used; the A100 (163 KiB) and consumer GPUs (99 KiB) keep the smaller ones.
 LARGE_SHARED_MEMORY = 200 * 1024
 
-#: Below this much shared memory a program (consumer GPUs: 99 KiB), launches of heads wider than
-#: 128 take one pipeline stage: two stages of their 64-row, 64-token tiles ask 104-112 KiB
-#: (sm_89 compiles, docs/perf/other_gpus.md).
+#: Below this much shared memory a program (consumer GPUs: 99 KiB), the backward launches of heads
+#: wider than 128 take one stage or narrower tiles (their tuned ones ask 104-112 KiB, sm_89
+#: compiles), and float32 stays off Triton (its launches ask 112-264 KiB): docs/perf/other_gpus.md.
 SMALL_SHARED_MEMORY = 128 * 1024
 
 _sized_for: Optional[GpuFacts] = None
