@@ -131,25 +131,50 @@ def test_cuda_capability(gpu):
     assert route.backend == "reference" and route.reason == "auto: needs SM >= 8.0, have 7.5"
 
 
-def test_float32_stays_off_triton_on_consumer_gpus(gpu):
-    """A consumer GPU's 99 KiB of shared memory a program is less than the float32 launches ask
-    (sm_89 compiles): float32 takes the reference there, with the reason; 16-bit inputs and the
-    A100's float32 keep Triton."""
+@pytest.mark.parametrize("gpu_name, cap, fits, too_wide", [
+    ("rtx4090", (8, 9), 64, 65), ("rtx3090", (8, 6), 64, 128), ("a100", (8, 0), 128, 192), ("h100", (9, 0), 256, None),
+])
+def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits, too_wide):
+    """float32 tiles of wide heads ask more shared memory than some GPUs have (compiled: heads
+    of 128 up to 264 KiB on a consumer GPU's 99, heads of 192 up to 209 KiB on an A100's 163).
+    Those calls take the reference, with the reason; an explicit Triton request raises it. Narrower
+    heads, 16-bit inputs and calls that do not say their width keep Triton."""
     from nsa.ops._triton.device import sized_as
 
-    gpu[0] = (8, 9)
-    with sized_as("rtx4090"):
-        route = resolve("window", "cuda", torch.float32)
-        assert route.backend == "reference"
-        assert route.reason == ("auto: float32 Triton kernels ask more shared memory than this GPU's 99 KiB a "
-                                "program (112-264 KiB compiled for SM 8.9, docs/perf/other_gpus.md); use "
-                                "bfloat16/float16 inputs")
-        with pytest.raises(BackendUnavailableError, match="float32 Triton kernels ask more shared memory"):
-            resolve("window", "cuda", torch.float32, backend="triton")
-        assert resolve("window", "cuda", torch.bfloat16).backend == "triton"
-    gpu[0] = (8, 0)
-    with sized_as("a100"):
+    gpu[0] = cap
+    with sized_as(gpu_name) as facts:
+        assert resolve("window", "cuda", torch.float32, head_dim=fits).backend == "triton"
         assert resolve("window", "cuda", torch.float32).backend == "triton"
+        if too_wide is None:
+            return
+        assert resolve("window", "cuda", torch.bfloat16, head_dim=too_wide).backend == "triton"
+        why = (f"float32 tiles of heads {too_wide} wide ask more shared memory than this GPU's "
+               f"{facts.shared_memory // 1024} KiB a program (heads up to {fits} fit; docs/perf/other_gpus.md); "
+               f"use bfloat16/float16 inputs")
+        route = resolve("window", "cuda", torch.float32, head_dim=too_wide)
+        assert route.backend == "reference" and route.reason == f"auto: {why}"
+        with pytest.raises(BackendUnavailableError, match=re.escape(why)):
+            resolve("selected", "cuda", torch.float32, backend="triton", head_dim=too_wide)
+
+
+def test_public_ops_tell_the_router_their_widest_head(monkeypatch):
+    """Each op with tile products routes with the wider of its key and value heads, so a narrow
+    ``q`` with wide values is judged by the values' width."""
+    seen = {}
+
+    def spy(op, device, dtype, backend=None, head_dim=None):
+        seen[op] = head_dim
+        return routing.Route(op, "reference", "spy")
+
+    monkeypatch.setattr(routing, "resolve", spy)
+    cfg = nsa.NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=3, window=8)
+    q, k, v = torch.randn(1, 16, 2, 16), torch.randn(1, 16, 1, 16), torch.randn(1, 16, 1, 48)
+    k_cmp, v_cmp = ops.mean_compress(k, cfg), ops.mean_compress(v, cfg)
+    ops.compressed_attention(q, k_cmp, v_cmp, cfg)
+    idx = ops.select_blocks(q, k_cmp, cfg)
+    ops.selected_attention(q, k, v, idx, cfg)
+    ops.sliding_window_attention(q, k, v, cfg)
+    assert seen == {"compress": None, "compressed": 48, "select": 16, "selected": 48, "window": 48}
 
 
 def test_bad_flag_value_raises_from_resolve(monkeypatch):

@@ -6,8 +6,9 @@ before it runs. The decision, in order of precedence:
 1. ``backend=`` passed to the op (anything but ``"auto"``);
 2. the op's flag ``NSA_BACKEND_<OP>``, then ``NSA_BACKEND`` (see :mod:`nsa.flags`);
 3. ``auto``: Triton on a CUDA device of SM >= 8.0 when the op has a Triton
-   kernel and the dtype is float16/bfloat16/float32 (float32 only where a program gets
-   at least 128 KiB of shared memory: not on consumer GPUs); the reference otherwise.
+   kernel and the dtype is float16/bfloat16/float32 (float32 only for heads whose tiles fit
+   the GPU's shared memory: up to 64 wide on consumer GPUs, 128 on an A100); the reference
+   otherwise.
 
 An explicit choice (1 or 2) that cannot run here raises
 :class:`BackendUnavailableError` with the reason: asking for Triton and silently
@@ -74,8 +75,10 @@ def triton_interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def triton_status(op: str, device: DeviceLike, dtype: torch.dtype) -> Tuple[bool, str]:
-    """``(ok, reason)``: can the Triton kernel of ``op`` run on ``device`` with ``dtype``?"""
+def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
+                  head_dim: Optional[int] = None) -> Tuple[bool, str]:
+    """``(ok, reason)``: can the Triton kernel of ``op`` run on ``device`` with ``dtype``, for
+    heads ``head_dim`` wide (the wider of the key and value heads; None: not asked)?"""
     device = torch.device(device)
     if not has_kernel(op):
         return False, f"no Triton kernel for '{op}' yet"
@@ -89,14 +92,15 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype) -> Tuple[bool
         cap = torch.cuda.get_device_capability(device)
         if cap < MIN_CUDA_CAPABILITY:
             return False, f"needs SM >= {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}, have {cap[0]}.{cap[1]}"
-        if dtype == torch.float32:
-            from nsa.ops._triton.device import shared_memory_per_program, small_shared_memory
+        if dtype == torch.float32 and head_dim is not None:
+            from nsa.ops._triton.device import float32_head_dim_limit, shared_memory_per_program
 
-            if small_shared_memory(device):
+            limit = float32_head_dim_limit(device)
+            if limit is not None and head_dim > limit:
                 return False, (
-                    f"float32 Triton kernels ask more shared memory than this GPU's "
-                    f"{shared_memory_per_program(device) // 1024} KiB a program (112-264 KiB compiled for "
-                    f"SM 8.9, docs/perf/other_gpus.md); use bfloat16/float16 inputs"
+                    f"float32 tiles of heads {head_dim} wide ask more shared memory than this GPU's "
+                    f"{shared_memory_per_program(device) // 1024} KiB a program (heads up to {limit} fit; "
+                    f"docs/perf/other_gpus.md); use bfloat16/float16 inputs"
                 )
         return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
     if device.type == "cpu":
@@ -116,13 +120,16 @@ def _log_once(route: Route) -> Route:
     return route
 
 
-def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None) -> Route:
+def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None,
+            head_dim: Optional[int] = None) -> Route:
     """Decide the backend of ``op`` for tensors on ``device`` of ``dtype``.
 
     Args:
         op: one of :data:`nsa.flags.OPS`.
         backend: ``None``/``"auto"`` to let flags and the device decide, or
             ``"reference"``/``"triton"`` to insist.
+        head_dim: the wider of the op's key and value heads, where its tiles depend on it
+            (float32 tiles of wide heads do not fit every GPU's shared memory).
 
     Raises:
         ValueError: unknown ``op`` or ``backend``.
@@ -144,7 +151,7 @@ def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[s
 
     if choice == "reference":
         return _log_once(Route(op, "reference", f"requested by {source}"))
-    ok, why = triton_status(op, device, dtype)
+    ok, why = triton_status(op, device, dtype, head_dim)
     if choice == "triton":
         if not ok:
             raise BackendUnavailableError(f"'{op}': triton requested by {source} but unavailable: {why}")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from _kernel_inputs import spy_launches
-from nsa import NSAConfig
+from nsa import NSAConfig, routing
 from nsa.ops import compressed_attention, select_blocks
 from nsa.testing import assert_close
 
@@ -76,7 +76,12 @@ def test_compressed_matches_reference(shape, config, q_offset, dtype, nsa_device
 
 
 def test_compressed_dk192_dv128(nsa_device, nsa_tolerance):
-    """Dk = 192 (not a power of two) with Dv = 128, and a KV cache longer than the queries."""
+    """Dk = 192 (not a power of two) with Dv = 128, and a KV cache longer than the queries. Below
+    Hopper's shared memory, float32 heads this wide take the reference (``nsa.routing``): skipped
+    there with the router's reason."""
+    ok, why = routing.triton_status("compressed", nsa_device, torch.float32, 192)
+    if not ok:
+        pytest.skip(why)
     check_against_reference((1, 37, 4, 2, 192, 128), SMALL, 0, torch.float32, nsa_device, nsa_tolerance,
                             extra_tokens=3)
 

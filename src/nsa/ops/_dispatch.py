@@ -22,12 +22,15 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str]) -> Callable:
-    """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and dtype."""
+def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str],
+                   head_dim: Optional[int] = None) -> Callable:
+    """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and
+    dtype, for heads ``head_dim`` wide (the wider of its key and value heads, where its tiles
+    depend on it)."""
     # Imported here, not at module level: ``import nsa`` must not load nsa.routing, or
     # ``python -m nsa.routing`` would execute a module that is already imported.
     from nsa import routing
 
-    route = routing.resolve(op, like.device, like.dtype, backend)
+    route = routing.resolve(op, like.device, like.dtype, backend, head_dim)
     module = importlib.import_module(f"nsa.ops.{op}.{_MODULE_OF_BACKEND[route.backend]}")
     return getattr(module, fn)

@@ -34,11 +34,12 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
 _TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
 
 
-def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, backend: Optional[str]) -> bool:
-    """Whether every op of ``ops`` routes to its Triton kernel for ``q`` (a fused launch needs all)."""
+def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, backend: Optional[str], head_dim: int) -> bool:
+    """Whether every op of ``ops`` routes to its Triton kernel for ``q`` and heads ``head_dim``
+    wide (a fused launch needs all)."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
 
-    return all(routing.resolve(op, q.device, q.dtype, backend).backend == "triton" for op in ops)
+    return all(routing.resolve(op, q.device, q.dtype, backend, head_dim).backend == "triton" for op in ops)
 
 
 def _compressed_and_blocks(
@@ -50,7 +51,7 @@ def _compressed_and_blocks(
     blocks from the compressed-attention probabilities also produces the output,
     so ``q @ k_cmp`` is not computed by two separate kernels.
     """
-    if _on_triton(("compressed", "select"), q, backend):
+    if _on_triton(("compressed", "select"), q, backend, max(q.shape[-1], v_cmp.shape[-1])):
         _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
         _guards.check_q_offset(q_offset, q, None)
         from nsa.ops.compressed.kernel import compressed_attention_select
@@ -120,7 +121,9 @@ def nsa_attention(
         mean_compress(v, config, backend=backend),
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
-    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1] and _on_triton(_TRAINING_OPS, q, backend):
+    head_dim = max(q.shape[-1], v.shape[-1])  # the routes of float32 depend on it
+    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1] and _on_triton(_TRAINING_OPS, q, backend,
+                                                                                          head_dim):
         from nsa.ops.training import nsa_attention_training
 
         own_win = (k_win, v_win) if kv_win is not None else (None, None)
@@ -140,17 +143,18 @@ def composed_branches(
     what that Function is compared with)."""
     o_cmp, block_idx = _compressed_and_blocks(q, k_cmp, v_cmp, config, q_offset, backend)
     shared = k_win is k and v_win is v
-    if shared and q.shape[1] and not needs_grad(q, k, v, gates, o_cmp) and _forced_in_window(q, k, config, q_offset, backend):
+    if shared and q.shape[1] and not needs_grad(q, k, v, gates, o_cmp) and _forced_in_window(q, k, v, config, q_offset, backend):
         return _window_then_selected(q, k, v, gates, o_cmp, block_idx, config, q_offset), block_idx
     o_slc = selected_attention(q, k, v, block_idx, config, q_offset=q_offset, backend=backend)
     return _window_and_gated_sum(q, k_win, v_win, gates, o_cmp, o_slc, config, q_offset, backend), block_idx
 
 
-def _forced_in_window(q: torch.Tensor, k: torch.Tensor, config: NSAConfig, q_offset: int, backend: Optional[str]) -> bool:
+def _forced_in_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: NSAConfig, q_offset: int,
+                      backend: Optional[str]) -> bool:
     """Whether the window kernel can compute the selected branch's forced blocks here
     (:func:`nsa.ops.window.kernel.forced_in_window`; the caller knows that both branches read
     ``(k, v)`` and that the block lists are the NSA selection's)."""
-    if not _on_triton(("selected", "window", "gates"), q, backend):
+    if not _on_triton(("selected", "window", "gates"), q, backend, max(q.shape[-1], v.shape[-1])):
         return False
     from nsa.ops.window.kernel import forced_in_window
 
@@ -191,7 +195,8 @@ def _window_and_gated_sum(
     pass over all three outputs goes away (same result, bitwise). Training keeps them
     apart: the gates' gradient needs ``o_win``.
     """
-    if not needs_grad(q, k_win, v_win, gates, o_cmp, o_slc) and _on_triton(("window", "gates"), q, backend):
+    head_dim = max(q.shape[-1], v_win.shape[-1])
+    if not needs_grad(q, k_win, v_win, gates, o_cmp, o_slc) and _on_triton(("window", "gates"), q, backend, head_dim):
         _guards.check_attention_inputs(q, k_win, v_win, ("q", "k_win", "v_win"))
         _guards.check_q_offset(q_offset, q, k_win.shape[1])
         from nsa.ops.window.kernel import window_gated_sum

@@ -45,4 +45,5 @@ def select_blocks(
     _guards.check_attention_inputs(q, k_cmp, k_cmp, ("q", "k_cmp", "k_cmp"))
     _guards.check_q_offset(q_offset, q, None)
     scale = config.softmax_scale(q.shape[-1])
-    return implementation("select", "select_blocks", q, backend)(q, k_cmp, config, scale, q_offset)
+    fn = implementation("select", "select_blocks", q, backend, q.shape[-1])
+    return fn(q, k_cmp, config, scale, q_offset)
