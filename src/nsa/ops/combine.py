@@ -121,9 +121,9 @@ def nsa_attention(
         mean_compress(v, config, backend=backend),
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
-    head_dim = max(q.shape[-1], v.shape[-1])  # the routes of float32 depend on it
-    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1] and _on_triton(_TRAINING_OPS, q, backend,
-                                                                                          head_dim):
+    head_dim = max(q.shape[-1], v.shape[-1])  # float32 routes depend on it
+    training = needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1]
+    if training and _on_triton(_TRAINING_OPS, q, backend, head_dim):
         from nsa.ops.training import nsa_attention_training
 
         own_win = (k_win, v_win) if kv_win is not None else (None, None)
