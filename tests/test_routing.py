@@ -155,6 +155,9 @@ def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits
         assert route.backend == "reference" and route.reason == f"auto: {why}"
         with pytest.raises(BackendUnavailableError, match=re.escape(why)):
             resolve("selected", "cuda", torch.float32, backend="triton", head_dim=too_wide)
+        table = routing.explain("cuda", torch.float32, head_dim=too_wide).splitlines()
+        assert table[0] == f"nsa routing for device=cuda dtype=float32 head_dim={too_wide}"
+        assert table[1 + list(flags.OPS).index("window")].split()[1] == "reference"
 
 
 def test_public_ops_tell_the_router_their_widest_head(monkeypatch):

@@ -163,12 +163,14 @@ def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[s
     return _log_once(Route(op, "reference", f"auto: {why}"))
 
 
-def explain(device: DeviceLike, dtype: torch.dtype) -> str:
-    """A table of every op's route for ``device``/``dtype`` (errors shown, not raised)."""
-    lines = [f"nsa routing for device={torch.device(device)} dtype={str(dtype).replace('torch.', '')}"]
+def explain(device: DeviceLike, dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
+    """A table of every op's route for ``device``/``dtype`` and heads ``head_dim`` wide (errors
+    shown, not raised)."""
+    width = f" head_dim={head_dim}" if head_dim is not None else ""
+    lines = [f"nsa routing for device={torch.device(device)} dtype={str(dtype).replace('torch.', '')}{width}"]
     for op in flags.OPS:
         try:
-            route = resolve(op, device, dtype)
+            route = resolve(op, device, dtype, head_dim=head_dim)
             lines.append(f"  {op:<11} {route.backend:<10} {route.reason}")
         except (BackendUnavailableError, flags.FlagError) as err:
             lines.append(f"  {op:<11} {'ERROR':<10} {err}")
@@ -183,8 +185,10 @@ def _main(argv: Optional[list] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m nsa.routing", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32", "float64"])
+    parser.add_argument("--head-dim", type=int, default=None,
+                        help="the wider of the key and value heads (float32 routes depend on it)")
     args = parser.parse_args(argv)
-    print(explain(args.device, getattr(torch, args.dtype)))
+    print(explain(args.device, getattr(torch, args.dtype), args.head_dim))
 
 
 if __name__ == "__main__":
