@@ -75,38 +75,42 @@ def sized_as(gpu: Union[str, GpuFacts]) -> Iterator[GpuFacts]:
         _sized_for = before
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+#: What the CPU (the interpreter) counts as: a Hopper-sized GPU of 32 GiB. Its SM count is each
+#: caller's own stand-in (:func:`sm_count`).
+INTERPRETER = GpuFacts((9, 0), SHIPPED_GPUS["h100"].shared_memory, 1, 32 * _GIB)
 
 
-def sm_count(device: torch.device, interpreter: int = 1) -> int:
-    """Streaming multiprocessors of ``device``; on the CPU, ``interpreter`` stands in (launch
-    heuristics then see a tiny GPU, so small test problems still take their multi-program paths)."""
+def gpu_facts(device: torch.device) -> GpuFacts:
+    """The facts that launches on ``device`` are sized for: the GPU of :func:`sized_as` inside such
+    a block, else :data:`INTERPRETER` on the CPU, else the CUDA device's own (asked once)."""
     if _sized_for is not None:
-        return _sized_for.sms
+        return _sized_for
     if device.type != "cuda":
-        return interpreter
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def shared_memory_per_program(device: torch.device) -> int:
-    """Opt-in shared memory a program may use on ``device``, bytes; the CPU counts as Hopper."""
-    if _sized_for is not None:
-        return _sized_for.shared_memory
-    if device.type != "cuda":
-        return SHIPPED_GPUS["h100"].shared_memory
-    return _cuda_shared_memory_per_program(_index(device))
+        return INTERPRETER
+    return _cuda_facts(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @lru_cache(maxsize=None)
-def _cuda_shared_memory_per_program(index: int) -> int:
+def _cuda_facts(index: int) -> GpuFacts:
     props = torch.cuda.get_device_properties(index)
     optin = getattr(props, "shared_memory_per_block_optin", None)
     if optin is None:  # older torch: ask Triton's driver
         from triton.runtime import driver
 
         optin = driver.active.utils.get_device_properties(index)["max_shared_mem"]
-    return int(optin)
+    return GpuFacts((props.major, props.minor), int(optin), props.multi_processor_count, props.total_memory)
+
+
+def sm_count(device: torch.device, interpreter: int = 1) -> int:
+    """Streaming multiprocessors of ``device``; on the CPU, ``interpreter`` stands in (launch
+    heuristics then see a tiny GPU, so small test problems still take their multi-program paths)."""
+    facts = gpu_facts(device)
+    return interpreter if facts is INTERPRETER else facts.sms
+
+
+def shared_memory_per_program(device: torch.device) -> int:
+    """Opt-in shared memory a program may use on ``device``, bytes; the CPU counts as Hopper."""
+    return gpu_facts(device).shared_memory
 
 
 def large_shared_memory(device: torch.device) -> bool:
@@ -132,16 +136,7 @@ def float32_head_dim_limit(device: torch.device) -> Optional[int]:
 
 def capability_major(device: torch.device) -> int:
     """Major compute capability of ``device`` (9 for Hopper); the CPU counts as Hopper."""
-    if _sized_for is not None:
-        return _sized_for.capability[0]
-    if device.type != "cuda":
-        return SHIPPED_GPUS["h100"].capability[0]
-    return _cuda_capability_major(_index(device))
-
-
-@lru_cache(maxsize=None)
-def _cuda_capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    return gpu_facts(device).capability[0]
 
 
 def bulk_copies_supported(device: torch.device) -> bool:
@@ -153,8 +148,4 @@ def bulk_copies_supported(device: torch.device) -> bool:
 
 def device_memory(device: torch.device) -> int:
     """Bytes of memory of ``device``; the CPU counts as 32 GiB."""
-    if _sized_for is not None:
-        return _sized_for.memory
-    if device.type != "cuda":
-        return 32 * _GIB
-    return torch.cuda.get_device_properties(device).total_memory
+    return gpu_facts(device).memory
