@@ -1,8 +1,14 @@
-"""Comparison helpers for tests: relative errors against a higher-precision reference."""
+"""Comparison helpers for tests: relative errors against a higher-precision reference, and
+selections compared on their own terms (near-ties may swap blocks) with outputs compared given
+the same blocks."""
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
+
+from nsa.config import NSAConfig
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -25,3 +31,104 @@ def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: f
     err = rel_error(actual, expected)
     if not err <= tol:
         raise AssertionError(f"{name}: relative error {err:.3e} exceeds {tol:.1e}")
+
+
+#: ``eps`` of :func:`assert_valid_selection` for an implementation whose inputs are of this dtype,
+#: against a reference of higher precision. 16-bit inputs round the compressed keys, which moves
+#: scores by about 1e-4 of their size (blocks swapped at T 4173, G 16 lay within 1.5e-4); float32
+#: only sums in another order (about 1e-7).
+SELECTION_EPS = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+
+def block_scores(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, *, q_offset: int = 0) -> torch.Tensor:
+    """float64 ``[B, Tq, H, nblk]``: the group score of every block for every query and KV group
+    (spec Eq. 10, the reference's definition), ``-inf`` past each query's own block; what
+    :func:`nsa.select_blocks` ranks. Holds all rows at once (8 bytes a block a row)."""
+    from nsa.ops.select.reference import block_scores as reference_scores
+
+    return reference_scores(q.double(), k_cmp.double(), config, config.softmax_scale(q.shape[-1]), q_offset)
+
+
+def assert_valid_selection(
+    block_idx: torch.Tensor,
+    ref_idx: torch.Tensor,
+    scores: torch.Tensor,
+    config: NSAConfig,
+    *,
+    q_offset: int = 0,
+    eps: float = 1e-5,
+) -> int:
+    """Check ``block_idx`` against the reference's ``ref_idx`` and ``scores`` (:func:`block_scores`);
+    returns how many rows differ from ``ref_idx``.
+
+    A top-n is discontinuous: two blocks whose scores agree to rounding may swap between two
+    correct implementations, and the outputs then differ by a whole block's share. So the
+    selection is checked on its own terms: ``block_idx`` holds the forced blocks, ascends, pads
+    with -1 last, chooses as many blocks as ``ref_idx``, leaves out no block that scores above a
+    chosen one by more than ``eps`` (relative), and equals ``ref_idx`` on every row whose weakest
+    chosen and strongest rejected free blocks are further apart than that. Outputs are then
+    compared given the same blocks (:func:`nsa_attention_with_blocks`).
+    """
+    B, Tq, H, n = block_idx.shape
+    if block_idx.dtype != torch.int32 or block_idx.shape != ref_idx.shape:
+        raise AssertionError(f"block_idx: {block_idx.dtype} {tuple(block_idx.shape)}, want int32 {tuple(ref_idx.shape)}")
+    own = (torch.arange(Tq, device=block_idx.device) + q_offset) // config.sel_block
+    j = torch.arange(scores.shape[-1], device=block_idx.device)
+    forced = (j <= own[:, None]) & ((j < config.init_blocks) | (j > own[:, None] - config.local_blocks))
+    forced = forced[None, :, None, :]
+    key = scores.masked_fill(forced, float("inf"))
+    chosen = torch.zeros(*block_idx.shape[:3], scores.shape[-1] + 1, dtype=torch.bool, device=block_idx.device)
+    chosen.scatter_(-1, torch.where(block_idx >= 0, block_idx.long(), scores.shape[-1]), True)
+    chosen = chosen[..., :-1]
+    valid = block_idx >= 0
+    _require((valid.sum(-1) == (ref_idx >= 0).sum(-1)).all(), "a row chose another number of blocks than the reference")
+    _require((valid[..., :-1] | ~valid[..., 1:]).all(), "padding -1 must come last")
+    _require(torch.where(valid[..., 1:], block_idx[..., 1:] > block_idx[..., :-1], True).all(), "indices must ascend")
+    _require((chosen | ~forced).all(), "a forced block is missing")
+    worst_in = key.masked_fill(~chosen, float("inf")).amin(-1)
+    best_out = key.masked_fill(chosen | (key == float("-inf")), float("-inf")).amax(-1)
+    contested = torch.isfinite(worst_in) & torch.isfinite(best_out)  # a free pick and a block left out
+    gap = torch.where(contested, best_out - worst_in, torch.zeros_like(best_out))
+    tol = eps * torch.where(contested, torch.maximum(worst_in.abs(), best_out.abs()), torch.ones_like(best_out))
+    above = gap > tol
+    _require(not above.any(), f"{int(above.sum())} rows left out a block scoring above a chosen one by more than {eps:.0e}")
+    differ = ~(block_idx == ref_idx).all(-1)
+    untied = differ & ~(contested & (gap.abs() <= tol))
+    _require(not untied.any(), f"{int(untied.sum())} rows differ from the reference without a near-tie (eps {eps:.0e})")
+    return int(differ.sum())
+
+
+def _require(ok, message: str) -> None:
+    if not bool(ok):
+        raise AssertionError(message)
+
+
+def nsa_attention_with_blocks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: torch.Tensor,
+    config: NSAConfig,
+    block_idx: torch.Tensor,
+    *,
+    kv_cmp: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    kv_win: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    q_offset: int = 0,
+) -> torch.Tensor:
+    """The reference's :func:`nsa.nsa_attention` with the selected branch reading ``block_idx``
+    instead of its own top-n (differentiable; the selection carries no gradient anyway).
+
+    Compare an implementation's output and gradients with this at its own ``block_idx`` (after
+    :func:`assert_valid_selection`), so that a near-tie that swapped one block, legitimately,
+    does not count as that block's whole share of error.
+    """
+    from nsa import ops
+
+    ref = dict(q_offset=q_offset, backend="reference")
+    k_cmp, v_cmp = kv_cmp if kv_cmp is not None else (
+        ops.mean_compress(k, config, backend="reference"), ops.mean_compress(v, config, backend="reference"))
+    k_win, v_win = kv_win if kv_win is not None else (k, v)
+    o_cmp, _ = ops.compressed_attention(q, k_cmp, v_cmp, config, **ref)
+    o_slc = ops.selected_attention(q, k, v, block_idx, config, **ref)
+    o_win = ops.sliding_window_attention(q, k_win, v_win, config, **ref)
+    return ops.combine_branches(gates, o_cmp, o_slc, o_win, backend="reference")

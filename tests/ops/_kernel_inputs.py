@@ -25,15 +25,26 @@ def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):
     return q, k, v
 
 
-def nsa_forward_backward(q, k, v, gates, config, backend, do):
-    """``o`` of :func:`nsa.nsa_attention` and the gradients of ``q, k, v, gates`` for the upstream
-    gradient ``do`` (float64)."""
+def nsa_run(q, k, v, gates, config, backend, do, block_idx=None):
+    """``(o, block_idx, [dq, dk, dv, dgates])`` of :func:`nsa.nsa_attention` for the upstream
+    gradient ``do`` (float64). Given ``block_idx``, the reference selects those blocks instead of
+    its own (:func:`nsa.testing.nsa_attention_with_blocks`; ``backend`` is then unused)."""
     from nsa import nsa_attention
+    from nsa.testing import nsa_attention_with_blocks
 
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
-    o = nsa_attention(*leaves, config, backend=backend)
+    if block_idx is None:
+        o, block_idx = nsa_attention(*leaves, config, backend=backend, return_block_idx=True)
+    else:
+        o = nsa_attention_with_blocks(*leaves, config, block_idx)
     (o.double() * do).sum().backward()
-    return [o] + [x.grad for x in leaves]
+    return o, block_idx, [x.grad for x in leaves]
+
+
+def nsa_forward_backward(q, k, v, gates, config, backend, do):
+    """``[o, dq, dk, dv, dgates]`` of :func:`nsa_run`."""
+    o, _, grads = nsa_run(q, k, v, gates, config, backend, do)
+    return [o] + grads
 
 
 def assert_bitwise_repeatable(run):

@@ -1,5 +1,7 @@
 """The whole NSA prefill on Triton (fused compressed attention + selection, selected,
-window, mean compression) against the float64 reference: output, blocks and every gradient.
+window, mean compression) against the float64 reference: the selected blocks (the reference's
+own but for near-ties, ``nsa.testing.assert_valid_selection``), then the output and every
+gradient against the reference given those blocks.
 
 On CPU this runs through Triton's interpreter at small sizes; the ``gpu`` case runs a
 real size in bfloat16 against a float32 reference.
@@ -10,9 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _kernel_inputs import nsa_run
 from nsa import NSAConfig, nsa_attention
 from nsa.ops._triton.device import sized_as
-from nsa.testing import assert_close
+from nsa.ops import mean_compress, select_blocks
+from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
@@ -22,25 +26,21 @@ SMALL = NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=
 SMALL_FORCED = NSAConfig(cmp_block=16, cmp_stride=8, sel_block=16, sel_count=4, window=32)
 
 
-def _run(q, k, v, gates, config, backend, do):
-    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, gates)]
-    o, block_idx = nsa_attention(*leaves[:4], config, backend=backend, return_block_idx=True)
-    (o.double() * do).sum().backward()
-    return o, block_idx, [x.grad for x in leaves]
-
-
 def _check(B, T, HQ, H, DK, DV, config, dtype, ref_dtype, device, tol):
+    """The kernels' blocks are a valid top-n of the reference's scores (the reference's own but for
+    near-ties), and their output and gradients match the reference given those blocks."""
     q = torch.randn(B, T, HQ, DK, device=device, dtype=dtype)
     k = torch.randn(B, T, H, DK, device=device, dtype=dtype)
     v = torch.randn(B, T, H, DV, device=device, dtype=dtype)
     gates = torch.rand(B, T, HQ, 3, device=device, dtype=dtype)
     do = torch.randn(B, T, HQ, DV, device=device, dtype=torch.float64)
-    o, blocks, grads = _run(q, k, v, gates, config, "triton", do)
-    ref_o, ref_blocks, ref_grads = _run(*(x.to(ref_dtype) for x in (q, k, v, gates)), config, "reference", do)
+    o, blocks, grads = nsa_run(q, k, v, gates, config, "triton", do)
     assert o.dtype == dtype
-    # Random inputs leave no exact ties, so the blocks agree everywhere.
-    agree = (blocks == ref_blocks).all(-1).double().mean().item()
-    assert agree >= 0.99, f"selected blocks agree on only {agree:.2%} of rows"
+    up = [x.to(ref_dtype) for x in (q, k, v, gates)]
+    k_cmp = mean_compress(up[1], config, backend="reference")
+    ref_blocks = select_blocks(up[0], k_cmp, config, backend="reference")
+    assert_valid_selection(blocks, ref_blocks, block_scores(up[0], k_cmp, config), config, eps=SELECTION_EPS[dtype])
+    ref_o, _, ref_grads = nsa_run(*up, config, "reference", do, block_idx=blocks)
     assert_close("o", o, ref_o, tol(dtype, "fwd"))
     for name, got, want in zip(("dq", "dk", "dv", "dgates"), grads, ref_grads):
         assert_close(name, got, want, tol(dtype, "grad"))
@@ -59,9 +59,19 @@ def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, config, nsa
 
 
 @pytest.mark.gpu
-@pytest.mark.requires(memory_gib=40)  # its float32 reference peaks near 35 GiB: it runs alone on a shared GPU
-def test_nsa_attention_triton_bf16_real_size(nsa_device, nsa_tolerance):
-    _check(1, 4096 + 77, 64, 4, 128, 128, NSAConfig(), torch.bfloat16, torch.float32, nsa_device, nsa_tolerance)
+@pytest.mark.parametrize(
+    "T, HQ, H",
+    [
+        # its float32 reference peaks near 35 GiB: it runs alone on a shared GPU
+        pytest.param(4096 + 77, 64, 4, marks=pytest.mark.requires(memory_gib=40), id="T4173-HQ64-H4"),
+        # one KV head: a swapped block counts for all 16 heads of a row; against the reference's own
+        # blocks, the 0.7 % of rows that near-ties swap give o a 1.0e-2 error by themselves
+        pytest.param(4096 + 77, 16, 1, id="T4173-HQ16-H1"),
+        pytest.param(4096 + 15, 16, 4, id="T4111-G4"),
+    ],
+)
+def test_nsa_attention_triton_bf16_real_size(T, HQ, H, nsa_device, nsa_tolerance):
+    _check(1, T, HQ, H, 128, 128, NSAConfig(), torch.bfloat16, torch.float32, nsa_device, nsa_tolerance)
 
 
 @pytest.mark.parametrize("gpu", ["a100", "rtx4090"])

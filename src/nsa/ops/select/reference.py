@@ -50,25 +50,54 @@ def top_n(block_score: torch.Tensor, positions: torch.Tensor, config: NSAConfig)
     return torch.where(chosen == missing, torch.full_like(chosen, -1), chosen).to(torch.int32)
 
 
-def select_blocks(
-    q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, scale: float, q_offset: int
-) -> torch.Tensor:
-    """int32 ``[B, Tq, H, sel_count]``: each KV group's selected blocks per query."""
+def _chunk_scores(qg: torch.Tensor, kc: torch.Tensor, first: int, config: NSAConfig, scale: float) -> torch.Tensor:
+    """Eq. 10's group scores ``[B, H, C, nblk]`` of the grouped queries ``qg [B, C, H, G, D]`` at
+    positions ``first ...``, ``nblk`` covering the last one's block."""
+    end = first + qg.shape[1]
+    positions = torch.arange(first, end, device=qg.device)
+    span = min(kc.shape[1], config.num_cmp(end))  # compressed tokens any query here can see
+    nblk = (end - 1) // config.sel_block + 1
+    visible = torch.arange(span, device=qg.device)[None, :] < visible_cmp_count(positions, config)[:, None]
+    scores = torch.einsum("bchgd,bshd->bhgcs", qg, kc[:, :span]) * scale
+    p_cmp, _ = masked_softmax(scores, visible)  # [B, H, G, C, span]
+    weights = overlap_weights(span, nblk, config, qg.device, qg.dtype)
+    return torch.matmul(p_cmp, weights).sum(dim=2)  # [B, H, C, nblk]: Eq. 10 group sum
+
+
+def _query_chunks(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset: int):
+    """``(first position, grouped queries [B, C, H, G, D], compressed keys)`` of each query chunk,
+    in the compute dtype."""
     B, Tq, HQ, _ = q.shape
     Nc, H = k_cmp.shape[1], k_cmp.shape[2]
     ct = compute_dtype(q.dtype)
     qg, kc = split_groups(q.to(ct), H), k_cmp.to(ct)
     last = q_offset + Tq - 1
     per_query = B * HQ * max(Nc, 1) + B * H * (last // config.sel_block + 1)
-    chunks = []
     for start, end in query_chunks(Tq, per_query):
-        positions = torch.arange(q_offset + start, q_offset + end, device=q.device)
-        span = min(Nc, config.num_cmp(q_offset + end))
-        nblk = (q_offset + end - 1) // config.sel_block + 1
-        visible = torch.arange(span, device=q.device)[None, :] < visible_cmp_count(positions, config)[:, None]
-        scores = torch.einsum("bchgd,bshd->bhgcs", qg[:, start:end], kc[:, :span]) * scale
-        p_cmp, _ = masked_softmax(scores, visible)  # [B, H, G, C, span]
-        weights = overlap_weights(span, nblk, config, q.device, ct)
-        block_score = torch.matmul(p_cmp, weights).sum(dim=2)  # [B, H, C, nblk]: Eq. 10 group sum
-        chunks.append(top_n(block_score, positions, config).permute(0, 2, 1, 3))
+        yield q_offset + start, qg[:, start:end], kc
+
+
+def block_scores(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, scale: float, q_offset: int) -> torch.Tensor:
+    """The group scores that :func:`select_blocks` ranks, ``[B, Tq, H, nblk]`` in the compute
+    dtype, ``nblk`` covering the last query's block; ``-inf`` past each query's own block.
+    For tests and analysis: it holds every query's row at once."""
+    B, Tq = q.shape[:2]
+    nblk = (q_offset + Tq - 1) // config.sel_block + 1
+    own = torch.div(torch.arange(q_offset, q_offset + Tq, device=q.device), config.sel_block, rounding_mode="floor")
+    rows = [
+        torch.nn.functional.pad(_chunk_scores(qg, kc, first, config, scale), (0, nblk - (first + qg.shape[1] - 1) // config.sel_block - 1))
+        for first, qg, kc in _query_chunks(q, k_cmp, config, q_offset) if qg.shape[1]
+    ]
+    score = torch.cat(rows, dim=2).permute(0, 2, 1, 3) if rows else q.new_zeros(B, 0, k_cmp.shape[2], max(nblk, 0), dtype=compute_dtype(q.dtype))
+    return score.masked_fill(torch.arange(score.shape[-1], device=q.device) > own[:, None, None], float("-inf"))
+
+
+def select_blocks(
+    q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, scale: float, q_offset: int
+) -> torch.Tensor:
+    """int32 ``[B, Tq, H, sel_count]``: each KV group's selected blocks per query."""
+    chunks = []
+    for first, qg, kc in _query_chunks(q, k_cmp, config, q_offset):
+        positions = torch.arange(first, first + qg.shape[1], device=q.device)
+        chunks.append(top_n(_chunk_scores(qg, kc, first, config, scale), positions, config).permute(0, 2, 1, 3))
     return torch.cat(chunks, dim=1)

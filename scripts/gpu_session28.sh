@@ -1,0 +1,50 @@
+#!/bin/bash
+# The GPU calls of session 28 (selections compared on their own terms, outputs given the same
+# blocks: nsa.testing.assert_valid_selection / nsa_attention_with_blocks):
+#
+#   bash scripts/gpu_session28.sh parity     # the real-size parity tests that take the new checks:
+#                                            # prefill (own and sized launches), decode (own, sized,
+#                                            # float32 at head dim 128), selection
+#   bash scripts/gpu_session28.sh errors     # scripts/gpu_sizing_errors.py: errors given the kernels'
+#                                            # blocks, swapped rows, o against the reference's own blocks
+#   bash scripts/gpu_session28.sh suite REV  # the whole suite but the benchmarks on 12 workers, from
+#                                            # an empty Triton cache, the report named after REV
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+. "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session28.sh parity|errors|suite REV}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+start=$(date +%s)
+run_group() {  # NAME LIMIT WORKERS TEST...: one pytest a group, each under its own limit
+    local name="$1" limit="$2" workers="$3"
+    shift 3
+    timeout "$limit" python -m pytest -q -p no:cacheprovider -n "$workers" --gpu-profile auto -rs --tb=short \
+        --durations=8 "$@" > "$OUT/${step}_$name.txt" 2>&1
+    echo "== $name: rc $? after $(( $(date +%s) - start )) s"
+    grep -v -i "warn" "$OUT/${step}_$name.txt" | tail -20
+}
+case "$step" in
+parity)
+    run_group prefill 300 3 "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_triton_bf16_real_size" \
+        "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus_real_size"
+    run_group decode 200 3 "tests/ops/test_decode_kernel.py::test_decode_bf16_real_sizes" \
+        "tests/ops/test_decode_kernel.py::test_decode_sized_for_other_gpus_real_size" \
+        "tests/ops/test_decode_kernel.py::test_decode_float32_head_dim_128_on_gpu"
+    run_group select 90 3 "tests/ops/test_select_kernel.py::test_select_gpu_bf16"
+    ;;
+errors)
+    timeout 300 python scripts/gpu_sizing_errors.py --shapes 4173:16:1:128:128 4173:64:4:128:128 \
+        4111:16:4:128:128 3001:16:16:128:128 2053:16:1:192:128 2>&1 | tee "$OUT/sizing_errors.md"
+    ;;
+suite)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_suite
+    rm -rf "$TRITON_CACHE_DIR"
+    timeout 570 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
+    echo "suite: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
