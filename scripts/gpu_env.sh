@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 gpu_tests() {
     local rev="${1:?gpu_tests needs the commit to name the report after}"
     shift
-    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report "$OUT" \
+    timeout 300 python -m pytest -q -n 3 -m "not benchmark" --gpu-profile auto --nsa-report="$OUT" \
         --nsa-report-commit "$rev" "$@" 2>&1 | tail -8
 }
 

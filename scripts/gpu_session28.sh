@@ -7,8 +7,13 @@
 #                                            # float32 at head dim 128), selection
 #   bash scripts/gpu_session28.sh errors     # scripts/gpu_sizing_errors.py: errors given the kernels'
 #                                            # blocks, swapped rows, o against the reference's own blocks
-#   bash scripts/gpu_session28.sh suite REV  # the whole suite but the benchmarks on 12 workers, from
-#                                            # an empty Triton cache, the report named after REV
+#   bash scripts/gpu_session28.sh suite REV NAME [PATH...]
+#                                            # the suite (or PATHs of it) but the benchmarks on 12
+#                                            # workers, from an empty Triton cache, the report named
+#                                            # after REV; each test's outcome is written as it ends
+#                                            # (suite_NAME.txt), so a run cut short still names its
+#                                            # failures. The whole suite passed 600 s in this session:
+#                                            # it runs in two parts (ops kernels; the rest)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
@@ -39,9 +44,13 @@ errors)
 suite)
     export TRITON_CACHE_DIR=/tmp/triton_cache_suite
     rm -rf "$TRITON_CACHE_DIR"
-    timeout 570 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
-    echo "suite: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
+    rev="${2:?the commit to name the report after}" name="${3:?a name for this part}"
+    shift 3
+    timeout 560 python -m pytest -v -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfE --tb=short -p pytest_failures_now --nsa-report="$OUT" --nsa-report-commit "$rev" "$@" > "$OUT/suite_$name.txt" 2>&1
+    echo "suite $name: rc $?, $(( $(date +%s) - start )) s" | tee -a "$OUT/suite_time.txt"
+    grep -E "FAILED|ERROR" "$OUT/suite_$name.txt" | head -20
+    tail -4 "$OUT/suite_$name.txt"
     ;;
 *)
     echo "unknown step $step" >&2

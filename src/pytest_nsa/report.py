@@ -57,6 +57,12 @@ def pytest_configure(config: pytest.Config) -> None:
     target = config.option.nsa_report
     if not target or config.option.help or config.option.version or config.option.collectonly:
         return
+    if _report_folder_hid_the_ini(config, target):
+        raise pytest.UsageError(
+            f"--nsa-report {target}: pytest took this existing folder for a test path when it looked for its "
+            f"ini file and rootdir (it reads the command line before any plugin's options are known), and read "
+            f"no ini file (rootdir {config.rootpath}); write --nsa-report={target} (with '=')"
+        )
     # The report's decode and prefill tables need the (opt-in) benchmark suites: one command, one report.
     config.option.nsa_bench = True
     if hasattr(config, "workerinput"):  # xdist workers get the same options; only the controller writes
@@ -69,6 +75,23 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.benchmark_json = _DeferredFile(reporter, report_bench.JSON_FILE)
             # The JSON is ours to ask for: a run without benchmarks needs no warning about it.
             config.addinivalue_line("filterwarnings", f"ignore:{NO_BENCHMARKS}:{BENCHMARK_WARNING}")
+
+
+#: The files in which pytest looks for its settings (and which make a folder its rootdir).
+INI_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+def _report_folder_hid_the_ini(config: pytest.Config, target: str) -> bool:
+    """Whether ``--nsa-report DIR`` (value apart) named an existing folder and pytest then found no
+    ini file although the folder it ran from, or one above it, has one: the project's settings
+    (testpaths, markers, addopts) went unread because DIR counted as a test path."""
+    args = [str(a) for a in config.invocation_params.args]
+    if "--nsa-report" not in args or config.inipath is not None:
+        return False
+    if not Path(config.invocation_params.dir, target).is_dir():
+        return False
+    here = Path(config.invocation_params.dir).resolve()
+    return any((folder / name).is_file() for folder in (here, *here.parents) for name in INI_FILES)
 
 
 def first_error_line(longrepr: Any) -> str:

@@ -62,12 +62,13 @@ def test_nsa_attention_triton_matches_reference(B, T, HQ, H, DK, DV, config, nsa
 @pytest.mark.parametrize(
     "T, HQ, H",
     [
-        # its float32 reference peaks near 35 GiB: it runs alone on a shared GPU
+        # their float32 references peak near 35 GiB (the selected branch's gathered keys grow with the
+        # KV heads; half that with one): each runs alone on a shared GPU
         pytest.param(4096 + 77, 64, 4, marks=pytest.mark.requires(memory_gib=40), id="T4173-HQ64-H4"),
         # one KV head: a swapped block counts for all 16 heads of a row; against the reference's own
-        # blocks, the 0.7 % of rows that near-ties swap give o a 1.0e-2 error by themselves
-        pytest.param(4096 + 77, 16, 1, id="T4173-HQ16-H1"),
-        pytest.param(4096 + 15, 16, 4, id="T4111-G4"),
+        # blocks, the 0.9 % of rows that near-ties swap give o a 1.1e-2 error by themselves
+        pytest.param(4096 + 77, 16, 1, marks=pytest.mark.requires(memory_gib=20), id="T4173-HQ16-H1"),
+        pytest.param(4096 + 15, 16, 4, marks=pytest.mark.requires(memory_gib=40), id="T4111-G4"),
     ],
 )
 def test_nsa_attention_triton_bf16_real_size(T, HQ, H, nsa_device, nsa_tolerance):

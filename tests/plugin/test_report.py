@@ -331,6 +331,28 @@ def test_no_option_no_report_and_unwritable_target_is_said(pytester, inprocess):
     result.stdout.fnmatch_lines(["*could not write the report under*taken*"])
 
 
+def test_a_report_folder_that_became_the_rootdir_is_refused(pytester, inprocess, tmp_path_factory):
+    """An existing folder outside the project, given as ``--nsa-report DIR``, is where pytest looks
+    for its rootdir and ini file (it reads the command line before any plugin's options are
+    known): the run would lose the project's settings, so it stops and says to write ``=``. A
+    folder inside the project, or one still to be made, leaves the ini where it was."""
+    pytester.makeini("[pytest]\nmarkers =\n    ours: a marker of the project's ini\n")
+    pytester.makepyfile(test_one="import pytest\n\n@pytest.mark.ours\ndef test_one():\n    pass\n")
+    outside = tmp_path_factory.mktemp("outside")
+    result = inprocess("--strict-markers", "--gpu-profile", "cpu", "--nsa-report", str(outside))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--nsa-report {outside}: pytest took this existing folder for a test path*"
+                                 f"write --nsa-report={outside} (with '=')"])
+    assert report_dirs(outside) == []
+    result = inprocess("--strict-markers", "--gpu-profile", "cpu", f"--nsa-report={outside}")
+    assert result.ret == 0, result.stdout.str()
+    assert len(report_dirs(outside)) == 1
+    pytester.mkdir("inside")
+    for folder in ("inside", "to_be_made"):
+        assert inprocess("--strict-markers", "--gpu-profile", "cpu", "--nsa-report", folder).ret == 0
+        assert len(report_dirs(pytester.path / folder)) == 1
+
+
 # -- units ----------------------------------------------------------------------------------
 
 
