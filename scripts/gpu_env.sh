@@ -38,3 +38,15 @@ h200_prefill() {
     python -m nsa.bench prefill --profile h200 --budget 4 --csv "$OUT/prefill_h200.csv" --plot "$OUT/prefill_h200.png" \
         2>&1 | tail -8
 }
+
+# One pytest of GPU tests under its own time limit, so that a slow group cannot hide another's
+# failures: run_group NAME LIMIT WORKERS TEST... writes $OUT/${step}_NAME.txt (step: the calling
+# script's step) and shows its tail; $start is the calling script's start time.
+run_group() {
+    local name="$1" limit="$2" workers="$3"
+    shift 3
+    timeout "$limit" python -m pytest -q -p no:cacheprovider -n "$workers" --gpu-profile auto -rs --tb=short \
+        --durations=8 "$@" > "$OUT/${step}_$name.txt" 2>&1
+    echo "== $name: rc $? after $(( $(date +%s) - start )) s"
+    grep -v -i "warn" "$OUT/${step}_$name.txt" | tail -20
+}

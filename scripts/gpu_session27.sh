@@ -16,16 +16,7 @@ step="${1:?usage: scripts/gpu_session27.sh sizing|errors|suite REV}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 case "$step" in
 sizing)
-    # one pytest a group, each under its own limit, so that a slow group cannot hide another's failures
     start=$(date +%s)
-    run_group() {  # NAME LIMIT WORKERS TEST...
-        local name="$1" limit="$2" workers="$3"
-        shift 3
-        timeout "$limit" python -m pytest -q -p no:cacheprovider -n "$workers" --gpu-profile auto -rs --tb=short \
-            --durations=6 "$@" > "$OUT/sizing_$name.txt" 2>&1
-        echo "== $name: rc $? after $(( $(date +%s) - start )) s"
-        grep -v -i "warn" "$OUT/sizing_$name.txt" | tail -25
-    }
     run_group launches 60 2 tests/ops/test_launch_sizing.py \
         "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus"
     run_group prefill 200 2 "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_sized_for_other_gpus_real_size"
@@ -41,7 +32,7 @@ suite)
     rm -rf "$TRITON_CACHE_DIR"
     start=$(date +%s)
     timeout 570 python -m pytest -q -p no:cacheprovider -n 12 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        --nsa-report "$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
+        --nsa-report="$OUT" --nsa-report-commit "${2:?the commit to name the report after}" 2>&1 | tail -12
     echo "suite: $(( $(date +%s) - start )) s" | tee "$OUT/suite_time.txt"
     ;;
 *)

@@ -20,14 +20,6 @@
 step="${1:?usage: scripts/gpu_session28.sh parity|errors|suite REV}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
-run_group() {  # NAME LIMIT WORKERS TEST...: one pytest a group, each under its own limit
-    local name="$1" limit="$2" workers="$3"
-    shift 3
-    timeout "$limit" python -m pytest -q -p no:cacheprovider -n "$workers" --gpu-profile auto -rs --tb=short \
-        --durations=8 "$@" > "$OUT/${step}_$name.txt" 2>&1
-    echo "== $name: rc $? after $(( $(date +%s) - start )) s"
-    grep -v -i "warn" "$OUT/${step}_$name.txt" | tail -20
-}
 case "$step" in
 parity)
     run_group prefill 300 3 "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_triton_bf16_real_size" \
