@@ -18,6 +18,7 @@ from _dense import spec_block_scores, spec_top_n
 import nsa
 from nsa import ops
 from nsa.ops.select.reference import overlap_weights
+from nsa.testing import assert_valid_selection
 
 # The default ratios (l = 2d, l' = 4d) at a quarter of the size: token i covers [4i, 4i + 8),
 # block j covers [16j, 16j + 16), so tokens 4j, 4j+1, 4j+2 lie in block j and 4j-1, 4j+3 straddle.
@@ -189,30 +190,22 @@ ORACLE_CASES = [  # B, T, H, G, q_offset, config
 @pytest.mark.parametrize("B, T, H, G, q_offset, cfg", ORACLE_CASES)
 def test_select_blocks_matches_spec_oracle(B, T, H, G, q_offset, cfg, nsa_device):
     """select_blocks equals a per-query loop over the spec's text, except where the oracle's
-    last chosen and first rejected scores are within 1e-6 (float32 kernels may break near-ties)."""
+    weakest chosen and strongest rejected scores are within 1e-6 (float32 kernels may break
+    near-ties), and then it is still a top-n of the oracle's scores."""
     dtype = torch.float64 if torch.device(nsa_device).type == "cpu" else torch.float32
     q = torch.randn(B, T, H * G, 8, dtype=torch.float64)
     k_cmp = torch.randn(B, cfg.num_cmp(q_offset + T), H, 8, dtype=torch.float64)
     got = ops.select_blocks(q.to(nsa_device, dtype), k_cmp.to(nsa_device, dtype), cfg, q_offset=q_offset).cpu()
     assert got.dtype == torch.int32 and got.shape == (B, T, H, cfg.sel_count)
-    checked = 0
+    nblk = (q_offset + T - 1) // cfg.sel_block + 1
+    scores = torch.full((B, T, H, nblk), float("-inf"), dtype=torch.float64)
+    want = torch.empty(B, T, H, cfg.sel_count, dtype=torch.int32)
     for b in range(B):
         for i in range(T):
             t = q_offset + i
             for g in range(H):
-                scores = spec_block_scores(q[b, i, g * G : (g + 1) * G], k_cmp[b, :, g], t, cfg)
-                want = spec_top_n(scores, t, cfg)
-                if got[b, i, g].tolist() != want and _near_tie(scores, want, t, cfg):
-                    continue
-                assert got[b, i, g].tolist() == want, f"b={b} t={t} group={g} scores={scores}"
-                checked += 1
-    assert checked >= 0.98 * B * T * H
-
-
-def _near_tie(scores, chosen, t, cfg, gap=1e-6):
-    """Whether the oracle's weakest chosen free block and strongest rejected one are within ``gap``."""
-    own = t // cfg.sel_block
-    forced = {j for j in range(own + 1) if j < cfg.init_blocks or j > own - cfg.local_blocks}
-    taken = [scores[j] for j in chosen if j >= 0 and j not in forced]
-    left = [scores[j] for j in range(own + 1) if j not in chosen and j not in forced]
-    return bool(taken and left) and min(taken) - max(left) < gap
+                row = spec_block_scores(q[b, i, g * G : (g + 1) * G], k_cmp[b, :, g], t, cfg)
+                scores[b, i, g, : len(row)] = torch.tensor(row, dtype=torch.float64)
+                want[b, i, g] = torch.tensor(spec_top_n(row, t, cfg), dtype=torch.int32)
+    differ = assert_valid_selection(got, want, scores, cfg, q_offset=q_offset, eps=1e-6)
+    assert differ <= 0.02 * B * T * H
