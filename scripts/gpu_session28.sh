@@ -5,6 +5,8 @@
 #   bash scripts/gpu_session28.sh parity     # the real-size parity tests that take the new checks:
 #                                            # prefill (own and sized launches), decode (own, sized,
 #                                            # float32 at head dim 128), selection
+#   bash scripts/gpu_session28.sh recheck    # the tests changed after those: the real-size prefill cases
+#                                            # alone, the decode graph, the spec oracle, the report guard
 #   bash scripts/gpu_session28.sh errors     # scripts/gpu_sizing_errors.py: errors given the kernels'
 #                                            # blocks, swapped rows, o against the reference's own blocks
 #   bash scripts/gpu_session28.sh suite REV NAME [PATH...]
@@ -17,7 +19,7 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session28.sh parity|errors|suite REV}"
+step="${1:?usage: scripts/gpu_session28.sh parity|recheck|errors|suite REV NAME [PATH...]}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
 case "$step" in
@@ -28,6 +30,13 @@ parity)
         "tests/ops/test_decode_kernel.py::test_decode_sized_for_other_gpus_real_size" \
         "tests/ops/test_decode_kernel.py::test_decode_float32_head_dim_128_on_gpu"
     run_group select 90 3 "tests/ops/test_select_kernel.py::test_select_gpu_bf16"
+    ;;
+recheck)
+    # after the first calls: the real-size prefill cases alone on the GPU (requires(memory_gib)),
+    # the decode graph and the spec oracle with the selection checks, the --nsa-report guard
+    run_group prefill 200 3 "tests/ops/test_nsa_attention_kernel.py::test_nsa_attention_triton_bf16_real_size"
+    run_group graph_oracle 150 3 tests/test_decode_graph.py tests/test_selection.py tests/test_testing.py \
+        tests/plugin/test_report.py
     ;;
 errors)
     timeout 300 python scripts/gpu_sizing_errors.py --shapes 4173:16:1:128:128 4173:64:4:128:128 \
