@@ -69,10 +69,9 @@ def assert_valid_selection(
     chosen and strongest rejected free blocks are further apart than that. Outputs are then
     compared given the same blocks (:func:`nsa_attention_with_blocks`).
     """
-    B, Tq, H, n = block_idx.shape
     if block_idx.dtype != torch.int32 or block_idx.shape != ref_idx.shape:
         raise AssertionError(f"block_idx: {block_idx.dtype} {tuple(block_idx.shape)}, want int32 {tuple(ref_idx.shape)}")
-    own = (torch.arange(Tq, device=block_idx.device) + q_offset) // config.sel_block
+    own = (torch.arange(block_idx.shape[1], device=block_idx.device) + q_offset) // config.sel_block
     j = torch.arange(scores.shape[-1], device=block_idx.device)
     forced = (j <= own[:, None]) & ((j < config.init_blocks) | (j > own[:, None] - config.local_blocks))
     forced = forced[None, :, None, :]

@@ -81,15 +81,16 @@ def block_scores(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, scale:
     """The group scores that :func:`select_blocks` ranks, ``[B, Tq, H, nblk]`` in the compute
     dtype, ``nblk`` covering the last query's block; ``-inf`` past each query's own block.
     For tests and analysis: it holds every query's row at once."""
-    B, Tq = q.shape[:2]
-    nblk = (q_offset + Tq - 1) // config.sel_block + 1
+    B, Tq, H = q.shape[0], q.shape[1], k_cmp.shape[2]
+    nblk = max(0, (q_offset + Tq - 1) // config.sel_block + 1)
+    rows = [q.new_zeros(B, H, 0, nblk, dtype=compute_dtype(q.dtype))]
+    for first, qg, kc in _query_chunks(q, k_cmp, config, q_offset):
+        if qg.shape[1]:
+            score = _chunk_scores(qg, kc, first, config, scale)  # covers this chunk's blocks only
+            rows.append(torch.nn.functional.pad(score, (0, nblk - score.shape[-1])))
     own = torch.div(torch.arange(q_offset, q_offset + Tq, device=q.device), config.sel_block, rounding_mode="floor")
-    rows = [
-        torch.nn.functional.pad(_chunk_scores(qg, kc, first, config, scale), (0, nblk - (first + qg.shape[1] - 1) // config.sel_block - 1))
-        for first, qg, kc in _query_chunks(q, k_cmp, config, q_offset) if qg.shape[1]
-    ]
-    score = torch.cat(rows, dim=2).permute(0, 2, 1, 3) if rows else q.new_zeros(B, 0, k_cmp.shape[2], max(nblk, 0), dtype=compute_dtype(q.dtype))
-    return score.masked_fill(torch.arange(score.shape[-1], device=q.device) > own[:, None, None], float("-inf"))
+    past_own = torch.arange(nblk, device=q.device) > own[:, None, None]  # [Tq, 1, nblk]
+    return torch.cat(rows, dim=2).permute(0, 2, 1, 3).masked_fill(past_own, float("-inf"))
 
 
 def select_blocks(
