@@ -19,12 +19,11 @@ import sys
 import torch
 
 sys.path.insert(0, "tests/ops")
-from _kernel_inputs import nsa_run  # noqa: E402
+from _kernel_inputs import nsa_run, reference_selection  # noqa: E402
 
 from nsa import NSAConfig  # noqa: E402
 from nsa.ops._triton.device import sized_as  # noqa: E402
-from nsa.ops import mean_compress, select_blocks  # noqa: E402
-from nsa.testing import SELECTION_EPS, assert_valid_selection, block_scores, rel_error  # noqa: E402
+from nsa.testing import SELECTION_EPS, assert_valid_selection, rel_error  # noqa: E402
 
 NAMES = ("o", "dq", "dk", "dv", "dgates")
 
@@ -49,9 +48,7 @@ def main() -> None:
         do = torch.randn(1, T, HQ, DV, device=dev, dtype=torch.float64)
         config = NSAConfig()
         up = [x.float() for x in (q, k, v, gates)]
-        k_cmp = mean_compress(up[1], config, backend="reference")
-        ref_blocks = select_blocks(up[0], k_cmp, config, backend="reference")
-        scores = block_scores(up[0], k_cmp, config)
+        ref_blocks, scores = reference_selection(up[0], up[1], config)
         ref_own, _, _ = nsa_run(*up, config, "reference", do)
         own = ref = None
         for gpu in [None, *args.gpus]:

@@ -41,6 +41,17 @@ def nsa_run(q, k, v, gates, config, backend, do, block_idx=None):
     return o, block_idx, [x.grad for x in leaves]
 
 
+def reference_selection(q, k, config):
+    """The reference's blocks and its block scores (:func:`nsa.testing.block_scores`) for queries
+    ``q`` and raw keys ``k`` (mean-compressed by the reference), in their dtype: what
+    :func:`nsa.testing.assert_valid_selection` checks an implementation's blocks against."""
+    from nsa.ops import mean_compress, select_blocks
+    from nsa.testing import block_scores
+
+    k_cmp = mean_compress(k, config, backend="reference")
+    return select_blocks(q, k_cmp, config, backend="reference"), block_scores(q, k_cmp, config)
+
+
 def nsa_forward_backward(q, k, v, gates, config, backend, do):
     """``[o, dq, dk, dv, dgates]`` of :func:`nsa_run`."""
     o, _, grads = nsa_run(q, k, v, gates, config, backend, do)
@@ -54,20 +65,16 @@ def assert_bitwise_repeatable(run):
 
 
 def spy_launches(monkeypatch, module, name, *keys):
-    """Replace the Triton kernel ``module.name`` by one that runs it and records, for every launch,
-    its launch argument ``keys[0]`` (or the tuple of ``keys``); returns that list."""
+    """Record, for every launch of the Triton kernel ``module.name`` until the test ends, its launch
+    argument ``keys[0]`` (or the tuple of ``keys``); returns that list."""
     launched = []
-    real = getattr(module, name)
 
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                launched.append(meta[keys[0]] if len(keys) == 1 else tuple(meta[key] for key in keys))
-                return real[grid](*args, **meta)
+    def record(kernel, kwargs):
+        if kernel == name:
+            launched.append(kwargs[keys[0]] if len(keys) == 1 else tuple(kwargs[key] for key in keys))
 
-            return launch
-
-    monkeypatch.setattr(module, name, Spy())
+    kernel_type = type(getattr(module, name))
+    monkeypatch.setattr(kernel_type, "run", _recording_run(kernel_type.run, record))
     return launched
 
 
@@ -81,13 +88,20 @@ def every_launch() -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
     kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
     real_run = kernel_type.run
     launches: List[Tuple[str, Dict[str, Any]]] = []
-
-    def run(self, *args, **kwargs):
-        launches.append((self.fn.__name__, dict(kwargs, args=args)))
-        return real_run(self, *args, **kwargs)
-
-    kernel_type.run = run
+    kernel_type.run = _recording_run(real_run, lambda kernel, kwargs: launches.append((kernel, kwargs)))
     try:
         yield launches
     finally:
         kernel_type.run = real_run
+
+
+def _recording_run(real_run, record):
+    """A ``run`` for Triton's kernel type (every launch goes through it) that passes
+    ``record(kernel name, keyword arguments with the positional ones under "args")`` each launch,
+    then launches as ``real_run`` does."""
+
+    def run(self, *args, **kwargs):
+        record(self.fn.__name__, dict(kwargs, args=args))
+        return real_run(self, *args, **kwargs)
+
+    return run

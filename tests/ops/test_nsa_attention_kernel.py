@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _kernel_inputs import nsa_run
+from _kernel_inputs import nsa_run, reference_selection
 from nsa import NSAConfig, nsa_attention
 from nsa.ops._triton.device import sized_as
-from nsa.ops import mean_compress, select_blocks
-from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores
+from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
@@ -37,9 +36,7 @@ def _check(B, T, HQ, H, DK, DV, config, dtype, ref_dtype, device, tol):
     o, blocks, grads = nsa_run(q, k, v, gates, config, "triton", do)
     assert o.dtype == dtype
     up = [x.to(ref_dtype) for x in (q, k, v, gates)]
-    k_cmp = mean_compress(up[1], config, backend="reference")
-    ref_blocks = select_blocks(up[0], k_cmp, config, backend="reference")
-    assert_valid_selection(blocks, ref_blocks, block_scores(up[0], k_cmp, config), config, eps=SELECTION_EPS[dtype])
+    assert_valid_selection(blocks, *reference_selection(up[0], up[1], config), config, eps=SELECTION_EPS[dtype])
     ref_o, _, ref_grads = nsa_run(*up, config, "reference", do, block_idx=blocks)
     assert_close("o", o, ref_o, tol(dtype, "fwd"))
     for name, got, want in zip(("dq", "dk", "dv", "dgates"), grads, ref_grads):

@@ -34,11 +34,12 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
 _TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
 
 
-def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, backend: Optional[str], head_dim: int) -> bool:
-    """Whether every op of ``ops`` routes to its Triton kernel for ``q`` and heads ``head_dim``
-    wide (a fused launch needs all)."""
+def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, v: torch.Tensor, backend: Optional[str]) -> bool:
+    """Whether every op of ``ops`` routes to its Triton kernel for queries ``q`` and values ``v``
+    (a fused launch needs all; float32 routes depend on the wider of their heads)."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
 
+    head_dim = max(q.shape[-1], v.shape[-1])
     return all(routing.resolve(op, q.device, q.dtype, backend, head_dim).backend == "triton" for op in ops)
 
 
@@ -51,7 +52,7 @@ def _compressed_and_blocks(
     blocks from the compressed-attention probabilities also produces the output,
     so ``q @ k_cmp`` is not computed by two separate kernels.
     """
-    if _on_triton(("compressed", "select"), q, backend, max(q.shape[-1], v_cmp.shape[-1])):
+    if _on_triton(("compressed", "select"), q, v_cmp, backend):
         _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
         _guards.check_q_offset(q_offset, q, None)
         from nsa.ops.compressed.kernel import compressed_attention_select
@@ -121,9 +122,8 @@ def nsa_attention(
         mean_compress(v, config, backend=backend),
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
-    head_dim = max(q.shape[-1], v.shape[-1])  # float32 routes depend on it
     training = needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1]
-    if training and _on_triton(_TRAINING_OPS, q, backend, head_dim):
+    if training and _on_triton(_TRAINING_OPS, q, v, backend):
         from nsa.ops.training import nsa_attention_training
 
         own_win = (k_win, v_win) if kv_win is not None else (None, None)
@@ -154,7 +154,7 @@ def _forced_in_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     """Whether the window kernel can compute the selected branch's forced blocks here
     (:func:`nsa.ops.window.kernel.forced_in_window`; the caller knows that both branches read
     ``(k, v)`` and that the block lists are the NSA selection's)."""
-    if not _on_triton(("selected", "window", "gates"), q, backend, max(q.shape[-1], v.shape[-1])):
+    if not _on_triton(("selected", "window", "gates"), q, v, backend):
         return False
     from nsa.ops.window.kernel import forced_in_window
 
@@ -195,8 +195,7 @@ def _window_and_gated_sum(
     pass over all three outputs goes away (same result, bitwise). Training keeps them
     apart: the gates' gradient needs ``o_win``.
     """
-    head_dim = max(q.shape[-1], v_win.shape[-1])
-    if not needs_grad(q, k_win, v_win, gates, o_cmp, o_slc) and _on_triton(("window", "gates"), q, backend, head_dim):
+    if not needs_grad(q, k_win, v_win, gates, o_cmp, o_slc) and _on_triton(("window", "gates"), q, v_win, backend):
         _guards.check_attention_inputs(q, k_win, v_win, ("q", "k_win", "v_win"))
         _guards.check_q_offset(q_offset, q, k_win.shape[1])
         from nsa.ops.window.kernel import window_gated_sum
