@@ -20,7 +20,7 @@ from _dense import attention, block_mask, causal_mask, cmp_visible, dense_causal
 
 import nsa
 from nsa import ops
-from nsa.testing import rel_error
+from nsa.testing import assert_close, rel_error
 
 # Small geometry with the default ratios (l = 2d, l' = 4d) so selection is sparse at T ~ 100.
 SMALL = nsa.NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
@@ -55,8 +55,7 @@ def _check_dense(name, out, ref, dtype, nsa_tolerance):
     if dtype == torch.float32:
         err = (out.double() - ref).abs().max().item()
         assert err < 1e-5, f"{name}: max abs error {err:.2e} >= 1e-5 against dense causal attention"
-    err = rel_error(out, ref)
-    assert err <= nsa_tolerance(dtype), f"{name}: relative error {err:.2e} against dense causal attention"
+    assert_close(f"{name} against dense causal attention", out, ref, nsa_tolerance(dtype))
 
 
 # ---------------------------------------------------------------- 1. full coverage
@@ -113,23 +112,24 @@ def test_branches_match_masked_dense_oracle(B, T, H, G, Dk, Dv, nsa_device, nsa_
     q, k, v, gates = _inputs(B, T, H, G, Dk, Dv, device=nsa_device, dtype=dtype)
     tol = nsa_tolerance(dtype)
     k_cmp, v_cmp = ops.mean_compress(k, cfg), ops.mean_compress(v, cfg)
-    assert rel_error(k_cmp, mean_pool(k, cfg)) <= tol and rel_error(v_cmp, mean_pool(v, cfg)) <= tol
+    assert_close("k_cmp", k_cmp, mean_pool(k, cfg), tol)
+    assert_close("v_cmp", v_cmp, mean_pool(v, cfg), tol)
     o_cmp, lse = ops.compressed_attention(q, k_cmp, v_cmp, cfg)
     seen = cmp_visible(T, k_cmp.shape[1], cfg, device=q.device)
-    assert rel_error(o_cmp, attention(q, k_cmp, v_cmp, seen)) <= tol
+    assert_close("o_cmp", o_cmp, attention(q, k_cmp, v_cmp, seen), tol)
     logits = torch.einsum("bthd,bihd->bthi", q.double(), k_cmp.double().repeat_interleave(G, 2)) / math.sqrt(Dk)
     lse_ref = logits.masked_fill(~seen[None, :, None, :], float("-inf")).logsumexp(-1)
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref)) and (lse[torch.isinf(lse)] < 0).all()
     finite = torch.isfinite(lse_ref)
-    assert rel_error(lse[finite], lse_ref[finite]) <= tol
+    assert_close("lse", lse[finite], lse_ref[finite], tol)
     idx = ops.select_blocks(q, k_cmp, cfg)
     o_slc = ops.selected_attention(q, k, v, idx, cfg)
-    assert rel_error(o_slc, attention(q, k, v, block_mask(idx, T, cfg, G))) <= tol
+    assert_close("o_slc", o_slc, attention(q, k, v, block_mask(idx, T, cfg, G)), tol)
     o_win = ops.sliding_window_attention(q, k, v, cfg)
-    assert rel_error(o_win, dense_causal(q, k, v, window=cfg.window)) <= tol
+    assert_close("o_win", o_win, dense_causal(q, k, v, window=cfg.window), tol)
     out = ops.nsa_attention(q, k, v, gates, cfg)
     ref = ops.combine_branches(gates.double(), o_cmp.double(), o_slc.double(), o_win.double())
-    assert rel_error(out, ref) <= tol
+    assert_close("o", out, ref, tol)
 
 
 def test_selected_attention_takes_any_block_list():
@@ -162,11 +162,11 @@ def test_causality(cut, nsa_device, nsa_tolerance):
         idxs.append(idx)
         outs.append(out.detach())
     assert torch.equal(idxs[0][:, :cut], idxs[1][:, :cut])
-    assert rel_error(outs[1][:, :cut], outs[0][:, :cut]) <= nsa_tolerance(dtype)
+    assert_close(f"o before {cut}", outs[1][:, :cut], outs[0][:, :cut], nsa_tolerance(dtype))
     assert rel_error(outs[1][:, cut:], outs[0][:, cut:]) > 1e-2  # the perturbation is real
     for name, xa, xb in zip(("q", "k", "v", "gates"), a, b):
         assert torch.count_nonzero(xa.grad[:, cut:]) == 0, f"d out[<{cut}] / d {name}[>={cut}] != 0"
-        assert rel_error(xb.grad[:, :cut], xa.grad[:, :cut]) <= nsa_tolerance(dtype, "grad"), name
+        assert_close(f"d{name} before {cut}", xb.grad[:, :cut], xa.grad[:, :cut], nsa_tolerance(dtype, "grad"))
         # (position 0 attends only to itself: its output depends on neither q nor k)
         assert torch.count_nonzero(xa.grad[:, :cut]) > 0 or (cut == 1 and name in "qk"), name
 
@@ -196,7 +196,7 @@ def test_decode_equals_prefill(p, tq, nsa_device, nsa_tolerance):
     ref, ref_idx = _prefill(q, k, v, gates, cfg)
     out, idx = _step(q, k, v, gates, cfg, p, tq, keys=p + tq)
     assert torch.equal(idx, ref_idx[:, p : p + tq])
-    assert rel_error(out, ref[:, p : p + tq]) <= nsa_tolerance(dtype)
+    assert_close("o", out, ref[:, p : p + tq], nsa_tolerance(dtype))
 
 
 @pytest.mark.parity
@@ -218,7 +218,7 @@ def test_decode_after_prefill_in_a_cache_buffer(p, nsa_device, nsa_tolerance):
         outs.append(out)
         idxs.append(idx)
     assert torch.equal(torch.cat(idxs, 1), ref_idx[:, p : p + steps])
-    assert rel_error(torch.cat(outs, 1), ref[:, p : p + steps]) <= nsa_tolerance(dtype)
+    assert_close("o", torch.cat(outs, 1), ref[:, p : p + steps], nsa_tolerance(dtype))
 
 
 # ---------------------------------------------------------------- 4. gradients

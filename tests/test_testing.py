@@ -142,3 +142,26 @@ def test_nsa_attention_with_blocks(inputs):
         assert rel_error(a, b) <= 1e-13
     other = _swap(ref, (0, 40, 0), *_free_ends(ref, scores, (0, 40, 0)))
     assert rel_error(nsa_attention_with_blocks(q, k, v, gates, CONFIG, other)[:, 40], want[:, 40]) > 1e-3
+
+
+def test_record_comparisons_sees_every_assert_close_in_its_block():
+    """Passed and failed comparisons, in order, with their errors and bounds; nested blocks each
+    see what was compared while they were open; nothing is recorded once a block closes."""
+    from nsa.testing import assert_close, record_comparisons
+
+    want = torch.ones(8, dtype=torch.float64)
+    with record_comparisons() as outer:
+        assert_close("o", want * 1.002, want, 1e-2)
+        with record_comparisons() as inner:
+            with pytest.raises(AssertionError, match="dq: relative error 3.000e-02 exceeds 2.0e-02"):
+                assert_close("dq", want * 1.03, want, 2e-2)
+        assert_close("lse", want, want, 1e-6)
+    assert_close("dk", want, want, 1e-6)
+    assert [(c.name, c.bound) for c in outer] == [("o", 1e-2), ("dq", 2e-2), ("lse", 1e-6)]
+    assert [c.name for c in inner] == ["dq"]
+    assert outer[0].share == pytest.approx(0.2) and inner[0].share == pytest.approx(1.5) and outer[2].share == 0.0
+    nan = want.clone()
+    nan[3] = float("nan")
+    with record_comparisons() as found, pytest.raises(AssertionError):
+        assert_close("o", nan, want, 1e-2)
+    assert found[0].error == float("inf") and found[0].share == float("inf")

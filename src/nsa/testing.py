@@ -1,10 +1,18 @@
 """Comparison helpers for tests: relative errors against a higher-precision reference, and
 selections compared on their own terms (near-ties may swap blocks) with outputs compared given
-the same blocks."""
+the same blocks.
+
+Every :func:`assert_close` is also handed to the recorders open at the time
+(:func:`record_comparisons`): pytest_nsa opens one around each test, so its report shows how
+close each comparison came to its bound, not only whether it passed.
+"""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -26,9 +34,50 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return diff / denom if denom > 0 else diff
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One :func:`assert_close`: what was compared, its relative error and the bound it had.
+
+    Attributes:
+        name: the ``name`` given to :func:`assert_close` (``"o"``, ``"dq"``...).
+        error: :func:`rel_error` (``inf`` where either side held a NaN or an infinity).
+        bound: the tolerance it was held to.
+    """
+
+    name: str
+    error: float
+    bound: float
+
+    @property
+    def share(self) -> float:
+        """``error / bound``: 1.0 is the bound itself, above 1 a failure (``inf`` when not finite)."""
+        return self.error / self.bound if math.isfinite(self.error) else math.inf
+
+
+_RECORDERS: List[List[Comparison]] = []
+
+
+@contextmanager
+def record_comparisons() -> Iterator[List[Comparison]]:
+    """Collect every :func:`assert_close` made inside the block, passed or failed, in order.
+
+    ``with record_comparisons() as found: ...`` leaves the :class:`Comparison` list in ``found``;
+    blocks nest (each open recorder gets every comparison)."""
+    found: List[Comparison] = []
+    _RECORDERS.append(found)
+    try:
+        yield found
+    finally:
+        # By identity: two recorders that saw nothing compare equal.
+        del _RECORDERS[next(i for i, r in enumerate(_RECORDERS) if r is found)]
+
+
 def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
-    """Fail with the relative error when ``rel_error(actual, expected) > tol``."""
+    """Fail with the relative error when ``rel_error(actual, expected) > tol``; the comparison
+    goes to every open :func:`record_comparisons` first."""
     err = rel_error(actual, expected)
+    for found in _RECORDERS:
+        found.append(Comparison(name, err, float(tol)))
     if not err <= tol:
         raise AssertionError(f"{name}: relative error {err:.3e} exceeds {tol:.1e}")
 

@@ -11,11 +11,12 @@ and write text (:mod:`~pytest_nsa.summary`). State lives in ``config.stash``
 from __future__ import annotations
 
 import os
+import sys
 from typing import List, Optional
 
 import pytest
 
-from pytest_nsa import hookspecs, lifecycle, sharing, summary, versions
+from pytest_nsa import hookspecs, lifecycle, margins, sharing, summary, versions
 from pytest_nsa.fixtures import nsa_device, nsa_gradcheck_tolerance, nsa_hardware, nsa_profile, nsa_tolerance
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, RequirementError, skip_reason
@@ -107,6 +108,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     sharing.whole_device_tests_last(items, get_state(config).pin, os.environ)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
+    """Record every ``nsa.testing.assert_close`` of a ``parity`` test (:mod:`~pytest_nsa.margins`)."""
+    # Only parity tests: elsewhere a failing comparison may be the point (tests of the helpers).
+    # Where no test module imported nsa.testing, nothing can compare: torch stays unimported.
+    testing = sys.modules.get("nsa.testing")
+    if testing is None or item.get_closest_marker("parity") is None:
+        yield
+        return
+    with testing.record_comparisons() as found:
+        yield
+    if found:
+        item.user_properties.append((margins.PROPERTY, margins.encode(found)))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
     if output is not None:  # an xdist worker: tell the controller where it ran
@@ -124,6 +140,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if lines:
         terminalreporter.section("nsa: skipped tests by reason", sep="-")
         for line in lines:
+            terminalreporter.line(line)
+    found = margins.terminal_lines(margins.summary(state.results.finished()))
+    if found:
+        terminalreporter.section("nsa: parity margins (relative error against each assert_close bound)", sep="-")
+        for line in found:
             terminalreporter.line(line)
     workers = summary.worker_summary(state)
     if workers:

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from pytest_nsa import margins
 from pytest_nsa.markers import MARKERS
 from pytest_nsa.report_schema import SCHEMA_VERSION
 
@@ -282,7 +283,9 @@ def results_document(report_id: str, run: RunInfo, outcomes: Sequence["TestOutco
         "failures": [{"nodeid": f.nodeid, "outcome": f.outcome, "when": f.when, "message": f.message,
                       "markers": list(markers.get(f.nodeid, ()))} for f in failures],
         "tests": [{"nodeid": o.nodeid, "outcome": o.outcome, "markers": list(o.markers),
-                   "duration_s": round(o.duration, 6), "skip_reason": o.skip_reason, "worker": o.worker}
+                   "duration_s": round(o.duration, 6), "skip_reason": o.skip_reason, "worker": o.worker,
+                   "comparisons": margins.as_json(o.comparisons)}
                   for o in outcomes],
+        "margins": margins.summary(outcomes),
         "benchmarks": dict(benchmarks),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence
 
 from nsa.bench.baselines import REGRESSION, format_seconds
+from pytest_nsa.margins import describe_error, describe_share
 from pytest_nsa.report_data import MATRIX_ROWS, OUTCOMES
 
 #: pytest's exit codes, for the summary line.
@@ -17,7 +18,7 @@ EXIT_NAMES: Dict[int, str] = {0: "all passed", 1: "tests failed", 2: "interrupte
                               4: "usage error", 5: "no tests collected"}
 #: Section titles, in order; the report's tests look for these.
 SECTIONS = ("Environment", "Software checks", "Profile and flags", "Backends", "Results by marker",
-            "Skipped tests by reason", "Failures", "Benchmarks")
+            "Parity margins", "Skipped tests by reason", "Failures", "Benchmarks")
 
 
 def cell(value: Any) -> str:
@@ -142,6 +143,22 @@ def _matrix(results: Mapping[str, Any]) -> List[str]:
     return ["## Results by marker", "", note, "", *table(("marker", *OUTCOMES, "total"), rows), ""]
 
 
+def _margins(results: Mapping[str, Any]) -> List[str]:
+    lines = ["## Parity margins", ""]
+    margins = results.get("margins")
+    if margins is None:  # reports written before margins were recorded
+        return lines + ["Not recorded by the plugin that wrote this report.", ""]
+    if not margins["comparisons"]:
+        return lines + ["No test compared through `nsa.testing.assert_close`.", ""]
+    lines += [f"{margins['comparisons']} comparisons (`nsa.testing.assert_close`: relative error against the "
+              f"test's bound) in {margins['tests']} tests, by share of the bound (error / bound):", ""]
+    lines += table([c["share"] for c in margins["classes"]], [[c["count"] for c in margins["classes"]]])
+    rows = [(describe_share(r["share"]), f"`{r['nodeid']}`", r["name"], describe_error(r["error"]),
+             f"{r['bound']:.1e}") for r in margins["closest"]]
+    lines += ["", "Closest to their bound:", "", *table(("share", "test", "compared", "error", "bound"), rows)]
+    return lines + [""]
+
+
 def _skips(results: Mapping[str, Any]) -> List[str]:
     rows = [(s["count"], s["reason"], ", ".join(s["markers"]) or "-") for s in results["skips"]]
     body = table(("count", "reason", "markers"), rows) if rows else ["No test was skipped."]
@@ -189,7 +206,7 @@ def _benchmarks(bench: Mapping[str, Any]) -> List[str]:
 def render(env: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     """The whole ``report.md``: title and run summary, then every section of :data:`SECTIONS`."""
     parts = [_title(env, results), _environment(env), _checks(env), _profile(env), _routing(env),
-             _matrix(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
+             _matrix(results), _margins(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
     files = ["## Files", "", "- `env.json`, `results.json`: the facts above, machine-readable "
              f"(schema version {results['schema_version']}; see `docs/reports/README.md`)", ""]
     return "\n".join(line for part in [*parts, files] for line in part).rstrip("\n") + "\n"

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
+from pytest_nsa import margins
 from pytest_nsa.env import AppliedEnv
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, Context
@@ -38,6 +39,8 @@ class TestOutcome:
         worker: the xdist worker that ran it, ``None`` without xdist.
         finished: its teardown was reported. A test interrupted mid-call has only
             its setup report: it did not run to the end, whatever ``outcome`` says.
+        comparisons: every ``nsa.testing.assert_close`` of its call, as
+            ``(name, relative error, bound)`` (:mod:`pytest_nsa.margins`).
     """
 
     __test__ = False  # not a test class, whatever pytest's collection thinks of the name
@@ -49,6 +52,7 @@ class TestOutcome:
     duration: float = 0.0
     worker: Optional[str] = None
     finished: bool = False
+    comparisons: Tuple[Tuple[str, float, float], ...] = ()
 
 
 def _skip_reason(longrepr: Any) -> str:
@@ -95,6 +99,9 @@ class SessionResults:
             duration=duration,
             worker=_worker_of(report),
             finished=(prev is not None and prev.finished) or report.when == "teardown",
+            # Every phase's report copies the item's user_properties: the first that has them wins.
+            comparisons=prev.comparisons if prev is not None and prev.comparisons
+            else margins.from_properties(getattr(report, "user_properties", ())),
         )
 
     def finished(self) -> List[TestOutcome]:

@@ -63,6 +63,39 @@ def test_gap():
 """
 
 
+#: Comparisons through nsa.testing.assert_close in parity tests: 1 % and 40 % of the bound, 150 % (fails),
+#: NaN (fails); one more in a test without the marker, which the margins leave out.
+MARGINS = """
+import pytest
+import torch
+
+from nsa.testing import assert_close
+
+@pytest.mark.parity
+def test_close():
+    want = torch.ones(100, dtype=torch.float64)
+    assert_close("o", want * 1.004, want, 1e-2)
+    assert_close("dq", want * 1.0001, want, 1e-2)
+
+@pytest.mark.parity
+def test_too_far():
+    want = torch.ones(4, dtype=torch.float64)
+    assert_close("dk", want * 1.03, want, 2e-2)
+
+@pytest.mark.parity
+def test_nan_caught():
+    want = torch.ones(4, dtype=torch.float64)
+    got = want.clone()
+    got[0] = float("nan")
+    with pytest.raises(AssertionError):
+        assert_close("lse", got, want, 1e-3)
+
+def test_not_parity():
+    want = torch.ones(4, dtype=torch.float64)
+    assert_close("o", want * 1.009, want, 1e-2)
+"""
+
+
 def report_dirs(root: Path) -> List[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
 
@@ -151,6 +184,8 @@ def test_mixed_run_report_matches_the_run(pytester, inprocess, fake):
     for title in SECTIONS:
         assert f"## {title}" in md
     assert "PARTIAL" not in md and "no benchmark" in md.lower()
+    # Nothing compared through nsa.testing: the margins say so.
+    assert res["margins"]["comparisons"] == 0 and "No test compared through" in md
     assert res["benchmarks"]["status"] == "none" and res["benchmarks"]["json_file"] is None
     outcomes = {t["nodeid"]: t["outcome"] for t in res["tests"]}
     assert outcomes["test_mixed.py::test_gap"] == "xfailed" and outcomes["test_mixed.py::test_grad[2]"] == "passed"
@@ -297,8 +332,44 @@ def test_collection_error_is_reported(pytester, inprocess):
 # -- xdist, options, errors -----------------------------------------------------------------
 
 
+def assert_margins_of(rep: Dict[str, Any], result: pytest.RunResult) -> None:
+    """The report and the terminal give each comparison of :data:`MARGINS` against its bound."""
+    res, md = rep["results"], rep["md"]
+    tests = {t["nodeid"]: t for t in res["tests"]}
+    close = tests["test_margins.py::test_close"]["comparisons"]
+    assert [c["name"] for c in close] == ["o", "dq"] and [c["bound"] for c in close] == [1e-2, 1e-2]
+    assert math.isclose(close[0]["error"], 4e-3, rel_tol=1e-9) and math.isclose(close[1]["error"], 1e-4, rel_tol=1e-9)
+    assert tests["test_margins.py::test_nan_caught"]["comparisons"] == [{"name": "lse", "error": None, "bound": 1e-3}]
+    assert tests["test_margins.py::test_too_far"]["outcome"] == "failed"
+    assert tests["test_margins.py::test_not_parity"]["comparisons"] == []
+    margins = res["margins"]
+    assert (margins["comparisons"], margins["tests"]) == (4, 3)
+    classes = {c["share"]: c["count"] for c in margins["classes"]}
+    assert classes == {"< 10%": 1, "10%-25%": 0, "25%-50%": 1, "50%-75%": 0, "75%-100%": 0, "> 100% (failed)": 2}
+    closest = [(r["nodeid"].split("::")[1], r["name"]) for r in margins["closest"]]
+    assert closest == [("test_nan_caught", "lse"), ("test_too_far", "dk"), ("test_close", "o"), ("test_close", "dq")]
+    assert margins["closest"][0]["share"] is None and math.isclose(margins["closest"][1]["share"], 1.5, rel_tol=1e-9)
+    assert md_row(md, "< 10%") == ["10%-25%", "25%-50%", "50%-75%", "75%-100%", "> 100% (failed)"]
+    assert md_row(md, "1") == ["0", "1", "0", "0", "2"]
+    assert md_row(md, "150%") == ["`test_margins.py::test_too_far`", "dk", "3.00e-02", "2.0e-02"]
+    assert md_row(md, "not finite")[:3] == ["`test_margins.py::test_nan_caught`", "lse", "not finite"]
+    result.stdout.fnmatch_lines(["*nsa: parity margins*", "4 comparisons in 3 tests; share of the bound: < 10%: 1, "
+                                 "25%-50%: 1, > 100% (failed): 2", "error not finite: test_margins.py::test_nan_caught lse*",
+                                 "150% of the bound: test_margins.py::test_too_far dk (3.00e-02 against 2.0e-02)"])
+
+
+def test_parity_margins_give_each_comparison_against_its_bound(pytester, inprocess, fake):
+    fake()
+    pytester.makepyfile(test_margins=MARGINS)
+    result = inprocess("--gpu-profile", "cpu", "--nsa-report", "reports")
+    rep = only_report(pytester.path / "reports")
+    assert_valid(rep)
+    assert pytest_counts(result)["failed"] == 1
+    assert_margins_of(rep, result)
+
+
 def test_xdist_controller_writes_exactly_one_report(pytester, bench_project):
-    pytester.makepyfile(test_mixed=MIXED)
+    pytester.makepyfile(test_mixed=MIXED, test_margins=MARGINS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--gpu-profile", "tiny",
                                            "--nsa-report", "out", "-k", "not bwd")
     rep = only_report(pytester.path / "out")
@@ -306,14 +377,15 @@ def test_xdist_controller_writes_exactly_one_report(pytester, bench_project):
     res = rep["results"]
     assert {k: res["totals"][k] for k in OUTCOMES} == pytest_counts(result)
     assert res["run"]["xdist_workers"] == 2 and not res["run"]["partial"]
-    assert {t["worker"] for t in res["tests"]} == {"gw0", "gw1"} and len(res["tests"]) == 8 + 4
+    assert {t["worker"] for t in res["tests"]} == {"gw0", "gw1"} and len(res["tests"]) == 8 + 4 + 4
     # each worker's note, as the terminal's worker lines print it, is in both files
     notes = res["run"]["worker_notes"]
     assert sorted(notes) == ["gw0", "gw1"]
     for worker, note in notes.items():
         result.stdout.fnmatch_lines([f"{worker}: {note}"])
         assert f"- worker {worker}: {note}" in rep["md"]
-    assert len(res["failures"]) == 2 and res["by_marker"]["benchmark"]["passed"] == 4
+    assert len(res["failures"]) == 3 and res["by_marker"]["benchmark"]["passed"] == 4
+    assert_margins_of(rep, result)  # the workers' comparisons reached the controller
     # pytest-benchmark times nothing under xdist: the benchmarks ran as smoke tests, and the report says so.
     bench = res["benchmarks"]
     assert bench["status"] == "none" and "timing disabled under pytest-xdist" in bench["note"]
