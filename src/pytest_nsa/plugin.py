@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import pytest
 
-from pytest_nsa import hookspecs, lifecycle, margins, sharing, summary, versions
+from pytest_nsa import gpu_memory, hookspecs, lifecycle, margins, sharing, summary, versions, xdist
 from pytest_nsa.fixtures import nsa_device, nsa_gradcheck_tolerance, nsa_hardware, nsa_profile, nsa_tolerance
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, RequirementError, skip_reason
@@ -108,6 +108,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     sharing.whole_device_tests_last(items, get_state(config).pin, os.environ)
 
 
+_MEMORY_AT_START = pytest.StashKey[Optional[int]]()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
+    """Start the test's GPU memory measurement (:mod:`~pytest_nsa.gpu_memory`)."""
+    item.stash[_MEMORY_AT_START] = gpu_memory.start()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]):  # type: ignore[no-untyped-def]
+    """After the fixtures are gone and before the teardown report: what the test took."""
+    yield
+    measured = gpu_memory.measure(item.stash.get(_MEMORY_AT_START, None), sharing.needs_whole_device(item))
+    if measured is not None:
+        item.user_properties.append((gpu_memory.PROPERTY, measured))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     """Record every ``nsa.testing.assert_close`` of a ``parity`` test (:mod:`~pytest_nsa.margins`)."""
@@ -144,6 +163,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     found = margins.terminal_lines(margins.summary(state.results.finished()))
     if found:
         terminalreporter.section("nsa: parity margins (relative error against each assert_close bound)", sep="-")
+        for line in found:
+            terminalreporter.line(line)
+    share = state.memory_share_gib(xdist.workers(config))
+    found = gpu_memory.terminal_lines(gpu_memory.summary(state.results.finished(), share))
+    if found:
+        terminalreporter.section("nsa: GPU memory (torch's allocator, per test)", sep="-")
         for line in found:
             terminalreporter.line(line)
     workers = summary.worker_summary(state)

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Set
 
 import pytest
 
-from pytest_nsa import report_bench, report_data, report_md
+from pytest_nsa import report_bench, report_data, report_md, xdist
 from pytest_nsa.benchmarks import BENCH_KEY, bench_state
 from pytest_nsa.report_data import Failure, RunInfo
 from pytest_nsa.state import get_state
@@ -179,7 +179,7 @@ class Reporter:
         # session.exitstatus, not the argument: the benchmark plugin turns a regression into a failure.
         status = int(session.exitstatus)
         run = RunInfo(self.started, datetime.now().astimezone(), status, self.config.invocation_params.args,
-                      session.testscollected, _workers(self.config))
+                      session.testscollected, xdist.workers(self.config))
         run.unfinished = state.results.unfinished()
         run.worker_notes = dict(state.workers)
         run.partial_reasons = self.partial_reasons = self._partial(session, status, len(outcomes))
@@ -201,7 +201,8 @@ class Reporter:
         timed = bench_state(self.config) if BENCH_KEY in self.config.stash else None
         gpu = state.hardware.primary if state.hardware is not None else None
         bench = report_bench.section(self.benchmark_json, timed, outcomes, folder, gpu.name if gpu else "CPU")
-        results = report_data.results_document(folder.name, run, outcomes, self.failures, bench)
+        results = report_data.results_document(folder.name, run, outcomes, self.failures, bench,
+                                               state.memory_share_gib(run.workers))
         _dump(folder / "env.json", env)
         _dump(folder / "results.json", results)
         (folder / "report.md").write_text(report_md.render(env, results), encoding="utf-8")
@@ -215,13 +216,6 @@ class Reporter:
             terminalreporter.line(f"written to {self.written}")
             for reason in self.partial_reasons:
                 terminalreporter.line(f"PARTIAL: {reason}", yellow=True)
-
-
-def _workers(config: pytest.Config) -> int:
-    """xdist workers of this run (0 without xdist); ``-n auto`` is resolved into ``tx`` by then."""
-    if getattr(config.option, "dist", "no") == "no":
-        return 0
-    return len(getattr(config.option, "tx", None) or ())
 
 
 def _dump(path: Path, document: Any) -> None:

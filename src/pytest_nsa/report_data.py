@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from pytest_nsa import margins
+from pytest_nsa import gpu_memory, margins
 from pytest_nsa.markers import MARKERS
 from pytest_nsa.report_schema import SCHEMA_VERSION
 
@@ -257,7 +257,8 @@ def _run(run: RunInfo) -> Dict[str, Any]:
 
 
 def results_document(report_id: str, run: RunInfo, outcomes: Sequence["TestOutcome"],
-                     failures: Sequence[Failure], benchmarks: Mapping[str, Any]) -> Dict[str, Any]:
+                     failures: Sequence[Failure], benchmarks: Mapping[str, Any],
+                     memory_share_gib: Optional[float] = None) -> Dict[str, Any]:
     """``results.json``: what happened.
 
     Args:
@@ -265,6 +266,7 @@ def results_document(report_id: str, run: RunInfo, outcomes: Sequence["TestOutco
         outcomes: one per test that reported (:class:`pytest_nsa.state.TestOutcome`).
         failures: every failed phase and collection error, in the order they happened.
         benchmarks: the benchmark section built by :mod:`pytest_nsa.report_bench`.
+        memory_share_gib: each xdist worker's share of its GPU's memory where workers share one.
     """
     totals = counts(outcomes)
     markers = {o.nodeid: o.markers for o in outcomes}
@@ -284,8 +286,9 @@ def results_document(report_id: str, run: RunInfo, outcomes: Sequence["TestOutco
                       "markers": list(markers.get(f.nodeid, ()))} for f in failures],
         "tests": [{"nodeid": o.nodeid, "outcome": o.outcome, "markers": list(o.markers),
                    "duration_s": round(o.duration, 6), "skip_reason": o.skip_reason, "worker": o.worker,
-                   "comparisons": margins.as_json(o.comparisons)}
+                   "comparisons": margins.as_json(o.comparisons), "gpu_memory": gpu_memory.as_json(o.gpu_memory)}
                   for o in outcomes],
         "margins": margins.summary(outcomes),
+        "gpu_memory": gpu_memory.summary(outcomes, memory_share_gib),
         "benchmarks": dict(benchmarks),
     }

@@ -18,7 +18,7 @@ EXIT_NAMES: Dict[int, str] = {0: "all passed", 1: "tests failed", 2: "interrupte
                               4: "usage error", 5: "no tests collected"}
 #: Section titles, in order; the report's tests look for these.
 SECTIONS = ("Environment", "Software checks", "Profile and flags", "Backends", "Results by marker",
-            "Parity margins", "Skipped tests by reason", "Failures", "Benchmarks")
+            "Parity margins", "GPU memory", "Skipped tests by reason", "Failures", "Benchmarks")
 
 
 def cell(value: Any) -> str:
@@ -159,6 +159,31 @@ def _margins(results: Mapping[str, Any]) -> List[str]:
     return lines + [""]
 
 
+def _memory_rows(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    body = [(f"`{r['nodeid']}`", r["peak_gib"], r["kept_gib"], "yes" if r["alone"] else "no") for r in rows]
+    return table(("test", "peak GiB", "kept GiB", "ran alone"), body)
+
+
+def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
+    lines = ["## GPU memory", ""]
+    memory = results.get("gpu_memory")
+    if memory is None:  # reports written before it was measured
+        return lines + ["Not measured by the plugin that wrote this report.", ""]
+    if not memory["tests"]:
+        return lines + ["No test used the GPU through torch.", ""]
+    share = memory["share_gib"]
+    lines += [f"torch's CUDA allocator over each test's setup, call and teardown ({memory['tests']} tests): "
+              "the peak, and what stayed allocated after the teardown (kept)"
+              + (f"; xdist workers share each GPU, {share:.2f} GiB each." if share is not None else "."), "",
+              "Largest peaks:", "", *_memory_rows(memory["largest"]), ""]
+    if memory["over_share"]:
+        lines += ["**Above their share beside other tests** (mark each `requires(memory_gib=...)` to run it alone):",
+                  "", *_memory_rows(memory["over_share"]), ""]
+    if memory["kept"]:
+        lines += ["**Kept memory after their teardown:**", "", *_memory_rows(memory["kept"]), ""]
+    return lines
+
+
 def _skips(results: Mapping[str, Any]) -> List[str]:
     rows = [(s["count"], s["reason"], ", ".join(s["markers"]) or "-") for s in results["skips"]]
     body = table(("count", "reason", "markers"), rows) if rows else ["No test was skipped."]
@@ -206,7 +231,7 @@ def _benchmarks(bench: Mapping[str, Any]) -> List[str]:
 def render(env: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     """The whole ``report.md``: title and run summary, then every section of :data:`SECTIONS`."""
     parts = [_title(env, results), _environment(env), _checks(env), _profile(env), _routing(env),
-             _matrix(results), _margins(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
+             _matrix(results), _margins(results), _gpu_memory(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
     files = ["## Files", "", "- `env.json`, `results.json`: the facts above, machine-readable "
              f"(schema version {results['schema_version']}; see `docs/reports/README.md`)", ""]
     return "\n".join(line for part in [*parts, files] for line in part).rstrip("\n") + "\n"

@@ -29,6 +29,7 @@ from typing import Any, Iterator, List, Mapping, MutableMapping, Optional
 
 import pytest
 
+from pytest_nsa.gpu_memory import allocated_after_collecting
 from pytest_nsa.xdist import WORKER_COUNT_ENV, WORKER_ENV, Pin
 
 try:
@@ -118,10 +119,20 @@ def release_cached_gpu_memory() -> None:
     """Give this process's cached, unused CUDA memory back to the device. A worker's
     allocator otherwise keeps what its biggest test took (50 GiB after the 64k
     long-context test), and the turn of the next memory-hungry test, or the tests of
-    the other workers, would run out of memory beside it."""
+    the other workers, would run out of memory beside it.
+
+    Before emptying the cache, free what only a failed test's frames hold: pytest keeps the
+    last error in ``sys.last_*`` (for post-mortem debugging) until the next test's call, so its
+    tensors would stay allocated while this worker waits for its next turn; and tensors that
+    only reference cycles hold (collected where much is still allocated)."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    allocated_after_collecting()
+    torch.cuda.empty_cache()
 
 
 class DeviceTurns:

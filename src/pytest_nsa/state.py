@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from pytest_nsa import margins
+from pytest_nsa import gpu_memory, margins
 from pytest_nsa.env import AppliedEnv
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, Context
@@ -41,6 +41,8 @@ class TestOutcome:
             its setup report: it did not run to the end, whatever ``outcome`` says.
         comparisons: every ``nsa.testing.assert_close`` of its call, as
             ``(name, relative error, bound)`` (:mod:`pytest_nsa.margins`).
+        gpu_memory: ``(peak, allocated at the start, allocated after the teardown, ran alone)``
+            in bytes where it used torch's CUDA (:mod:`pytest_nsa.gpu_memory`), else ``None``.
     """
 
     __test__ = False  # not a test class, whatever pytest's collection thinks of the name
@@ -53,6 +55,7 @@ class TestOutcome:
     worker: Optional[str] = None
     finished: bool = False
     comparisons: Tuple[Tuple[str, float, float], ...] = ()
+    gpu_memory: Optional[Tuple[int, int, int, bool]] = None
 
 
 def _skip_reason(longrepr: Any) -> str:
@@ -91,6 +94,7 @@ class SessionResults:
         if prev is not None and (prev.outcome != "passed" or outcome == "passed"):
             outcome = prev.outcome
         reason = _skip_reason(report.longrepr) if outcome == "skipped" and report.skipped else None
+        properties = getattr(report, "user_properties", ())
         self.outcomes[report.nodeid] = TestOutcome(
             nodeid=report.nodeid,
             outcome=outcome,
@@ -101,7 +105,9 @@ class SessionResults:
             finished=(prev is not None and prev.finished) or report.when == "teardown",
             # Every phase's report copies the item's user_properties: the first that has them wins.
             comparisons=prev.comparisons if prev is not None and prev.comparisons
-            else margins.from_properties(getattr(report, "user_properties", ())),
+            else margins.from_properties(properties),
+            gpu_memory=prev.gpu_memory if prev is not None and prev.gpu_memory is not None
+            else gpu_memory.from_properties(properties),
         )
 
     def finished(self) -> List[TestOutcome]:
@@ -155,6 +161,13 @@ class NSAState:
     context: Optional[Context] = None
     workers: Dict[str, str] = field(default_factory=dict)
     results: SessionResults = field(default_factory=SessionResults)
+
+    def memory_share_gib(self, workers: int) -> Optional[float]:
+        """Each xdist worker's share of its GPU's memory where ``workers`` share the GPUs, else ``None``."""
+        hw = self.hardware
+        if hw is None or hw.primary is None:
+            return None
+        return gpu_memory.share_of_device(hw.primary.memory_gib, hw.gpu_count, workers)
 
 
 STATE_KEY = pytest.StashKey[NSAState]()

@@ -109,6 +109,13 @@ def publish(gpu_count: int, environ: MutableMapping[str, str]) -> Dict[str, Opti
     return previous
 
 
+def workers(config: Any) -> int:
+    """xdist workers of this run (0 without xdist); ``-n auto`` is resolved into ``tx`` by then."""
+    if getattr(config.option, "dist", "no") == "no":
+        return 0
+    return len(getattr(config.option, "tx", None) or ())
+
+
 class XdistHooks:
     """Registered only when pytest-xdist is loaded (its hook names are unknown otherwise)."""
 

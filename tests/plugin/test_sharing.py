@@ -157,22 +157,26 @@ def test_whole_device_tests_go_last_where_workers_share_a_gpu(pytester):
 
 
 def test_every_turn_gives_cached_gpu_memory_back(tmp_path, monkeypatch):
-    """After a test, a sharing worker empties torch's CUDA cache (where CUDA is in use), so
-    the memory a test took is free for the next turn; without CUDA it does nothing."""
+    """After a test, a sharing worker drops pytest's record of the last error and empties torch's
+    CUDA cache (where CUDA is in use), so the memory a test took is free for the next turn;
+    without CUDA it does nothing."""
     import sys
     import types
 
     calls = []
-    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"))
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"),
+                                 memory_allocated=lambda: 0)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     turns = sharing.DeviceTurns(sharing.DeviceLock(tmp_path, "0"), sharing=2)
     item = types.SimpleNamespace(get_closest_marker=lambda name: None, iter_markers=lambda: iter(()))
     protocol = turns.pytest_runtest_protocol(item, None)
     next(protocol)
     assert calls == []  # not during the test
+    # a failed test's error, which pytest keeps for post-mortem debugging, holds its tensors: dropped
+    sys.last_value, sys.last_traceback = ValueError("failed"), None
     with pytest.raises(StopIteration):
         next(protocol)
-    assert calls == ["empty"]
+    assert calls == ["empty"] and not hasattr(sys, "last_value") and not hasattr(sys, "last_traceback")
     cuda.is_initialized = lambda: False
     sharing.release_cached_gpu_memory()
     assert calls == ["empty"]

@@ -1,0 +1,144 @@
+"""What each test took of the GPU's memory: its peak, and what it left allocated.
+
+xdist workers that share a GPU run their ordinary tests side by side; a test that needs
+more than its share of the device's memory then fails with out-of-memory errors that it
+would not have alone, and so do the tests beside it (session 29: eight failures in one
+run on an H100 with 12 workers). Such a test belongs under ``requires(memory_gib=...)``
+(it then runs alone, :mod:`pytest_nsa.sharing`), and a test that leaves tensors allocated
+after its teardown holds them while the other workers' tests run. Neither shows in a
+pass/fail count, so the plugin measures every test where torch's CUDA is in use: the
+allocator's peak over setup, call and teardown, and what stayed allocated after the
+teardown (after a garbage collection where that is much).
+
+No pytest import here: :mod:`pytest_nsa.plugin` calls :func:`start` and :func:`measure`
+from its hooks; the report and the terminal summary read :func:`summary`.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from pytest_nsa.state import TestOutcome
+
+#: The ``user_properties`` key the measurement travels under (through xdist too).
+PROPERTY = "nsa_gpu_memory"
+#: Above this many bytes still allocated after a test, collect garbage and measure again:
+#: tensors held only by reference cycles are not freed before the collector runs.
+COLLECT_ABOVE = 256 * 2**20
+#: A test whose allocation grew by more than this between its setup and the end of its
+#: teardown is listed as keeping memory.
+KEPT_GIB = 0.25
+#: How many of the largest peaks the summary lists.
+LARGEST = 10
+GIB = 2**30
+
+#: ``(peak, allocated at the start, allocated after the teardown, ran alone)``: bytes, bytes, bytes, bool.
+Measured = Tuple[int, int, int, bool]
+
+
+def _cuda() -> Any:
+    """torch.cuda where a test has initialised it, else ``None`` (torch is never imported here)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda
+
+
+def start() -> Optional[int]:
+    """At a test's setup: reset the allocator's peak; returns the bytes allocated now
+    (``None`` while CUDA is not initialised: the test's first use then starts from zero)."""
+    cuda = _cuda()
+    if cuda is None:
+        return None
+    cuda.reset_peak_memory_stats()
+    return int(cuda.memory_allocated())
+
+
+def allocated_after_collecting() -> int:
+    """Bytes allocated now, after a garbage collection where more than :data:`COLLECT_ABOVE` is."""
+    cuda = _cuda()
+    if cuda is None:
+        return 0
+    if cuda.memory_allocated() > COLLECT_ABOVE:
+        gc.collect()
+    return int(cuda.memory_allocated())
+
+
+def measure(at_start: Optional[int], alone: bool) -> Optional[Measured]:
+    """After a test's teardown: its :data:`Measured`, or ``None`` where CUDA was never used."""
+    cuda = _cuda()
+    if cuda is None:
+        return None
+    return (int(cuda.max_memory_allocated()), at_start or 0, allocated_after_collecting(), alone)
+
+
+def from_properties(user_properties: Sequence[Tuple[str, Any]]) -> Optional[Measured]:
+    """The measurement stored in a test report's ``user_properties`` (``None`` if absent)."""
+    for key, value in user_properties:
+        if key == PROPERTY:
+            peak, at_start, left, alone = value
+            return int(peak), int(at_start), int(left), bool(alone)
+    return None
+
+
+def _gib(n: int) -> float:
+    return round(n / GIB, 3)
+
+
+def as_json(measured: Optional[Measured]) -> Optional[Dict[str, Any]]:
+    """One test's measurement for ``results.json`` (GiB, three decimals), ``None`` where not measured."""
+    if measured is None:
+        return None
+    peak, at_start, left, alone = measured
+    return {"peak_gib": _gib(peak), "start_gib": _gib(at_start), "left_gib": _gib(left), "alone": alone}
+
+
+def summary(outcomes: Iterable["TestOutcome"], share_gib: Optional[float], largest: int = LARGEST) -> Dict[str, Any]:
+    """The report's ``gpu_memory``.
+
+    Args:
+        outcomes: the run's tests (those without a measurement are left out).
+        share_gib: each worker's share of its GPU's memory where xdist workers share one
+            (the device's memory over the workers on it), else ``None``.
+
+    Returns ``tests`` (how many were measured), ``share_gib``, the ``largest`` peaks, the tests
+    that peaked above the share beside others (``over_share``: each belongs under
+    ``requires(memory_gib=...)``) and those whose allocation grew by more than
+    :data:`KEPT_GIB` (``kept``)."""
+    rows = [(o.nodeid, *o.gpu_memory) for o in outcomes if o.gpu_memory is not None]
+
+    def entry(row: Tuple[Any, ...]) -> Dict[str, Any]:
+        nodeid, peak, at_start, left, alone = row
+        return {"nodeid": nodeid, "peak_gib": _gib(peak), "kept_gib": _gib(left - at_start), "alone": alone}
+
+    by_peak = sorted(rows, key=lambda r: (-r[1], r[0]))
+    over = [] if share_gib is None else [r for r in by_peak if not r[4] and r[1] / GIB > share_gib]
+    kept = sorted((r for r in rows if (r[3] - r[2]) / GIB > KEPT_GIB), key=lambda r: (r[2] - r[3], r[0]))
+    return {"tests": len(rows), "share_gib": share_gib, "largest": [entry(r) for r in by_peak[:largest]],
+            "over_share": [entry(r) for r in over], "kept": [entry(r) for r in kept]}
+
+
+def share_of_device(memory_gib: Optional[float], gpus: int, workers: int) -> Optional[float]:
+    """Each worker's share of a GPU's memory when ``workers`` xdist workers run on ``gpus`` GPUs
+    and more than one lands on a GPU, else ``None``."""
+    if memory_gib is None or gpus < 1 or workers <= gpus:
+        return None
+    return memory_gib / -(-workers // gpus)
+
+
+def terminal_lines(memory: Dict[str, Any]) -> List[str]:
+    """The terminal summary's lines: the largest peak, then every test over its share or
+    keeping memory (empty where nothing was measured)."""
+    if not memory["tests"]:
+        return []
+    top = memory["largest"][0]
+    lines = [f"{memory['tests']} tests used the GPU; the largest peak: {top['peak_gib']:.2f} GiB, {top['nodeid']}"
+             + (" (ran alone)" if top["alone"] else "")]
+    share = memory["share_gib"]
+    lines += [f"peaked at {r['peak_gib']:.2f} GiB beside other tests (share {share:.2f} GiB): {r['nodeid']}; "
+              "mark it requires(memory_gib=...) to run it alone" for r in memory["over_share"]]
+    lines += [f"left {r['kept_gib']:.2f} GiB allocated after its teardown: {r['nodeid']}" for r in memory["kept"]]
+    return lines
