@@ -1,64 +1,72 @@
 """Which tests leave GPU memory that torch's allocator does not know about (session 29).
 
-Runs the given pytest arguments in this one process and prints, after every test, the device
-memory in use less torch's reserved memory (the CUDA context, cuBLAS workspaces, and the local
-memory the driver keeps for the largest per-thread stack any kernel launched so far needed),
-and the per-thread stack limit. At the end it sets the stack limit back to its first value
-(cuCtxSetLimit) and prints the figure again: whether that returns the local memory.
+A pytest plugin (``-p gpu_memory_probe``, with ``scripts/`` on PYTHONPATH; it runs in every xdist
+worker). After every test it appends one line to ``$PROBE_OUT``: the process, the test, the device
+memory this process holds outside torch's allocator (the CUDA context, library workspaces, and
+the local memory the driver keeps for the largest per-thread stack any kernel launched so far
+needed), the per-thread stack limit; then it sets the stack limit back to the process's first
+value (``cuCtxSetLimit``) and gives the figure again: whether that returns the local memory.
+Per process through NVML (``nvmlDeviceGetComputeRunningProcesses``, loaded by ctypes).
 
-    python scripts/gpu_memory_probe.py tests/ops/test_window_kernel.py -k gpu
+    PROBE_OUT=$OUT/probe.txt python -m pytest -n 12 -p gpu_memory_probe tests/ops/test_window_kernel.py
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
+import os
 
 import pytest
-import torch
 
 GIB = 2**30
 CU_LIMIT_STACK_SIZE = 0
+_first_stack = None
 
 
-def _libcuda():
-    return ctypes.CDLL("libcuda.so.1")
+class _Process(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
-def stack_limit() -> int:
+def _nvml_used(pid: int) -> float:
+    """GiB this process holds on GPU 0 as NVML reports it (-1 where NVML cannot tell)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        nvml.nvmlInit_v2()
+        handle = ctypes.c_void_p()
+        nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+        count = ctypes.c_uint(64)
+        procs = (_Process * 64)()
+        nvml.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs)
+        return next((p.usedGpuMemory / GIB for p in procs[: count.value] if p.pid == pid), -1.0)
+    except OSError:
+        return -1.0
+
+
+def _stack(libcuda) -> int:
     value = ctypes.c_size_t()
-    _libcuda().cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_STACK_SIZE)
+    libcuda.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_STACK_SIZE)
     return value.value
 
 
-def outside_torch() -> float:
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    global _first_stack
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return
+    libcuda = ctypes.CDLL("libcuda.so.1")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    return (total - free - torch.cuda.memory_reserved()) / GIB
-
-
-class Probe:
-    def __init__(self) -> None:
-        self.first_stack = None
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_teardown(self, item):
-        if not torch.cuda.is_initialized():
-            return
-        if self.first_stack is None:
-            self.first_stack = stack_limit()
-        print(f"\nPROBE {item.nodeid}: outside torch {outside_torch():.2f} GiB, stack limit {stack_limit()} B, "
-              f"torch peak {torch.cuda.max_memory_allocated() / GIB:.2f} GiB", flush=True)
-        torch.cuda.reset_peak_memory_stats()
-
-
-if __name__ == "__main__":
-    probe = Probe()
-    code = pytest.main(["-q", "-s", "-p", "no:cacheprovider", "--gpu-profile", "auto", *sys.argv[1:]], plugins=[probe])
-    if torch.cuda.is_initialized():
-        before = outside_torch()
-        rc = _libcuda().cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(probe.first_stack or 1024))
-        print(f"PROBE end: outside torch {before:.2f} GiB; cuCtxSetLimit(stack, {probe.first_stack}) -> {rc}; "
-              f"outside torch now {outside_torch():.2f} GiB, stack limit {stack_limit()} B", flush=True)
-    sys.exit(code)
+    pid = os.getpid()
+    if _first_stack is None:
+        _first_stack = _stack(libcuda)
+    outside = _nvml_used(pid) - torch.cuda.memory_reserved() / GIB
+    stack = _stack(libcuda)
+    rc = libcuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(_first_stack))
+    after = _nvml_used(pid) - torch.cuda.memory_reserved() / GIB
+    with open(os.environ.get("PROBE_OUT", "probe.txt"), "a") as f:
+        f.write(f"{pid} {item.nodeid} outside_torch_gib {outside:.2f} stack {stack} "
+                f"reset_rc {rc} after_reset_gib {after:.2f} torch_peak_gib "
+                f"{torch.cuda.max_memory_allocated() / GIB:.2f}\n")

@@ -7,8 +7,11 @@ run on an H100 with 12 workers). Such a test belongs under ``requires(memory_gib
 (it then runs alone, :mod:`pytest_nsa.sharing`), and a test that leaves tensors allocated
 after its teardown holds them while the other workers' tests run. Neither shows in a
 pass/fail count, so the plugin measures every test where torch's CUDA is in use: the
-allocator's peak over setup, call and teardown, and what stayed allocated after the
-teardown (after a garbage collection where that is much).
+allocator's peak over setup, call and teardown, what stayed allocated after the
+teardown (after a garbage collection where that is much), and the local memory the CUDA
+driver reserved for its kernels' register spills (:func:`driver_stack`), which torch does not
+see: on a shared GPU a float32 test at head dim 192 left 13.7 GiB of it behind in its worker,
+and a 50-GiB test that ran alone then failed for want of it.
 
 No pytest import here: :mod:`pytest_nsa.plugin` calls :func:`start` and :func:`measure`
 from its hooks; the report and the terminal summary read :func:`summary`.
@@ -16,8 +19,10 @@ from its hooks; the report and the terminal summary read :func:`summary`.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
@@ -35,8 +40,16 @@ KEPT_GIB = 0.25
 LARGEST = 10
 GIB = 2**30
 
-#: ``(peak, allocated at the start, allocated after the teardown, ran alone)``: bytes, bytes, bytes, bool.
-Measured = Tuple[int, int, int, bool]
+#: CUDA's per-thread stack limit when a context starts (``cudaLimitStackSize``), in bytes.
+DEFAULT_STACK = 1024
+_CU_LIMIT_STACK_SIZE = 0
+#: Local memory (GiB) from which a test's kernels are named for it.
+LOCAL_GIB = 1.0
+
+#: ``(peak, allocated at the start, allocated after the teardown, ran alone, local memory)``: bytes
+#: but ``alone``; ``local`` is what the driver reserved for the per-thread stacks of the test's
+#: kernels where they needed more than any kernel before them in the process (0 otherwise).
+Measured = Tuple[int, int, int, bool, int]
 
 
 def _cuda() -> Any:
@@ -47,14 +60,57 @@ def _cuda() -> Any:
     return torch.cuda
 
 
-def start() -> Optional[int]:
-    """At a test's setup: reset the allocator's peak; returns the bytes allocated now
-    (``None`` while CUDA is not initialised: the test's first use then starts from zero)."""
+@lru_cache(maxsize=None)
+def _libcuda() -> Any:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver library here (CPU machines, other systems)
+        return None
+
+
+def driver_stack() -> Optional[int]:
+    """The current CUDA context's per-thread stack limit in bytes (``None`` where it cannot be read).
+
+    Kernels that spill registers need per-thread stacks; the driver grows the limit to the
+    largest any launch needed and keeps local memory for it on every thread the GPU can hold
+    (stack x threads an SM x SMs: 52 KB stacks take 13.7 GiB on an H100), for the life of the
+    context. torch's allocator neither sees nor frees that memory."""
+    libcuda = _libcuda()
+    if libcuda is None or _cuda() is None:
+        return None
+    value = ctypes.c_size_t()
+    return int(value.value) if libcuda.cuCtxGetLimit(ctypes.byref(value), _CU_LIMIT_STACK_SIZE) == 0 else None
+
+
+def reset_driver_stack() -> bool:
+    """Set the stack limit back to :data:`DEFAULT_STACK` where it grew, which frees the local memory
+    (the driver grows it again for the next launch that needs it); returns whether it did."""
+    stack = driver_stack()
+    if stack is None or stack <= DEFAULT_STACK:
+        return False
+    return _libcuda().cuCtxSetLimit(_CU_LIMIT_STACK_SIZE, ctypes.c_size_t(DEFAULT_STACK)) == 0
+
+
+def local_memory(stack: int) -> int:
+    """Bytes of local memory the driver keeps for ``stack``-byte stacks on every resident thread."""
+    cuda = _cuda()
+    props = cuda.get_device_properties(cuda.current_device())
+    return stack * props.max_threads_per_multi_processor * props.multi_processor_count
+
+
+#: What :func:`start` hands to :func:`measure`: bytes allocated and the stack limit at the start.
+Start = Tuple[int, Optional[int]]
+
+
+def start() -> Optional[Start]:
+    """At a test's setup: reset the allocator's peak; returns the bytes allocated now and the
+    driver's stack limit (``None`` while CUDA is not initialised: the test's first use then
+    starts from zero)."""
     cuda = _cuda()
     if cuda is None:
         return None
     cuda.reset_peak_memory_stats()
-    return int(cuda.memory_allocated())
+    return int(cuda.memory_allocated()), driver_stack()
 
 
 def allocated_after_collecting() -> int:
@@ -67,20 +123,24 @@ def allocated_after_collecting() -> int:
     return int(cuda.memory_allocated())
 
 
-def measure(at_start: Optional[int], alone: bool) -> Optional[Measured]:
+def measure(at_start: Optional[Start], alone: bool) -> Optional[Measured]:
     """After a test's teardown: its :data:`Measured`, or ``None`` where CUDA was never used."""
     cuda = _cuda()
     if cuda is None:
         return None
-    return (int(cuda.max_memory_allocated()), at_start or 0, allocated_after_collecting(), alone)
+    allocated, stack_before = at_start if at_start is not None else (0, DEFAULT_STACK)
+    stack = driver_stack()
+    grew = stack is not None and stack > max(stack_before or DEFAULT_STACK, DEFAULT_STACK)
+    local = local_memory(stack) if grew else 0
+    return int(cuda.max_memory_allocated()), allocated, allocated_after_collecting(), alone, local
 
 
 def from_properties(user_properties: Sequence[Tuple[str, Any]]) -> Optional[Measured]:
     """The measurement stored in a test report's ``user_properties`` (``None`` if absent)."""
     for key, value in user_properties:
         if key == PROPERTY:
-            peak, at_start, left, alone = value
-            return int(peak), int(at_start), int(left), bool(alone)
+            peak, at_start, left, alone, local = value
+            return int(peak), int(at_start), int(left), bool(alone), int(local)
     return None
 
 
@@ -92,8 +152,9 @@ def as_json(measured: Optional[Measured]) -> Optional[Dict[str, Any]]:
     """One test's measurement for ``results.json`` (GiB, three decimals), ``None`` where not measured."""
     if measured is None:
         return None
-    peak, at_start, left, alone = measured
-    return {"peak_gib": _gib(peak), "start_gib": _gib(at_start), "left_gib": _gib(left), "alone": alone}
+    peak, at_start, left, alone, local = measured
+    return {"peak_gib": _gib(peak), "start_gib": _gib(at_start), "left_gib": _gib(left), "alone": alone,
+            "local_gib": _gib(local)}
 
 
 def summary(outcomes: Iterable["TestOutcome"], share_gib: Optional[float], largest: int = LARGEST) -> Dict[str, Any]:
@@ -106,19 +167,23 @@ def summary(outcomes: Iterable["TestOutcome"], share_gib: Optional[float], large
 
     Returns ``tests`` (how many were measured), ``share_gib``, the ``largest`` peaks, the tests
     that peaked above the share beside others (``over_share``: each belongs under
-    ``requires(memory_gib=...)``) and those whose allocation grew by more than
-    :data:`KEPT_GIB` (``kept``)."""
+    ``requires(memory_gib=...)``), those whose allocation grew by more than :data:`KEPT_GIB`
+    (``kept``) and those whose kernels made the driver reserve more than :data:`LOCAL_GIB` of
+    local memory (``local``)."""
     rows = [(o.nodeid, *o.gpu_memory) for o in outcomes if o.gpu_memory is not None]
 
     def entry(row: Tuple[Any, ...]) -> Dict[str, Any]:
-        nodeid, peak, at_start, left, alone = row
-        return {"nodeid": nodeid, "peak_gib": _gib(peak), "kept_gib": _gib(left - at_start), "alone": alone}
+        nodeid, peak, at_start, left, alone, local = row
+        return {"nodeid": nodeid, "peak_gib": _gib(peak), "kept_gib": _gib(left - at_start), "alone": alone,
+                "local_gib": _gib(local)}
 
     by_peak = sorted(rows, key=lambda r: (-r[1], r[0]))
     over = [] if share_gib is None else [r for r in by_peak if not r[4] and r[1] / GIB > share_gib]
     kept = sorted((r for r in rows if (r[3] - r[2]) / GIB > KEPT_GIB), key=lambda r: (r[2] - r[3], r[0]))
+    local = sorted((r for r in rows if r[5] / GIB > LOCAL_GIB), key=lambda r: (-r[5], r[0]))
     return {"tests": len(rows), "share_gib": share_gib, "largest": [entry(r) for r in by_peak[:largest]],
-            "over_share": [entry(r) for r in over], "kept": [entry(r) for r in kept]}
+            "over_share": [entry(r) for r in over], "kept": [entry(r) for r in kept],
+            "local": [entry(r) for r in local]}
 
 
 def share_of_device(memory_gib: Optional[float], gpus: int, workers: int) -> Optional[float]:
@@ -141,4 +206,7 @@ def terminal_lines(memory: Dict[str, Any]) -> List[str]:
     lines += [f"peaked at {r['peak_gib']:.2f} GiB beside other tests (share {share:.2f} GiB): {r['nodeid']}; "
               "mark it requires(memory_gib=...) to run it alone" for r in memory["over_share"]]
     lines += [f"left {r['kept_gib']:.2f} GiB allocated after its teardown: {r['nodeid']}" for r in memory["kept"]]
+    lines += [f"its kernels' register spills made the driver reserve {r['local_gib']:.2f} GiB of local memory "
+              f"(outside torch, until the process ends or the stack limit is reset): {r['nodeid']}"
+              for r in memory.get("local", [])]
     return lines

@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     sharing.whole_device_tests_last(items, get_state(config).pin, os.environ)
 
 
-_MEMORY_AT_START = pytest.StashKey[Optional[int]]()
+_MEMORY_AT_START = pytest.StashKey[Optional[gpu_memory.Start]]()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

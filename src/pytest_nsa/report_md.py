@@ -160,8 +160,9 @@ def _margins(results: Mapping[str, Any]) -> List[str]:
 
 
 def _memory_rows(rows: Sequence[Mapping[str, Any]]) -> List[str]:
-    body = [(f"`{r['nodeid']}`", r["peak_gib"], r["kept_gib"], "yes" if r["alone"] else "no") for r in rows]
-    return table(("test", "peak GiB", "kept GiB", "ran alone"), body)
+    body = [(f"`{r['nodeid']}`", r["peak_gib"], r["kept_gib"], r.get("local_gib", 0.0), "yes" if r["alone"] else "no")
+            for r in rows]
+    return table(("test", "peak GiB", "kept GiB", "local GiB", "ran alone"), body)
 
 
 def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
@@ -173,7 +174,8 @@ def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
         return lines + ["No test used the GPU through torch.", ""]
     share = memory["share_gib"]
     lines += [f"torch's CUDA allocator over each test's setup, call and teardown ({memory['tests']} tests): "
-              "the peak, and what stayed allocated after the teardown (kept)"
+              "the peak, what stayed allocated after the teardown (kept), and the local memory the driver "
+              "reserved for its kernels' register spills (local)"
               + (f"; xdist workers share each GPU, {share:.2f} GiB each." if share is not None else "."), "",
               "Largest peaks:", "", *_memory_rows(memory["largest"]), ""]
     if memory["over_share"]:
@@ -181,6 +183,10 @@ def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
                   "", *_memory_rows(memory["over_share"]), ""]
     if memory["kept"]:
         lines += ["**Kept memory after their teardown:**", "", *_memory_rows(memory["kept"]), ""]
+    if memory.get("local"):
+        lines += ["**Local memory for register spills** (the CUDA driver keeps it for the largest per-thread stack "
+                  "any kernel needed, outside torch's allocator, until the process ends or the stack limit is reset; "
+                  "workers sharing a GPU reset it after every test):", "", *_memory_rows(memory["local"]), ""]
     return lines
 
 

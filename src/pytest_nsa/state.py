@@ -41,8 +41,8 @@ class TestOutcome:
             its setup report: it did not run to the end, whatever ``outcome`` says.
         comparisons: every ``nsa.testing.assert_close`` of its call, as
             ``(name, relative error, bound)`` (:mod:`pytest_nsa.margins`).
-        gpu_memory: ``(peak, allocated at the start, allocated after the teardown, ran alone)``
-            in bytes where it used torch's CUDA (:mod:`pytest_nsa.gpu_memory`), else ``None``.
+        gpu_memory: ``(peak, allocated at the start, allocated after the teardown, ran alone,
+            local memory)`` where it used torch's CUDA (:data:`pytest_nsa.gpu_memory.Measured`), else ``None``.
     """
 
     __test__ = False  # not a test class, whatever pytest's collection thinks of the name
@@ -55,7 +55,7 @@ class TestOutcome:
     worker: Optional[str] = None
     finished: bool = False
     comparisons: Tuple[Tuple[str, float, float], ...] = ()
-    gpu_memory: Optional[Tuple[int, int, int, bool]] = None
+    gpu_memory: Optional[Tuple[int, int, int, bool, int]] = None
 
 
 def _skip_reason(longrepr: Any) -> str:

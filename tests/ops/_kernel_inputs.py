@@ -9,11 +9,25 @@ import pytest
 import torch
 
 #: Real-size bf16 GPU cases: the paper's heads, one KV head per query head, Dk = 192 / Dv = 128.
-GPU_SHAPES = pytest.mark.parametrize(
-    "T, HQ, H, DK, DV",
-    [(4099, 64, 4, 128, 128), (3001, 16, 16, 128, 128), (2053, 16, 1, 192, 128)],
-    ids=["T4099-HQ64-H4-D128", "T3001-G1-D128", "T2053-G16-DK192-DV128"],
-)
+#: The real sizes the per-op GPU tests take, by id.
+GPU_SHAPE_CASES = {"T4099-HQ64-H4-D128": (4099, 64, 4, 128, 128), "T3001-G1-D128": (3001, 16, 16, 128, 128),
+                   "T2053-G16-DK192-DV128": (2053, 16, 1, 192, 128)}
+
+
+def gpu_shapes(memory_gib=None):
+    """Parametrize ``T, HQ, H, DK, DV`` over :data:`GPU_SHAPE_CASES`; ``memory_gib`` ({id: GiB}) marks the
+    cases whose test needs that much of the GPU (``requires(memory_gib=...)``: they run alone on a GPU
+    that xdist workers share)."""
+    memory_gib = memory_gib or {}
+    unknown = set(memory_gib) - set(GPU_SHAPE_CASES)
+    if unknown:
+        raise ValueError(f"memory_gib names unknown cases {sorted(unknown)}; the cases are {list(GPU_SHAPE_CASES)}")
+    cases = [pytest.param(*shape, id=name, marks=[pytest.mark.requires(memory_gib=memory_gib[name])]
+                          if name in memory_gib else []) for name, shape in GPU_SHAPE_CASES.items()]
+    return pytest.mark.parametrize("T, HQ, H, DK, DV", cases)
+
+
+GPU_SHAPES = gpu_shapes()
 
 
 def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):

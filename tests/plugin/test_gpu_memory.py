@@ -95,18 +95,21 @@ def test_each_test_is_measured_and_the_hungry_and_leaky_ones_named(pytester, fak
     assert small["peak_gib"] - small["start_gib"] == 2.0 and small["left_gib"] == small["start_gib"]
     md = (folder / "report.md").read_text()
     assert "## GPU memory" in md and "**Above their share beside other tests**" in md
-    assert "| `test_memory.py::test_leaky` | 1.0 | 1.0 | no |" in md
+    assert "| `test_memory.py::test_leaky` | 1.0 | 1.0 | 0.0 | no |" in md
 
 
-def _outcome(name: str, peak: float, start: float, left: float, alone: bool = False) -> TestOutcome:
-    return TestOutcome(name, "passed", gpu_memory=(int(peak * GIB), int(start * GIB), int(left * GIB), alone))
+def _outcome(name: str, peak: float, start: float, left: float, alone: bool = False, local: float = 0.0) -> TestOutcome:
+    return TestOutcome(name, "passed",
+                       gpu_memory=(int(peak * GIB), int(start * GIB), int(left * GIB), alone, int(local * GIB)))
 
 
 def test_summary_without_sharing_names_no_test_over_a_share():
-    outcomes = [_outcome("a", 30, 0, 0), _outcome("b", 70, 0, 0), _outcome("c", 1, 0.5, 0.5),
-                TestOutcome("cpu only", "passed")]
+    outcomes = [_outcome("a", 30, 0, 0), _outcome("b", 70, 0, 0), _outcome("c", 1, 0.5, 0.5, local=13.7),
+                _outcome("d", 1, 0, 0, local=0.5), TestOutcome("cpu only", "passed")]
     memory = gpu_memory.summary(outcomes, share_gib=None, largest=2)
-    assert memory["tests"] == 3 and memory["over_share"] == [] and memory["kept"] == []
+    assert memory["tests"] == 4 and memory["over_share"] == [] and memory["kept"] == []
+    assert [(r["nodeid"], r["local_gib"]) for r in memory["local"]] == [("c", 13.7)]
+    assert any("reserve 13.70 GiB of local memory" in line for line in gpu_memory.terminal_lines(memory))
     assert [r["nodeid"] for r in memory["largest"]] == ["b", "a"]
     shared = gpu_memory.summary(outcomes, share_gib=20.0)
     assert [r["nodeid"] for r in shared["over_share"]] == ["b", "a"]
@@ -134,3 +137,45 @@ def test_report_of_an_older_plugin_says_it_did_not_measure():
     assert "Not measured" in "\n".join(_gpu_memory({}))
     text = textwrap.dedent("\n".join(_gpu_memory({"gpu_memory": gpu_memory.summary([], None)})))
     assert "No test used the GPU" in text
+
+
+class _FakeDriver:
+    """libcuda's cuCtxGetLimit / cuCtxSetLimit on a stack limit held here."""
+
+    def __init__(self, stack: int) -> None:
+        self.stack, self.calls = stack, []
+
+    def cuCtxGetLimit(self, out, limit):  # noqa: N802 - the driver's name
+        out._obj.value = self.stack
+        return 0
+
+    def cuCtxSetLimit(self, limit, value):  # noqa: N802
+        self.calls.append(value.value)
+        self.stack = value.value
+        return 0
+
+
+def test_spilling_kernels_local_memory_is_measured_and_given_back(monkeypatch):
+    """A test during which the driver's stack limit grew is charged the local memory that limit
+    keeps on every thread of the GPU (H100: 2048 threads an SM, 132 SMs); resetting the limit
+    goes back to CUDA's default, and does nothing where the limit never grew."""
+    import sys
+    import types
+
+    props = types.SimpleNamespace(max_threads_per_multi_processor=2048, multi_processor_count=132)
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, reset_peak_memory_stats=lambda: None,
+                                 memory_allocated=lambda: 0, max_memory_allocated=lambda: 3 * GIB,
+                                 current_device=lambda: 0, get_device_properties=lambda index: props)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    driver = _FakeDriver(gpu_memory.DEFAULT_STACK)
+    monkeypatch.setattr(gpu_memory, "_libcuda", lambda: driver)
+    begun = gpu_memory.start()
+    assert begun == (0, gpu_memory.DEFAULT_STACK)
+    driver.stack = 52368  # a float32 kernel at head dim 192 spilled
+    measured = gpu_memory.measure(begun, alone=False)
+    assert measured == (3 * GIB, 0, 0, False, 52368 * 2048 * 132)
+    assert gpu_memory.as_json(measured)["local_gib"] == 13.185
+    # the next test starts from the grown limit: its kernels needed no more, so it is charged nothing
+    assert gpu_memory.measure(gpu_memory.start(), alone=False)[4] == 0
+    assert gpu_memory.reset_driver_stack() and driver.calls == [gpu_memory.DEFAULT_STACK]
+    assert not gpu_memory.reset_driver_stack() and driver.calls == [gpu_memory.DEFAULT_STACK]
