@@ -27,8 +27,6 @@ def gpu_shapes(memory_gib=None):
     return pytest.mark.parametrize("T, HQ, H, DK, DV", cases)
 
 
-GPU_SHAPES = gpu_shapes()
-
 
 def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):
     """Random ``q [B, T, HQ, DK]``, ``k [B, TK, H, DK]``, ``v [B, TK, H, DV]`` (TK defaults to T)."""

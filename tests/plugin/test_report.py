@@ -116,8 +116,11 @@ def pytest_counts(result: pytest.RunResult) -> Dict[str, int]:
     return out
 
 
-def md_row(md: str, first: str) -> List[str]:
-    """The cells of the Markdown table row whose first cell is ``first``."""
+def md_row(md: str, first: str, section: str = "") -> List[str]:
+    """The cells of the Markdown table row whose first cell is ``first`` (in ``## section`` when given:
+    on a GPU machine the GPU memory tables name tests too)."""
+    if section:
+        md = md.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
     for line in md.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells[0] == first:
@@ -162,15 +165,15 @@ def test_mixed_run_report_matches_the_run(pytester, inprocess, fake):
     assert (by["triton"]["failed"], by["gradcheck"]["passed"], by["fa2"]["skipped"]) == (1, 2, 1)
     assert (by["long_context"]["failed"], by["benchmark"]["total"]) == (1, 0)
     assert (by["(no nsa marker)"]["skipped"], by["(no nsa marker)"]["xfailed"]) == (1, 1)
-    assert md_row(md, "`parity`") == ["1", "1", "0", "0", "0", "0", "2"]
-    assert md_row(md, "`gradcheck`") == ["2", "0", "0", "0", "0", "0", "2"]
+    assert md_row(md, "`parity`", "Results by marker") == ["1", "1", "0", "0", "0", "0", "2"]
+    assert md_row(md, "`gradcheck`", "Results by marker") == ["2", "0", "0", "0", "0", "0", "2"]
 
     # Skips with their reasons, as pytest gave them.
     reasons = {s["reason"]: s for s in res["skips"]}
     assert reasons["needs a warm cache"]["count"] == 1
     fa2 = next(r for r in reasons if "flash-attn" in r)
     assert reasons[fa2]["markers"] == ["fa2"] and fa2 in result.stdout.str()
-    assert md_row(md, "1")[:1] in ([fa2.replace("|", "\\|")], ["needs a warm cache"])
+    assert md_row(md, "1", "Skipped tests by reason")[:1] in ([fa2.replace("|", "\\|")], ["needs a warm cache"])
     assert fa2 in md and "| 1 | needs a warm cache | - |" in md
 
     # Failures: test id and first error line.
@@ -179,7 +182,7 @@ def test_mixed_run_report_matches_the_run(pytester, inprocess, fake):
     assert failures["test_mixed.py::test_parity_bad"]["message"] == "AssertionError: kernel and reference differ"
     assert failures["test_mixed.py::test_long"]["message"] == "ValueError: context too long: 65536"
     assert failures["test_mixed.py::test_long"]["markers"] == ["long_context"]
-    assert md_row(md, "`test_mixed.py::test_long`") == ["call", "ValueError: context too long: 65536"]
+    assert md_row(md, "`test_mixed.py::test_long`", "Failures") == ["call", "ValueError: context too long: 65536"]
 
     for title in SECTIONS:
         assert f"## {title}" in md
@@ -349,10 +352,10 @@ def assert_margins_of(rep: Dict[str, Any], result: pytest.RunResult) -> None:
     closest = [(r["nodeid"].split("::")[1], r["name"]) for r in margins["closest"]]
     assert closest == [("test_nan_caught", "lse"), ("test_too_far", "dk"), ("test_close", "o"), ("test_close", "dq")]
     assert margins["closest"][0]["share"] is None and math.isclose(margins["closest"][1]["share"], 1.5, rel_tol=1e-9)
-    assert md_row(md, "< 10%") == ["10%-25%", "25%-50%", "50%-75%", "75%-100%", "> 100% (failed)"]
-    assert md_row(md, "1") == ["0", "1", "0", "0", "2"]
-    assert md_row(md, "150%") == ["`test_margins.py::test_too_far`", "dk", "3.00e-02", "2.0e-02"]
-    assert md_row(md, "not finite")[:3] == ["`test_margins.py::test_nan_caught`", "lse", "not finite"]
+    assert md_row(md, "< 10%", "Parity margins") == ["10%-25%", "25%-50%", "50%-75%", "75%-100%", "> 100% (failed)"]
+    assert md_row(md, "1", "Parity margins") == ["0", "1", "0", "0", "2"]
+    assert md_row(md, "150%", "Parity margins") == ["`test_margins.py::test_too_far`", "dk", "3.00e-02", "2.0e-02"]
+    assert md_row(md, "not finite", "Parity margins")[:3] == ["`test_margins.py::test_nan_caught`", "lse", "not finite"]
     result.stdout.fnmatch_lines(["*nsa: parity margins*", "4 comparisons in 3 tests; share of the bound: < 10%: 1, "
                                  "25%-50%: 1, > 100% (failed): 2", "error not finite: test_margins.py::test_nan_caught lse*",
                                  "150% of the bound: test_margins.py::test_too_far dk (3.00e-02 against 2.0e-02)"])
