@@ -7,7 +7,7 @@ the report says exactly what the machine-readable files say.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nsa.bench.baselines import REGRESSION, format_seconds
 from pytest_nsa.margins import describe_error, describe_share
@@ -143,13 +143,25 @@ def _matrix(results: Mapping[str, Any]) -> List[str]:
     return ["## Results by marker", "", note, "", *table(("marker", *OUTCOMES, "total"), rows), ""]
 
 
+def _opening(results: Mapping[str, Any], title: str, key: str, count: str, absent: str,
+             empty: str) -> Tuple[List[str], Optional[Mapping[str, Any]]]:
+    """A section's first lines and its part of ``results``; the part is ``None``, and the lines say
+    why, where the report predates it (``absent``) or it counted nothing (``empty``)."""
+    lines = [f"## {title}", ""]
+    part = results.get(key)
+    if part is None:
+        return lines + [absent, ""], None
+    if not part[count]:
+        return lines + [empty, ""], None
+    return lines, part
+
+
 def _margins(results: Mapping[str, Any]) -> List[str]:
-    lines = ["## Parity margins", ""]
-    margins = results.get("margins")
-    if margins is None:  # reports written before margins were recorded
-        return lines + ["Not recorded by the plugin that wrote this report.", ""]
-    if not margins["comparisons"]:
-        return lines + ["No test compared through `nsa.testing.assert_close`.", ""]
+    lines, margins = _opening(results, "Parity margins", "margins", "comparisons",
+                              "Not recorded by the plugin that wrote this report.",
+                              "No test compared through `nsa.testing.assert_close`.")
+    if margins is None:
+        return lines
     lines += [f"{margins['comparisons']} comparisons (`nsa.testing.assert_close`: relative error against the "
               f"test's bound) in {margins['tests']} tests, by share of the bound (error / bound):", ""]
     lines += table([c["share"] for c in margins["classes"]], [[c["count"] for c in margins["classes"]]])
@@ -166,12 +178,10 @@ def _memory_rows(rows: Sequence[Mapping[str, Any]]) -> List[str]:
 
 
 def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
-    lines = ["## GPU memory", ""]
-    memory = results.get("gpu_memory")
-    if memory is None:  # reports written before it was measured
-        return lines + ["Not measured by the plugin that wrote this report.", ""]
-    if not memory["tests"]:
-        return lines + ["No test used the GPU through torch.", ""]
+    lines, memory = _opening(results, "GPU memory", "gpu_memory", "tests",
+                             "Not measured by the plugin that wrote this report.", "No test used the GPU through torch.")
+    if memory is None:
+        return lines
     share = memory["share_gib"]
     lines += [f"torch's CUDA allocator over each test's setup, call and teardown ({memory['tests']} tests): "
               "the peak, what stayed allocated after the teardown (kept), and the local memory the driver "
