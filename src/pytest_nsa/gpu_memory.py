@@ -113,12 +113,14 @@ def start() -> Optional[Start]:
     return int(cuda.memory_allocated()), driver_stack()
 
 
-def allocated_after_collecting() -> int:
-    """Bytes allocated now, after a garbage collection where more than :data:`COLLECT_ABOVE` is."""
+def allocated_after_collecting(baseline: int = 0) -> int:
+    """Bytes allocated now, after a garbage collection where more than :data:`COLLECT_ABOVE` is
+    allocated beyond ``baseline`` (what the test started with: a session fixture's tensors cost
+    no collection after every test)."""
     cuda = _cuda()
     if cuda is None:
         return 0
-    if cuda.memory_allocated() > COLLECT_ABOVE:
+    if cuda.memory_allocated() - baseline > COLLECT_ABOVE:
         gc.collect()
     return int(cuda.memory_allocated())
 
@@ -132,7 +134,7 @@ def measure(at_start: Optional[Start], alone: bool) -> Optional[Measured]:
     stack = driver_stack()
     grew = stack is not None and stack > max(stack_before or DEFAULT_STACK, DEFAULT_STACK)
     local = local_memory(stack) if grew else 0
-    return int(cuda.max_memory_allocated()), allocated, allocated_after_collecting(), alone, local
+    return int(cuda.max_memory_allocated()), allocated, allocated_after_collecting(allocated), alone, local
 
 
 def from_properties(user_properties: Sequence[Tuple[str, Any]]) -> Optional[Measured]:

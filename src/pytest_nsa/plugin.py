@@ -168,7 +168,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     share = state.memory_share_gib(xdist.workers(config))
     found = gpu_memory.terminal_lines(gpu_memory.summary(state.results.finished(), share))
     if found:
-        terminalreporter.section("nsa: GPU memory (torch's allocator, per test)", sep="-")
+        terminalreporter.section("nsa: GPU memory per test", sep="-")
         for line in found:
             terminalreporter.line(line)
     workers = summary.worker_summary(state)

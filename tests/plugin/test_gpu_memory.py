@@ -77,7 +77,7 @@ def test_each_test_is_measured_and_the_hungry_and_leaky_ones_named(pytester, fak
     result = subprocess("-n", "2", "--gpu-profile", "a100", "--nsa-report=out", "-m", "not benchmark")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines([
-        "*nsa: GPU memory*",
+        "*nsa: GPU memory per test*",
         "4 tests used the GPU; the largest peak: 5?.00 GiB, test_memory.py::test_big_alone (ran alone)",
         "peaked at 5?.00 GiB beside other tests (share 39.60 GiB): test_memory.py::test_big_beside_others; "
         "mark it requires(memory_gib=...) to run it alone",
