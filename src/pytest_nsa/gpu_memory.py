@@ -183,7 +183,7 @@ def summary(outcomes: Iterable["TestOutcome"], share_gib: Optional[float], large
     over = [] if share_gib is None else [r for r in by_peak if not r[4] and r[1] / GIB > share_gib]
     kept = sorted((r for r in rows if (r[3] - r[2]) / GIB > KEPT_GIB), key=lambda r: (r[2] - r[3], r[0]))
     local = sorted((r for r in rows if r[5] / GIB > LOCAL_GIB), key=lambda r: (-r[5], r[0]))
-    return {"tests": len(rows), "share_gib": share_gib, "largest": [entry(r) for r in by_peak[:largest]],
+    return {"tests": len(rows), "share_gib": None if share_gib is None else round(share_gib, 3), "largest": [entry(r) for r in by_peak[:largest]],
             "over_share": [entry(r) for r in over], "kept": [entry(r) for r in kept],
             "local": [entry(r) for r in local]}
 
