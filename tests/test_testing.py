@@ -157,7 +157,8 @@ def test_record_comparisons_sees_every_assert_close_in_its_block():
                 assert_close("dq", want * 1.03, want, 2e-2)
         assert_close("lse", want, want, 1e-6)
     assert_close("dk", want, want, 1e-6)
-    assert [(c.name, c.bound) for c in outer] == [("o", 1e-2), ("dq", 2e-2), ("lse", 1e-6)]
+    assert [(c.name, c.bound, c.dtype) for c in outer] == [("o", 1e-2, "float64"), ("dq", 2e-2, "float64"),
+                                                           ("lse", 1e-6, "float64")]
     assert [c.name for c in inner] == ["dq"]
     assert outer[0].share == pytest.approx(0.2) and inner[0].share == pytest.approx(1.5) and outer[2].share == 0.0
     nan = want.clone()

@@ -42,11 +42,13 @@ class Comparison:
         name: the ``name`` given to :func:`assert_close` (``"o"``, ``"dq"``...).
         error: :func:`rel_error` (``inf`` where either side held a NaN or an infinity).
         bound: the tolerance it was held to.
+        dtype: the dtype of ``actual``, the side under test (``"bfloat16"``...).
     """
 
     name: str
     error: float
     bound: float
+    dtype: str = ""
 
     @property
     def share(self) -> float:
@@ -77,7 +79,7 @@ def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: f
     goes to every open :func:`record_comparisons` first."""
     err = rel_error(actual, expected)
     for found in _RECORDERS:
-        found.append(Comparison(name, err, float(tol)))
+        found.append(Comparison(name, err, float(tol), str(actual.dtype).replace("torch.", "")))
     if not err <= tol:
         raise AssertionError(f"{name}: relative error {err:.3e} exceeds {tol:.1e}")
 

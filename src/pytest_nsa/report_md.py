@@ -165,9 +165,13 @@ def _margins(results: Mapping[str, Any]) -> List[str]:
     lines += [f"{margins['comparisons']} comparisons (`nsa.testing.assert_close`: relative error against the "
               f"test's bound) in {margins['tests']} tests, by share of the bound (error / bound):", ""]
     lines += table([c["share"] for c in margins["classes"]], [[c["count"] for c in margins["classes"]]])
-    rows = [(describe_share(r["share"]), f"`{r['nodeid']}`", r["name"], describe_error(r["error"]),
-             f"{r['bound']:.1e}") for r in margins["closest"]]
-    lines += ["", "Closest to their bound:", "", *table(("share", "test", "compared", "error", "bound"), rows)]
+    if "by_dtype" in margins:  # reports from session 29's last commits on
+        rows = [(f"`{d['dtype']}`", d["comparisons"], describe_share(d["largest_share"])) for d in margins["by_dtype"]]
+        lines += ["", "By the dtype under test:", "", *table(("dtype", "comparisons", "largest share"), rows)]
+    rows = [(describe_share(r["share"]), f"`{r['nodeid']}`", r["name"], r.get("dtype") or "-",
+             describe_error(r["error"]), f"{r['bound']:.1e}") for r in margins["closest"]]
+    lines += ["", "Closest to their bound:", "",
+              *table(("share", "test", "compared", "dtype", "error", "bound"), rows)]
     return lines + [""]
 
 

@@ -40,7 +40,7 @@ class TestOutcome:
         finished: its teardown was reported. A test interrupted mid-call has only
             its setup report: it did not run to the end, whatever ``outcome`` says.
         comparisons: every ``nsa.testing.assert_close`` of its call, as
-            ``(name, relative error, bound)`` (:mod:`pytest_nsa.margins`).
+            ``(name, relative error, bound, dtype)`` (:mod:`pytest_nsa.margins`).
         gpu_memory: ``(peak, allocated at the start, allocated after the teardown, ran alone,
             local memory)`` where it used torch's CUDA (:data:`pytest_nsa.gpu_memory.Measured`), else ``None``.
     """
@@ -54,7 +54,7 @@ class TestOutcome:
     duration: float = 0.0
     worker: Optional[str] = None
     finished: bool = False
-    comparisons: Tuple[Tuple[str, float, float], ...] = ()
+    comparisons: Tuple[Tuple[str, float, float, str], ...] = ()
     gpu_memory: Optional[Tuple[int, int, int, bool, int]] = None
 
 

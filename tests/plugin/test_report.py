@@ -74,7 +74,7 @@ from nsa.testing import assert_close
 @pytest.mark.parity
 def test_close():
     want = torch.ones(100, dtype=torch.float64)
-    assert_close("o", want * 1.004, want, 1e-2)
+    assert_close("o", (want * 1.004).float(), want, 1e-2)
     assert_close("dq", want * 1.0001, want, 1e-2)
 
 @pytest.mark.parity
@@ -341,8 +341,10 @@ def assert_margins_of(rep: Dict[str, Any], result: pytest.RunResult) -> None:
     tests = {t["nodeid"]: t for t in res["tests"]}
     close = tests["test_margins.py::test_close"]["comparisons"]
     assert [c["name"] for c in close] == ["o", "dq"] and [c["bound"] for c in close] == [1e-2, 1e-2]
-    assert math.isclose(close[0]["error"], 4e-3, rel_tol=1e-9) and math.isclose(close[1]["error"], 1e-4, rel_tol=1e-9)
-    assert tests["test_margins.py::test_nan_caught"]["comparisons"] == [{"name": "lse", "error": None, "bound": 1e-3}]
+    assert math.isclose(close[0]["error"], 4e-3, rel_tol=1e-4) and math.isclose(close[1]["error"], 1e-4, rel_tol=1e-9)
+    assert [c["dtype"] for c in close] == ["float32", "float64"]
+    assert tests["test_margins.py::test_nan_caught"]["comparisons"] == [
+        {"name": "lse", "error": None, "bound": 1e-3, "dtype": "float64"}]
     assert tests["test_margins.py::test_too_far"]["outcome"] == "failed"
     assert tests["test_margins.py::test_not_parity"]["comparisons"] == []
     margins = res["margins"]
@@ -352,12 +354,19 @@ def assert_margins_of(rep: Dict[str, Any], result: pytest.RunResult) -> None:
     closest = [(r["nodeid"].split("::")[1], r["name"]) for r in margins["closest"]]
     assert closest == [("test_nan_caught", "lse"), ("test_too_far", "dk"), ("test_close", "o"), ("test_close", "dq")]
     assert margins["closest"][0]["share"] is None and math.isclose(margins["closest"][1]["share"], 1.5, rel_tol=1e-9)
+    by_dtype = {d["dtype"]: d for d in margins["by_dtype"]}
+    assert sorted(by_dtype) == ["float32", "float64"] and by_dtype["float64"]["largest_share"] is None
+    assert by_dtype["float32"]["comparisons"] == 1 and math.isclose(by_dtype["float32"]["largest_share"], 0.4, rel_tol=1e-4)
+    assert md_row(md, "`float32`", "Parity margins") == ["1", "40%"]
     assert md_row(md, "< 10%", "Parity margins") == ["10%-25%", "25%-50%", "50%-75%", "75%-100%", "> 100% (failed)"]
     assert md_row(md, "1", "Parity margins") == ["0", "1", "0", "0", "2"]
-    assert md_row(md, "150%", "Parity margins") == ["`test_margins.py::test_too_far`", "dk", "3.00e-02", "2.0e-02"]
-    assert md_row(md, "not finite", "Parity margins")[:3] == ["`test_margins.py::test_nan_caught`", "lse", "not finite"]
+    assert md_row(md, "150%", "Parity margins") == ["`test_margins.py::test_too_far`", "dk", "float64", "3.00e-02",
+                                                     "2.0e-02"]
+    assert md_row(md, "not finite", "Parity margins")[:4] == ["`test_margins.py::test_nan_caught`", "lse", "float64",
+                                                              "not finite"]
     result.stdout.fnmatch_lines(["*nsa: parity margins*", "4 comparisons in 3 tests; share of the bound: < 10%: 1, "
-                                 "25%-50%: 1, > 100% (failed): 2", "error not finite: test_margins.py::test_nan_caught lse*",
+                                 "25%-50%: 1, > 100% (failed): 2", "largest share by dtype: float32 40% (1), float64 not finite (3)",
+                                 "error not finite: test_margins.py::test_nan_caught lse*",
                                  "150% of the bound: test_margins.py::test_too_far dk (3.00e-02 against 2.0e-02)"])
 
 
