@@ -1,4 +1,5 @@
-"""What each test took of the GPU's memory: its peak, and what it left allocated.
+"""What each test took of the GPU's memory: its peak, what it left allocated, and the local
+memory the driver reserved for its kernels' register spills.
 
 xdist workers that share a GPU run their ordinary tests side by side; a test that needs
 more than its share of the device's memory then fails with out-of-memory errors that it
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 
 #: The ``user_properties`` key the measurement travels under (through xdist too).
 PROPERTY = "nsa_gpu_memory"
-#: Above this many bytes still allocated after a test, collect garbage and measure again:
-#: tensors held only by reference cycles are not freed before the collector runs.
+#: Above this many bytes still allocated after a test (beyond what it started with), collect
+#: garbage and measure again: tensors held only by reference cycles wait for the collector.
 COLLECT_ABOVE = 256 * 2**20
 #: A test whose allocation grew by more than this between its setup and the end of its
 #: teardown is listed as keeping memory.
