@@ -4,8 +4,10 @@ A pytest plugin (``-p gpu_memory_probe``, with ``scripts/`` on PYTHONPATH; it ru
 worker). After every test it appends one line to ``$PROBE_OUT``: the process, the test, the device
 memory this process holds outside torch's allocator (the CUDA context, library workspaces, and
 the local memory the driver keeps for the largest per-thread stack any kernel launched so far
-needed), the per-thread stack limit; then it sets the stack limit back to the process's first
-value (``cuCtxSetLimit``) and gives the figure again: whether that returns the local memory.
+needed), the per-thread stack limit; then it sets the stack limit back to CUDA's default
+(``pytest_nsa.gpu_memory.reset_driver_stack``, ``cuCtxSetLimit``) and gives the figure again:
+whether that returns the local memory. (Session 29's run reset to the process's first limit
+instead, which a process whose first test already grew it kept.)
 Per process through NVML (``nvmlDeviceGetComputeRunningProcesses``, loaded by ctypes).
 
     PROBE_OUT=$OUT/probe.txt python -m pytest -n 12 -p gpu_memory_probe tests/ops/test_window_kernel.py
@@ -18,9 +20,9 @@ import os
 
 import pytest
 
+from pytest_nsa.gpu_memory import driver_stack, reset_driver_stack
+
 GIB = 2**30
-CU_LIMIT_STACK_SIZE = 0
-_first_stack = None
 
 
 class _Process(ctypes.Structure):
@@ -43,30 +45,20 @@ def _nvml_used(pid: int) -> float:
         return -1.0
 
 
-def _stack(libcuda) -> int:
-    value = ctypes.c_size_t()
-    libcuda.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_STACK_SIZE)
-    return value.value
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item):
-    global _first_stack
     import torch
 
     if not torch.cuda.is_initialized():
         return
-    libcuda = ctypes.CDLL("libcuda.so.1")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     pid = os.getpid()
-    if _first_stack is None:
-        _first_stack = _stack(libcuda)
     outside = _nvml_used(pid) - torch.cuda.memory_reserved() / GIB
-    stack = _stack(libcuda)
-    rc = libcuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(_first_stack))
+    stack = driver_stack()
+    reset = reset_driver_stack()
     after = _nvml_used(pid) - torch.cuda.memory_reserved() / GIB
     with open(os.environ.get("PROBE_OUT", "probe.txt"), "a") as f:
         f.write(f"{pid} {item.nodeid} outside_torch_gib {outside:.2f} stack {stack} "
-                f"reset_rc {rc} after_reset_gib {after:.2f} torch_peak_gib "
+                f"reset {reset} after_reset_gib {after:.2f} torch_peak_gib "
                 f"{torch.cuda.max_memory_allocated() / GIB:.2f}\n")

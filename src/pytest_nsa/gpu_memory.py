@@ -53,7 +53,7 @@ LOCAL_GIB = 1.0
 Measured = Tuple[int, int, int, bool, int]
 
 
-def _cuda() -> Any:
+def cuda_in_use() -> Any:
     """torch.cuda where a test has initialised it, else ``None`` (torch is never imported here)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
@@ -77,7 +77,7 @@ def driver_stack() -> Optional[int]:
     (stack x threads an SM x SMs: 52 KB stacks take 13.7 GiB on an H100), for the life of the
     context. torch's allocator neither sees nor frees that memory."""
     libcuda = _libcuda()
-    if libcuda is None or _cuda() is None:
+    if libcuda is None or cuda_in_use() is None:
         return None
     value = ctypes.c_size_t()
     return int(value.value) if libcuda.cuCtxGetLimit(ctypes.byref(value), _CU_LIMIT_STACK_SIZE) == 0 else None
@@ -94,7 +94,7 @@ def reset_driver_stack() -> bool:
 
 def local_memory(stack: int) -> int:
     """Bytes of local memory the driver keeps for ``stack``-byte stacks on every resident thread."""
-    cuda = _cuda()
+    cuda = cuda_in_use()
     props = cuda.get_device_properties(cuda.current_device())
     return stack * props.max_threads_per_multi_processor * props.multi_processor_count
 
@@ -107,7 +107,7 @@ def start() -> Optional[Start]:
     """At a test's setup: reset the allocator's peak; returns the bytes allocated now and the
     driver's stack limit (``None`` while CUDA is not initialised: the test's first use then
     starts from zero)."""
-    cuda = _cuda()
+    cuda = cuda_in_use()
     if cuda is None:
         return None
     cuda.reset_peak_memory_stats()
@@ -118,7 +118,7 @@ def allocated_after_collecting(baseline: int = 0) -> int:
     """Bytes allocated now, after a garbage collection where more than :data:`COLLECT_ABOVE` is
     allocated beyond ``baseline`` (what the test started with: a session fixture's tensors cost
     no collection after every test)."""
-    cuda = _cuda()
+    cuda = cuda_in_use()
     if cuda is None:
         return 0
     if cuda.memory_allocated() - baseline > COLLECT_ABOVE:
@@ -128,12 +128,13 @@ def allocated_after_collecting(baseline: int = 0) -> int:
 
 def measure(at_start: Optional[Start], alone: bool) -> Optional[Measured]:
     """After a test's teardown: its :data:`Measured`, or ``None`` where CUDA was never used."""
-    cuda = _cuda()
+    cuda = cuda_in_use()
     if cuda is None:
         return None
-    allocated, stack_before = at_start if at_start is not None else (0, DEFAULT_STACK)
+    allocated, stack_before = at_start if at_start is not None else (0, None)
     stack = driver_stack()
-    grew = stack is not None and stack > max(stack_before or DEFAULT_STACK, DEFAULT_STACK)
+    # charged only where it grew: the limit stays at the largest stack of the process
+    grew = stack is not None and stack > max(stack_before or 0, DEFAULT_STACK)
     local = local_memory(stack) if grew else 0
     return int(cuda.max_memory_allocated()), allocated, allocated_after_collecting(allocated), alone, local
 

@@ -29,7 +29,7 @@ from typing import Any, Iterator, List, Mapping, MutableMapping, Optional
 
 import pytest
 
-from pytest_nsa.gpu_memory import allocated_after_collecting, reset_driver_stack
+from pytest_nsa.gpu_memory import allocated_after_collecting, cuda_in_use, reset_driver_stack
 from pytest_nsa.xdist import WORKER_COUNT_ENV, WORKER_ENV, Pin
 
 try:
@@ -126,14 +126,14 @@ def release_cached_gpu_memory() -> None:
     tensors would stay allocated while this worker waits for its next turn; and tensors that
     only reference cycles hold (collected where much is still allocated). After it, give back the
     local memory the driver reserved for spilling kernels (:func:`~pytest_nsa.gpu_memory.reset_driver_stack`)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
+    cuda = cuda_in_use()
+    if cuda is None:
         return
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             delattr(sys, name)
     allocated_after_collecting()
-    torch.cuda.empty_cache()
+    cuda.empty_cache()
     # The local memory the driver keeps for spilling kernels' stacks (13.7 GiB after one float32
     # test at head dim 192 on an H100) is no cache of torch's: reset the limit to free it.
     reset_driver_stack()
