@@ -12,14 +12,19 @@ a batch of 2): the first call (compiles included) and the second are timed, and 
 ``NSA_FLOAT32_DOT`` (or torch's float32 matmul precision) gives, printed in the header. Output as
 markdown; run from an empty ``TRITON_CACHE_DIR`` for compile times.
 
+``--tuned-tiles`` runs the prefill kernels' exact float32 launches at the tiles tuned for 16-bit
+inputs, as before session 30 (:data:`nsa.ops._triton.attention.EXACT_FLOAT32_TILES` not taken; the
+decode keeps its own), to compare compile and call times with the float32 tiles.
+
 Usage: ``python scripts/gpu_kernels_by_dtype.py [--dtypes float32 bfloat16] [--dims 128:128 192:128]
-[--ops nsa_attention ...] [--T 4096]``.
+[--ops nsa_attention ...] [--T 4096] [--repeat 5] [--tuned-tiles]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import time
 from typing import Callable, Dict, List, Set, Tuple
 
@@ -91,11 +96,21 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a dry run through the interpreter")
     parser.add_argument("--ops", nargs="+", default=None, help="only these ops (default: all five)")
     parser.add_argument("--T", type=int, default=300, help="tokens (the second call's time is the op's at this length)")
+    parser.add_argument("--repeat", type=int, default=1, help="calls after the first; their median is reported")
+    parser.add_argument("--tuned-tiles", action="store_true",
+                        help="exact float32 prefill launches at the 16-bit inputs' tiles (as before session 30)")
     args = parser.parse_args()
+    if args.tuned_tiles:
+        for mod_name in ("nsa.ops._triton.compressed_fwd", "nsa.ops.compressed.kernel", "nsa.ops.selected.kernel",
+                         "nsa.ops.window.kernel"):
+            importlib.import_module(mod_name).exact_float32 = lambda *_: False
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}; T = {args.T}\n", flush=True)
-    print("| dtype | Dk:Dv | products | op | first call s | second call ms | kernels compiled by it |", flush=True)
+    tiles = "16-bit inputs' tiles (--tuned-tiles)" if args.tuned_tiles else "the library's"
+    print(f"Device: {name}; torch {torch.__version__}, triton {triton.__version__}; T = {args.T}; exact float32 "
+          f"prefill tiles: {tiles}\n", flush=True)
+    later = "second call ms" if args.repeat == 1 else f"median of {args.repeat} later calls, ms"
+    print(f"| dtype | Dk:Dv | products | op | first call s | {later} | kernels compiled by it |", flush=True)
     print("|---|---|---|---|---:|---:|---|", flush=True)
     seen: Set[Tuple[str, int]] = set(compiled_kernels())
     details = []
@@ -113,10 +128,13 @@ def main() -> None:
                     call()
                     sync()
                     first = f"{time.perf_counter() - start:.1f}"
-                    start = time.perf_counter()
-                    call()
-                    sync()
-                    second = f"{(time.perf_counter() - start) * 1e3:.2f}"
+                    times = []
+                    for _ in range(max(1, args.repeat)):
+                        start = time.perf_counter()
+                        call()
+                        sync()
+                        times.append(time.perf_counter() - start)
+                    second = f"{statistics.median(times) * 1e3:.2f}"
                 except Exception as err:  # noqa: BLE001 - a failing op is the finding, the others still run
                     first, second = f"failed after {time.perf_counter() - start:.1f}", f"{type(err).__name__}: {str(err)[:90]}"
                 now = compiled_kernels()

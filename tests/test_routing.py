@@ -132,13 +132,13 @@ def test_cuda_capability(gpu):
 
 
 @pytest.mark.parametrize("gpu_name, cap, fits, too_wide", [
-    ("rtx4090", (8, 9), 64, 65), ("rtx3090", (8, 6), 64, 128), ("a100", (8, 0), 128, 192), ("h100", (9, 0), 256, None),
+    ("rtx4090", (8, 9), 128, 129), ("rtx3090", (8, 6), 128, 192), ("a100", (8, 0), 128, 192), ("h100", (9, 0), 256, None),
 ])
 def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits, too_wide):
-    """float32 tiles of wide heads ask more shared memory than some GPUs have (compiled: heads
-    of 128 up to 264 KiB on a consumer GPU's 99, heads of 192 up to 209 KiB on an A100's 163).
-    Those calls take the reference, with the reason; an explicit Triton request raises it. Narrower
-    heads, 16-bit inputs and calls that do not say their width keep Triton."""
+    """float32 tiles of wide heads ask more shared memory than GPUs below Hopper have (compiled at
+    exact float32's own tiles: heads of 128 at most 84 KiB, heads of 192 up to 164 KiB, past an
+    A100's 163). Those calls take the reference, with the reason; an explicit Triton request raises
+    it. Narrower heads, 16-bit inputs and calls that do not say their width keep Triton."""
     from nsa.ops._triton.device import sized_as
 
     gpu[0] = cap
@@ -149,7 +149,7 @@ def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits
             return
         assert resolve("window", "cuda", torch.bfloat16, head_dim=too_wide).backend == "triton"
         why = (f"float32 tiles of heads {too_wide} wide ask more shared memory than this GPU's "
-               f"{facts.shared_memory // 1024} KiB a program (heads up to {fits} fit; docs/perf/other_gpus.md); "
+               f"{facts.shared_memory // 1024} KiB a program (heads up to {fits} fit; docs/perf/float32.md); "
                f"use bfloat16/float16 inputs")
         route = resolve("window", "cuda", torch.float32, head_dim=too_wide)
         assert route.backend == "reference" and route.reason == f"auto: {why}"

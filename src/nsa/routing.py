@@ -7,8 +7,7 @@ before it runs. The decision, in order of precedence:
 2. the op's flag ``NSA_BACKEND_<OP>``, then ``NSA_BACKEND`` (see :mod:`nsa.flags`);
 3. ``auto``: Triton on a CUDA device of SM >= 8.0 when the op has a Triton
    kernel and the dtype is float16/bfloat16/float32 (float32 only for heads whose tiles fit
-   the GPU's shared memory: up to 64 wide on consumer GPUs, 128 on an A100); the reference
-   otherwise.
+   the GPU's shared memory: up to 128 wide below Hopper); the reference otherwise.
 
 An explicit choice (1 or 2) that cannot run here raises
 :class:`BackendUnavailableError` with the reason: asking for Triton and silently
@@ -100,7 +99,7 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
                 return False, (
                     f"float32 tiles of heads {head_dim} wide ask more shared memory than this GPU's "
                     f"{shared_memory_per_program(device) // 1024} KiB a program (heads up to {limit} fit; "
-                    f"docs/perf/other_gpus.md); use bfloat16/float16 inputs"
+                    f"docs/perf/float32.md); use bfloat16/float16 inputs"
                 )
         return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
     if device.type == "cpu":

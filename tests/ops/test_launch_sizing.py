@@ -10,7 +10,7 @@ A100 and the consumer GPUs get, which the sm_80/sm_86/sm_89 compiles of
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 import pytest
 import torch
@@ -78,16 +78,17 @@ def test_sized_as_names_a_bad_gpu():
             pass
 
 
-def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device) -> list:
-    """Every launch of a float32 prefill, forward and backward, and of one decode step, sized for
-    ``gpu`` (None: the device's own). Under the interpreter only: what is checked is the launchers'
-    choice, which ``sized_as`` makes the same on any device, and on a GPU each of these small
-    launches would first compile (float32 ``ieee`` kernels take about a minute each there)."""
+def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device,
+              dtype: torch.dtype = torch.float32) -> list:
+    """Every launch of a prefill in ``dtype``, forward and backward, and of one decode step, sized
+    for ``gpu`` (None: the device's own). Under the interpreter only: what is checked is the
+    launchers' choice, which ``sized_as`` makes the same on any device, and on a GPU each of these
+    small launches would first compile."""
     if device.type == "cuda":
         pytest.skip("launch choices are checked under the interpreter; on the GPU, "
                     "test_nsa_attention_sized_for_other_gpus_real_size runs the sized launches")
-    q, k, v = qkv(1, 40, 4, 1, DK, DV, torch.float32, device)
-    gates = torch.rand(1, 40, 4, 3, device=device)
+    q, k, v = qkv(1, 40, 4, 1, DK, DV, dtype, device)
+    gates = torch.rand(1, 40, 4, 3, device=device, dtype=dtype)
     do = torch.randn(1, 40, 4, DV, dtype=torch.float64, device=device)
     with sized_as(gpu) if gpu else contextlib.nullcontext(), every_launch() as launches:
         nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
@@ -110,31 +111,70 @@ def test_bulk_copies_only_where_the_gpu_takes_them(gpu, nsa_device):
         assert with_copies == set()
 
 
-def _tile_launches(gpu: str, DK: int, monkeypatch, device: torch.device) -> Dict[str, Set[tuple]]:
-    """``{kernel: {(num_stages, rows, BN)}}`` of every launch that multiplies tiles (it takes a
-    ``PREC``), sized for ``gpu``, with float32 ``ieee`` products (tensor-core float32 takes one
-    stage everywhere) and both ``dQ`` paths of each branch (recomputing: the dS buffers off)."""
+def _tile_launches(gpu: str, DK: int, monkeypatch, device: torch.device, dtype: torch.dtype,
+                   fields: Tuple[str, ...] = ("num_stages", "rows", "BN")) -> Dict[str, Set[tuple]]:
+    """``{kernel: {fields}}`` of every launch that multiplies tiles (it takes a ``PREC``), sized for
+    ``gpu``, in ``dtype`` (float32 with exact ``ieee`` products), with both ``dQ`` paths of each
+    branch (recomputing: the dS buffers off). ``rows`` counts query rows: positions times the
+    group's padded heads."""
     monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")
     monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "0")
     monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "0")
     shapes: Dict[str, Set[tuple]] = {}
-    for name, kw in _launches(gpu, DK, 128, device):
+    for name, kw in _launches(gpu, DK, 128, device, dtype):
         if "PREC" in kw:
-            rows = (kw.get("BT") or kw.get("BQ") or 1) * kw.get("GP", 1)
-            shapes.setdefault(name, set()).add((kw.get("num_stages", 0), rows, kw.get("BN")))
+            kw = dict(kw, rows=(kw.get("BT") or kw.get("BQ") or 1) * kw.get("GP", 1))
+            shapes.setdefault(name, set()).add(tuple(kw.get(f, 0 if f == "num_stages" else None) for f in fields))
     return shapes
 
 
 def test_wide_heads_take_smaller_launches_where_the_tuned_ones_do_not_fit(monkeypatch, nsa_device):
-    """On a GPU with 99 KiB a program (an RTX 4090; the 3090 has the same), heads wider than 128
-    change exactly the launches of :data:`WIDE_ON_SMALL_GPU`, as it says, against an A100's;
+    """On a GPU with 99 KiB a program (an RTX 4090; the 3090 has the same), 16-bit heads wider than
+    128 change exactly the launches of :data:`WIDE_ON_SMALL_GPU`, as it says, against an A100's;
     128-wide heads change none."""
     gpu = "rtx4090"
     assert SHIPPED_GPUS["rtx3090"].shared_memory == SHIPPED_GPUS[gpu].shared_memory
     fields = ("num_stages", "rows", "BN")
-    small, a100 = (_tile_launches(g, 192, monkeypatch, nsa_device) for g in (gpu, "a100"))
+    small, a100 = (_tile_launches(g, 192, monkeypatch, nsa_device, torch.float16) for g in (gpu, "a100"))
     assert set(WIDE_ON_SMALL_GPU) <= set(a100) and set(small) == set(a100), sorted(a100)
     expected = {name: {tuple(WIDE_ON_SMALL_GPU.get(name, {}).get(f, v) for f, v in zip(fields, shape))
                        for shape in shapes} for name, shapes in a100.items()}
     assert small == expected
-    assert _tile_launches(gpu, 128, monkeypatch, nsa_device) == _tile_launches("a100", 128, monkeypatch, nsa_device)
+    assert (_tile_launches(gpu, 128, monkeypatch, nsa_device, torch.float16)
+            == _tile_launches("a100", 128, monkeypatch, nsa_device, torch.float16))
+
+
+#: ``(num_stages, rows, BN, num_warps)`` of every launch with tile products where float32 is
+#: multiplied exactly, heads 128 wide, on every shipped GPU (:data:`EXACT_FLOAT32_TILES`: 16 rows,
+#: 32-token key tiles, 4 warps; the window forward keeps its 64-key tiles, the selected kernels
+#: walk selection blocks; one stage for the selected forward and the decode's passes). At the
+#: 16-bit inputs' tiles these launches spilled 8-14 KB a thread and asked up to 145 KiB of shared
+#: memory; at these, at most 84 KiB (sm_80/sm_89/sm_90 compiles, docs/perf/float32.md).
+EXACT_FLOAT32_LAUNCHES = {
+    "compressed_fwd_kernel": (2, 16, 32, 4),
+    "compressed_bwd_dq_kernel": (2, 16, 32, 4),
+    "compressed_bwd_dkdv_kernel": (2, 16, 32, 4),
+    "selected_forced_fwd_kernel": (2, 16, None, 4),
+    "selected_fwd_kernel": (1, 16, None, 4),
+    "selected_forced_dq_kernel": (2, 16, None, 4),
+    "selected_bwd_dq_kernel": (2, 16, None, 4),
+    "selected_bwd_dkdv_kernel": (2, 16, None, 4),
+    "window_fwd_kernel": (2, 16, 64, 4),
+    "window_bwd_dq_kernel": (2, 16, 32, 4),
+    "window_bwd_dkdv_kernel": (2, 16, 32, 4),
+    "decode_cmp_win_fwd_kernel": (1, 1, None, 4),
+    "decode_selected_fwd_kernel": (1, 1, None, 4),
+}
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100", "rtx4090"])
+def test_exact_float32_takes_its_own_tiles_on_every_gpu(gpu, monkeypatch, nsa_device):
+    """float32 with exact products launches every kernel at :data:`EXACT_FLOAT32_LAUNCHES`, the
+    same on each shipped GPU; float16 inputs keep the launches tuned for them, other in every
+    prefill kernel."""
+    fields = ("num_stages", "rows", "BN", "num_warps")
+    launches = _tile_launches(gpu, 128, monkeypatch, nsa_device, torch.float32, fields)
+    assert launches == {name: {shape} for name, shape in EXACT_FLOAT32_LAUNCHES.items()}
+    half = _tile_launches(gpu, 128, monkeypatch, nsa_device, torch.float16, fields)
+    assert set(half) == set(launches)
+    assert all(half[name] != launches[name] for name in launches if not name.startswith("decode")), half

@@ -151,8 +151,9 @@ def test_requires_sm_memory_and_count(hw):
 
 def test_features_and_their_force_flags(hw, tmp_path):
     ctx = context(hw("rtx4090"))
-    off = reason(ctx, "requires", feature="triton_float32")
-    assert off.startswith("triton_float32 off in profile rtx4090: SM 8.9 has 99 KiB of shared memory a program")
+    off = reason(ctx, "requires", feature="fa2")
+    assert off.startswith("fa2 off in profile rtx4090: flash-attn is optional")
+    assert reason(ctx, "requires", feature="triton_float32") is None
     assert reason(ctx, "requires", feature=["triton_window", "triton_compress", "triton_selected"]) is None
     lab = tmp_path / "lab.yaml"
     lab.write_text("name: lab\nextends: rtx4090\nfeatures:\n  triton_selected:\n    enabled: false\n"

@@ -65,7 +65,7 @@ def test_profile_values_are_the_documented_ones(shipped):
     cpu, rtx4090, h200 = shipped.load("cpu"), shipped.load("rtx4090"), shipped.load("h200")
     assert cpu.env == {"TRITON_INTERPRET": "1"} and cpu.benchmark.contexts == (512, 1024, 2048)
     assert rtx4090.env == {}
-    assert not rtx4090.feature("triton_float32").enabled and rtx4090.feature("triton_float32").force == {}
+    assert rtx4090.feature("triton_float32").enabled and not rtx4090.feature("fa2").enabled
     assert rtx4090.feature("triton_selected").enabled
     assert h200.chain == ("h200", "h100", "base") and h200.device.capability == (9, 0)
     assert h200.software.cuda_min == "11.8"  # inherited from h100
@@ -135,7 +135,7 @@ def test_user_profile_extends_a_shipped_one(tmp_path, shipped):
     profile = Catalog([tmp_path, SHIPPED_DIR]).load(str(path))
     assert profile.chain == ("lab4090", "rtx4090", "base")
     assert profile.env == {"NSA_DETERMINISTIC": "0"}
-    assert profile.feature("fa2").enabled and not profile.feature("triton_float32").enabled
+    assert profile.feature("fa2").enabled and profile.feature("triton_float32").enabled
     assert profile.tolerance("bfloat16") == 1.5e-2 and profile.tolerance("bfloat16", "grad") == 2e-2
 
 

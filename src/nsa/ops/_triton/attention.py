@@ -76,6 +76,25 @@ def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> st
     return choice
 
 
+def exact_float32(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether launches for inputs of ``dtype`` multiply float32 tiles exactly (``ieee``,
+    :func:`dot_precision`); they then take :data:`EXACT_FLOAT32_TILES`."""
+    return dtype == torch.float32 and dot_precision(dtype, device, head_dim) == "ieee"
+
+
+#: Launch options of every prefill kernel with tile products, and of the decode's selected pass,
+#: where float32 is multiplied exactly (:func:`exact_float32`): ``rows`` query rows (positions
+#: times the group's padded heads) and ``num_warps`` a program, key tiles of ``BN`` tokens
+#: where a kernel's key tile is free (a selection block where it walks blocks), ``num_stages``.
+#: Triton compiles exact products to multiply-adds whose operands sit in registers. At the tiles
+#: tuned for 16-bit inputs (64 rows, 64 keys, 4 warps) every such kernel spilled 8-14 KB a thread,
+#: compiled in 20-200 s and asked up to 145 KiB of shared memory, past a consumer GPU's 99; at
+#: these, the stacks take 0-0.7 KB, the compiles 1-18 s and shared memory at most 84 KiB (sm_90,
+#: head dim 128; docs/perf/float32.md, session 30). The selected forward takes one stage (two
+#: ask 136 KiB with bulk copies), and so does the decode's selected pass.
+EXACT_FLOAT32_TILES = dict(rows=16, BN=32, num_warps=4, num_stages=2)
+
+
 def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.device, head_dim: int, *,
                     wide_heads_one_stage: bool = False) -> Optional[int]:
     """A launch's pipeline stages: ``stages`` as tuned (None or 0 too: the launcher's default), or 1

@@ -53,7 +53,7 @@ LARGE_SHARED_MEMORY = 200 * 1024
 
 #: Below this much shared memory a program (consumer GPUs: 99 KiB), the backward launches of heads
 #: wider than 128 take one stage or narrower tiles (their tuned ones ask 104-112 KiB, sm_89
-#: compiles), and float32 heads wider than 64 stay off Triton (:func:`float32_head_dim_limit`).
+#: compiles).
 SMALL_SHARED_MEMORY = 128 * 1024
 
 _sized_for: Optional[GpuFacts] = None
@@ -125,13 +125,11 @@ def small_shared_memory(device: torch.device) -> bool:
 
 def float32_head_dim_limit(device: torch.device) -> Optional[int]:
     """The widest heads whose float32 launches (exact products, the only float32 precision off
-    Hopper) fit ``device``'s shared memory, or None for any width (Hopper). Compiled (Triton 3.6,
-    docs/perf/other_gpus.md): on a consumer GPU (99 KiB) heads of 64 ask at most 81 KiB and heads
-    of 128 up to 264; on an A100 (163 KiB) heads of 128 fit and heads of 192 ask 176-209 KiB."""
-    shared = shared_memory_per_program(device)
-    if shared >= LARGE_SHARED_MEMORY:
-        return None
-    return 128 if shared >= SMALL_SHARED_MEMORY else 64
+    Hopper) fit ``device``'s shared memory, or None for any width (Hopper). Compiled at their own
+    tiles (Triton 3.6, docs/perf/float32.md, session 30): heads of 128 ask at most 84 KiB, within a
+    consumer GPU's 99; heads of 192 ask up to 132 KiB with 128-wide values and 164 KiB with
+    192-wide ones, past an A100's 163."""
+    return None if shared_memory_per_program(device) >= LARGE_SHARED_MEMORY else 128
 
 
 def capability_major(device: torch.device) -> int:

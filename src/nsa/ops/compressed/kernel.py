@@ -30,6 +30,7 @@ import triton.language as tl
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
+    EXACT_FLOAT32_TILES,
     LOG2E,
     attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
@@ -37,6 +38,7 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     dq_from_ds_budget,
+    exact_float32,
     hopper_tiles_fit,
     load_gate,
     next_pow2,
@@ -321,7 +323,7 @@ def compressed_bwd(
     q_offset: int,
     *,
     rows: Optional[int] = None,
-    block_n: int = 64,
+    block_n: Optional[int] = None,
     num_warps: Optional[int] = None,
     num_stages: Optional[int] = None,
     dkdv: Optional[Tuple[int, int, int, int]] = None,
@@ -333,8 +335,9 @@ def compressed_bwd(
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
-    dK/dV kernel's where :data:`DKDV_TILES` does not apply (``num_stages`` None: 2, or 1 for
-    float32 on tensor cores, :func:`pipeline_stages`); ``dkdv = (rows, block_n,
+    dK/dV kernel's where :data:`DKDV_TILES` does not apply (``rows``/``block_n`` None: 64, or
+    :data:`EXACT_FLOAT32_TILES`' for exact float32; ``num_stages`` None: 2, or 1 for float32 on
+    tensor cores, :func:`pipeline_stages`); ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None). With it, and where the buffer fits
@@ -349,7 +352,9 @@ def compressed_bwd(
     G = HQ // H
     # 64 rows, 64 tokens, 4 warps measured fastest for both kernels (docs/perf/compressed_select.md)
     GP = triton.next_power_of_2(G)
-    BT = max(1, (rows or 64) // GP)
+    exact = exact_float32(q.dtype, q.device, max(DK, DV))
+    BT = max(1, (rows or (EXACT_FLOAT32_TILES["rows"] if exact else 64)) // GP)
+    block_n = block_n or (EXACT_FLOAT32_TILES["BN"] if exact else 64)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
@@ -368,7 +373,7 @@ def compressed_bwd(
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]
-    elif dkdv is None and wide_heads_on_small_gpu(max(DK, DV), q.device):
+    elif dkdv is None and wide_heads_on_small_gpu(max(DK, DV), q.device) and not exact:
         dkdv = WIDE_ON_SMALL_GPU_DKDV_TILES
     if dkdv is not None:
         kv_rows, kv_block_n, kv_warps, kv_stages = dkdv

@@ -58,6 +58,7 @@ from nsa.ops._triton.attention import (
     LOG2E,
     descriptor_ready,
     dot_precision,
+    exact_float32,
     last_dim_contiguous,
     next_pow2,
     pipeline_stages,
@@ -1076,12 +1077,15 @@ def decode_fwd(
     if cmp_stages is None and fills:
         cmp_stages = FILL_CMP_STAGES
     cmp_stages = pipeline_stages(cmp_stages, q.dtype, q.device, max(K, V))
-    if cmp_stages is None and q.dtype == torch.float32:
+    exact = exact_float32(q.dtype, q.device, max(K, V))
+    if cmp_stages is None and exact:
         # exact float32 tiles of head dim 128 in Triton's default 3 stages ask 264 KiB, past an
         # H100's 227 (out of resources at the launch); one stage asks 72 KiB, two 136 with spills
         # (sm_90 and sm_80 compiles, docs/perf/other_gpus.md)
         cmp_stages = 1
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
+    # the selected pass likewise: 140 KiB in 3 stages, past a consumer GPU's 99; 72 in one
+    sel_stages = dict(num_stages=1) if exact else {}
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split
         window_in_selected = fills or nblk_cap <= 128
@@ -1143,7 +1147,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **attend, **common, **after_selected,
+        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows

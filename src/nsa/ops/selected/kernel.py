@@ -42,6 +42,7 @@ from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops.selected.inversion import invert_selection
 from nsa.ops._triton.attention import (
+    EXACT_FLOAT32_TILES,
     LOG2E,
     attn_bwd_delta,
     attn_bwd_dkdv_ds_step,
@@ -54,6 +55,7 @@ from nsa.ops._triton.attention import (
     descriptor_ready,
     dot_precision,
     dq_from_ds_budget,
+    exact_float32,
     hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
@@ -597,6 +599,12 @@ BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
              "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None),
              "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
+#: Where float32 is multiplied exactly (:func:`exact_float32`), every kernel takes
+#: :data:`EXACT_FLOAT32_TILES`' warps to a query's rows (twice that for heads wider than 128):
+#: the forward's 1 warp spilled 2.5 KB a thread, the dQ's 2 warps 2.2 KB. The forced-block and dK/dV
+#: kernels take its rows, and the forward one stage: two ask 136 KiB with bulk copies (sm_90
+#: compiles, head dim 128; docs/perf/float32.md).
+EXACT_FLOAT32_FWD_STAGES = 1
 #: Bytes of K up to which the dQ from ``dS`` fetches its blocks by bulk copies (``"dq_ds"``'s
 #: ``KV_DESC`` None); plain loads beyond. Selected backward, loads against copies: 8k (K 8 MiB at
 #: B = 1, 4 KV heads of 128) 3.346 against 3.292 ms on an H100, 3.173 against 3.074 on an H200;
@@ -680,7 +688,9 @@ def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, i
     head_dim = max(dims["DK"], dims["DV"])
     stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, head_dim, wide_heads_one_stage=backward)
     cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
-    if backward and wide_heads_on_small_gpu(head_dim, q.device):
+    if exact_float32(q.dtype, q.device, head_dim):
+        cfg["rows"] = EXACT_FLOAT32_TILES["rows"]
+    elif backward and wide_heads_on_small_gpu(head_dim, q.device):
         cfg["rows"] = 32  # 64 rows ask 112 KiB even in one stage, 32 rows 88 (sm_89 compiles, RTX 4090: 99)
     GP = triton.next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
@@ -736,7 +746,12 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
-    cfg, loads = _block_loads(k, v, dims, _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1))
+    if exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"])):
+        cfg = dict(FWD_TILES, num_stages=EXACT_FLOAT32_FWD_STAGES, **(tiles or {}))
+        cfg = _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"])
+    else:
+        cfg = _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1)
+    cfg, loads = _block_loads(k, v, dims, cfg)
     selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
         KEEP=keep, **loads)
@@ -770,15 +785,17 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims, q, backward=True)
         selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+    exact = exact_float32(q.dtype, q.device, max(DK, v.shape[-1]))
     if ds is not None:
-        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims, 1),
+        launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims,
+                                                           EXACT_FLOAT32_TILES["num_warps"] if exact else 1),
                                      DQ_DS_COPIES_MAX_BYTES)
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
         selected_bwd_dq_ds_kernel[(T, B * H)](
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
             **{key: dims[key] for key in keep}, **launch, **loads)
         return dq
-    cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, 2))
+    cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 2))
     selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads)
     return dq
 
@@ -797,7 +814,10 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     # tl.dot needs K >= 16 on the GPU, and the dK/dV products contract over BQ * GP query rows.
     head_dim = max(dims["BK"], dims["BV"])
     # 64 rows ask 112 KiB for heads wider than 128 even in one stage, 32 rows 80 (sm_89 compiles, RTX 4090: 99)
-    rows = 32 if wide_heads_on_small_gpu(head_dim, q.device) else 64
+    if exact_float32(q.dtype, q.device, head_dim):
+        rows = EXACT_FLOAT32_TILES["rows"]
+    else:
+        rows = 32 if wide_heads_on_small_gpu(head_dim, q.device) else 64
     cfg["BQ"] = max(cfg["BQ"] or rows // GP, -(-16 // GP))
     # 4 warps measured fastest at D = 128 (despite a small spill); wider tiles need 8 to hold the accumulators
     cfg = _warps(cfg, dims, 4)

@@ -1,0 +1,43 @@
+#!/bin/bash
+# The GPU calls of session 30: exact float32 (torch's default precision) at its own tiles
+# (nsa.ops._triton.attention.EXACT_FLOAT32_TILES; docs/perf/float32.md).
+#
+#   bash scripts/gpu_session30.sh listing        # each op's first call (compiles included) and the
+#                                                # median of 5 later calls in exact float32, T = 4096,
+#                                                # from an empty Triton cache: every op at head dims
+#                                                # 128/128 and 192/128 with the library's tiles, then
+#                                                # compressed and selected attention at 128/128 with the
+#                                                # 16-bit inputs' tiles (--tuned-tiles, as before); the
+#                                                # errors against the float64 reference
+#                                                # (gpu_float32_check.py); bfloat16 for scale
+#   bash scripts/gpu_session30.sh suite REV PART # one part of the suite, as gpu_session29.sh's
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session30.sh listing | suite REV PART}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+case "$step" in
+listing)
+    listing() {  # listing NAME ARGS...: one listing from an empty Triton cache
+        local name="$1"
+        shift
+        export TRITON_CACHE_DIR="/tmp/triton_cache_$name"
+        rm -rf "$TRITON_CACHE_DIR"
+        NSA_FLOAT32_DOT=ieee timeout 200 python "$here/gpu_kernels_by_dtype.py" --T 4096 --repeat 5 "$@" 2>&1 \
+            | tee "$OUT/listing_$name.md" | grep -v "^- "
+    }
+    listing exact --dtypes float32 --dims 128:128 192:128
+    listing tuned --dtypes float32 --dims 128:128 --ops compressed_attention selected_attention --tuned-tiles
+    listing bf16 --dtypes bfloat16 --dims 128:128
+    export TRITON_CACHE_DIR=/tmp/triton_cache_exact
+    timeout 120 python "$here/gpu_float32_check.py" --precisions ieee 2>&1 | tee "$OUT/float32_check.md" | tail -30
+    ;;
+suite)
+    bash "$here/gpu_session29.sh" suite "${2:?the commit to name the report after}" "${3:?which part}"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
