@@ -14,6 +14,7 @@ import torch
 from _kernel_inputs import spy_launches
 from nsa import NSAConfig, routing
 from nsa.ops import compressed_attention, select_blocks
+from nsa.ops._triton.attention import EXACT_FLOAT32_TILES
 from nsa.testing import assert_close
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
@@ -126,8 +127,9 @@ def test_dkdv_tiles_of_their_own(dtype, tol, nsa_device, monkeypatch):
     do = torch.randn_like(o)
     base = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, 3)
     other = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, 3, dkdv=(16, 16, 4, 2), max_splits=1)
-    # 16-bit inputs take DKDV_TILES (on the CPU too, so that CI runs the GPU's launch); float32 the dq tiles
-    assert token_tiles == [kernel.DKDV_TILES["tiles"][1] if dtype != torch.float32 else 64, 16]
+    # 16-bit inputs take DKDV_TILES (on the CPU too, so that CI runs the GPU's launch); float32 (exact at torch's
+    # default precision) the dq tiles, its own
+    assert token_tiles == [kernel.DKDV_TILES["tiles"][1] if dtype != torch.float32 else EXACT_FLOAT32_TILES["BN"], 16]
     assert torch.equal(base[0], other[0])  # dq's launch is unchanged
     for name, a, b in zip(("dk", "dv"), base[1:], other[1:]):
         assert_close(name, b, a, tol)
