@@ -384,7 +384,8 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
                                                  local_blocks=0), 2, 0)
     assert not kernel.forced_in_window(SMALL_FORCED, 16, 2)  # 4 positions a tile
     with pytest.raises(ValueError, match="q_offset=2 must be a multiple"):
-        q = torch.randn(1, 8, 16, 16, device=nsa_device)
+        # 16-bit: 4 positions a tile of 64 rows (exact float32 takes tiles of one position)
+        q = torch.randn(1, 8, 16, 16, device=nsa_device, dtype=torch.float16)
         kernel.window_fwd_forced(q, q[:, :, :1], q[:, :, :1], SMALL_FORCED, 0.25, 2)
     calls = []
     real = kernel.window_fwd_forced

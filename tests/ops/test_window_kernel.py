@@ -15,6 +15,7 @@ import torch
 
 from nsa import NSAConfig
 from nsa.ops import sliding_window_attention
+from nsa.ops._triton.attention import EXACT_FLOAT32_TILES
 from nsa.testing import assert_close
 
 from _kernel_inputs import assert_bitwise_repeatable, gpu_shapes, qkv
@@ -98,8 +99,8 @@ def test_window_gpu_backward_deterministic(nsa_device):
 def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
     """dK/dV takes 128-key tiles in 3 stages for 16-bit heads up to 128 wide (half the q/do
     re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
-    would not fit, and for exact float32, whose 128-key tiles need more shared memory than an H100
-    has (1 stage on tensor cores); a caller's override wins."""
+    would not fit, and for float32 on tensor cores, whose 128-key tiles need more shared memory than
+    an H100 has (in 1 stage); exact float32 takes its own tiles; a caller's override wins."""
     from nsa.ops.window import kernel
 
     monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")
@@ -111,7 +112,9 @@ def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
     assert cfg("dkdv", 192, 128)["BN"] == 64
     assert cfg("dkdv", 128, 256)["BN"] == 64
     small = cfg("dkdv", 128, 128, dtype=torch.float32)
-    assert (small["BN"], small["num_stages"]) == (64, 2)
+    exact = EXACT_FLOAT32_TILES
+    assert (small["BN"], small["BT"] * small["GP"], small["num_warps"], small["num_stages"]) == (
+        exact["BN"], exact["rows"], exact["num_warps"], exact["num_stages"])
     monkeypatch.setenv("NSA_FLOAT32_DOT", "tf32x3")
     small = cfg("dkdv", 128, 128, dtype=torch.float32)
     assert (small["BN"], small["num_stages"]) == (64, 1)
