@@ -10,7 +10,14 @@
 #                                                # 16-bit inputs' tiles (--tuned-tiles, as before); the
 #                                                # errors against the float64 reference
 #                                                # (gpu_float32_check.py); bfloat16 for scale
-#   bash scripts/gpu_session30.sh suite REV PART # one part of the suite, as gpu_session29.sh's
+#   bash scripts/gpu_session30.sh wide           # after exact float32 took twice the warps for heads
+#                                                # wider than 128: its errors at 192/128 against the
+#                                                # float64 reference and the GPU tests at those dims
+#   bash scripts/gpu_session30.sh suite REV PART # one part of the suite but the benchmarks, 12 workers,
+#                                                # empty Triton cache (gpu_session28.sh suite); with
+#                                                # exact float32's own tiles two parts fit the device's
+#                                                # 10 minutes: kernels (the prefill, compressed and
+#                                                # window kernel files, 313 s) and rest (236 s)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -33,8 +40,24 @@ listing)
     export TRITON_CACHE_DIR=/tmp/triton_cache_exact
     timeout 120 python "$here/gpu_float32_check.py" --precisions ieee 2>&1 | tee "$OUT/float32_check.md" | tail -30
     ;;
+wide)
+    export TRITON_CACHE_DIR=/tmp/triton_cache_wide
+    rm -rf "$TRITON_CACHE_DIR"
+    timeout 150 python "$here/gpu_float32_check.py" --precisions ieee --dims 192:128 2>&1 \
+        | tee "$OUT/float32_check_wide.md" | tail -14
+    timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --gpu-profile auto -rs --durations=10 \
+        -k "float32_wide_heads or dk192 or DK192" tests/ops/test_window_kernel.py tests/ops/test_compressed_kernel.py \
+        tests/ops/test_selected_kernel.py tests/ops/test_nsa_attention_kernel.py 2>&1 | tee "$OUT/tests_wide.txt" \
+        | grep -v "^gw" | tail -24
+    ;;
 suite)
-    bash "$here/gpu_session29.sh" suite "${2:?the commit to name the report after}" "${3:?which part}"
+    rev="${2:?the commit to name the report after}"
+    kernel_files=(tests/ops/test_nsa_attention_kernel.py tests/ops/test_compressed_kernel.py tests/ops/test_window_kernel.py)
+    case "${3:?which part: kernels or rest}" in
+    kernels) bash "$here/gpu_session28.sh" suite "$rev" kernels "${kernel_files[@]}" ;;
+    rest) bash "$here/gpu_session28.sh" suite "$rev" rest "${kernel_files[@]/#/--ignore=}" ;;
+    *) echo "unknown part $3" >&2; exit 2 ;;
+    esac
     ;;
 *)
     echo "unknown step $step" >&2

@@ -171,10 +171,14 @@ EXACT_FLOAT32_LAUNCHES = {
 def test_exact_float32_takes_its_own_tiles_on_every_gpu(gpu, monkeypatch, nsa_device):
     """float32 with exact products launches every kernel at :data:`EXACT_FLOAT32_LAUNCHES`, the
     same on each shipped GPU; float16 inputs keep the launches tuned for them, other in every
-    prefill kernel."""
+    prefill kernel. Heads 192 wide take twice the warps to the same 16 rows."""
     fields = ("num_stages", "rows", "BN", "num_warps")
     launches = _tile_launches(gpu, 128, monkeypatch, nsa_device, torch.float32, fields)
     assert launches == {name: {shape} for name, shape in EXACT_FLOAT32_LAUNCHES.items()}
     half = _tile_launches(gpu, 128, monkeypatch, nsa_device, torch.float16, fields)
     assert set(half) == set(launches)
     assert all(half[name] != launches[name] for name in launches if not name.startswith("decode")), half
+    if gpu == "h100":  # heads wider than 128 (float32 takes Triton there on Hopper alone): twice the warps
+        wide = _tile_launches(gpu, 192, monkeypatch, nsa_device, torch.float32, fields)
+        assert {name: {(rows, warps) for _, rows, _, warps in shapes} for name, shapes in wide.items()
+                if not name.startswith("decode")} == {name: {(16, 8)} for name in launches if not name.startswith("decode")}

@@ -78,13 +78,28 @@ def dot_precision(dtype: torch.dtype, device: torch.device, head_dim: int) -> st
 
 def exact_float32(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether launches for inputs of ``dtype`` multiply float32 tiles exactly (``ieee``,
-    :func:`dot_precision`); they then take :data:`EXACT_FLOAT32_TILES`."""
+    :func:`dot_precision`); they then take tiles of their own (:func:`exact_float32_tiles`)."""
     return dtype == torch.float32 and dot_precision(dtype, device, head_dim) == "ieee"
+
+
+def exact_float32_tiles(dtype: torch.dtype, device: torch.device, head_dim: int) -> Optional[dict]:
+    """:data:`EXACT_FLOAT32_TILES` where launches for ``dtype`` on ``device`` multiply float32
+    exactly (:func:`exact_float32`), for heads ``head_dim`` wide (the wider of the key and value
+    heads): twice the warps past 128, as the selected kernels take for any input (at 192/128 the
+    window backward's 4 warps kept 0.5-8.8 KB stacks a thread, 8 none; sm_90 compiles). None
+    where the products are not exact float32."""
+    if not exact_float32(dtype, device, head_dim):
+        return None
+    tiles = dict(EXACT_FLOAT32_TILES)
+    if head_dim > 128:
+        tiles["num_warps"] *= 2
+    return tiles
 
 
 #: Launch options of every prefill kernel with tile products, and of the decode's selected pass,
 #: where float32 is multiplied exactly (:func:`exact_float32`): ``rows`` query rows (positions
-#: times the group's padded heads) and ``num_warps`` a program, key tiles of ``BN`` tokens
+#: times the group's padded heads) and ``num_warps`` a program (heads up to 128 wide:
+#: :func:`exact_float32_tiles` doubles them for wider ones), key tiles of ``BN`` tokens
 #: where a kernel's key tile is free (a selection block where it walks blocks), ``num_stages``.
 #: Triton compiles exact products to multiply-adds whose operands sit in registers. At the tiles
 #: tuned for 16-bit inputs (64 rows, 64 keys, 4 warps) every such kernel spilled 8-14 KB a thread,

@@ -38,12 +38,11 @@ import triton.language as tl
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
-    EXACT_FLOAT32_TILES,
     LOG2E,
     attn_fwd_finish,
     attn_fwd_step,
     dot_precision,
-    exact_float32,
+    exact_float32_tiles,
     next_pow2,
     pipeline_stages,
 )
@@ -342,7 +341,7 @@ def compressed_fwd(
         q: ``[B, Tq, HQ, Dk]``; k_cmp: ``[B, Nc, H, Dk]``; v_cmp: ``[B, Nc, H, Dv]``.
         store_o: compute ``o`` and ``lse``; select: compute ``block_idx``.
         rows: query rows ``M = BT * GP`` per program (default 64); block_n: pass-1
-            token tile (default 64; both :data:`EXACT_FLOAT32_TILES`' for exact float32);
+            token tile (default 64; both exact float32's own, :func:`exact_float32_tiles`);
             blocks_per_step: selection blocks scored per pass-2 step (default 32);
             num_warps/num_stages: launch options (defaults from the shapes); maxnreg: a cap
             on registers a thread (Triton's launch option; none by default). Where none of
@@ -363,8 +362,8 @@ def compressed_fwd(
     GP = triton.next_power_of_2(G)
     # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
     # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
-    exact = exact_float32(q.dtype, q.device, max(DK, DV))
-    rows = rows or (EXACT_FLOAT32_TILES["rows"] if exact else 64)
+    exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
+    rows = rows or (exact["rows"] if exact else 64)
     BT = max(1, rows // GP)
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
     if (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
@@ -373,7 +372,8 @@ def compressed_fwd(
         num_stages = SHORT_TILES["num_stages"]
         # a launch option of the GPU; the interpreter runs the same tiles without it
         maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
-    block_n = block_n or (EXACT_FLOAT32_TILES["BN"] if exact else 64)
+    block_n = block_n or (exact["BN"] if exact else 64)
+    num_warps = num_warps or (exact["num_warps"] if exact else None)
     if num_stages is None:
         num_stages = 3 if narrow_16bit else pipeline_stages(2, q.dtype, q.device, max(DK, DV), wide_heads_one_stage=True)
     geo = _score_geometry(config, blocks_per_step)

@@ -30,7 +30,6 @@ import triton.language as tl
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
-    EXACT_FLOAT32_TILES,
     LOG2E,
     attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
@@ -38,7 +37,7 @@ from nsa.ops._triton.attention import (
     check_gate,
     dot_precision,
     dq_from_ds_budget,
-    exact_float32,
+    exact_float32_tiles,
     hopper_tiles_fit,
     load_gate,
     next_pow2,
@@ -335,9 +334,9 @@ def compressed_bwd(
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
     ``rows``/``block_n``/``num_warps``/``num_stages`` set the dq kernel's tiles, and the
-    dK/dV kernel's where :data:`DKDV_TILES` does not apply (``rows``/``block_n`` None: 64, or
-    :data:`EXACT_FLOAT32_TILES`' for exact float32; ``num_stages`` None: 2, or 1 for float32 on
-    tensor cores, :func:`pipeline_stages`); ``dkdv = (rows, block_n,
+    dK/dV kernel's where :data:`DKDV_TILES` does not apply (``rows``/``block_n``/``num_warps``
+    None: 64, 64 and 4, or exact float32's own, :func:`exact_float32_tiles`; ``num_stages`` None:
+    2, or 1 for float32 on tensor cores, :func:`pipeline_stages`); ``dkdv = (rows, block_n,
     num_warps, num_stages)`` sets the dK/dV kernel's alone, ``max_splits`` its query chunks.
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None). With it, and where the buffer fits
@@ -352,9 +351,10 @@ def compressed_bwd(
     G = HQ // H
     # 64 rows, 64 tokens, 4 warps measured fastest for both kernels (docs/perf/compressed_select.md)
     GP = triton.next_power_of_2(G)
-    exact = exact_float32(q.dtype, q.device, max(DK, DV))
-    BT = max(1, (rows or (EXACT_FLOAT32_TILES["rows"] if exact else 64)) // GP)
-    block_n = block_n or (EXACT_FLOAT32_TILES["BN"] if exact else 64)
+    exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
+    BT = max(1, (rows or (exact["rows"] if exact else 64)) // GP)
+    block_n = block_n or (exact["BN"] if exact else 64)
+    num_warps = num_warps or (exact["num_warps"] if exact else 4)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
@@ -369,7 +369,7 @@ def compressed_bwd(
         num_stages = pipeline_stages(2, q.dtype, q.device, max(DK, DV), wide_heads_one_stage=True)
     common = dict(H=H, G=G, GP=GP, BT=BT, BN=block_n, DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
-                  num_warps=num_warps or 4, num_stages=num_stages)
+                  num_warps=num_warps, num_stages=num_stages)
     kv = dict(common)
     if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
         dkdv = DKDV_TILES["tiles"]

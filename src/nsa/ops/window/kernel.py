@@ -44,7 +44,6 @@ from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops._triton.attention import (
-    EXACT_FLOAT32_TILES,
     LOG2E,
     attn_bwd_delta,
     attn_bwd_dkdv_step,
@@ -54,7 +53,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_step,
     check_gate,
     dot_precision,
-    exact_float32,
+    exact_float32_tiles,
     hopper_tiles_fit,
     last_dim_contiguous,
     load_bwd_rows,
@@ -476,8 +475,9 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
     H, DV = k.shape[2], v.shape[-1]
     G = HQ // H
     cfg = dict(FWD_TILES, **(tiles or {}))
-    if exact_float32(q.dtype, q.device, max(DK, DV)) and "rows" not in (tiles or {}):
-        cfg["rows"] = EXACT_FLOAT32_TILES["rows"]  # the 64-key tiles then spill nothing
+    exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
+    if exact:  # its rows and warps; the 64-key tiles then spill nothing
+        cfg = dict(cfg, rows=exact["rows"], num_warps=exact["num_warps"], **(tiles or {}))
     cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
     if forced is not None:
         cfg = _forced_tiles(cfg, forced, q_offset)
@@ -580,8 +580,9 @@ def _bwd_cfg(kind: str, G: int, DK: int, DV: int, tiles: Optional[dict], dtype: 
     """Launch options of the ``kind`` (``"dq"``, ``"dkdv"``) kernel for inputs of ``dtype`` on
     ``device``, the caller's ``tiles[kind]`` over the defaults."""
     small = kind == "dkdv" and not hopper_tiles_fit(dtype, max(next_pow2(DK), next_pow2(DV)), device)
-    if exact_float32(dtype, device, max(DK, DV)):
-        cfg = dict(EXACT_FLOAT32_TILES)
+    exact = exact_float32_tiles(dtype, device, max(DK, DV))
+    if exact:
+        cfg = exact
     elif small and wide_heads_on_small_gpu(max(DK, DV), device):
         cfg = dict(WIDE_ON_SMALL_GPU_DKDV_TILES)
     else:
