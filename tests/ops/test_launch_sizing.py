@@ -31,7 +31,7 @@ from nsa.ops._triton.device import (
 )
 from nsa.ops.decode import nsa_decode
 
-from _kernel_inputs import every_launch, nsa_forward_backward, qkv
+from _kernel_inputs import every_launch, nsa_forward_backward, qkv, spy_launches
 
 pytestmark = pytest.mark.triton
 CPU = torch.device("cpu")
@@ -182,3 +182,25 @@ def test_exact_float32_takes_its_own_tiles_on_every_gpu(gpu, monkeypatch, nsa_de
         wide = _tile_launches(gpu, 192, monkeypatch, nsa_device, torch.float32, fields)
         assert {name: {(rows, warps) for _, rows, _, warps in shapes} for name, shapes in wide.items()
                 if not name.startswith("decode")} == {name: {(16, 8)} for name in launches if not name.startswith("decode")}
+
+
+def test_a_callers_tiles_win_over_exact_float32s(monkeypatch, nsa_device):
+    """Launch options the caller passes beat the exact float32 defaults they override (the rows of
+    the window forward, the selected forward's stages), and the results stay the default's."""
+    from nsa.ops.selected import kernel as selected
+    from nsa.ops.window import kernel as window
+
+    monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")
+    q, k, v = qkv(1, 24, 4, 1, 16, 16, torch.float32, nsa_device)
+    rows = spy_launches(monkeypatch, window, "window_fwd_kernel", "BT", "num_warps")
+    want = window.window_fwd(q, k, v, 8, 0.25, 0)[0]
+    got = window.window_fwd(q, k, v, 8, 0.25, 0, tiles={"rows": 32})[0]
+    assert rows == [(4, 4), (8, 4)]  # 16 rows of 4 heads, then the caller's 32
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    stages = spy_launches(monkeypatch, selected, "selected_fwd_kernel", "num_stages")
+    blocks = torch.zeros(1, 24, 1, 2, dtype=torch.int32, device=nsa_device)
+    blocks[:, 8:, :, 1] = 1
+    want = selected.selected_fwd(q, k, v, blocks, 8, 0.25, 0)[0]
+    got = selected.selected_fwd(q, k, v, blocks, 8, 0.25, 0, tiles={"num_stages": 2})[0]
+    assert stages == [1, 2]
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -127,7 +127,7 @@ def float32_head_dim_limit(device: torch.device) -> Optional[int]:
     """The widest heads whose float32 launches (exact products, the only float32 precision off
     Hopper) fit ``device``'s shared memory, or None for any width (Hopper). Compiled at their own
     tiles (Triton 3.6, docs/perf/float32.md, session 30): heads of 128 ask at most 84 KiB, within a
-    consumer GPU's 99; heads of 192 ask up to 132 KiB with 128-wide values and 164 KiB with
+    consumer GPU's 99; heads of 192 ask up to 145 KiB with 128-wide values and 164 KiB with
     192-wide ones, past an A100's 163."""
     return None if shared_memory_per_program(device) >= LARGE_SHARED_MEMORY else 128
 

@@ -746,12 +746,10 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
         selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
-    if exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"])):
-        cfg = dict(FWD_TILES, num_stages=EXACT_FLOAT32_FWD_STAGES, **(tiles or {}))
-        cfg = _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"])
-    else:
-        cfg = _tile_launch(dict(FWD_TILES, **(tiles or {})), dims, 1)
-    cfg, loads = _block_loads(k, v, dims, cfg)
+    exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
+    cfg = dict(FWD_TILES, **(dict(num_stages=EXACT_FLOAT32_FWD_STAGES) if exact else {}))
+    cfg.update(tiles or {})
+    cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
     selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
         KEEP=keep, **loads)

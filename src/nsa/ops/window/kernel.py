@@ -474,10 +474,11 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
     B, T, HQ, DK = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G = HQ // H
-    cfg = dict(FWD_TILES, **(tiles or {}))
+    cfg = dict(FWD_TILES)
     exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
     if exact:  # its rows and warps; the 64-key tiles then spill nothing
-        cfg = dict(cfg, rows=exact["rows"], num_warps=exact["num_warps"], **(tiles or {}))
+        cfg.update(rows=exact["rows"], num_warps=exact["num_warps"])
+    cfg.update(tiles or {})
     cfg = dict(_tiles(G, DK, DV, cfg.pop("rows")), **cfg)
     if forced is not None:
         cfg = _forced_tiles(cfg, forced, q_offset)
