@@ -96,17 +96,17 @@ def exact_float32_tiles(dtype: torch.dtype, device: torch.device, head_dim: int)
     return tiles
 
 
-#: Launch options of every prefill kernel with tile products, and of the decode's selected pass,
-#: where float32 is multiplied exactly (:func:`exact_float32`): ``rows`` query rows (positions
-#: times the group's padded heads) and ``num_warps`` a program (heads up to 128 wide:
-#: :func:`exact_float32_tiles` doubles them for wider ones), key tiles of ``BN`` tokens
-#: where a kernel's key tile is free (a selection block where it walks blocks), ``num_stages``.
-#: Triton compiles exact products to multiply-adds whose operands sit in registers. At the tiles
-#: tuned for 16-bit inputs (64 rows, 64 keys, 4 warps) every such kernel spilled 8-14 KB a thread,
-#: compiled in 20-200 s and asked up to 145 KiB of shared memory, past a consumer GPU's 99; at
-#: these, the stacks take 0-0.7 KB, the compiles 1-18 s and shared memory at most 84 KiB (sm_90,
-#: head dim 128; docs/perf/float32.md, session 30). The selected forward takes one stage (two
-#: ask 136 KiB with bulk copies), and so does the decode's selected pass.
+#: Launch options of every prefill kernel with tile products where float32 is multiplied exactly
+#: (:func:`exact_float32`): ``rows`` query rows (positions times the group's padded heads) and
+#: ``num_warps`` a program (heads up to 128 wide: :func:`exact_float32_tiles` doubles them for
+#: wider ones), key tiles of ``BN`` tokens where a kernel's key tile is free (a selection block
+#: where it walks blocks), ``num_stages``. Triton compiles exact products to multiply-adds whose
+#: operands sit in registers. At the tiles tuned for 16-bit inputs (64 rows, 64 keys, 4 warps)
+#: every such kernel spilled 8-14 KB a thread, compiled in 20-200 s and asked up to 145 KiB of
+#: shared memory, past a consumer GPU's 99; at these, the stacks take 0-1.7 KB, the compiles 3-24 s
+#: and shared memory at most 84 KiB (sm_90, head dim 128; docs/perf/float32.md, session 30). The
+#: selected forward takes one stage (two ask 136 KiB with bulk copies); the decode keeps its own
+#: tiles and takes one stage in both its passes.
 EXACT_FLOAT32_TILES = dict(rows=16, BN=32, num_warps=4, num_stages=2)
 
 
