@@ -103,7 +103,7 @@ def exact_float32_tiles(dtype: torch.dtype, device: torch.device, head_dim: int)
 #: where it walks blocks), ``num_stages``. Triton compiles exact products to multiply-adds whose
 #: operands sit in registers. At the tiles tuned for 16-bit inputs (64 rows, 64 keys, 4 warps)
 #: every such kernel spilled 8-14 KB a thread, compiled in 20-200 s and asked up to 145 KiB of
-#: shared memory, past a consumer GPU's 99; at these, the stacks take 0-1.7 KB, the compiles 3-24 s
+#: shared memory, past a consumer GPU's 99; at these, the stacks take 0-1.7 KB, the compiles 3-36 s
 #: and shared memory at most 84 KiB (sm_90, head dim 128; docs/perf/float32.md, session 30). The
 #: selected forward takes one stage (two ask 136 KiB with bulk copies); the decode keeps its own
 #: tiles and takes one stage in both its passes.
