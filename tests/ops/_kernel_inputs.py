@@ -91,16 +91,19 @@ def spy_launches(monkeypatch, module, name, *keys):
 
 
 @contextlib.contextmanager
-def every_launch() -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
+def every_launch(execute: bool = True) -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
     """Record every Triton launch inside the block, as ``(kernel name, keyword arguments)``: the
     constexprs and launch options (``num_warps``, ``num_stages``) that the launcher passed by
-    keyword, and the positional arguments under ``"args"``."""
+    keyword, and the positional arguments under ``"args"``. ``execute=False`` records the launches
+    without running them, for tests of the launchers' choices alone: outputs are then whatever
+    their buffers held, so only launch choices that depend on shapes are meaningful."""
     from nsa.ops.window.kernel import window_fwd_kernel
 
     kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
     real_run = kernel_type.run
     launches: List[Tuple[str, Dict[str, Any]]] = []
-    kernel_type.run = _recording_run(real_run, lambda kernel, kwargs: launches.append((kernel, kwargs)))
+    run = real_run if execute else (lambda *args, **kwargs: None)
+    kernel_type.run = _recording_run(run, lambda kernel, kwargs: launches.append((kernel, kwargs)))
     try:
         yield launches
     finally:

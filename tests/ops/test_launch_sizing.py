@@ -81,16 +81,18 @@ def test_sized_as_names_a_bad_gpu():
 def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device,
               dtype: torch.dtype = torch.float32) -> list:
     """Every launch of a prefill in ``dtype``, forward and backward, and of one decode step, sized
-    for ``gpu`` (None: the device's own). Under the interpreter only: what is checked is the
-    launchers' choice, which ``sized_as`` makes the same on any device, and on a GPU each of these
-    small launches would first compile."""
+    for ``gpu`` (None: the device's own), recorded without running them (``every_launch(execute=
+    False)``): what is checked is the launchers' choice, which depends on shapes alone and which
+    ``sized_as`` makes the same on any device. Under the interpreter only: the unwritten outputs
+    feed later launches and host-side indexing, harmless on the CPU, while on a GPU a garbage
+    block index could fault the device for the worker's later tests."""
     if device.type == "cuda":
         pytest.skip("launch choices are checked under the interpreter; on the GPU, "
                     "test_nsa_attention_sized_for_other_gpus_real_size runs the sized launches")
     q, k, v = qkv(1, 40, 4, 1, DK, DV, dtype, device)
     gates = torch.rand(1, 40, 4, 3, device=device, dtype=dtype)
     do = torch.randn(1, 40, 4, DV, dtype=torch.float64, device=device)
-    with sized_as(gpu) if gpu else contextlib.nullcontext(), every_launch() as launches:
+    with sized_as(gpu) if gpu else contextlib.nullcontext(), every_launch(execute=False) as launches:
         nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
         k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
         nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=device), SMALL,
