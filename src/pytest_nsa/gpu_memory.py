@@ -185,9 +185,9 @@ def summary(outcomes: Iterable["TestOutcome"], share_gib: Optional[float], large
     over = [] if share_gib is None else [r for r in by_peak if not r[4] and r[1] / GIB > share_gib]
     kept = sorted((r for r in rows if (r[3] - r[2]) / GIB > KEPT_GIB), key=lambda r: (r[2] - r[3], r[0]))
     local = sorted((r for r in rows if r[5] / GIB > LOCAL_GIB), key=lambda r: (-r[5], r[0]))
-    return {"tests": len(rows), "share_gib": None if share_gib is None else round(share_gib, 3), "largest": [entry(r) for r in by_peak[:largest]],
-            "over_share": [entry(r) for r in over], "kept": [entry(r) for r in kept],
-            "local": [entry(r) for r in local]}
+    return {"tests": len(rows), "share_gib": None if share_gib is None else round(share_gib, 3),
+            "largest": [entry(r) for r in by_peak[:largest]], "over_share": [entry(r) for r in over],
+            "kept": [entry(r) for r in kept], "local": [entry(r) for r in local]}
 
 
 def share_of_device(memory_gib: Optional[float], gpus: int, workers: int) -> Optional[float]:
@@ -212,5 +212,5 @@ def terminal_lines(memory: Dict[str, Any]) -> List[str]:
     lines += [f"left {r['kept_gib']:.2f} GiB allocated after its teardown: {r['nodeid']}" for r in memory["kept"]]
     lines += [f"its kernels' register spills made the driver reserve {r['local_gib']:.2f} GiB of local memory "
               f"(outside torch, until the process ends or the stack limit is reset): {r['nodeid']}"
-              for r in memory.get("local", [])]
+              for r in memory["local"]]
     return lines

@@ -176,6 +176,7 @@ def _margins(results: Mapping[str, Any]) -> List[str]:
 
 
 def _memory_rows(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    # .get: the first reports that measured memory (ff0f048) had no local memory yet
     body = [(f"`{r['nodeid']}`", r["peak_gib"], r["kept_gib"], r.get("local_gib", 0.0), "yes" if r["alone"] else "no")
             for r in rows]
     return table(("test", "peak GiB", "kept GiB", "local GiB", "ran alone"), body)
@@ -183,7 +184,8 @@ def _memory_rows(rows: Sequence[Mapping[str, Any]]) -> List[str]:
 
 def _gpu_memory(results: Mapping[str, Any]) -> List[str]:
     lines, memory = _opening(results, "GPU memory", "gpu_memory", "tests",
-                             "Not measured by the plugin that wrote this report.", "No test used the GPU through torch.")
+                             "Not measured by the plugin that wrote this report.",
+                             "No test used the GPU through torch.")
     if memory is None:
         return lines
     share = memory["share_gib"]
@@ -251,7 +253,8 @@ def _benchmarks(bench: Mapping[str, Any]) -> List[str]:
 def render(env: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     """The whole ``report.md``: title and run summary, then every section of :data:`SECTIONS`."""
     parts = [_title(env, results), _environment(env), _checks(env), _profile(env), _routing(env),
-             _matrix(results), _margins(results), _gpu_memory(results), _skips(results), _failures(results), _benchmarks(results["benchmarks"])]
+             _matrix(results), _margins(results), _gpu_memory(results), _skips(results), _failures(results),
+             _benchmarks(results["benchmarks"])]
     files = ["## Files", "", "- `env.json`, `results.json`: the facts above, machine-readable "
              f"(schema version {results['schema_version']}; see `docs/reports/README.md`)", ""]
     return "\n".join(line for part in [*parts, files] for line in part).rstrip("\n") + "\n"

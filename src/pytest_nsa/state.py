@@ -55,7 +55,7 @@ class TestOutcome:
     worker: Optional[str] = None
     finished: bool = False
     comparisons: Tuple[Tuple[str, float, float, str], ...] = ()
-    gpu_memory: Optional[Tuple[int, int, int, bool, int]] = None
+    gpu_memory: Optional[gpu_memory.Measured] = None
 
 
 def _skip_reason(longrepr: Any) -> str:
