@@ -215,7 +215,7 @@ def test_fixtures_and_results_in_stash(pytester, fake, inprocess):
         @pytest.mark.gradcheck
         def test_tol(nsa_profile, nsa_tolerance, nsa_gradcheck_tolerance, nsa_device, nsa_hardware):
             assert nsa_profile.name == "a100" and nsa_hardware.gpus[0].capability == (8, 0)
-            assert nsa_tolerance(torch.bfloat16) == 1e-2 and nsa_tolerance(torch.float16, "grad") == 1e-2
+            assert nsa_tolerance(torch.bfloat16) == 1e-2 and nsa_tolerance(torch.float16, "grad") == 2e-3
             assert nsa_tolerance(torch.float64, kind="grad") == 1e-8 and nsa_tolerance("float32") == 1e-5
             assert nsa_gradcheck_tolerance == {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3}
             assert nsa_device.type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -58,6 +58,21 @@ def test_every_shipped_profile_is_complete(shipped, name):
         assert 0 < profile.tolerance(dtype, "fwd") <= profile.tolerance(dtype, "grad") < 0.1
     assert set(profile.gradcheck) == {"eps", "atol", "rtol"}
     assert profile.benchmark.rounds > 0 and profile.benchmark.regression_threshold_pct > 0
+
+
+#: The prefill issue's bound for bfloat16 kernels against a higher-precision reference, outputs and
+#: gradients; float16 keeps 3 more mantissa bits and float32 16 more, so theirs are tighter.
+REQUIRED_BOUNDS = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("dtype", sorted(REQUIRED_BOUNDS))
+def test_no_shipped_profile_passes_a_looser_kernel_than_required(shipped, name, dtype):
+    """A profile's tolerance is what a parity test accepts; a looser one would pass kernels whose
+    outputs or gradients miss the bound (docs/tolerances.md has the errors measured under it)."""
+    profile = shipped.load(name)
+    assert profile.tolerance(dtype, "fwd") <= REQUIRED_BOUNDS[dtype]
+    assert profile.tolerance(dtype, "grad") <= REQUIRED_BOUNDS[dtype]
     assert all(not f.enabled and f.reason for f in [profile.feature("fa2")])
 
 
@@ -136,7 +151,7 @@ def test_user_profile_extends_a_shipped_one(tmp_path, shipped):
     assert profile.chain == ("lab4090", "rtx4090", "base")
     assert profile.env == {"NSA_DETERMINISTIC": "0"}
     assert profile.feature("fa2").enabled and profile.feature("triton_float32").enabled
-    assert profile.tolerance("bfloat16") == 1.5e-2 and profile.tolerance("bfloat16", "grad") == 2e-2
+    assert profile.tolerance("bfloat16") == 1.5e-2 and profile.tolerance("bfloat16", "grad") == 1e-2
 
 
 def test_missing_keys_name_the_chain(tmp_path):

@@ -7,7 +7,7 @@ from typing import Tuple
 import torch
 
 from nsa.config import NSAConfig
-from nsa.ops._reference import compute_dtype, dense_attention, query_chunks
+from nsa.ops._reference import compute_dtype, dense_attention, map_query_chunks
 
 
 def visible_cmp_count(positions: torch.Tensor, config: NSAConfig) -> torch.Tensor:
@@ -24,13 +24,13 @@ def compressed_attention(
     Nc = k_cmp.shape[1]
     ct = compute_dtype(q.dtype)
     qc, kc, vc = q.to(ct), k_cmp.to(ct), v_cmp.to(ct)
-    outs, lses = [], []
-    for start, end in query_chunks(Tq, B * HQ * max(Nc, 1)):
+
+    def chunk(start: int, end: int) -> Tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(q_offset + start, q_offset + end, device=q.device)
         counts = visible_cmp_count(positions, config)
         span = min(Nc, config.num_cmp(q_offset + end))  # compressed tokens any query here can see
         visible = torch.arange(span, device=q.device)[None, :] < counts[:, None]  # [C, span]
-        o, lse = dense_attention(qc[:, start:end], kc[:, :span], vc[:, :span], visible, scale)
-        outs.append(o)
-        lses.append(lse)
+        return dense_attention(qc[:, start:end], kc[:, :span], vc[:, :span], visible, scale)
+
+    outs, lses = zip(*map_query_chunks(chunk, Tq, B * HQ * max(Nc, 1)))
     return torch.cat(outs, 1).to(q.dtype), torch.cat(lses, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nsa.config import NSAConfig
-from nsa.ops._reference import compute_dtype, masked_softmax, query_chunks, split_groups
+from nsa.ops._reference import compute_dtype, map_query_chunks, masked_softmax, split_groups
 
 
 def gather_positions(block_idx: torch.Tensor, sel_block: int):
@@ -46,8 +46,8 @@ def selected_attention(
     per_key = block_idx.shape[-1] * config.sel_block
     b_ix = torch.arange(B, device=q.device)[:, None, None, None]
     h_ix = torch.arange(H, device=q.device)[None, None, :, None]
-    outs = []
-    for start, end in query_chunks(Tq, B * H * per_key * (HQ // H + k.shape[-1] + v.shape[-1])):
+
+    def chunk(start: int, end: int) -> torch.Tensor:
         positions, counted = gather_positions(block_idx[:, start:end], config.sel_block)  # [B, C, H, S]
         t = torch.arange(q_offset + start, q_offset + end, device=q.device)[None, :, None, None]
         counted = counted & (positions <= t) & (positions < Tk)
@@ -58,5 +58,7 @@ def selected_attention(
         v_sel = v_heads[b_ix, h_ix, positions]  # [B, C, H, S, Dv]
         scores = torch.einsum("bchgd,bchsd->bchgs", qg[:, start:end], k_sel) * scale
         probs, _ = masked_softmax(scores, counted[:, :, :, None, :])
-        outs.append(torch.einsum("bchgs,bchsv->bchgv", probs, v_sel).flatten(2, 3))
+        return torch.einsum("bchgs,bchsv->bchgv", probs, v_sel).flatten(2, 3)
+
+    outs = map_query_chunks(chunk, Tq, B * H * per_key * (HQ // H + k.shape[-1] + v.shape[-1]))
     return torch.cat(outs, dim=1).to(q.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nsa.config import NSAConfig
-from nsa.ops._reference import compute_dtype, dense_attention, query_chunks
+from nsa.ops._reference import compute_dtype, dense_attention, map_query_chunks
 
 
 def sliding_window_attention(
@@ -16,13 +16,13 @@ def sliding_window_attention(
     w = config.window
     ct = compute_dtype(q.dtype)
     qc, kc, vc = q.to(ct), k.to(ct), v.to(ct)
-    outs = []
-    for start, end in query_chunks(Tq, B * HQ * (w + 1) * 2):
+
+    def chunk(start: int, end: int) -> torch.Tensor:
         first, last = q_offset + start, q_offset + end - 1  # positions of the chunk's queries
         lo = max(0, first - w + 1)
         s = torch.arange(lo, last + 1, device=q.device)[None, :]
         t = torch.arange(first, last + 1, device=q.device)[:, None]
         visible = (s <= t) & (s > t - w)
-        o, _ = dense_attention(qc[:, start:end], kc[:, lo : last + 1], vc[:, lo : last + 1], visible, scale)
-        outs.append(o)
-    return torch.cat(outs, dim=1).to(q.dtype)
+        return dense_attention(qc[:, start:end], kc[:, lo : last + 1], vc[:, lo : last + 1], visible, scale)[0]
+
+    return torch.cat(map_query_chunks(chunk, Tq, B * HQ * (w + 1) * 2), dim=1).to(q.dtype)
