@@ -32,7 +32,10 @@ def _poisoned(factory):
     def make(*args, **kwargs):
         out = factory(*args, **kwargs)
         if out.is_floating_point():
-            out.fill_(float("nan"))
+            # no_grad: torch's own empty leaves that require grad (checkpoint's, in torch 2.11)
+            # may be filled too
+            with torch.no_grad():
+                out.fill_(float("nan"))
         return out
 
     return make

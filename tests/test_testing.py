@@ -166,3 +166,14 @@ def test_record_comparisons_sees_every_assert_close_in_its_block():
     with record_comparisons() as found, pytest.raises(AssertionError):
         assert_close("o", nan, want, 1e-2)
     assert found[0].error == float("inf") and found[0].share == float("inf")
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_the_suites_empty_tensors_come_poisoned(requires_grad):
+    """tests/conftest.py fills every float ``torch.empty`` of a test with NaN, so an element no
+    kernel writes fails its comparison; leaves that require grad too (torch 2.11's checkpoint
+    makes one, and an in-place fill of it outside ``no_grad`` raises)."""
+    for made in (torch.empty(3, requires_grad=requires_grad), torch.empty_like(torch.ones(2)),
+                 torch.ones(1).new_empty(4)):
+        assert made.isnan().all()
+    assert torch.empty(2, dtype=torch.int32).shape == (2,)  # integers are left as they come

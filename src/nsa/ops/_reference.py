@@ -7,7 +7,7 @@ axis in chunks so that long sequences never materialise a ``T x T`` tensor.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Tuple, TypeVar
+from typing import Callable, Iterator, List, Optional, Tuple, TypeVar
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -25,30 +25,31 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def query_chunks(num_queries: int, per_query_elems: int) -> Iterator[Tuple[int, int]]:
-    """``(start, end)`` chunks of the query axis that keep one chunk's scores in budget.
+def query_chunks(num_queries: int, per_query_elems: int, most: Optional[int] = None) -> Iterator[Tuple[int, int]]:
+    """``(start, end)`` chunks of the query axis that keep one chunk's scores in budget: at most
+    ``per_query_elems`` score elements a query, and at most ``most`` queries a chunk where given.
 
     ``NSA_REFERENCE_CHUNK`` overrides the automatic size.
     """
     chunk = flags.get("NSA_REFERENCE_CHUNK")
     if chunk <= 0:
-        chunk = max(1, _SCORE_BUDGET // max(1, per_query_elems))
+        chunk = max(1, min(_SCORE_BUDGET // max(1, per_query_elems), most or num_queries or 1))
     # An empty query axis still yields one empty chunk, so callers always have a piece to concatenate.
     for start in range(0, max(num_queries, 1), chunk):
         yield start, min(num_queries, start + chunk)
 
 
 def map_query_chunks(
-    chunk_fn: Callable[[int, int], ChunkResult], num_queries: int, per_query_elems: int
+    chunk_fn: Callable[[int, int], ChunkResult], num_queries: int, per_query_elems: int, most: Optional[int] = None
 ) -> List[ChunkResult]:
-    """``[chunk_fn(start, end) for each chunk of query_chunks(num_queries, per_query_elems)]``.
+    """``[chunk_fn(start, end) for each chunk of query_chunks(num_queries, per_query_elems, most)]``.
 
     Where autograd records the call, each chunk runs under a (non-reentrant) checkpoint: the graph
     keeps what the chunk returns, and the backward recomputes one chunk's scores and gathered keys
     at a time. Kept for every chunk, those made the backward's memory grow with the work, not with
     the outputs: 48 GiB for the selected branch at T = 3001 with 16 KV heads in float32.
     """
-    chunks = query_chunks(num_queries, per_query_elems)
+    chunks = query_chunks(num_queries, per_query_elems, most)
     if not torch.is_grad_enabled():
         return [chunk_fn(start, end) for start, end in chunks]
     # The references draw no random numbers, so there is no RNG state to save and restore.

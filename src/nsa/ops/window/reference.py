@@ -25,4 +25,6 @@ def sliding_window_attention(
         visible = (s <= t) & (s > t - w)
         return dense_attention(qc[:, start:end], kc[:, lo : last + 1], vc[:, lo : last + 1], visible, scale)[0]
 
-    return torch.cat(map_query_chunks(chunk, Tq, B * HQ * (w + 1) * 2), dim=1).to(q.dtype)
+    # A chunk of C queries scores C + w - 1 keys each: at most w queries keep that under 2w, as the
+    # budget counts, and the chunk's masked square at twice the band's work.
+    return torch.cat(map_query_chunks(chunk, Tq, B * HQ * 2 * w, most=w), dim=1).to(q.dtype)
