@@ -31,7 +31,7 @@ def _reference_peak(T: int, device: torch.device) -> int:
 
 @pytest.mark.gpu
 @pytest.mark.long_context
-@pytest.mark.requires(memory_gib=40)
+@pytest.mark.requires(memory_gib=12)  # 9.5 GiB at 64k (H100, session 31)
 def test_reference_memory_grows_linearly_to_64k(nsa_device):
     short = _reference_peak(16384, nsa_device)
     long = _reference_peak(65536, nsa_device)

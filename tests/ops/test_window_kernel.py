@@ -81,8 +81,7 @@ def test_window_no_grad_saves_nothing(nsa_device):
 
 
 @pytest.mark.gpu
-# the float32 reference at 64 query heads peaks at 25 GiB (H100, session 29): alone on a shared GPU
-@gpu_shapes(memory_gib={"T4099-HQ64-H4-D128": 30})
+@gpu_shapes()
 def test_window_gpu_bf16(T, HQ, H, DK, DV, nsa_device, nsa_tolerance):
     """Real sizes, bfloat16 kernel vs float32 reference (paper window 512)."""
     q, k, v = qkv(1, T, HQ, H, DK, DV, torch.bfloat16, nsa_device)
