@@ -25,6 +25,6 @@ def sliding_window_attention(
         visible = (s <= t) & (s > t - w)
         return dense_attention(qc[:, start:end], kc[:, lo : last + 1], vc[:, lo : last + 1], visible, scale)[0]
 
-    # A chunk of C queries scores C + w - 1 keys each: at most w queries keep that under 2w, as the
-    # budget counts, and the chunk's masked square at twice the band's work.
+    # A chunk of C queries scores C + w - 1 keys a query: chunks of at most w queries keep that
+    # under 2w (what the budget counts) and the masked square's work within twice the band's.
     return torch.cat(map_query_chunks(chunk, Tq, B * HQ * 2 * w, most=w), dim=1).to(q.dtype)
