@@ -362,8 +362,8 @@ def compressed_fwd(
     GP = triton.next_power_of_2(G)
     # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
     # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
-    exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
-    rows = rows or (exact["rows"] if exact else 64)
+    defaults = exact_float32_tiles(q.dtype, q.device, max(DK, DV)) or dict(rows=64, BN=64, num_warps=None)
+    rows = rows or defaults["rows"]
     BT = max(1, rows // GP)
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
     if (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
@@ -372,8 +372,8 @@ def compressed_fwd(
         num_stages = SHORT_TILES["num_stages"]
         # a launch option of the GPU; the interpreter runs the same tiles without it
         maxnreg = SHORT_TILES["maxnreg"] if q.device.type == "cuda" else None
-    block_n = block_n or (exact["BN"] if exact else 64)
-    num_warps = num_warps or (exact["num_warps"] if exact else None)
+    block_n = block_n or defaults["BN"]
+    num_warps = num_warps or defaults["num_warps"]
     if num_stages is None:
         num_stages = 3 if narrow_16bit else pipeline_stages(2, q.dtype, q.device, max(DK, DV), wide_heads_one_stage=True)
     geo = _score_geometry(config, blocks_per_step)

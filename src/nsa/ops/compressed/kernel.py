@@ -352,9 +352,10 @@ def compressed_bwd(
     # 64 rows, 64 tokens, 4 warps measured fastest for both kernels (docs/perf/compressed_select.md)
     GP = triton.next_power_of_2(G)
     exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
-    BT = max(1, (rows or (exact["rows"] if exact else 64)) // GP)
-    block_n = block_n or (exact["BN"] if exact else 64)
-    num_warps = num_warps or (exact["num_warps"] if exact else 4)
+    defaults = exact or dict(rows=64, BN=64, num_warps=4)
+    BT = max(1, (rows or defaults["rows"]) // GP)
+    block_n = block_n or defaults["BN"]
+    num_warps = num_warps or defaults["num_warps"]
     dq = torch.empty_like(q)
     dk = torch.empty_like(k_cmp)
     dv = torch.empty_like(v_cmp)
