@@ -124,6 +124,19 @@ def _minor(version: str) -> str:
     return f"{v.major}.{v.minor}"
 
 
+def pinned_minor(pin: str) -> Optional[str]:
+    """The Triton minor release ``"X.Y"`` that ``pin`` holds to, if it holds to one.
+
+    torch pinned an exact release up to 2.11 (``triton==3.6.0``) and a compatible one from 2.14
+    (``triton~=3.8.0``, which admits 3.8.* only); ``~=X.Y`` admits every X.* and holds no minor."""
+    for spec in Requirement(pin).specifier:
+        exact = spec.operator in ("==", "===") and "*" not in spec.version
+        compatible = spec.operator == "~=" and len(Version(spec.version).release) >= 3
+        if exact or compatible:
+            return _minor(spec.version)
+    return None
+
+
 def _pin_check(sw: SoftwareInfo, pin: str) -> Verdict:
     req = Requirement(pin)
     expected = [s.version for s in req.specifier if s.operator in ("==", "===")]
@@ -133,8 +146,9 @@ def _pin_check(sw: SoftwareInfo, pin: str) -> Verdict:
     found = Version(sw.triton)
     if req.specifier.contains(found, prereleases=True):
         return Verdict("pairing", OK, f"triton {sw.triton} matches torch {sw.torch}'s pin ({pin})")
-    if expected and _minor(expected[0]) != _minor(sw.triton):
-        want = f"{_minor(expected[0])}.x"
+    minor = pinned_minor(pin)
+    if minor is not None and minor != _minor(sw.triton):
+        want = f"{minor}.x"
     else:
         want = expected[0] if expected else str(req.specifier)
     return Verdict("pairing", ERROR, f"torch {sw.torch} expects triton {want}, found {sw.triton}", f"pip install '{pin}'")
@@ -150,8 +164,8 @@ def check_pairing(sw: SoftwareInfo, table: Mapping[str, str], profile: str) -> T
         row = table.get(torch_minor)
         if sw.torch_triton_pin is not None:
             out = [_pin_check(sw, sw.torch_triton_pin)]
-            pinned = [s.version for s in Requirement(sw.torch_triton_pin).specifier if s.operator == "=="]
-            if row is not None and pinned and _minor(pinned[0]) != row:
+            minor = pinned_minor(sw.torch_triton_pin)
+            if row is not None and minor is not None and minor != row:
                 out.append(Verdict("pairing-table", WARNING,
                                    f"profile {profile} pairs torch {torch_minor} with triton {row}.x but torch pins "
                                    f"{sw.torch_triton_pin}; torch's pin wins", f"update the table of profile {profile}"))

@@ -53,6 +53,29 @@ def test_pairing_with_torch_pin():
     assert missing[0].level == WARNING and "Triton is not installed" in missing[0].message
 
 
+def test_pairing_with_a_compatible_release_pin():
+    # torch 2.14's wheels declare 'triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"'.
+    requires = ['triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"']
+    pin = versions.triton_pin(requires, {"platform_system": "Linux", "python_version": "3.11"})
+    assert pin == "triton~=3.8.0"
+    assert [versions.pinned_minor(p) for p in (pin, "triton==3.6.0", "triton~=3.8", "triton>=3.6", "triton==3.*")] == [
+        "3.8", "3.6", None, None, None]
+    patch = versions.check_pairing(sw(torch="2.14.1", triton="3.8.2", torch_triton_pin=pin), {"2.14": "3.8"}, "h100")
+    assert [v.level for v in patch] == [OK] and "matches torch 2.14.1's pin (triton~=3.8.0)" in patch[0].message
+    old = versions.check_pairing(sw(torch="2.14.1", triton="3.6.0", torch_triton_pin=pin), {"2.14": "3.8"}, "h100")
+    assert [(v.level, v.message) for v in old] == [(ERROR, "torch 2.14.1 expects triton 3.8.x, found 3.6.0")]
+    stale = versions.check_pairing(sw(torch="2.14.1", triton="3.8.0", torch_triton_pin=pin), {"2.14": "3.7"}, "h100")
+    assert [v.level for v in stale] == [OK, WARNING] and "pairs torch 2.14 with triton 3.7.x" in stale[1].message
+
+
+def test_shipped_table_agrees_with_the_pins_seen():
+    # Rows checked against torch's own pins; the fallback must not contradict them.
+    table = Catalog([SHIPPED_DIR]).load("h100").software.triton_pairings  # base.yaml's rows
+    seen = {"2.4": "triton==3.0.0", "2.11": "triton==3.6.0", "2.14": "triton~=3.8.0"}
+    assert {torch: table[torch] for torch in seen} == {torch: versions.pinned_minor(p) for torch, p in seen.items()}
+    assert {"2.12", "2.13"} <= set(table)
+
+
 def test_pairing_table_is_a_cross_check_and_a_fallback():
     stale = versions.check_pairing(sw(torch="2.11.0+cu130", triton="3.7.0", torch_triton_pin="triton==3.7.0"),
                                    TABLE, "h200")
