@@ -14,27 +14,43 @@ import torch
 from nsa import NSAConfig, nsa_attention
 
 
-def _reference_peak(T: int, device: torch.device) -> int:
+def _reference_peak(T: int, device: torch.device, backward: bool) -> int:
+    """Peak bytes the reference allocates for one bf16 forward (and backward) at length ``T``."""
     HQ, H, D = 64, 4, 128
     q = torch.randn(1, T, HQ, D, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(1, T, H, D, device=device, dtype=torch.bfloat16) for _ in range(2))
     gates = torch.rand(1, T, HQ, 3, device=device, dtype=torch.bfloat16)
+    do = torch.randn(1, T, HQ, D, device=device, dtype=torch.bfloat16) if backward else None
+    leaves = [x.requires_grad_(backward) for x in (q, k, v, gates)]
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    with torch.no_grad():
-        o = nsa_attention(q, k, v, gates, NSAConfig(), backend="reference")
+    with torch.set_grad_enabled(backward):
+        o = nsa_attention(*leaves, NSAConfig(), backend="reference")
+        if backward:
+            o.backward(do)
     peak = torch.cuda.max_memory_allocated(device) - before
     assert torch.isfinite(o).all()
+    if backward:
+        assert all(torch.isfinite(x.grad).all() for x in leaves)
     return peak
 
 
 @pytest.mark.gpu
 @pytest.mark.long_context
-@pytest.mark.requires(memory_gib=12)  # 9.5 GiB at 64k (H100, session 31)
-def test_reference_memory_grows_linearly_to_64k(nsa_device):
-    short = _reference_peak(16384, nsa_device)
-    long = _reference_peak(65536, nsa_device)
+@pytest.mark.parametrize(
+    "backward",
+    [
+        pytest.param(False, marks=pytest.mark.requires(memory_gib=12), id="forward"),  # 9.5 GiB at 64k (H100, session 31)
+        # each query chunk recomputed in the backward (nsa.ops._reference.map_query_chunks): kept,
+        # the chunks' gathered keys would be hundreds of GiB at 64k
+        pytest.param(True, marks=pytest.mark.requires(memory_gib=40), id="forward-backward"),
+    ],
+)
+def test_reference_memory_grows_linearly_to_64k(backward, nsa_device, record_property):
+    short = _reference_peak(16384, nsa_device, backward)
+    long = _reference_peak(65536, nsa_device, backward)
     growth = long / short
+    record_property("peak_gib", (round(short / 2**30, 2), round(long / 2**30, 2)))
     assert growth < 8, f"reference peak grew {growth:.1f}x from 16k ({short / 2**30:.1f} GiB) to 64k ({long / 2**30:.1f} GiB)"
     assert long < 32 * 2**30, f"reference peaked at {long / 2**30:.1f} GiB at 64k"

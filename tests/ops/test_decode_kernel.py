@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _kernel_inputs import spy_launches
+from _kernel_inputs import decode_row_reference, spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops._triton.device import sized_as
 from nsa.ops.decode import nsa_decode
-from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores, nsa_attention_with_blocks
+from nsa.testing import assert_close
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 WIDE = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=3, init_blocks=1, local_blocks=1, window=20)
@@ -405,14 +405,8 @@ def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
     up = lambda t: t.float() if t.is_floating_point() else t  # noqa: E731
     _, ref_idx = nsa_decode(*map(up, ins[:5]), config, backend="reference",
                             kv_cmp=tuple(map(up, kw["kv_cmp"])), kv_win=tuple(map(up, kw["kv_win"])), return_block_idx=True)  # fmt: skip
-    ref_o = []
-    for b, n in enumerate(lens):
-        row, nc = slice(b, b + 1), config.num_cmp(n)
-        scores = block_scores(q[row], k_cmp[row, :nc], config, q_offset=n - 1)
-        assert_valid_selection(idx[row], ref_idx[row], scores, config, q_offset=n - 1, eps=SELECTION_EPS[q.dtype])
-        cut = [up(t[row, :n]) for t in (k, v, k_win, v_win)]
-        ref_o.append(nsa_attention_with_blocks(up(q[row]), *cut[:2], up(gates[row]), config, idx[row], q_offset=n - 1,
-                                               kv_cmp=(up(k_cmp[row, :nc]), up(v_cmp[row, :nc])), kv_win=tuple(cut[2:])))
+    ref_o = [decode_row_reference(b, n, q, k, v, gates, k_cmp, v_cmp, k_win, v_win, idx, ref_idx, config)
+             for b, n in enumerate(lens)]
     assert_close("o", o, torch.cat(ref_o), 1e-2)
 
 
