@@ -26,14 +26,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton, pytest.mark.parity, pytest.ma
 PAST = 2**31
 HQ, H, D = 64, 4, 128
 
-#: ``(batch, T, what passes 2**31 elements)``; peak GPU memory of each (H100, session 32) in the marks.
+#: ``(batch, T, what passes 2**31 elements)``; the marks hold each case's peak (H100, session 32: 33.7,
+#: 8.3 and 16.5 GiB) with some room.
 PREFILL_CASES = [
     # q, o, do, dq: 257 * 1024 * 64 * 128 = 2.16e9 elements
-    pytest.param(257, 1024, "q", marks=pytest.mark.requires(memory_gib=48), id="B257-T1024-q"),
+    pytest.param(257, 1024, "q", marks=pytest.mark.requires(memory_gib=40), id="B257-T1024-q"),
     # the selected dK/dV kernel's dS for the dQ, [B, T, H, 16 blocks, G, 64]: 33 * 1024 * 65536 = 2.2e9
-    pytest.param(33, 1024, "selected dS", marks=pytest.mark.requires(memory_gib=16), id="B33-T1024-selected-dS"),
+    pytest.param(33, 1024, "selected dS", marks=pytest.mark.requires(memory_gib=12), id="B33-T1024-selected-dS"),
     # the compressed dK/dV kernel's dS staircase: 13 * 1.67e8 = 2.17e9 (B = 1 passes it from 32k on)
-    pytest.param(13, 8192, "compressed dS", marks=pytest.mark.requires(memory_gib=16), id="B13-T8192-compressed-dS"),
+    pytest.param(13, 8192, "compressed dS", marks=pytest.mark.requires(memory_gib=20), id="B13-T8192-compressed-dS"),
 ]
 
 
@@ -61,7 +62,7 @@ def _record_buffers(monkeypatch) -> dict:
 
 
 @pytest.mark.parametrize("B, T, passing", PREFILL_CASES)
-def test_prefill_past_2_31_elements(B, T, passing, nsa_device, nsa_tolerance, monkeypatch, record_property):
+def test_prefill_past_2_31_elements(B, T, passing, nsa_device, nsa_tolerance, monkeypatch):
     config, bf16 = NSAConfig(), dict(device=nsa_device, dtype=torch.bfloat16)
     q = torch.randn(B, T, HQ, D, **bf16)
     k, v = (torch.randn(B, T, H, D, **bf16) for _ in range(2))
@@ -72,12 +73,9 @@ def test_prefill_past_2_31_elements(B, T, passing, nsa_device, nsa_tolerance, mo
     for flag in ("NSA_SELECTED_DQ_FROM_DS_MIB", "NSA_COMPRESSED_DQ_FROM_DS_MIB"):
         monkeypatch.setenv(flag, "8192")  # the dS buffers of these cases (4.1-4.4 GiB) on any GPU they fit
     sizes = _record_buffers(monkeypatch)
-    torch.cuda.reset_peak_memory_stats(nsa_device)
     leaves = [x.requires_grad_() for x in (q, k, v, gates)]
     o, blocks = nsa_attention(*leaves, config, backend="triton", return_block_idx=True)
     o.backward(do)
-    peak = torch.cuda.max_memory_allocated(nsa_device) / 2**30
-    record_property("peak_gib", round(peak, 2))
     largest = q.numel() if passing == "q" else max(sizes[passing])
     assert largest > PAST, f"{passing} holds {largest} elements, not past 2**31: the case tests nothing"
 
@@ -85,7 +83,7 @@ def test_prefill_past_2_31_elements(B, T, passing, nsa_device, nsa_tolerance, mo
     for name, value in got.items():
         assert torch.equal(value[-1], value[0]), (
             f"{name} of sequence {B - 1} (past 2**31 elements) differs from sequence 0, its copy, "
-            f"by up to {(value[-1].double() - value[0].double()).abs().max():.3g} (peak {peak:.1f} GiB)")
+            f"by up to {(value[-1].double() - value[0].double()).abs().max():.3g}")
 
     first = [x.detach()[:1].float() for x in (q, k, v, gates)]
     assert_valid_selection(blocks[:1], *reference_selection(first[0], first[1], config), config,
@@ -96,7 +94,7 @@ def test_prefill_past_2_31_elements(B, T, passing, nsa_device, nsa_tolerance, mo
         assert_close(name, got[name][:1], want, nsa_tolerance(torch.bfloat16, "grad"))
 
 
-@pytest.mark.requires(memory_gib=16)
+@pytest.mark.requires(memory_gib=12)  # 9.1 GiB (H100, session 32)
 def test_decode_past_2_31_elements(nsa_device, nsa_tolerance):
     """The KV cache ``[64, 65600, 4, 128]`` holds 2.15e9 elements; the last sequence, a copy of
     the first, reads its whole cache (the others stop short, to keep the step quick)."""
