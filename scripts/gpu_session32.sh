@@ -5,7 +5,7 @@
 #   bash scripts/gpu_session32.sh offsets REV   # those tests and the decode real-size tests (whose
 #                                               # reference check is now a shared helper), one at a
 #                                               # time; each case's peak memory from the JUnit XML
-#   bash scripts/gpu_session32.sh mutants       # the same offsets tests on a scratch copy of the tree
+#   bash scripts/gpu_session32.sh mutants [TEST...] # the same offsets tests (or those named) on a scratch copy of the tree
 #                                               # whose kernels compute those offsets in 32 bits
 #                                               # (each test in its own process: a wild address
 #                                               # leaves the CUDA context unusable); each must fail
@@ -15,7 +15,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session32.sh offsets REV | mutants | suite REV PART}"
+step="${1:?usage: scripts/gpu_session32.sh offsets REV | mutants [TEST...] | suite REV PART}"
 case "$step" in
 offsets)
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
@@ -45,8 +45,10 @@ mutants)
     # the decode kernels' sequence index
     sed -i 's/^    return i_b.to(tl.int64), pos$/    return i_b, pos/' $ops/decode/kernel.py
     diff -r "$OLDPWD/src" src | grep -c '^>' | sed 's/^/lines changed: /'
-    for test in "test_prefill_past_2_31_elements[B257-T1024-q]" "test_prefill_past_2_31_elements[B33-T1024-selected-dS]" \
-        "test_prefill_past_2_31_elements[B13-T8192-compressed-dS]" "test_decode_past_2_31_elements"; do
+    tests=("test_prefill_past_2_31_elements[B257-T1024-q]" "test_prefill_past_2_31_elements[B33-T1024-selected-dS]"
+        "test_prefill_past_2_31_elements[B13-T8192-compressed-dS]" "test_decode_past_2_31_elements")
+    [ $# -gt 1 ] && tests=("${@:2}")
+    for test in "${tests[@]}"; do
         timeout 200 python -m pytest -q -p no:xdist -p no:cacheprovider --gpu-profile auto --tb=line \
             "tests/ops/test_offsets_past_2_31.py::$test" > "$OUT/mutant.log" 2>&1
         echo "== $test: pytest exit $?"
