@@ -111,7 +111,9 @@ def test_graph_replay_is_submitted_while_the_flush_runs(graph, queued, syncs, ns
 def test_queued_calls_wait_for_the_device_once(nsa_device, monkeypatch):
     """Every round is enqueued before any is read: one synchronisation for all of them, and
     each sample is its own call's device time (a longer call, a longer sample)."""
-    small, large = torch.randn(1 << 10, device=nsa_device), torch.randn(1 << 24, device=nsa_device)
+    # the large call moves 1.5 GiB (about 0.5 ms on an H100): a small call's sample once took 0.15 ms
+    # in a whole-suite GPU run (session 32), more than the large calls of 64 MiB then took (0.08-0.11 ms)
+    small, large = torch.randn(1 << 10, device=nsa_device), torch.randn(1 << 27, device=nsa_device)
     runner = Runner(lambda t: (t * 2).sum(), [(small,), (large,)], nsa_device, queued=True)
     syncs = []
     real = torch.cuda.synchronize
