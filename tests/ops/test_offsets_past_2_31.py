@@ -17,8 +17,8 @@ import torch
 
 from _kernel_inputs import decode_row_reference, nsa_run, reference_selection
 from nsa import NSAConfig, nsa_attention
-from nsa.ops.decode import nsa_decode
 from nsa.ops import mean_compress
+from nsa.ops.decode import nsa_decode
 from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton, pytest.mark.parity, pytest.mark.long_context]
