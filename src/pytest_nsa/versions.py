@@ -23,6 +23,11 @@ TRITON_DISTS: Tuple[str, ...] = ("triton", "pytorch-triton", "pytorch-triton-roc
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 
+#: The oldest Triton whose CPU interpreter runs nsa's kernels: 3.6's stops at loops whose bounds
+#: are tensors ("only 0-dimensional arrays can be converted to Python scalars"); 3.7.1, 3.8.0 and
+#: 3.9.0 ran the whole CPU suite (session 32).
+INTERPRETER_MIN = (3, 7)
+
 
 @dataclass(frozen=True)
 class SoftwareInfo:
@@ -119,6 +124,21 @@ def detect(version_of: Callable[[str], Optional[str]] = _version_of) -> Software
     )
 
 
+def interpreter_problem(triton: str) -> Optional[str]:
+    """Why the CPU interpreter of Triton ``triton`` cannot run nsa's kernels (the fix is
+    :data:`INTERPRETER_FIX`); None when it can, or when the version cannot be read."""
+    try:
+        if Version(triton).release[:2] >= INTERPRETER_MIN:
+            return None
+    except InvalidVersion:
+        return None
+    return f"triton {triton}'s CPU interpreter cannot run nsa's kernels (it rejects tensor loop bounds)"
+
+
+#: What to do about :func:`interpreter_problem`.
+INTERPRETER_FIX = "pip install 'triton>={}.{}'".format(*INTERPRETER_MIN)
+
+
 def _minor(version: str) -> str:
     v = Version(version)
     return f"{v.major}.{v.minor}"
@@ -171,6 +191,10 @@ def check_pairing(sw: SoftwareInfo, table: Mapping[str, str], profile: str) -> T
                                    f"{sw.torch_triton_pin}; torch's pin wins", f"update the table of profile {profile}"))
             return tuple(out)
         if Version(sw.torch).local == "cpu":
+            problem = interpreter_problem(sw.triton) if sw.triton else None
+            if problem is not None:
+                return (Verdict("pairing", WARNING, f"torch {sw.torch} is a CPU build and declares no triton pin; "
+                                f"{problem}, so the Triton tests skip", INTERPRETER_FIX),)
             what = f"triton {sw.triton} used for the interpreter" if sw.triton else "no triton: interpreter tests skip"
             return (Verdict("pairing", OK, f"torch {sw.torch} is a CPU build and declares no triton pin; {what}"),)
         if sw.triton is None:

@@ -194,8 +194,28 @@ def test_triton_marker_on_gpu_and_cpu(hw):
     assert reason(context(hw("h100"), "h100", software=sw(torch="2.5.1")), "triton") == "triton is not installed"
     cpu_off = context(hw(), "cpu")
     assert reason(cpu_off, "triton").startswith("Triton on CPU needs the interpreter: TRITON_INTERPRET=1 is not set")
-    assert reason(context(hw(), "cpu", environ={"TRITON_INTERPRET": "1"}), "triton") is None
-    assert reason(context(hw(), "cpu", environ={"TRITON_INTERPRET": "1"}), "requires", triton=True) is None
+    interpreted = dict(environ={"TRITON_INTERPRET": "1"}, software=sw(torch="2.13.0+cpu", triton="3.9.0"))
+    assert reason(context(hw(), "cpu", **interpreted), "triton") is None
+    assert reason(context(hw(), "cpu", **interpreted), "requires", triton=True) is None
+
+
+@pytest.mark.parametrize("triton, runs", [("3.6.0", False), ("3.7.1", True), ("3.8.0", True), ("3.9.0", True),
+                                          ("3.10.0+git1a2b", True), ("3.7.0rc1", True), ("2.3.1", False)])
+def test_the_interpreter_needs_triton_3_7(hw, triton, runs):
+    """Triton 3.6's interpreter stops at the kernels' tensor loop bounds: on the CPU their tests
+    skip, saying so, and the CPU build's pairing verdict warns; a GPU compiles, whatever the
+    interpreter would do."""
+    cpu = sw(torch="2.13.0+cpu", triton=triton)
+    skip = reason(context(hw(), "cpu", software=cpu, environ={"TRITON_INTERPRET": "1"}), "triton")
+    verdict = versions.check_pairing(cpu, TABLE, "cpu")[0]
+    if runs:
+        assert skip is None and verdict.level == OK
+    else:
+        assert skip == (f"triton {triton}'s CPU interpreter cannot run nsa's kernels (it rejects tensor loop "
+                        "bounds); fix: pip install 'triton>=3.7'")
+        assert verdict.level == WARNING and verdict.fix == "pip install 'triton>=3.7'"
+        assert verdict.message.endswith("(it rejects tensor loop bounds), so the Triton tests skip")
+    assert reason(context(hw("h100"), "h100", software=sw(torch="2.11.0", triton=triton)), "triton") is None
 
 
 def test_gpu_and_fa2_markers(hw):

@@ -139,3 +139,21 @@ def test_wheel_built_from_the_sdist_carries_the_shipped_profiles(tmp_path):
     assert {f"gpu_profiles/{name}" for name in source_profiles()} <= names
     wheel = pip_wheel(sdist, tmp_path / "wheels")
     assert_carries_profiles(wheel, tmp_path)
+
+
+def test_no_extra_asks_for_a_newer_triton_than_cuda_builds_of_torch_pin():
+    """A CUDA build of torch pins its Triton; an extra that asks for a newer one makes pip swap
+    the user's torch for one whose pin fits (with ``triton>=3.9`` in ``test``, pip chose
+    2.13.0+cpu over an installed 2.14.1+cu130). Every extra admits the pins of torch 2.11-2.14."""
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+
+    pins = {"2.11": "3.6.0", "2.12": "3.7.0", "2.13": "3.7.1", "2.14": "3.8.0"}
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    triton = {name: Requirement(line) for name, reqs in extras.items() for line in reqs
+              if Requirement(line).name == "triton"}
+    assert {"triton", "test"} <= set(triton)
+    for name, req in triton.items():
+        refused = {torch: pin for torch, pin in pins.items() if not req.specifier.contains(pin)}
+        assert not refused, f"extra {name!r} asks for {req}, refusing the triton that torch pins: {refused}"
