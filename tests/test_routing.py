@@ -37,6 +37,7 @@ def triton_on_cpu(monkeypatch):
     """Every op has a kernel and the interpreter is on: Triton can run on CPU tensors."""
     monkeypatch.setattr(routing, "has_kernel", lambda op: True)
     monkeypatch.setattr(routing, "triton_installed", lambda: True)
+    monkeypatch.setattr(routing, "triton_version", lambda: "3.9.0")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
@@ -120,6 +121,22 @@ def test_auto_falls_back_and_says_why(monkeypatch, patch, device, dtype, reason)
     assert route.backend == "reference" and route.reason == f"auto: {reason}"
     with pytest.raises(BackendUnavailableError, match=re.escape(reason)):
         resolve("window", device, dtype, backend="triton")
+
+
+@pytest.mark.parametrize("version, runs", [("3.6.0", False), ("3.5.1+git9f2c", False), ("3.7.1", True),
+                                           ("3.10.0", True), ("4.0.0", True), ("unknown", True)])
+def test_the_interpreter_needs_triton_3_7(triton_on_cpu, monkeypatch, version, runs):
+    """Triton 3.6's interpreter stops at the kernels' tensor loop bounds: asking for Triton on CPU
+    tensors then raises with the fix (auto keeps them on the reference anyway)."""
+    monkeypatch.setattr(routing, "triton_version", lambda: version)
+    if runs:
+        assert resolve("window", "cpu", torch.float32, backend="triton").backend == "triton"
+        return
+    why = (f"triton {version}'s CPU interpreter cannot run nsa's kernels (it rejects tensor loop bounds); "
+           "pip install 'triton>=3.7'")
+    with pytest.raises(BackendUnavailableError, match=re.escape(why)):
+        resolve("window", "cpu", torch.float32, backend="triton")
+    assert resolve("window", "cpu", torch.float32).backend == "reference"
 
 
 def test_cuda_capability(gpu):

@@ -25,6 +25,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Set, Tuple, Union
@@ -37,6 +38,12 @@ log = logging.getLogger("nsa.routing")
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_CUDA_CAPABILITY = (8, 0)
+#: The oldest Triton whose CPU interpreter runs the kernels: 3.6's stops at loops whose bounds
+#: are tensors ("only 0-dimensional arrays can be converted to Python scalars"); 3.7.1, 3.8.0
+#: and 3.9.0 ran the whole CPU test suite (session 32).
+INTERPRETER_MIN_TRITON = (3, 7)
+#: What to do about :func:`interpreter_problem`.
+INTERPRETER_FIX = "pip install 'triton>={}.{}'".format(*INTERPRETER_MIN_TRITON)
 
 DeviceLike = Union[torch.device, str]
 
@@ -66,6 +73,22 @@ def has_kernel(op: str) -> bool:
 @lru_cache(maxsize=None)
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+@lru_cache(maxsize=None)
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def interpreter_problem(version: str) -> Optional[str]:
+    """Why the CPU interpreter of Triton ``version`` cannot run the kernels (the fix:
+    :data:`INTERPRETER_FIX`); None when it can, or when the version cannot be read."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or (int(match.group(1)), int(match.group(2))) >= INTERPRETER_MIN_TRITON:
+        return None
+    return f"triton {version}'s CPU interpreter cannot run nsa's kernels (it rejects tensor loop bounds)"
 
 
 def triton_interpreter_on() -> bool:
@@ -104,6 +127,9 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
         return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
     if device.type == "cpu":
         if triton_interpreter_on():
+            problem = interpreter_problem(triton_version())
+            if problem is not None:
+                return False, f"{problem}; {INTERPRETER_FIX}"
             return True, "Triton kernel through the interpreter (TRITON_INTERPRET=1)"
         return False, "tensors on CPU: Triton runs there only under TRITON_INTERPRET=1"
     return False, f"device type '{device.type}' has no Triton backend here"

@@ -18,15 +18,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+# the library's own rule, so that routing and the test plugin cannot disagree
+from nsa.routing import INTERPRETER_FIX, interpreter_problem
+
 #: Distribution names under which torch's Triton is shipped (release, nightly, ROCm, XPU).
 TRITON_DISTS: Tuple[str, ...] = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
 
 OK, WARNING, ERROR = "ok", "warning", "error"
-
-#: The oldest Triton whose CPU interpreter runs nsa's kernels: 3.6's stops at loops whose bounds
-#: are tensors ("only 0-dimensional arrays can be converted to Python scalars"); 3.7.1, 3.8.0 and
-#: 3.9.0 ran the whole CPU suite (session 32).
-INTERPRETER_MIN = (3, 7)
 
 
 @dataclass(frozen=True)
@@ -122,21 +120,6 @@ def detect(version_of: Callable[[str], Optional[str]] = _version_of) -> Software
         flash_attn=version_of("flash-attn"),
         torch_triton_pin=triton_pin(requires),
     )
-
-
-def interpreter_problem(triton: str) -> Optional[str]:
-    """Why the CPU interpreter of Triton ``triton`` cannot run nsa's kernels (the fix is
-    :data:`INTERPRETER_FIX`); None when it can, or when the version cannot be read."""
-    try:
-        if Version(triton).release[:2] >= INTERPRETER_MIN:
-            return None
-    except InvalidVersion:
-        return None
-    return f"triton {triton}'s CPU interpreter cannot run nsa's kernels (it rejects tensor loop bounds)"
-
-
-#: What to do about :func:`interpreter_problem`.
-INTERPRETER_FIX = "pip install 'triton>={}.{}'".format(*INTERPRETER_MIN)
 
 
 def _minor(version: str) -> str:
