@@ -1,4 +1,5 @@
-"""The reference at long context on a GPU: T = 64k without any T x T tensor.
+"""Long context on a GPU: the reference at 64k without any T x T tensor, and the Triton prefill
+against it at 128k.
 
 One float32 T x T score matrix of a single head is 16 GiB at 64k, and the reference's
 whole-sequence float32 intermediates (the upcast queries, three branch outputs) are of
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 from nsa import NSAConfig, nsa_attention
+from nsa.ops import mean_compress, select_blocks
+from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores, nsa_attention_with_blocks
 
 
 def _reference_peak(T: int, device: torch.device, backward: bool) -> int:
@@ -53,3 +56,41 @@ def test_reference_memory_grows_linearly_to_64k(backward, nsa_device):
     growth = long / short
     assert growth < 8, f"reference peak grew {growth:.1f}x from 16k ({short / 2**30:.1f} GiB) to 64k ({long / 2**30:.1f} GiB)"
     assert long < 32 * 2**30, f"reference peaked at {long / 2**30:.1f} GiB at 64k"
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.long_context
+@pytest.mark.requires(memory_gib=72)
+def test_triton_prefill_matches_the_reference_at_128k(nsa_device, nsa_tolerance):
+    """The prefill issue's shape (64 query heads, 4 KV heads, head dim 128, the paper's blocks) at
+    128k + 77 tokens, a multiple of no block, in bfloat16: the kernels' blocks are a valid top-n of
+    the float32 reference's scores on the first and the last 2048 rows, and their output and every
+    gradient match the float32 reference given those blocks."""
+    config, T, HQ, H, D = NSAConfig(), 131072 + 77, 64, 4, 128
+    bf16 = dict(device=nsa_device, dtype=torch.bfloat16)
+    q = torch.randn(1, T, HQ, D, **bf16)
+    k, v = (torch.randn(1, T, H, D, **bf16) for _ in range(2))
+    gates = torch.rand(1, T, HQ, 3, **bf16)
+    do = torch.randn(1, T, HQ, D, **bf16)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, gates)]
+    o, blocks = nsa_attention(*leaves, config, backend="triton", return_block_idx=True)
+    o.backward(do)
+    got = {"o": o.detach(), **{f"d{n}": x.grad for n, x in zip(("q", "k", "v", "gates"), leaves)}}
+    del o, leaves
+
+    k_cmp = mean_compress(k.float(), config, backend="reference")
+    for first in (0, T - 2048):
+        rows = q[:, first:first + 2048].float()
+        ref_idx = select_blocks(rows, k_cmp, config, q_offset=first, backend="reference")
+        assert_valid_selection(blocks[:, first:first + 2048], ref_idx, block_scores(rows, k_cmp, config, q_offset=first),
+                               config, q_offset=first, eps=SELECTION_EPS[torch.bfloat16])
+    del k_cmp
+
+    up = [x.float().requires_grad_() for x in (q, k, v, gates)]
+    ref_o = nsa_attention_with_blocks(*up, config, blocks)
+    ref_o.backward(do.float())
+    want = {"o": ref_o.detach(), **{f"d{n}": x.grad for n, x in zip(("q", "k", "v", "gates"), up)}}
+    for name, value in got.items():
+        assert_close(name, value, want[name], nsa_tolerance(torch.bfloat16, "fwd" if name == "o" else "grad"))
