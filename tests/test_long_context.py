@@ -62,7 +62,7 @@ def test_reference_memory_grows_linearly_to_64k(backward, nsa_device):
 @pytest.mark.triton
 @pytest.mark.parity
 @pytest.mark.long_context
-@pytest.mark.requires(memory_gib=72)
+@pytest.mark.requires(memory_gib=56)  # 49.0 GiB, 60 s with the compiles (H100, session 32)
 def test_triton_prefill_matches_the_reference_at_128k(nsa_device, nsa_tolerance):
     """The prefill issue's shape (64 query heads, 4 KV heads, head dim 128, the paper's blocks) at
     128k + 77 tokens, a multiple of no block, in bfloat16: the kernels' blocks are a valid top-n of
