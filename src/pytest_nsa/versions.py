@@ -1,7 +1,8 @@
 """Installed software and whether it fits together: torch, triton, flash-attn, CUDA.
 
 No pytest import here (unit-testable). Versions come from package metadata
-(``importlib.metadata``), so nothing heavy is imported. The torch/triton check
+(``importlib.metadata``), not from importing torch or Triton; the interpreter's minimum Triton
+is :mod:`nsa.routing`'s, which the library itself applies. The torch/triton check
 treats the ``Requires-Dist`` pin of the installed torch wheel as the authority,
 and a profile's pairing table (torch ``X.Y`` -> triton ``X.Y``) as the fallback
 when torch declares no pin (CPU and source builds) and as a cross-check.
