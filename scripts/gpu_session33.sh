@@ -42,17 +42,7 @@ with_triton() {  # with_triton 36|38 COMMAND...: run COMMAND under that Triton, 
     fi
 }
 for v in 36 38; do
-    with_triton $v python -c "
-import torch, triton, triton.language as tl, importlib.metadata as md
-@triton.jit
-def twice(x, y, n, BLOCK: tl.constexpr):
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
-x = torch.randn(1000, device='cuda'); y = torch.empty_like(x)
-twice[(4,)](x, y, 1000, BLOCK=256)
-assert torch.equal(y, 2 * x)
-print('triton', triton.__version__, '(metadata', md.version('triton') + ') from', triton.__file__, '| torch', torch.__version__)
-" 2>&1 | tail -3 | tee -a "$OUT/versions.txt" || exit 3
+    with_triton $v python "$here/triton_smoke.py" 2>&1 | tail -3 | tee -a "$OUT/versions.txt" || exit 3
 done
 
 case "$step" in
