@@ -16,10 +16,11 @@
 #
 #   bash scripts/gpu_session33.sh prefill      # nsa-bench prefill (8k, 64k), Triton 3.6 then 3.8
 #   bash scripts/gpu_session33.sh decode       # nsa-bench decode (graph; batch 1 and 16; 8k, 64k), 3.6 then 3.8
+#   ORDER="38 36" bash scripts/gpu_session33.sh prefill   # the same, 3.8 first (a second round)
 #   bash scripts/gpu_session33.sh suite REV    # the kernel, decode and module GPU tests under 3.8
 #                                              # (scripts/triton_over_pin.py lets the plugin run them)
 #
-# Each Triton gets its own cache folder. Everything it prints or writes goes to $OUT.
+# Each Triton gets its own cache folder; ROUND (e.g. _r2) suffixes the CSV names. Everything it prints or writes goes to $OUT.
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session33.sh prefill | decode | suite REV}"
@@ -47,17 +48,17 @@ done
 
 case "$step" in
 prefill)
-    for v in 36 38; do
+    for v in ${ORDER:-36 38}; do
         echo "== prefill, triton $v ($(( $(date +%s) - start )) s)"
         with_triton $v timeout 270 python -m nsa.bench prefill --profile h100 --lengths 8192,65536 --budget 4 \
-            --csv "$OUT/prefill_triton$v.csv" 2>&1 | tail -5
+            --csv "$OUT/prefill_triton$v${ROUND:-}.csv" 2>&1 | tail -5
     done
     ;;
 decode)
-    for v in 36 38; do
+    for v in ${ORDER:-36 38}; do
         echo "== decode, triton $v ($(( $(date +%s) - start )) s)"
         with_triton $v timeout 270 python -m nsa.bench decode --profile h100 --batch 1,16 --contexts 8192,65536 \
-            --graph --no-branches --budget 4 --csv "$OUT/decode_triton$v.csv" 2>&1 | tail -7
+            --graph --no-branches --budget 4 --csv "$OUT/decode_triton$v${ROUND:-}.csv" 2>&1 | tail -7
     done
     ;;
 suite)
