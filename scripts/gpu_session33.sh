@@ -20,6 +20,9 @@
 #
 #   bash scripts/gpu_session33.sh prefill      # nsa-bench prefill (8k, 64k) under each Triton of ORDER
 #   bash scripts/gpu_session33.sh decode       # nsa-bench decode (graph; batch 1 and 16; 8k, 64k), the same
+#   ORDER=39 bash scripts/gpu_session33.sh fusion  # with the launches' enable_fp_fusion=True: no
+#                                              # fusion warning from the kernel tests, and the prefill
+#                                              # with TRITON_DEFAULT_FP_FUSION unset, then 0 (no change)
 #   bash scripts/gpu_session33.sh suite REV    # the kernel, decode and module GPU tests under the last
 #                                              # Triton of ORDER (scripts/triton_over_pin.py lets the
 #                                              # plugin run them)
@@ -28,7 +31,7 @@
 # output names. Each Triton gets its own cache folder. Everything it prints or writes goes to $OUT.
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session33.sh prefill | decode | suite REV}"
+step="${1:?usage: scripts/gpu_session33.sh prefill | decode | fusion | suite REV}"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 
@@ -66,6 +69,20 @@ decode)
         echo "== decode, triton $v ($(( $(date +%s) - start )) s)"
         with_triton $v timeout 270 python -m nsa.bench decode --profile h100 --batch 1,16 --contexts 8192,65536 \
             --graph --no-branches --budget 4 --csv "$OUT/decode_triton$v${ROUND:-}.csv" 2>&1 | tail -7
+    done
+    ;;
+fusion)
+    v="${order##* }"
+    with_triton "$v" env -u TRITON_DEFAULT_FP_FUSION timeout 200 python -m pytest -q -p no:cacheprovider \
+        -p triton_over_pin --gpu-profile auto -rw tests/ops/test_launch_options.py tests/ops/test_gates_kernel.py \
+        > "$OUT/fusion_tests.txt" 2>&1
+    echo "launch-option tests: rc $?; fusion warnings: $(grep -c TRITON_DEFAULT_FP_FUSION "$OUT/fusion_tests.txt")"
+    tail -2 "$OUT/fusion_tests.txt"
+    for fusion in unset 0; do
+        echo "== prefill, triton $v, TRITON_DEFAULT_FP_FUSION $fusion ($(( $(date +%s) - start )) s)"
+        if [ "$fusion" = unset ]; then run=(env -u TRITON_DEFAULT_FP_FUSION); else run=(env TRITON_DEFAULT_FP_FUSION=0); fi
+        with_triton "$v" "${run[@]}" timeout 200 python -m nsa.bench prefill --profile h100 --lengths 8192,65536 \
+            --budget 2 --csv "$OUT/prefill_triton${v}_fusion_$fusion.csv" 2>&1 | tail -3
     done
     ;;
 suite)

@@ -36,6 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa import flags
 from nsa.ops._triton.device import device_memory, large_shared_memory, small_shared_memory
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
 LOG2E = 1.4426950408889634
@@ -377,5 +378,6 @@ def attn_bwd_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     BR = max(1, 8192 // BV)
     attn_bwd_delta_kernel[(triton.cdiv(rows, BR),)](
         o, do, delta, rows, *o.stride()[:3], *do.stride()[:3], T, HQ, DV=DV, BR=BR, BV=BV, num_warps=8,
+        **LAUNCH_OPTIONS,
     )
     return delta

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
+
 INF_BITS = tl.constexpr(0x7F800000)
 # keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
 # 31 counting rounds reduce with shuffles alone (no shared memory, no barriers); wider rows
@@ -117,5 +119,5 @@ def block_topn(
     block_topn_kernel[(triton.cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=triton.next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, PLANES=planes, num_warps=num_warps,
+        BR=br, NSP=nsp, PLANES=planes, num_warps=num_warps, **LAUNCH_OPTIONS,
     )

@@ -46,6 +46,7 @@ from nsa.ops._triton.attention import (
     next_pow2,
     pipeline_stages,
 )
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
 SCORE_BUFFER_BYTES = 256 * 1024 * 1024
@@ -400,7 +401,7 @@ def compressed_fwd(
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
         compressed_fwd_kernel[(triton.cdiv(t1 - t0, BT), B * H)](
             q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
-            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch,
+            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch, **LAUNCH_OPTIONS,
         )
         if select:
             block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from nsa.config import NSAConfig
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 
 @triton.jit(do_not_specialize=["T", "NC"])
@@ -95,7 +96,7 @@ def mean_compress_fwd(x: torch.Tensor, config: NSAConfig) -> torch.Tensor:
     BC, BD = 8, min(_block_d(D), 64)
     grid = (triton.cdiv(NC, BC), triton.cdiv(D, BD), B * H)
     mean_compress_fwd_kernel[grid](
-        x, y, T, NC, H=H, D=D, L=config.cmp_block, S=config.cmp_stride, BC=BC, BD=BD
+        x, y, T, NC, H=H, D=D, L=config.cmp_block, S=config.cmp_stride, BC=BC, BD=BD, **LAUNCH_OPTIONS
     )
     return y
 
@@ -109,7 +110,7 @@ def mean_compress_bwd(dy: torch.Tensor, T: int, config: NSAConfig) -> torch.Tens
     BT, BD = 64, _block_d(D)
     grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B * H)
     mean_compress_bwd_kernel[grid](
-        dy.contiguous(), dx, T, NC, H=H, D=D, L=config.cmp_block, S=config.cmp_stride, BT=BT, BD=BD
+        dy.contiguous(), dx, T, NC, H=H, D=D, L=config.cmp_block, S=config.cmp_stride, BT=BT, BD=BD, **LAUNCH_OPTIONS
     )
     return dx
 

@@ -47,6 +47,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -384,7 +385,7 @@ def compressed_bwd(
         compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
-            GATED=gated, **common)
+            GATED=gated, **common, **LAUNCH_OPTIONS)
     if B * NC * H:
         n_tiles = triton.cdiv(NC, kv["BN"])
         split = _dkdv_splits(q.device, n_tiles * B * H, max_splits or DKDV_TILES["max_splits"])
@@ -396,7 +397,7 @@ def compressed_bwd(
         ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
-            scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args)
+            scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
         if split > 1:  # a reduction over a fixed axis: the same order every run
             dk.copy_(dk_part.sum(0))
             dv.copy_(dv_part.sum(0))
@@ -405,7 +406,7 @@ def compressed_bwd(
         compressed_bwd_dq_ds_kernel[(triton.cdiv(TQ, kv["BT"]), B * H)](
             k_cmp, ds["buffer"], ds["offsets"], dq, TQ, NC, q_offset, ds["total"], scale,
             H=H, G=G, GP=GP, BT=kv["BT"], BN=ds_bn, DK=DK, BDK=next_pow2(DK), L=config.cmp_block,
-            S=config.cmp_stride, PREC=common["PREC"], num_warps=ds_warps, num_stages=ds_stages)
+            S=config.cmp_stride, PREC=common["PREC"], num_warps=ds_warps, num_stages=ds_stages, **LAUNCH_OPTIONS)
     return dq, dk, dv
 
 

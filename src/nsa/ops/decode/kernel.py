@@ -65,6 +65,7 @@ from nsa.ops._triton.attention import (
     token_tile_descriptor,
 )
 from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
@@ -1101,7 +1102,7 @@ def decode_fwd(
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
         KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
-        num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages,
+        num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
@@ -1122,6 +1123,7 @@ def decode_fwd(
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
+        **LAUNCH_OPTIONS,
     )  # fmt: skip
     tj = block_tile or min(1024, next_pow2(n_cand))
     sel_block = config.sel_block
@@ -1148,6 +1150,7 @@ def decode_fwd(
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
         RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
+        **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
         # up to 4 heads a program while its (head, slot) tile stays within 128 rows
@@ -1159,7 +1162,7 @@ def decode_fwd(
         o_part, m_part, l_part, gates, o,  #
         s_cmp, s_win, S,  #
         V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
-        **after_combine,
+        **after_combine, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return o, block_idx
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _tiles(i_p, ROWS, DV: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
@@ -109,7 +111,8 @@ def gates_fwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_w
     rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
     br, bd = _launch(dv)
     if o.numel():
-        gates_fwd_kernel[(triton.cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd)
+        gates_fwd_kernel[(triton.cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd,
+                                                    **LAUNCH_OPTIONS)
     return o
 
 
@@ -127,7 +130,8 @@ def gates_bwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_w
     if do.numel():
         gates_bwd_kernel[(triton.cdiv(rows, br),)](
             gates, o_cmp, o_slc, o_win, do, dgates, *((d_cmp, d_slc, d_win) if store_do else (do,) * 3),
-            delta if with_delta else dgates, rows, DV=dv, BR=br, BD=bd, DELTA=with_delta, STORE_DO=store_do)
+            delta if with_delta else dgates, rows, DV=dv, BR=br, BD=bd, DELTA=with_delta, STORE_DO=store_do,
+            **LAUNCH_OPTIONS)
     return dgates, d_cmp, d_slc, d_win, delta
 
 

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
+
 
 @triton.jit(do_not_specialize=["ROWS", "T", "q_offset", "NB"])
 def owner_keys_kernel(
@@ -75,7 +77,7 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
         br = max(1, 4096 // (np_ * np_))  # the repeat test compares BR * NP * NP entries
         owner_keys_kernel[(triton.cdiv(rows, br),)](
             block_idx.contiguous(), owner, rows, T, q_offset, num_blocks,
-            H=H, N=N, NP=np_, BS=sel_block, SKIP_LOCAL=skip_local, BR=br,
+            H=H, N=N, NP=np_, BS=sel_block, SKIP_LOCAL=skip_local, BR=br, **LAUNCH_OPTIONS,
         )
     owner_sorted, order = torch.sort(owner.flatten(), stable=True)
     t_sorted = ((order // (H * N)) % T).to(torch.int32)  # flat entry ((b*T + t)*H + h)*N + n -> t

@@ -68,6 +68,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -743,7 +744,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
     if sum(forced) and start is None:
         meta, BT = _forced_launch(dims, q, backward=False)
-        selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+        selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
@@ -752,7 +753,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
     selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
-        KEEP=keep, **loads)
+        KEEP=keep, **loads, **LAUNCH_OPTIONS)
     return o, lse, o_sum
 
 
@@ -782,7 +783,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims, q, backward=True)
-        selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta)
+        selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
     exact = exact_float32(q.dtype, q.device, max(DK, v.shape[-1]))
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims,
@@ -791,10 +792,10 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
         selected_bwd_dq_ds_kernel[(T, B * H)](
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
-            **{key: dims[key] for key in keep}, **launch, **loads)
+            **{key: dims[key] for key in keep}, **launch, **loads, **LAUNCH_OPTIONS)
         return dq
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 2))
-    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads)
+    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
     return dq
 
 
@@ -841,11 +842,11 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         # with each query's own block left out, every listed block ends before its query: the
         # mask's per-element predicates took a third of the loop's instructions (H100, 8k step
         # 7.79 -> 7.67 ms; docs/perf/prefill.md, session 18)
-        CAUSAL=skip_local == 0,
+        CAUSAL=skip_local == 0, **LAUNCH_OPTIONS,
     )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
-        **{key: dims[key] for key in keep if key != "G"},
+        **{key: dims[key] for key in keep if key != "G"}, **LAUNCH_OPTIONS,
     )
     return dk, dv
 

@@ -64,6 +64,7 @@ from nsa.ops._triton.attention import (
     store_scaled,
     wide_heads_on_small_gpu,
 )
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -495,7 +496,7 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
         T, q_offset, window, scale * LOG2E,  #
         H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype, q.device, max(DK, DV)), GATED=gated is not None, KEEP=keep,
         FORCED=forced is not None, INIT=forced.init_blocks if forced else 0, LOCAL=forced.local_blocks if forced else 0,
-        **cfg,
+        **cfg, **LAUNCH_OPTIONS,
     )
     if forced is None:
         o_frc = lse_frc = None
@@ -624,7 +625,7 @@ def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: 
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype, q.device, max(DK, v.shape[-1])), **frc, **cfg,
+        PREC=dot_precision(q.dtype, q.device, max(DK, v.shape[-1])), **frc, **cfg, **LAUNCH_OPTIONS,
     )
     return dq
 
@@ -663,7 +664,7 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg,
+        PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg, **LAUNCH_OPTIONS,
     )
     return dk, dv
 

@@ -1,0 +1,79 @@
+"""Every kernel launch passes the library's launch options (:mod:`nsa.ops._triton.launch`).
+
+``enable_fp_fusion=True`` keeps the kernels compiled as they were tuned whatever Triton's default
+(3.9 warns at launches that leave it unset; 3.10 turns it off). Two checks: each ``*_kernel[grid](...)``
+call in the source passes ``**LAUNCH_OPTIONS`` and each kernel has such a call (so a new kernel or
+launch site cannot miss it), and a prefill's forward and backward and a decode step, run for real,
+hand the option to Triton at every launch.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from typing import Dict, List
+
+import pytest
+import torch
+
+from nsa import NSAConfig
+from nsa.ops import mean_compress
+from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops.decode import nsa_decode
+
+from _kernel_inputs import every_launch, nsa_forward_backward, qkv
+
+SOURCE = pathlib.Path(__file__).resolve().parents[2] / "src" / "nsa"
+SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+
+
+def _kernel_name(node: ast.expr) -> str:
+    return getattr(node, "id", None) or getattr(node, "attr", "")
+
+
+def _source_kernels() -> Dict[str, List[str]]:
+    """``{"defined": [...], "launched": [...], "missing_options": [...]}`` over ``src/nsa``: the
+    ``@triton.jit`` functions named ``*_kernel``, the ``*_kernel[grid](...)`` calls, and those calls
+    (``path:line``) without ``**LAUNCH_OPTIONS``."""
+    found: Dict[str, List[str]] = {"defined": [], "launched": [], "missing_options": []}
+    for path in sorted(SOURCE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
+                    _kernel_name(getattr(d, "func", d)) == "jit" for d in node.decorator_list):
+                found["defined"].append(node.name)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
+                    _kernel_name(node.func.value).endswith("_kernel"):
+                found["launched"].append(_kernel_name(node.func.value))
+                if not any(kw.arg is None and _kernel_name(kw.value) == "LAUNCH_OPTIONS" for kw in node.keywords):
+                    found["missing_options"].append(f"{path.relative_to(SOURCE)}:{node.lineno}")
+    return found
+
+
+def test_every_launch_site_passes_the_launch_options():
+    found = _source_kernels()
+    assert len(found["defined"]) >= 20, found  # the scan sees the kernels
+    assert sorted(set(found["defined"])) == sorted(set(found["launched"])), "a kernel without a launch site here"
+    assert found["missing_options"] == [], "launches without **LAUNCH_OPTIONS"
+
+
+def test_launch_options_keep_fp_fusion_on():
+    assert dict(LAUNCH_OPTIONS) == {"enable_fp_fusion": True}
+    with pytest.raises(TypeError):
+        LAUNCH_OPTIONS["enable_fp_fusion"] = False  # type: ignore[index]
+
+
+@pytest.mark.triton
+def test_every_launch_hands_fp_fusion_to_triton(nsa_device):
+    """A real prefill (forward and backward) and decode step: every launch, whichever kernel,
+    carries ``enable_fp_fusion=True``, and most of the library's kernels were launched."""
+    q, k, v = qkv(1, 40, 4, 1, 16, 16, torch.float32, nsa_device)
+    gates = torch.rand(1, 40, 4, 3, device=nsa_device)
+    do = torch.randn(1, 40, 4, 16, dtype=torch.float64, device=nsa_device)
+    with every_launch() as launches:
+        nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
+        kv_cmp = (mean_compress(k, SMALL), mean_compress(v, SMALL))
+        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=nsa_device), SMALL,
+                   kv_cmp=kv_cmp, backend="triton")
+    kernels = {name for name, _ in launches}
+    assert len(kernels) >= 12, kernels
+    assert [name for name, kwargs in launches if kwargs.get("enable_fp_fusion") is not True] == []
