@@ -289,3 +289,26 @@ def test_xdist_publish_respects_a_user_pool():
     xdist.restore(previous, environ)
     assert xdist.POOL_ENV not in environ
     assert xdist.publish(2, {xdist.POOL_ENV: "7"}) == {} and xdist.publish(0, {}) == {}
+
+
+def test_triton_over_pin_reports_the_installed_triton_as_torchs_pin(monkeypatch):
+    """``scripts/triton_over_pin.py`` (GPU sessions' runs under a newer Triton than torch pins): the
+    pairing then passes, and the software record says which pin it replaced; without a pin it
+    leaves detection alone."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "triton_over_pin.py"
+    spec = importlib.util.spec_from_file_location("triton_over_pin", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pinned = sw(torch="2.11.0+cu130", triton="3.9.0", triton_dist="triton", torch_triton_pin="triton==3.6.0")
+    assert versions.check_pairing(pinned, TABLE, "h100")[0].level == ERROR
+    monkeypatch.setattr(module, "detect", lambda: pinned)
+    over = module.pytest_nsa_detect_software(config=None)
+    assert (over.torch, over.triton, over.torch_triton_pin) == ("2.11.0+cu130", "3.9.0", "triton==3.9.0")
+    assert "torch pins triton==3.6.0; triton 3.9.0 run in its place" in over.source
+    assert over.source in over.describe()
+    assert versions.check_pairing(over, {}, "h100")[0].level == OK
+    monkeypatch.setattr(module, "detect", lambda: sw(torch="2.13.0+cpu", triton="3.9.0"))
+    assert module.pytest_nsa_detect_software(config=None) is None
