@@ -80,8 +80,11 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
             signature[p] = "constexpr"
             constexprs[(i,)] = _constexpr(value)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {})))
+    # the options every library launch passes (FMA fusion), so that the compile is the launch's
+    from nsa.ops._triton.launch import LAUNCH_OPTIONS
+
+    options = dict(LAUNCH_OPTIONS, num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     with open(out + ".ttgir", "w") as f:
         f.write(kernel.asm["ttgir"])
     with open(out + ".cubin", "wb") as f:
