@@ -1,7 +1,7 @@
 """Every kernel launch passes the library's launch options (:mod:`nsa.ops._triton.launch`).
 
 ``enable_fp_fusion=True`` keeps the kernels compiled as they were tuned whatever Triton's default
-(3.9 warns at launches that leave it unset; 3.10 turns it off). Two checks: each ``*_kernel[grid](...)``
+(3.9 warns when a launch leaves it unset; 3.10 turns it off). Two checks: each ``*_kernel[grid](...)``
 call in the source passes ``**LAUNCH_OPTIONS`` and each kernel has such a call (so a new kernel or
 launch site cannot miss it), and a prefill's forward and backward and a decode step, run for real,
 hand the option to Triton at every launch.

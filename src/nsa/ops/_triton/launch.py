@@ -2,8 +2,8 @@
 
 ``enable_fp_fusion``: multiplies and adds are fused into FMAs (one rounding instead of two), as
 every kernel here was written, tuned and tested with. Triton up to 3.8 fuses unless told otherwise;
-3.9 still does but warns at each launch that leaves the choice to it, and announces fusion off as
-3.10's default. Left to Triton, the prefill would lose about 2 % on the H100 (session 33: Triton
+3.9 still does, but warns (once a process) when a launch leaves the choice to it, and announces
+fusion off as 3.10's default. Left to Triton, the prefill would lose about 2 % on the H100 (session 33: Triton
 3.9 with ``TRITON_DEFAULT_FP_FUSION=0``, docs/perf/triton_versions.md). Triton's own
 ``TRITON_FORCE_DISABLE_FP_FUSION=1`` still turns fusion off for every launch.
 """
