@@ -8,6 +8,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 import torch
 
+from nsa import NSAConfig
+
 #: Real-size bf16 GPU cases: the paper's heads, one KV head per query head, Dk = 192 / Dv = 128.
 #: The real sizes the per-op GPU tests take, by id.
 GPU_SHAPE_CASES = {"T4099-HQ64-H4-D128": (4099, 64, 4, 128, 128), "T3001-G1-D128": (3001, 16, 16, 128, 128),
@@ -20,6 +22,10 @@ def gpu_shapes():
     cases = [pytest.param(*shape, id=name) for name, shape in GPU_SHAPE_CASES.items()]
     return pytest.mark.parametrize("T, HQ, H, DK, DV", cases)
 
+
+
+#: The small geometry of :func:`prefill_and_decode_launches`: every block size below the 40 tokens.
+LAUNCH_CONFIG = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 
 def qkv(B, T, HQ, H, DK, DV, dtype, device, TK=None):
@@ -117,6 +123,25 @@ def every_launch(execute: bool = True) -> Iterator[List[Tuple[str, Dict[str, Any
         yield launches
     finally:
         kernel_type.run = real_run
+
+
+def prefill_and_decode_launches(device, DK: int, DV: int, dtype: torch.dtype = torch.float32,
+                                execute: bool = True) -> List[Tuple[str, Dict[str, Any]]]:
+    """Every launch (:func:`every_launch`) of a small Triton prefill, forward and backward (T 40,
+    4 query heads, 1 KV head, :data:`LAUNCH_CONFIG`), and of one decode step after it. With
+    ``execute=False`` nothing runs: only the launch choices count (CPU only, see every_launch)."""
+    from nsa.ops import mean_compress
+    from nsa.ops.decode import nsa_decode
+
+    q, k, v = qkv(1, 40, 4, 1, DK, DV, dtype, device)
+    gates = torch.rand(1, 40, 4, 3, device=device, dtype=dtype)
+    do = torch.randn(1, 40, 4, DV, dtype=torch.float64, device=device)
+    with every_launch(execute) as launches:
+        nsa_forward_backward(q, k, v, gates, LAUNCH_CONFIG, "triton", do)
+        kv_cmp = (mean_compress(k, LAUNCH_CONFIG), mean_compress(v, LAUNCH_CONFIG))
+        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=device),
+                   LAUNCH_CONFIG, kv_cmp=kv_cmp, backend="triton")
+    return launches
 
 
 def _recording_run(real_run, record):

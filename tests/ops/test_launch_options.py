@@ -14,17 +14,12 @@ import pathlib
 from typing import Dict, List
 
 import pytest
-import torch
 
-from nsa import NSAConfig
-from nsa.ops import mean_compress
 from nsa.ops._triton.launch import LAUNCH_OPTIONS
-from nsa.ops.decode import nsa_decode
 
-from _kernel_inputs import every_launch, nsa_forward_backward, qkv
+from _kernel_inputs import prefill_and_decode_launches
 
 SOURCE = pathlib.Path(__file__).resolve().parents[2] / "src" / "nsa"
-SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 
 def _kernel_name(node: ast.expr) -> str:
@@ -66,14 +61,7 @@ def test_launch_options_keep_fp_fusion_on():
 def test_every_launch_hands_fp_fusion_to_triton(nsa_device):
     """A real prefill (forward and backward) and decode step: every launch, whichever kernel,
     carries ``enable_fp_fusion=True``, and most of the library's kernels were launched."""
-    q, k, v = qkv(1, 40, 4, 1, 16, 16, torch.float32, nsa_device)
-    gates = torch.rand(1, 40, 4, 3, device=nsa_device)
-    do = torch.randn(1, 40, 4, 16, dtype=torch.float64, device=nsa_device)
-    with every_launch() as launches:
-        nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
-        kv_cmp = (mean_compress(k, SMALL), mean_compress(v, SMALL))
-        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=nsa_device), SMALL,
-                   kv_cmp=kv_cmp, backend="triton")
+    launches = prefill_and_decode_launches(nsa_device, 16, 16)
     kernels = {name for name, _ in launches}
     assert len(kernels) >= 12, kernels
     assert [name for name, kwargs in launches if kwargs.get("enable_fp_fusion") is not True] == []

@@ -16,8 +16,6 @@ import pytest
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nsa import NSAConfig
-from nsa.ops import mean_compress
 from nsa.ops._triton.device import (
     SHIPPED_GPUS,
     bulk_copies_supported,
@@ -29,13 +27,11 @@ from nsa.ops._triton.device import (
     small_shared_memory,
     sm_count,
 )
-from nsa.ops.decode import nsa_decode
 
-from _kernel_inputs import every_launch, nsa_forward_backward, qkv, spy_launches
+from _kernel_inputs import prefill_and_decode_launches, qkv, spy_launches
 
 pytestmark = pytest.mark.triton
 CPU = torch.device("cpu")
-SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 #: How each launch that multiplies tiles changes for heads wider than 128 on a GPU with 99 KiB of
 #: shared memory a program, against the same launch on an A100: ``{kernel: {field: value}}`` of
@@ -81,7 +77,7 @@ def test_sized_as_names_a_bad_gpu():
 def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device,
               dtype: torch.dtype = torch.float32) -> list:
     """Every launch of a prefill in ``dtype``, forward and backward, and of one decode step, sized
-    for ``gpu`` (None: the device's own), recorded without running them (``every_launch(execute=
+    for ``gpu`` (None: the device's own), recorded without running them (``prefill_and_decode_launches(execute=
     False)``): what is checked is the launchers' choice, which depends on shapes alone and which
     ``sized_as`` makes the same on any device. Under the interpreter only: the unwritten outputs
     feed later launches and host-side indexing, harmless on the CPU, while on a GPU a garbage
@@ -89,15 +85,8 @@ def _launches(gpu: Optional[str], DK: int, DV: int, device: torch.device,
     if device.type == "cuda":
         pytest.skip("launch choices are checked under the interpreter; on the GPU, "
                     "test_nsa_attention_sized_for_other_gpus_real_size runs the sized launches")
-    q, k, v = qkv(1, 40, 4, 1, DK, DV, dtype, device)
-    gates = torch.rand(1, 40, 4, 3, device=device, dtype=dtype)
-    do = torch.randn(1, 40, 4, DV, dtype=torch.float64, device=device)
-    with sized_as(gpu) if gpu else contextlib.nullcontext(), every_launch(execute=False) as launches:
-        nsa_forward_backward(q, k, v, gates, SMALL, "triton", do)
-        k_cmp, v_cmp = mean_compress(k, SMALL), mean_compress(v, SMALL)
-        nsa_decode(q[:, -1:], k, v, gates[:, -1:], torch.tensor([40], dtype=torch.int32, device=device), SMALL,
-                   kv_cmp=(k_cmp, v_cmp), backend="triton")
-    return launches
+    with sized_as(gpu) if gpu else contextlib.nullcontext():
+        return prefill_and_decode_launches(device, DK, DV, dtype, execute=False)
 
 
 @pytest.mark.parametrize("gpu", [None, "a100", "rtx4090"])
