@@ -7,6 +7,11 @@ export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONU
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
 
+# The GPU's name, driver and clock, printed and kept as $OUT/device.txt: each call's first line.
+device_line() {
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+}
+
 # GPU tests on 3 workers with a validation report in $OUT: gpu_tests REV FILE... (report named
 # after REV; at most 300 s, the tail of the output shown).
 gpu_tests() {

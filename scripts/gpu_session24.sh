@@ -29,7 +29,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session24.sh layers|pipe|prefetch|scorebuf|h200|h200p|table|ab REV|tests REV}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 case "$step" in
 layers)
     timeout 500 python scripts/gpu_decode_layers.py 2>&1 | tee "$OUT/decode_layers.md"

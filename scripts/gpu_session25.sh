@@ -32,7 +32,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session25.sh scoretopk|gather REV|workers|suite REV|dtypes|ncu|h200|h200p}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 case "$step" in
 scoretopk)
     python -m pytest -q -p no:cacheprovider tests/ops/test_decode_kernel.py -k "score-topk" --gpu-profile auto 2>&1 | tail -3 \

@@ -19,7 +19,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session26.sh suite REV [PRECISION]|tests|listing NAME...}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 case "$step" in
 suite)
     export TRITON_CACHE_DIR=/tmp/triton_cache_suite NSA_FLOAT32_DOT="${3:-auto}"

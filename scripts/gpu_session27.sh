@@ -13,7 +13,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session27.sh sizing|errors|suite REV}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 case "$step" in
 sizing)
     start=$(date +%s)

@@ -20,7 +20,7 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 . "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session28.sh parity|recheck|errors|suite REV NAME [PATH...]}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 start=$(date +%s)
 case "$step" in
 parity)

@@ -23,7 +23,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session30.sh listing | suite REV PART}"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 case "$step" in
 listing)
     listing() {  # listing NAME ARGS...: one listing from an empty Triton cache

@@ -17,14 +17,14 @@ here="$(dirname "$0")"
 step="${1:?usage: scripts/gpu_session31.sh memory | suite REV PART | tables}"
 case "$step" in
 memory)
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+    device_line
     timeout 400 python "$here/gpu_reference_memory.py" 2>&1 | tee "$OUT/reference_memory.md"
     ;;
 suite)
     bash "$here/gpu_session30.sh" suite "${2:?the commit to name the report after}" "${3:?kernels or rest}"
     ;;
 tables)
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+    device_line
     timeout 280 python -m nsa.bench prefill --profile h100 --budget 4 --csv "$OUT/prefill_h100.csv" 2>&1 | tail -8
     timeout 250 python -m nsa.bench decode --profile h100 --batch 1,16 --graph --budget 4 \
         --csv "$OUT/decode_h100.csv" 2>&1 | tail -14

@@ -18,7 +18,7 @@ here="$(dirname "$0")"
 step="${1:?usage: scripts/gpu_session32.sh offsets REV | mutants [TEST...] | suite REV PART}"
 case "$step" in
 offsets)
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+    device_line
     timeout 560 python -m pytest -q -p no:xdist -m "not benchmark" --gpu-profile auto --nsa-report="$OUT" \
         --nsa-report-commit "${2:?the commit to name the report after}" --durations=0 \
         --junitxml="$OUT/offsets.xml" tests/ops/test_offsets_past_2_31.py tests/test_long_context.py \

@@ -33,7 +33,7 @@ here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session33.sh prefill | decode | fusion | suite REV}"
 start=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+device_line
 
 # A newer Triton NN travels as .tNN/tritonNN.tar.xz and is unpacked once per machine into
 # /tmp/tNN; a tiny kernel proves that each Triton in ORDER compiles and runs here.
