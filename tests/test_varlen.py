@@ -85,16 +85,32 @@ def test_packed_runs_one_padded_batch_per_length_class(monkeypatch):
     assert sum(n * t for n, t in shapes[:5]) == 301  # of 266 real positions; 800 padded to the longest
 
 
-@pytest.mark.parametrize("lengths", [[0, 0], [7], [4, 4, 0, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 1000]])
-def test_length_classes_pad_less_than_twice(lengths):
-    """Every non-empty sequence is in exactly one class, and no member is padded to twice its length."""
+@pytest.mark.parametrize("per_octave", [1, 2, 4])
+@pytest.mark.parametrize("lengths", [[0, 0], [7], [4, 4, 0, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 1000], list(range(100, 400, 7))])
+def test_length_classes_pad_less_than_a_class_width(lengths, per_octave):
+    """Every non-empty sequence is in exactly one class, and no member is padded to
+    ``2 ** (1 / per_octave)`` times its length (twice it for the default one class an octave)."""
     from nsa.ops import varlen
 
-    classes = varlen.length_classes(lengths)
+    classes = varlen.length_classes(lengths, per_octave)
     assert sorted(i for c in classes for i in c) == [i for i, n in enumerate(lengths) if n > 0]
     for members in classes:
-        assert all(max(lengths[j] for j in members) < 2 * lengths[i] for i in members)
+        longest = max(lengths[j] for j in members)
+        assert all(longest ** per_octave < 2 * lengths[i] ** per_octave for i in members)
         assert members == sorted(members)
+    if per_octave > 1 and len(lengths) > 20:  # narrower classes split what one octave holds
+        assert len(classes) > len(varlen.length_classes(lengths, 1))
+
+
+def test_length_class_borders_are_exact():
+    """Borders at ``2 ** (c / per_octave)`` compare in integers: sqrt(2) * 128 = 181.02..."""
+    from nsa.ops import varlen
+
+    assert [varlen.length_class(n, 2) for n in (128, 129, 181, 182, 256)] == [14, 15, 15, 16, 16]
+    assert [varlen.length_class(n, 1) for n in (1, 2, 3, 64, 65)] == [0, 1, 2, 6, 7]
+    for bad in (0, 1.5, True, None):
+        with pytest.raises(ValueError, match="per_octave must be an int >= 1"):
+            varlen.length_classes([3, 4], bad)
 
 
 def test_packed_with_own_window_keys():

@@ -89,13 +89,29 @@ class Layout:
         return out.unsqueeze(0)
 
 
-def length_classes(lengths: List[int]) -> List[List[int]]:
-    """Indices of the non-empty sequences grouped by length class ``(2^(k-1), 2^k]``, classes by
-    length and sequences in pack order within one; no sequence is padded to twice its length."""
+#: Length classes per doubling of length: a class spans a factor ``2 ** (1 / CLASSES_PER_OCTAVE)``,
+#: so padding adds less than that factor to any sequence. Narrower classes pad less but run more
+#: batches, each a whole pipeline of launches (docs/perf/varlen.md measures the trade).
+CLASSES_PER_OCTAVE = 1
+
+
+def length_class(n: int, per_octave: int = CLASSES_PER_OCTAVE) -> int:
+    """Class of a length ``n >= 1``: the least ``c`` with ``n <= 2 ** (c / per_octave)``, in
+    integers (``n ** per_octave <= 2 ** c``), so that no rounding moves a length across a border."""
+    return (n ** per_octave - 1).bit_length()
+
+
+def length_classes(lengths: List[int], per_octave: int = CLASSES_PER_OCTAVE) -> List[List[int]]:
+    """Indices of the non-empty sequences grouped by length class (:func:`length_class`), classes
+    by length and sequences in pack order within one; within a class the longest is less than
+    ``2 ** (1 / per_octave)`` times the shortest (twice it for one class an octave,
+    ``(2^(k-1), 2^k]``)."""
+    if isinstance(per_octave, bool) or not isinstance(per_octave, int) or per_octave < 1:
+        raise ValueError(f"per_octave must be an int >= 1, got {per_octave!r}")
     classes: dict = {}
     for i, n in enumerate(lengths):
         if n > 0:
-            classes.setdefault((n - 1).bit_length(), []).append(i)
+            classes.setdefault(length_class(n, per_octave), []).append(i)
     return [classes[k] for k in sorted(classes)]
 
 
@@ -113,7 +129,7 @@ def _group(starts: torch.Tensor, lens: torch.Tensor, longest: int, tokens: int, 
 
 
 def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batch: int,
-           device: torch.device) -> Layout:
+           device: torch.device, per_octave: int = CLASSES_PER_OCTAVE) -> Layout:
     """Checks a pack (see :func:`check_cu_seqlens` and :func:`check_max_seqlen`) and lays it out
     in groups of length classes (:func:`length_classes`). A pack of empty sequences only is one
     group of zero length."""
@@ -122,7 +138,7 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
     lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
-    classes = length_classes(lengths)
+    classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
         return Layout([Group(len(lengths), 0, empty, empty, empty)], None)

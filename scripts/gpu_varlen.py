@@ -1,0 +1,201 @@
+"""Packed batches (``cu_seqlens``) on the GPU: how the length classes trade padding for batches.
+
+``nsa_attention(..., cu_seqlens=...)`` runs a pack as one padded batch per length class
+(``nsa/ops/varlen.py``). Classes one octave wide, ``(2^(k-1), 2^k]``, pad a sequence by less than
+its own length but by a quarter on average; narrower classes pad less and run more batches,
+each a whole pipeline of launches. This script times whole packs of 64k tokens (bf16, HQ 64, H 4,
+D 128, paper defaults; forward and forward+backward) under each class width, and under a
+grouping that minimises a cost model (``--dp``: sorted lengths cut where the padded work of a
+group, ``n * (L + L^2 / 78k)`` tokens for n sequences padded to L, plus a fixed cost a group,
+is least; the model's constants come from the H100's 8k-64k prefill table).
+
+Every variant is checked against the first (outputs: relative error; selected blocks: share
+equal). Dense attention over the same pack, ``torch.nn.attention.varlen.varlen_attn`` (flash,
+causal), is timed where this torch has it. Timing: ``nsa.bench.timing`` (L2 flushed, calls
+queued back to back, medians).
+
+Usage: ``python scripts/gpu_varlen.py [--total 65536] [--packs lognormal,...] [--widths 1,2,4]``;
+prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from nsa import NSAConfig  # noqa: E402
+from nsa.bench.timing import Runner, measure_within  # noqa: E402
+from nsa.ops import nsa_attention, varlen  # noqa: E402
+
+HQ, H, D = 64, 4, 128
+CONFIG = NSAConfig()
+QUAD_TOKENS = 78_000  # H100 fit of the prefill table: time ~ T + T^2 / 78k tokens' worth
+GROUP_TOKENS = 350  # a group's fixed cost in tokens' worth (about 0.3 ms of a forward+backward)
+
+
+def pack_lengths(kind: str, total: int, seed: int) -> List[int]:
+    """Sequence lengths summing to ``total``, drawn as a data loader that packs documents would."""
+    rng = random.Random(seed)
+    draw: Dict[str, Callable[[], int]] = {
+        "lognormal": lambda: int(rng.lognormvariate(7.0, 1.0)),  # median about 1.1k tokens
+        "long": lambda: int(rng.lognormvariate(8.5, 1.0)),  # median about 4.9k
+        "uniform": lambda: rng.randint(1, 16384),
+    }
+    lengths: List[int] = []
+    if kind == "one_long":  # one long document, the rest short ones
+        lengths.append(total // 2)
+        kind = "lognormal"
+    while sum(lengths) < total:
+        lengths.append(max(1, min(draw[kind](), total - sum(lengths))))
+    return lengths
+
+
+def dp_groups(lengths: List[int], group_tokens: int = GROUP_TOKENS) -> List[List[int]]:
+    """Sorted lengths cut into groups of least modelled cost (see the module docstring)."""
+    order = sorted((n, i) for i, n in enumerate(lengths) if n > 0)
+    work = lambda n: n + n * n / QUAD_TOKENS  # noqa: E731
+    best, cut = [0.0] + [math.inf] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * work(order[j - 1][0]) + group_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j:
+        groups.append(sorted(i for _, i in order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def grouping(width: str) -> Callable[..., List[List[int]]]:
+    if width == "dp":
+        return lambda lengths, per_octave=None: dp_groups(lengths)
+    return lambda lengths, per_octave=None: ORIGINAL_CLASSES(lengths, int(width))
+
+
+ORIGINAL_CLASSES = varlen.length_classes
+
+
+def inputs(lengths: List[int], backward: bool, device: torch.device):
+    total = sum(lengths)
+    like = dict(device=device, dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, total, n, D, **like) for n in (HQ, H, H))
+    gates = torch.rand(1, total, HQ, 3, **like)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    args = [x.requires_grad_(backward) for x in (q, k, v, gates)]
+    return args, cu
+
+
+def nsa_fn(cu: torch.Tensor, backward: bool):
+    def run(q, k, v, gates, do=None):
+        if not backward:
+            with torch.no_grad():
+                return nsa_attention(q, k, v, gates, CONFIG, cu_seqlens=cu)
+        with torch.enable_grad():
+            return torch.autograd.grad(nsa_attention(q, k, v, gates, CONFIG, cu_seqlens=cu), (q, k, v, gates), do)
+    return run
+
+
+def dense_fn(cu: torch.Tensor, longest: int, backward: bool):
+    """Causal flash attention over the pack, or None where this torch has no ``varlen_attn``."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    kw = dict(is_causal=True) if "is_causal" in params else dict(window_size=(-1, 0))
+    gqa = "enable_gqa" in params
+    if gqa:
+        kw["enable_gqa"] = True
+
+    def run(q, k, v, do=None):
+        if not gqa:  # a torch without GQA here: the KV heads repeated outside the timed call
+            raise RuntimeError("varlen_attn without enable_gqa")
+        call = lambda: varlen_attn(q[0], k[0], v[0], cu, cu, longest, longest, **kw)  # noqa: E731
+        if not backward:
+            with torch.no_grad():
+                return call()
+        with torch.enable_grad():
+            return torch.autograd.grad(call(), (q, k, v), do[0])
+    return run
+
+
+def timed(fn, args, device, budget: float) -> float:
+    samples = measure_within(Runner(fn, [args], device, queued=True), rounds=30, warmup=3, budget_s=budget)
+    return samples.median * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--total", type=int, default=65536)
+    ap.add_argument("--packs", default="lognormal,long,uniform,one_long")
+    ap.add_argument("--widths", default="1,2,4,dp", help="classes per octave to compare, and dp")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing a cell")
+    ap.add_argument("--device", default="cuda", help="cpu runs the reference: a smoke test of the script")
+    opts = ap.parse_args()
+    device = torch.device(opts.device)
+    torch.manual_seed(opts.seed)
+    widths = opts.widths.split(",")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"device: {name}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}; {opts.total} tokens a pack, bf16, HQ {HQ}, H {H}, D {D}\n")
+    for kind in opts.packs.split(","):
+        lengths = pack_lengths(kind, opts.total, opts.seed)
+        ordered = sorted(lengths)
+        print(f"## pack `{kind}`: {len(lengths)} sequences, lengths {ordered[0]}..{ordered[-1]}, "
+              f"median {ordered[len(ordered) // 2]}\n")
+        print("| grouping | batches | padded / real positions | forward ms | forward+backward ms | "
+              "o vs first (rel.) | blocks equal |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        eval_args, eval_cu = inputs(lengths, False, device)
+        first = None
+        for width in widths:
+            varlen.length_classes = grouping(width)
+            try:
+                groups = varlen.length_classes(lengths)
+                padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+                cells = []
+                for backward in (False, True):
+                    args, cu = inputs(lengths, backward, device)
+                    if backward:
+                        args = args + [torch.randn(1, opts.total, HQ, D, device=device, dtype=torch.bfloat16)]
+                    cells.append(timed(nsa_fn(cu, backward), args, device, opts.budget))
+                with torch.no_grad():
+                    o, idx = nsa_attention(*eval_args, CONFIG, cu_seqlens=eval_cu, return_block_idx=True)
+                if first is None:
+                    first = (o.float(), idx)
+                err = ((o.float() - first[0]).norm() / first[0].norm()).item()
+                same = (idx == first[1]).all(-1).float().mean().item()
+                label = "cost model" if width == "dp" else f"{width} a octave"
+                print(f"| {label} | {len(groups)} | {padded / sum(lengths):.3f} | {cells[0]:.2f} | {cells[1]:.2f} "
+                      f"| {err:.1e} | {same:.5f} |")
+            finally:
+                varlen.length_classes = ORIGINAL_CLASSES
+        dense = []
+        longest = max(lengths)
+        for backward in (False, True):
+            like = dict(device=device, dtype=torch.bfloat16, requires_grad=backward)
+            q, k, v = (torch.randn(1, opts.total, n, D, **like) for n in (HQ, H, H))
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            fn = dense_fn(cu, longest, backward)
+            try:
+                args = [q, k, v] + ([torch.randn(1, opts.total, HQ, D, device=device, dtype=torch.bfloat16)]
+                                    if backward else [])
+                dense.append(f"{timed(fn, args, device, opts.budget):.2f}" if fn else "no varlen_attn")
+            except Exception as exc:  # report, keep the NSA figures
+                dense.append(f"failed: {type(exc).__name__}: {str(exc)[:80]}")
+        print(f"\nDense `varlen_attn` (causal) over the same pack: forward {dense[0]} ms, forward+backward "
+              f"{dense[1]} ms.\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
