@@ -133,6 +133,57 @@ def timed(fn, args, device, budget: float) -> float:
     return samples.median * 1e3
 
 
+def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device) -> None:
+    """Where a packed forward+backward's time goes: kernels, host submission, host stalls."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    print(f"## pack `{kind}`: {len(lengths)} sequences, one forward+backward\n")
+    print("| grouping | batches | kernels | kernels' device ms | host submits in ms | span behind a device wait ms "
+          "| idle start to done ms | largest gap ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    args, cu = inputs(lengths, True, device)
+    args = args + [torch.randn(1, sum(lengths), HQ, D, device=device, dtype=torch.bfloat16)]
+    step = nsa_fn(cu, True)
+    tops = []
+    for width in widths:
+        varlen.length_classes = grouping(width)
+        try:
+            groups = varlen.length_classes(lengths)
+            for _ in range(3):
+                step(*args)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(*args)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                torch.cuda._sleep(400_000_000)  # the host queues the step behind this wait, unless it blocks
+                step(*args)
+                torch.cuda.synchronize()
+            kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                             key=lambda e: e.time_range.start)[1:]
+            starts = [e.time_range.start for e in kernels]
+            ends = [e.time_range.end for e in kernels]
+            busy = sum(e - s for s, e in zip(starts, ends)) / 1e3
+            gap = max((starts[i] - ends[i - 1] for i in range(1, len(kernels))), default=0) / 1e3
+            label = "cost model" if width == "dp" else f"{width} a octave"
+            print(f"| {label} | {len(groups)} | {len(kernels)} | {busy:.2f} | {(t1 - t0) * 1e3:.2f} | "
+                  f"{(ends[-1] - starts[0]) / 1e3:.2f} | {(t2 - t0) * 1e3:.2f} | {gap:.2f} |", flush=True)
+            by_name: Dict[str, float] = {}
+            for e in kernels:
+                by_name[e.name[:60]] = by_name.get(e.name[:60], 0.0) + (e.time_range.end - e.time_range.start) / 1e3
+            tops.append((label, sorted(by_name.items(), key=lambda x: -x[1])[:10]))
+        finally:
+            varlen.length_classes = ORIGINAL_CLASSES
+    for label, top in tops:
+        print(f"\n{label}, the kernels with the most device time (ms): "
+              + "; ".join(f"`{name}` {ms:.2f}" for name, ms in top))
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--total", type=int, default=65536)
@@ -141,6 +192,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing a cell")
     ap.add_argument("--device", default="cuda", help="cpu runs the reference: a smoke test of the script")
+    ap.add_argument("--trace", action="store_true",
+                    help="instead of timing: one forward+backward a grouping, its kernels' device time, "
+                         "the host's time to submit it and the step's span behind a device wait")
     opts = ap.parse_args()
     device = torch.device(opts.device)
     torch.manual_seed(opts.seed)
@@ -150,6 +204,9 @@ def main() -> None:
           f"triton {__import__('triton').__version__}; {opts.total} tokens a pack, bf16, HQ {HQ}, H {H}, D {D}\n")
     for kind in opts.packs.split(","):
         lengths = pack_lengths(kind, opts.total, opts.seed)
+        if opts.trace:
+            trace(kind, lengths, widths, device)
+            continue
         ordered = sorted(lengths)
         print(f"## pack `{kind}`: {len(lengths)} sequences, lengths {ordered[0]}..{ordered[-1]}, "
               f"median {ordered[len(ordered) // 2]}\n")
