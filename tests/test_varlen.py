@@ -113,6 +113,47 @@ def test_length_class_borders_are_exact():
             varlen.length_classes([3, 4], bad)
 
 
+def _layout(lengths):
+    from nsa.ops import varlen
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return varlen.layout(cu, None, sum(lengths), 1, torch.device("cpu")), cu.tolist()
+
+
+def test_pad_and_unpad_gradients_equal_each_sequence_alone():
+    """A causal op (a running sum over time) on the padded batches: outputs and input gradients
+    equal the op on each sequence alone, bitwise. Pad's backward takes each position's gradient
+    from its real slot only, and unpad's backward zeroes the padded slots (``new_empty`` comes
+    NaN-filled in tests, so a slot left unwritten would show)."""
+    lengths = [3, 100, 0, 5, 60, 1, 64, 33]
+    pack, cu = _layout(lengths)
+    assert len(pack.groups) == 5
+    x = torch.randn(1, sum(lengths), 2, 3, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn_like(x)
+    y = pack.unpad([p.cumsum(1) for p in pack.pad(x)])
+    (y * dout).sum().backward()
+    for a, b in zip(cu[:-1], cu[1:]):
+        alone = x[:, a:b].detach().clone().requires_grad_()
+        (alone.cumsum(1) * dout[:, a:b]).sum().backward()
+        assert torch.equal(y[:, a:b], alone.cumsum(1))
+        assert torch.equal(x.grad[:, a:b], alone.grad)
+
+
+def test_pad_backward_with_groups_left_out():
+    """Positions of a group whose padded batch gets no gradient get zeros, not an empty tensor's."""
+    lengths = [3, 100, 5, 60]
+    pack, cu = _layout(lengths)
+    x = torch.randn(1, sum(lengths), 4, dtype=torch.float64, requires_grad=True)
+    pads = pack.pad(x)
+    sum(p.sum() for p in pads[1:]).backward()  # the first group (length 3) left out
+    counts = torch.zeros(sum(lengths), dtype=torch.float64)
+    for g in pack.groups[1:]:
+        counts[g.positions] = 1.0
+    assert counts[:3].sum() == 0 and counts.sum() < sum(lengths)
+    # a padded slot repeats its sequence's last token, but pad's backward passes real slots only
+    torch.testing.assert_close(x.grad[0], counts[:, None].expand(-1, 4), rtol=0, atol=0)
+
+
 def test_packed_with_own_window_keys():
     inputs, cu = _packed_inputs([30, 41], torch.float64, "cpu")
     k_win, v_win = torch.randn_like(inputs[1]), torch.randn_like(inputs[2])

@@ -59,6 +59,7 @@ class Group:
             sequence's end repeats the sequence's last token).
         real_slots: ``[tokens]`` padded slot of each real position, sequences in pack order.
         positions: ``[tokens]`` packed position of each of those real positions.
+        pad_slots: ``[n * longest - tokens]`` the slots past their sequence's end.
     """
 
     n: int
@@ -66,27 +67,83 @@ class Group:
     source: torch.Tensor
     real_slots: torch.Tensor
     positions: torch.Tensor
+    pad_slots: torch.Tensor
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How a pack runs: its :class:`Group` s and ``rows``, for each packed position, its row
-    among the groups' unpadded outputs laid end to end (None when those are in pack order)."""
+    """How a pack of ``total`` positions runs: its :class:`Group` s, whose real positions
+    together are every packed position once."""
 
     groups: List[Group]
-    rows: Optional[torch.Tensor]
+    total: int
 
     def pad(self, x: torch.Tensor) -> List[torch.Tensor]:
-        """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group."""
-        return [x[0].index_select(0, g.source).reshape(g.n, g.longest, *x.shape[2:]) for g in self.groups]
+        """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group (:class:`PadFunction`)."""
+        return list(PadFunction.apply(self, x))
 
     def unpad(self, outputs: List[torch.Tensor]) -> torch.Tensor:
-        """The groups' padded outputs -> ``[1, total, ...]`` in pack order."""
-        real = [y.reshape(-1, *y.shape[2:]).index_select(0, g.real_slots) for g, y in zip(self.groups, outputs)]
-        out = torch.cat(real) if len(real) > 1 else real[0]
-        if self.rows is not None:
-            out = out.index_select(0, self.rows)
+        """The groups' padded outputs -> ``[1, total, ...]`` in pack order (:class:`UnpadFunction`)."""
+        return UnpadFunction.apply(self, *outputs)
+
+
+class PadFunction(torch.autograd.Function):
+    """``[1, total, ...]`` -> the groups' padded batches, by one gather each.
+
+    Backward: every branch is causal and a compressed token counts only once complete, so a
+    padded slot reaches no real output and its gradient is zero; a packed position's gradient
+    is then its real slot's alone, gathered straight into one ``[1, total, ...]`` tensor. (Autograd
+    of the gathers would add each group's gradient into a zero tensor of the whole pack: a fill
+    and a scatter-add of the pack per group.)
+    """
+
+    @staticmethod
+    def forward(ctx, layout: Layout, x: torch.Tensor):
+        ctx.layout, ctx.shape = layout, x.shape
+        ctx.set_materialize_grads(False)  # a batch without gradient arrives as None, not a zero batch
+        rest = x.shape[2:]
+        return tuple(x[0].index_select(0, g.source).view(g.n, g.longest, *rest) for g in layout.groups)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        layout = ctx.layout
+        rest = ctx.shape[2:]
+        present = [(g, dy) for g, dy in zip(layout.groups, grads) if dy is not None]
+        if not present:
+            return None, None
+        # the groups' real positions cover the pack once: zeros only where a group has no gradient
+        whole = len(present) == len(layout.groups)
+        dx = present[0][1].new_empty(ctx.shape[1:]) if whole else present[0][1].new_zeros(ctx.shape[1:])
+        for g, dy in present:
+            dx.index_copy_(0, g.positions, dy.reshape(-1, *rest).index_select(0, g.real_slots))
+        return None, dx.unsqueeze(0)
+
+
+class UnpadFunction(torch.autograd.Function):
+    """The groups' padded batches -> ``[1, total, ...]``: each group's real slots copied to their
+    packed positions. Backward: the reverse copy, and zeros in the padded slots (the kernels'
+    backward reads them)."""
+
+    @staticmethod
+    def forward(ctx, layout: Layout, *outputs: torch.Tensor):
+        ctx.layout = layout
+        first = outputs[0]
+        rest = first.shape[2:]
+        out = first.new_empty((layout.total, *rest))
+        for g, y in zip(layout.groups, outputs):
+            out.index_copy_(0, g.positions, y.reshape(-1, *rest).index_select(0, g.real_slots))
         return out.unsqueeze(0)
+
+    @staticmethod
+    def backward(ctx, dout):
+        rest = dout.shape[2:]
+        grads = []
+        for g in ctx.layout.groups:
+            dy = dout.new_empty((g.n * g.longest, *rest))
+            dy.index_copy_(0, g.real_slots, dout[0].index_select(0, g.positions))
+            dy.index_fill_(0, g.pad_slots, 0)
+            grads.append(dy.view(g.n, g.longest, *rest))
+        return (None, *grads)
 
 
 #: Length classes per doubling of length: a class spans a factor ``2 ** (1 / CLASSES_PER_OCTAVE)``,
@@ -121,11 +178,19 @@ def _group(starts: torch.Tensor, lens: torch.Tensor, longest: int, tokens: int, 
     n = starts.numel()
     offset = torch.arange(longest, device=starts.device)
     source = starts[:, None] + torch.minimum(offset[None, :], (lens - 1)[:, None])
-    seq = torch.repeat_interleave(torch.arange(n, device=starts.device), lens, output_size=tokens)
-    first = torch.cumsum(lens, 0) - lens  # each sequence's first row among the group's real rows
-    within = torch.arange(tokens, device=starts.device) - first[seq]
     source = source.clamp(max=max(total - 1, 0)).reshape(-1)
-    return Group(n, longest, source, seq * longest + within, starts[seq] + within)
+    seq, within = _runs(lens, tokens)
+    pad_seq, pad_within = _runs(longest - lens, n * longest - tokens)
+    return Group(n, longest, source, seq * longest + within, starts[seq] + within,
+                 pad_seq * longest + lens[pad_seq] + pad_within)
+
+
+def _runs(counts: torch.Tensor, size: int):
+    """``(run, index within the run)`` of each of ``size = counts.sum()`` places laid out as runs of
+    ``counts``, on the device (``size`` from the host: no sync)."""
+    run = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts, output_size=size)
+    first = torch.cumsum(counts, 0) - counts  # each run's first place
+    return run, torch.arange(size, device=counts.device) - first[run]
 
 
 def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batch: int,
@@ -141,19 +206,13 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Layout([Group(len(lengths), 0, empty, empty, empty)], None)
+        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total)
     groups = []
     for members in classes:
         index = torch.tensor(members, device=device)
         tokens = sum(lengths[i] for i in members)
         groups.append(_group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total))
-    if len(groups) == 1:  # one class holds every non-empty sequence, in pack order
-        return Layout(groups, None)
-    # invert "row r of the groups' outputs is packed position positions[r]"
-    positions = torch.cat([g.positions for g in groups])
-    rows = torch.empty_like(positions)
-    rows[positions] = torch.arange(total, device=device)
-    return Layout(groups, rows)
+    return Layout(groups, total)
 
 
 def check_max_seqlen(boundaries: List[int], max_seqlen: Optional[int]) -> None:
