@@ -73,10 +73,12 @@ class Group:
 @dataclass(frozen=True)
 class Layout:
     """How a pack of ``total`` positions runs: its :class:`Group` s, whose real positions
-    together are every packed position once."""
+    together are every packed position once, and ``pack_source``: for each packed position, its
+    row among the groups' padded batches laid end to end."""
 
     groups: List[Group]
     total: int
+    pack_source: torch.Tensor
 
     def pad(self, x: torch.Tensor) -> List[torch.Tensor]:
         """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group (:class:`PadFunction`)."""
@@ -86,64 +88,64 @@ class Layout:
         """The groups' padded outputs -> ``[1, total, ...]`` in pack order (:class:`UnpadFunction`)."""
         return UnpadFunction.apply(self, *outputs)
 
+    def to_groups(self, x: torch.Tensor, zero_padding: bool) -> List[torch.Tensor]:
+        """Gathers: ``[1, total, ...]`` -> ``[n, longest, ...]`` per group, a padded slot holding its
+        sequence's last token or (``zero_padding``) zeros."""
+        rest = x.shape[2:]
+        batches = []
+        for g in self.groups:
+            batch = x[0].index_select(0, g.source)
+            if zero_padding:
+                batch.index_fill_(0, g.pad_slots, 0)
+            batches.append(batch.view(g.n, g.longest, *rest))
+        return batches
+
+    def to_pack(self, batches: List[torch.Tensor]) -> torch.Tensor:
+        """One gather: the groups' real slots -> ``[1, total, ...]`` in pack order (a new tensor)."""
+        rest = batches[0].shape[2:]
+        rows = torch.cat([b.reshape(-1, *rest) for b in batches]) if len(batches) > 1 else batches[0].reshape(-1, *rest)
+        return rows.index_select(0, self.pack_source).unsqueeze(0)
+
 
 class PadFunction(torch.autograd.Function):
-    """``[1, total, ...]`` -> the groups' padded batches, by one gather each.
+    """``[1, total, ...]`` -> the groups' padded batches (:meth:`Layout.to_groups`).
 
     Backward: every branch is causal and a compressed token counts only once complete, so a
     padded slot reaches no real output and its gradient is zero; a packed position's gradient
-    is then its real slot's alone, gathered straight into one ``[1, total, ...]`` tensor. (Autograd
-    of the gathers would add each group's gradient into a zero tensor of the whole pack: a fill
-    and a scatter-add of the pack per group.)
+    is then its real slot's alone, gathered by :meth:`Layout.to_pack`. (Autograd of the gathers
+    would add each group's gradient into a zero tensor of the whole pack: a fill and a slow
+    scatter-add of the pack per group.)
     """
 
     @staticmethod
     def forward(ctx, layout: Layout, x: torch.Tensor):
-        ctx.layout, ctx.shape = layout, x.shape
+        ctx.layout = layout
         ctx.set_materialize_grads(False)  # a batch without gradient arrives as None, not a zero batch
-        rest = x.shape[2:]
-        return tuple(x[0].index_select(0, g.source).view(g.n, g.longest, *rest) for g in layout.groups)
+        return tuple(layout.to_groups(x, zero_padding=False))
 
     @staticmethod
     def backward(ctx, *grads):
-        layout = ctx.layout
-        rest = ctx.shape[2:]
-        present = [(g, dy) for g, dy in zip(layout.groups, grads) if dy is not None]
-        if not present:
+        if all(dy is None for dy in grads):
             return None, None
-        # the groups' real positions cover the pack once: zeros only where a group has no gradient
-        whole = len(present) == len(layout.groups)
-        dx = present[0][1].new_empty(ctx.shape[1:]) if whole else present[0][1].new_zeros(ctx.shape[1:])
-        for g, dy in present:
-            dx.index_copy_(0, g.positions, dy.reshape(-1, *rest).index_select(0, g.real_slots))
-        return None, dx.unsqueeze(0)
+        like = next(dy for dy in grads if dy is not None)
+        grads = [like.new_zeros((g.n, g.longest, *like.shape[2:])) if dy is None else dy
+                 for g, dy in zip(ctx.layout.groups, grads)]
+        return None, ctx.layout.to_pack(grads)
 
 
 class UnpadFunction(torch.autograd.Function):
-    """The groups' padded batches -> ``[1, total, ...]``: each group's real slots copied to their
-    packed positions. Backward: the reverse copy, and zeros in the padded slots (the kernels'
-    backward reads them)."""
+    """The groups' padded batches -> ``[1, total, ...]`` (:meth:`Layout.to_pack`). Backward: the
+    gradient gathered back into padded batches, zeros in the padded slots (the kernels' backward
+    reads them)."""
 
     @staticmethod
     def forward(ctx, layout: Layout, *outputs: torch.Tensor):
         ctx.layout = layout
-        first = outputs[0]
-        rest = first.shape[2:]
-        out = first.new_empty((layout.total, *rest))
-        for g, y in zip(layout.groups, outputs):
-            out.index_copy_(0, g.positions, y.reshape(-1, *rest).index_select(0, g.real_slots))
-        return out.unsqueeze(0)
+        return layout.to_pack(list(outputs))
 
     @staticmethod
     def backward(ctx, dout):
-        rest = dout.shape[2:]
-        grads = []
-        for g in ctx.layout.groups:
-            dy = dout.new_empty((g.n * g.longest, *rest))
-            dy.index_copy_(0, g.real_slots, dout[0].index_select(0, g.positions))
-            dy.index_fill_(0, g.pad_slots, 0)
-            grads.append(dy.view(g.n, g.longest, *rest))
-        return (None, *grads)
+        return (None, *ctx.layout.to_groups(dout, zero_padding=True))
 
 
 #: Length classes per doubling of length: a class spans a factor ``2 ** (1 / CLASSES_PER_OCTAVE)``,
@@ -206,13 +208,18 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total)
+        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total, empty)
     groups = []
     for members in classes:
         index = torch.tensor(members, device=device)
         tokens = sum(lengths[i] for i in members)
         groups.append(_group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total))
-    return Layout(groups, total)
+    pack_source = torch.empty(total, dtype=torch.long, device=device)
+    offset = 0
+    for g in groups:
+        pack_source[g.positions] = g.real_slots + offset
+        offset += g.n * g.longest
+    return Layout(groups, total, pack_source)
 
 
 def check_max_seqlen(boundaries: List[int], max_seqlen: Optional[int]) -> None:
