@@ -154,6 +154,34 @@ def test_pad_backward_with_groups_left_out():
     torch.testing.assert_close(x.grad[0], counts[:, None].expand(-1, 4), rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_packed_step_with_host_boundaries_never_waits_for_the_gpu(nsa_device):
+    """With ``cu_seqlens`` on the host, a packed forward and backward through the Triton kernels
+    make no synchronising call (torch's sync debug mode raises on one); boundaries on the GPU are
+    read back once, which that mode reports."""
+    lengths = [300, 1000, 77, 2048, 129]
+    inputs, cu = _packed_inputs(lengths, torch.bfloat16, nsa_device)
+    config = NSAConfig()
+    inputs = [x.requires_grad_() for x in inputs]
+    do = torch.randn_like(inputs[0])
+
+    def step(boundaries):
+        return torch.autograd.grad(nsa_attention(*inputs, config, cu_seqlens=boundaries), inputs, do)
+
+    host = cu.cpu()
+    expected = step(host)  # compiles the kernels outside the debug mode
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = step(host)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            step(cu)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
 def test_packed_with_own_window_keys():
     inputs, cu = _packed_inputs([30, 41], torch.float64, "cpu")
     k_win, v_win = torch.randn_like(inputs[1]), torch.randn_like(inputs[2])

@@ -26,8 +26,11 @@ def check_cu_seqlens(cu_seqlens: object, total: int, batch: int) -> List[int]:
     """``cu_seqlens`` is a 1-D int32/int64 tensor ``[N + 1]`` of boundaries from 0 to ``total``;
     returns the boundaries as host integers.
 
-    The values are read on the host once per call (the only sync of a packed call): a
-    wrong boundary would silently mix sequences, and the padded shape needs the longest.
+    The values are read on the host once per call: a wrong boundary would silently mix
+    sequences, and the padded shapes need the lengths. From a GPU tensor that read waits for the
+    device (the only sync of a packed call); boundaries kept on the host (a CPU tensor, as data
+    loaders make them) cost none, so the host can queue the packed call, and the next layer's,
+    while the GPU still works.
     """
     if batch != 1:
         raise ValueError(f"with cu_seqlens the inputs are packed as [1, total, ...], got batch size {batch}")
@@ -203,7 +206,7 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
     boundaries = check_cu_seqlens(cu_seqlens, total, batch)
     check_max_seqlen(boundaries, max_seqlen)
     lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
-    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    cu = _to_device(cu_seqlens.to(dtype=torch.long), device)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
@@ -211,7 +214,7 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
         return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total, empty)
     groups = []
     for members in classes:
-        index = torch.tensor(members, device=device)
+        index = _to_device(torch.tensor(members), device)
         tokens = sum(lengths[i] for i in members)
         groups.append(_group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total))
     pack_source = torch.empty(total, dtype=torch.long, device=device)
@@ -220,6 +223,14 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
         pack_source[g.positions] = g.real_slots + offset
         offset += g.n * g.longest
     return Layout(groups, total, pack_source)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor goes to a GPU through pinned memory, a copy that does not
+    wait for the work already queued there (a plain copy from pageable memory synchronises)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def check_max_seqlen(boundaries: List[int], max_seqlen: Optional[int]) -> None:
