@@ -105,27 +105,26 @@ def nsa_fn(cu: torch.Tensor, backward: bool):
 
 
 def dense_fn(cu: torch.Tensor, longest: int, backward: bool):
-    """Causal flash attention over the pack, or None where this torch has no ``varlen_attn``."""
+    """``(run, kv_heads)``: causal flash attention over the pack, and the key/value heads it takes
+    (all ``HQ`` where this torch's ``varlen_attn`` has no GQA: the timed call then gets keys and
+    values repeated beforehand); ``(None, 0)`` where this torch has no ``varlen_attn``."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None
+        return None, 0
     params = inspect.signature(varlen_attn).parameters
     kw = dict(is_causal=True) if "is_causal" in params else dict(window_size=(-1, 0))
-    gqa = "enable_gqa" in params
-    if gqa:
+    if "enable_gqa" in params:
         kw["enable_gqa"] = True
 
     def run(q, k, v, do=None):
-        if not gqa:  # a torch without GQA here: the KV heads repeated outside the timed call
-            raise RuntimeError("varlen_attn without enable_gqa")
         call = lambda: varlen_attn(q[0], k[0], v[0], cu, cu, longest, longest, **kw)  # noqa: E731
         if not backward:
             with torch.no_grad():
                 return call()
         with torch.enable_grad():
             return torch.autograd.grad(call(), (q, k, v), do[0])
-    return run
+    return run, (H if "enable_gqa" in params else HQ)
 
 
 def timed(fn, args, device, budget: float) -> float:
@@ -133,19 +132,19 @@ def timed(fn, args, device, budget: float) -> float:
     return samples.median * 1e3
 
 
-def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device) -> None:
+def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device, where: str) -> None:
     """Where a packed forward+backward's time goes: kernels, host submission, host stalls."""
     import time
 
     from torch.profiler import ProfilerActivity, profile
 
-    print(f"## pack `{kind}`: {len(lengths)} sequences, one forward+backward\n")
+    print(f"## pack `{kind}`: {len(lengths)} sequences, one forward+backward, boundaries on the {where}\n")
     print("| grouping | batches | kernels | kernels' device ms | host submits in ms | span behind a device wait ms "
           "| idle start to done ms | largest gap ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     args, cu = inputs(lengths, True, device)
     args = args + [torch.randn(1, sum(lengths), HQ, D, device=device, dtype=torch.bfloat16)]
-    step = nsa_fn(cu, True)
+    step = nsa_fn(cu.cpu() if where == "host" else cu, True)
     tops = []
     for width in widths:
         varlen.length_classes = grouping(width)
@@ -191,6 +190,8 @@ def main() -> None:
     ap.add_argument("--widths", default="1,2,4,dp", help="classes per octave to compare, and dp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing a cell")
+    ap.add_argument("--boundaries", default="gpu,host",
+                    help="where cu_seqlens lives: gpu (read back each call: a sync), host (no sync)")
     ap.add_argument("--device", default="cuda", help="cpu runs the reference: a smoke test of the script")
     ap.add_argument("--trace", action="store_true",
                     help="instead of timing: one forward+backward a grouping, its kernels' device time, "
@@ -205,7 +206,8 @@ def main() -> None:
     for kind in opts.packs.split(","):
         lengths = pack_lengths(kind, opts.total, opts.seed)
         if opts.trace:
-            trace(kind, lengths, widths, device)
+            for where in opts.boundaries.split(","):
+                trace(kind, lengths, widths, device, where)
             continue
         ordered = sorted(lengths)
         print(f"## pack `{kind}`: {len(lengths)} sequences, lengths {ordered[0]}..{ordered[-1]}, "
@@ -215,7 +217,7 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|---:|---:|")
         eval_args, eval_cu = inputs(lengths, False, device)
         first = None
-        for width in widths:
+        for width, where in [(w, b) for b in opts.boundaries.split(",") for w in widths]:
             varlen.length_classes = grouping(width)
             try:
                 groups = varlen.length_classes(lengths)
@@ -225,14 +227,15 @@ def main() -> None:
                     args, cu = inputs(lengths, backward, device)
                     if backward:
                         args = args + [torch.randn(1, opts.total, HQ, D, device=device, dtype=torch.bfloat16)]
-                    cells.append(timed(nsa_fn(cu, backward), args, device, opts.budget))
+                    cells.append(timed(nsa_fn(cu.cpu() if where == "host" else cu, backward), args, device,
+                                       opts.budget))
                 with torch.no_grad():
                     o, idx = nsa_attention(*eval_args, CONFIG, cu_seqlens=eval_cu, return_block_idx=True)
                 if first is None:
                     first = (o.float(), idx)
                 err = ((o.float() - first[0]).norm() / first[0].norm()).item()
                 same = (idx == first[1]).all(-1).float().mean().item()
-                label = "cost model" if width == "dp" else f"{width} a octave"
+                label = ("cost model" if width == "dp" else f"{width} a octave") + f", boundaries on the {where}"
                 print(f"| {label} | {len(groups)} | {padded / sum(lengths):.3f} | {cells[0]:.2f} | {cells[1]:.2f} "
                       f"| {err:.1e} | {same:.5f} |")
             finally:
@@ -240,18 +243,18 @@ def main() -> None:
         dense = []
         longest = max(lengths)
         for backward in (False, True):
-            like = dict(device=device, dtype=torch.bfloat16, requires_grad=backward)
-            q, k, v = (torch.randn(1, opts.total, n, D, **like) for n in (HQ, H, H))
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-            fn = dense_fn(cu, longest, backward)
+            fn, kv_heads = dense_fn(cu, longest, backward)
+            like = dict(device=device, dtype=torch.bfloat16, requires_grad=backward)
+            q, k, v = (torch.randn(1, opts.total, n, D, **like) for n in (HQ, kv_heads, kv_heads))
             try:
                 args = [q, k, v] + ([torch.randn(1, opts.total, HQ, D, device=device, dtype=torch.bfloat16)]
                                     if backward else [])
                 dense.append(f"{timed(fn, args, device, opts.budget):.2f}" if fn else "no varlen_attn")
             except Exception as exc:  # report, keep the NSA figures
                 dense.append(f"failed: {type(exc).__name__}: {str(exc)[:80]}")
-        print(f"\nDense `varlen_attn` (causal) over the same pack: forward {dense[0]} ms, forward+backward "
-              f"{dense[1]} ms.\n", flush=True)
+        print(f"\nDense `varlen_attn` (causal; {kv_heads} key/value heads) over the same pack: forward "
+              f"{dense[0]} ms, forward+backward {dense[1]} ms.\n", flush=True)
 
 
 if __name__ == "__main__":
