@@ -183,6 +183,35 @@ def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device
     print()
 
 
+def host_profile(kind: str, lengths: List[int], width: str, where: str, device: torch.device) -> None:
+    """The host's share: cProfile over five forward+backward calls after three warm ones."""
+    import cProfile
+    import io
+    import pstats
+
+    args, cu = inputs(lengths, True, device)
+    args = args + [torch.randn(1, sum(lengths), HQ, D, device=device, dtype=torch.bfloat16)]
+    step = nsa_fn(cu.cpu() if where == "host" else cu, True)
+    varlen.length_classes = grouping(width)
+    try:
+        for _ in range(3):
+            step(*args)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            step(*args)
+        prof.disable()
+        torch.cuda.synchronize()
+    finally:
+        varlen.length_classes = ORIGINAL_CLASSES
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(30)
+        print(f"## pack `{kind}`, {width} a octave, boundaries on the {where}: five forward+backward calls by {key}\n")
+        print("```\n" + text.getvalue().strip() + "\n```\n", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--total", type=int, default=65536)
@@ -193,6 +222,9 @@ def main() -> None:
     ap.add_argument("--boundaries", default="gpu,host",
                     help="where cu_seqlens lives: gpu (read back each call: a sync), host (no sync)")
     ap.add_argument("--device", default="cuda", help="cpu runs the reference: a smoke test of the script")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="instead of timing: cProfile of the host's work in forward+backward calls (first width, "
+                         "first boundaries), the functions with the most time")
     ap.add_argument("--trace", action="store_true",
                     help="instead of timing: one forward+backward a grouping, its kernels' device time, "
                          "the host's time to submit it and the step's span behind a device wait")
@@ -205,6 +237,9 @@ def main() -> None:
           f"triton {__import__('triton').__version__}; {opts.total} tokens a pack, bf16, HQ {HQ}, H {H}, D {D}\n")
     for kind in opts.packs.split(","):
         lengths = pack_lengths(kind, opts.total, opts.seed)
+        if opts.host_profile:
+            host_profile(kind, lengths, widths[0], opts.boundaries.split(",")[0], device)
+            continue
         if opts.trace:
             for where in opts.boundaries.split(","):
                 trace(kind, lengths, widths, device, where)
