@@ -182,6 +182,23 @@ def test_packed_step_with_host_boundaries_never_waits_for_the_gpu(nsa_device):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
+def test_layouts_are_kept_by_boundary_values():
+    """Layers sharing a pack build its layout once: equal boundaries (another tensor, dtype or
+    device) give the same layout; other boundaries or class widths another one."""
+    from nsa.ops import varlen
+
+    varlen._layout_of.cache_clear()
+    first = varlen.layout(torch.tensor([0, 5, 12], dtype=torch.int32), None, 12, 1, torch.device("cpu"))
+    assert varlen.layout(torch.tensor([0, 5, 12]), 12, 12, 1, torch.device("cpu")) is first
+    assert varlen.layout(torch.tensor([0, 6, 12]), None, 12, 1, torch.device("cpu")) is not first
+    assert varlen.layout(torch.tensor([0, 5, 12]), None, 12, 1, torch.device("cpu"), per_octave=2) is not first
+    for end in range(13, 13 + varlen.LAYOUTS_KEPT):  # as many other packs as are kept push it out
+        varlen.layout(torch.tensor([0, 5, end]), None, end, 1, torch.device("cpu"))
+    assert varlen.layout(torch.tensor([0, 5, 12]), None, 12, 1, torch.device("cpu")) is not first
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0"):  # a kept layout skips no check
+        varlen.layout(torch.tensor([0, 5, 12]), None, 13, 1, torch.device("cpu"))
+
+
 def test_packed_with_own_window_keys():
     inputs, cu = _packed_inputs([30, 41], torch.float64, "cpu")
     k_win, v_win = torch.randn_like(inputs[1]), torch.randn_like(inputs[2])

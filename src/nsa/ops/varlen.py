@@ -16,8 +16,9 @@ back to the packed inputs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -202,11 +203,24 @@ def layout(cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int, batc
            device: torch.device, per_octave: int = CLASSES_PER_OCTAVE) -> Layout:
     """Checks a pack (see :func:`check_cu_seqlens` and :func:`check_max_seqlen`) and lays it out
     in groups of length classes (:func:`length_classes`). A pack of empty sequences only is one
-    group of zero length."""
+    group of zero length.
+
+    Layouts are kept by their boundaries' values (the last :data:`LAYOUTS_KEPT`), so the layers
+    of a model that share one pack build its index tensors once."""
     boundaries = check_cu_seqlens(cu_seqlens, total, batch)
     check_max_seqlen(boundaries, max_seqlen)
+    return _layout_of(tuple(boundaries), torch.device(device), per_octave)
+
+
+#: Layouts :func:`layout` keeps, by boundaries, device and class width.
+LAYOUTS_KEPT = 8
+
+
+@functools.lru_cache(maxsize=LAYOUTS_KEPT)
+def _layout_of(boundaries: Tuple[int, ...], device: torch.device, per_octave: int) -> Layout:
     lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
-    cu = _to_device(cu_seqlens.to(dtype=torch.long), device)
+    total = boundaries[-1]
+    cu = _to_device(torch.tensor(boundaries, dtype=torch.long), device)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
