@@ -66,13 +66,16 @@ def test_packed_of_empty_sequences_only():
 
 
 def test_packed_runs_one_padded_batch_per_length_class(monkeypatch):
-    """Sequences run in batches of their length class ``(2^(k-1), 2^k]``, each padded to its
-    longest member (never to twice a sequence's length), not all to the pack's longest; the
-    result still equals each sequence alone (outputs, blocks, gradients)."""
+    """Sequences run in batches of their length class, by default half an octave wide
+    ``(2^((c-1)/2), 2^(c/2)]``, each padded to its longest member (so by less than sqrt(2) times
+    a sequence's length), not all to the pack's longest; the result still equals each sequence
+    alone (outputs, blocks, gradients)."""
     from nsa.ops import combine, varlen
 
     lengths = [3, 100, 0, 5, 60, 1, 64, 33]
-    assert varlen.length_classes(lengths) == [[5], [0], [3], [4, 6, 7], [1]]
+    assert varlen.CLASSES_PER_OCTAVE == 2
+    assert varlen.length_classes(lengths) == [[5], [0], [3], [7], [4, 6], [1]]
+    assert varlen.length_classes(lengths, 1) == [[5], [0], [3], [4, 6, 7], [1]]  # octaves: 33 padded to 64
     shapes = []
     real = combine.nsa_attention
     def spy(q, *args, **kwargs):
@@ -81,8 +84,8 @@ def test_packed_runs_one_padded_batch_per_length_class(monkeypatch):
 
     monkeypatch.setattr(combine, "nsa_attention", spy)
     check_pack(lengths, "reference", torch.float64, "cpu", 1e-12)
-    assert shapes[:5] == [(1, 1), (1, 3), (1, 5), (3, 64), (1, 100)]  # then the per-sequence runs of check_pack
-    assert sum(n * t for n, t in shapes[:5]) == 301  # of 266 real positions; 800 padded to the longest
+    assert shapes[:6] == [(1, 1), (1, 3), (1, 5), (1, 33), (2, 64), (1, 100)]  # then check_pack's runs alone
+    assert sum(n * t for n, t in shapes[:6]) == 270  # of 266 real positions; 301 by octaves, 800 by the longest
 
 
 @pytest.mark.parametrize("per_octave", [1, 2, 4])
@@ -127,7 +130,7 @@ def test_pad_and_unpad_gradients_equal_each_sequence_alone():
     NaN-filled in tests, so a slot left unwritten would show)."""
     lengths = [3, 100, 0, 5, 60, 1, 64, 33]
     pack, cu = _layout(lengths)
-    assert len(pack.groups) == 5
+    assert len(pack.groups) == 6 and any(g.n > 1 for g in pack.groups)  # one group padded (60 to 64)
     x = torch.randn(1, sum(lengths), 2, 3, dtype=torch.float64, requires_grad=True)
     dout = torch.randn_like(x)
     y = pack.unpad([p.cumsum(1) for p in pack.pad(x)])
@@ -191,7 +194,7 @@ def test_layouts_are_kept_by_boundary_values():
     first = varlen.layout(torch.tensor([0, 5, 12], dtype=torch.int32), None, 12, 1, torch.device("cpu"))
     assert varlen.layout(torch.tensor([0, 5, 12]), 12, 12, 1, torch.device("cpu")) is first
     assert varlen.layout(torch.tensor([0, 6, 12]), None, 12, 1, torch.device("cpu")) is not first
-    assert varlen.layout(torch.tensor([0, 5, 12]), None, 12, 1, torch.device("cpu"), per_octave=2) is not first
+    assert varlen.layout(torch.tensor([0, 5, 12]), None, 12, 1, torch.device("cpu"), per_octave=1) is not first
     for end in range(13, 13 + varlen.LAYOUTS_KEPT):  # as many other packs as are kept push it out
         varlen.layout(torch.tensor([0, 5, end]), None, end, 1, torch.device("cpu"))
     assert varlen.layout(torch.tensor([0, 5, 12]), None, 12, 1, torch.device("cpu")) is not first

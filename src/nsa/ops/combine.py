@@ -102,7 +102,8 @@ def nsa_attention(
             ``kv_win``) are ``[1, total, ...]`` holding sequences ``i`` at
             ``cu_seqlens[i] : cu_seqlens[i + 1]``, each from position 0 (int32/int64
             ``[N + 1]``, rising from 0 to ``total``); see :mod:`nsa.ops.varlen`.
-            Not with ``kv_cmp`` or a ``q_offset``.
+            Not with ``kv_cmp`` or a ``q_offset``. On the host (a CPU tensor) it keeps
+            the call free of any wait for the GPU; on the GPU it is read back once a call.
         max_seqlen: as in flash-attn, at least the longest sequence of the pack (checked; the
             padded lengths come from the pack itself, one batch per length class).
 

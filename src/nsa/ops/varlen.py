@@ -6,12 +6,15 @@ run as padded batches ``[n, longest, heads, dim]``: every NSA branch is causal, 
 positions padded after a sequence's end never reach its real outputs, and each
 sequence starts at position 0 whatever its place in the pack.
 
-Sequences are grouped by length class, ``(2^(k-1), 2^k]``, one padded batch per
-class, so that no sequence is padded to twice its length or more: a pack of one
-64k document and many short ones does not run every short one at 64k. Padding,
-unpacking and the return to packed order are gathers with indices built on the
-device (sizes come from the host boundaries), and autograd carries the gradients
-back to the packed inputs.
+Sequences are grouped by length class, half an octave wide (``(2^((c-1)/2), 2^(c/2)]``,
+:data:`CLASSES_PER_OCTAVE`), one padded batch per class, so that no sequence is padded to
+sqrt(2) times its length or more: a pack of one 64k document and many short ones does not
+run every short one at 64k. Padding, unpacking and the return to packed order are gathers
+(:class:`PadFunction`, :class:`UnpadFunction`: one gather of the pack each way, forward and
+backward) with indices built on the device from the host's boundaries; layers that share a
+pack share its layout (:func:`layout` keeps the last few). Boundaries kept on the host (a CPU
+``cu_seqlens``) make a packed call free of any wait for the GPU; read from the GPU, they cost
+one sync a call.
 """
 
 from __future__ import annotations
@@ -154,8 +157,10 @@ class UnpadFunction(torch.autograd.Function):
 
 #: Length classes per doubling of length: a class spans a factor ``2 ** (1 / CLASSES_PER_OCTAVE)``,
 #: so padding adds less than that factor to any sequence. Narrower classes pad less but run more
-#: batches, each a whole pipeline of launches (docs/perf/varlen.md measures the trade).
-CLASSES_PER_OCTAVE = 1
+#: batches, each a whole pipeline of launches and its host time: on an H200, packs of 64k tokens
+#: ran 1-10 % faster in half octaves than in octaves (forward+backward), quarter octaves and a
+#: cost-model grouping no faster (docs/perf/varlen.md).
+CLASSES_PER_OCTAVE = 2
 
 
 def length_class(n: int, per_octave: int = CLASSES_PER_OCTAVE) -> int:
@@ -167,8 +172,7 @@ def length_class(n: int, per_octave: int = CLASSES_PER_OCTAVE) -> int:
 def length_classes(lengths: List[int], per_octave: int = CLASSES_PER_OCTAVE) -> List[List[int]]:
     """Indices of the non-empty sequences grouped by length class (:func:`length_class`), classes
     by length and sequences in pack order within one; within a class the longest is less than
-    ``2 ** (1 / per_octave)`` times the shortest (twice it for one class an octave,
-    ``(2^(k-1), 2^k]``)."""
+    ``2 ** (1 / per_octave)`` times the shortest (twice it for octaves, ``(2^(k-1), 2^k]``)."""
     if isinstance(per_octave, bool) or not isinstance(per_octave, int) or per_octave < 1:
         raise ValueError(f"per_octave must be an int >= 1, got {per_octave!r}")
     classes: dict = {}
