@@ -30,7 +30,9 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# --src DIR (before the imports): time another tree's nsa, e.g. an older commit's (git archive)
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(Path(__file__).resolve().parents[1] / "src")
+sys.path.insert(0, _SRC)
 from nsa import NSAConfig  # noqa: E402
 from nsa.bench.timing import Runner, measure_within  # noqa: E402
 from nsa.ops import nsa_attention, varlen  # noqa: E402
@@ -76,12 +78,23 @@ def dp_groups(lengths: List[int], group_tokens: int = GROUP_TOKENS) -> List[List
 
 
 def grouping(width: str) -> Callable[..., List[List[int]]]:
+    """The grouping that ``width`` names; ``default`` is the library's own (any version)."""
+    if width == "default":
+        return ORIGINAL_CLASSES
     if width == "dp":
         return lambda lengths, per_octave=None: dp_groups(lengths)
     return lambda lengths, per_octave=None: ORIGINAL_CLASSES(lengths, int(width))
 
 
+def use_grouping(width: str) -> None:
+    """Groups packs by ``width`` from now on (layouts kept from another grouping dropped)."""
+    varlen.length_classes = grouping(width)
+    if hasattr(varlen, "_layout_of"):  # trees before session 34 keep no layouts
+        varlen._layout_of.cache_clear()
+
+
 ORIGINAL_CLASSES = varlen.length_classes
+LABELS = {"dp": "cost model", "default": "library default"}
 
 
 def inputs(lengths: List[int], backward: bool, device: torch.device):
@@ -147,8 +160,7 @@ def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device
     step = nsa_fn(cu.cpu() if where == "host" else cu, True)
     tops = []
     for width in widths:
-        varlen.length_classes = grouping(width)
-        varlen._layout_of.cache_clear()  # layouts are kept by boundaries: drop the last grouping's
+        use_grouping(width)
         try:
             groups = varlen.length_classes(lengths)
             for _ in range(3):
@@ -169,7 +181,7 @@ def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device
             ends = [e.time_range.end for e in kernels]
             busy = sum(e - s for s, e in zip(starts, ends)) / 1e3
             gap = max((starts[i] - ends[i - 1] for i in range(1, len(kernels))), default=0) / 1e3
-            label = "cost model" if width == "dp" else f"{width} a octave"
+            label = LABELS.get(width, f"{width} a octave")
             print(f"| {label} | {len(groups)} | {len(kernels)} | {busy:.2f} | {(t1 - t0) * 1e3:.2f} | "
                   f"{(ends[-1] - starts[0]) / 1e3:.2f} | {(t2 - t0) * 1e3:.2f} | {gap:.2f} |", flush=True)
             by_name: Dict[str, float] = {}
@@ -177,8 +189,7 @@ def trace(kind: str, lengths: List[int], widths: List[str], device: torch.device
                 by_name[e.name[:60]] = by_name.get(e.name[:60], 0.0) + (e.time_range.end - e.time_range.start) / 1e3
             tops.append((label, sorted(by_name.items(), key=lambda x: -x[1])[:10]))
         finally:
-            varlen.length_classes = ORIGINAL_CLASSES
-            varlen._layout_of.cache_clear()
+            use_grouping("default")
     for label, top in tops:
         print(f"\n{label}, the kernels with the most device time (ms): "
               + "; ".join(f"`{name}` {ms:.2f}" for name, ms in top))
@@ -194,8 +205,7 @@ def host_profile(kind: str, lengths: List[int], width: str, where: str, device: 
     args, cu = inputs(lengths, True, device)
     args = args + [torch.randn(1, sum(lengths), HQ, D, device=device, dtype=torch.bfloat16)]
     step = nsa_fn(cu.cpu() if where == "host" else cu, True)
-    varlen.length_classes = grouping(width)
-    varlen._layout_of.cache_clear()  # layouts are kept by boundaries: drop the last grouping's
+    use_grouping(width)
     try:
         for _ in range(3):
             step(*args)
@@ -207,8 +217,7 @@ def host_profile(kind: str, lengths: List[int], width: str, where: str, device: 
         prof.disable()
         torch.cuda.synchronize()
     finally:
-        varlen.length_classes = ORIGINAL_CLASSES
-        varlen._layout_of.cache_clear()
+        use_grouping("default")
     for key in ("tottime", "cumulative"):
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats(key).print_stats(30)
@@ -220,7 +229,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--total", type=int, default=65536)
     ap.add_argument("--packs", default="lognormal,long,uniform,one_long")
-    ap.add_argument("--widths", default="1,2,4,dp", help="classes per octave to compare, and dp")
+    ap.add_argument("--widths", default="default,1,2,4,dp",
+                    help="classes per octave to compare, dp (the cost model), default (the library's own)")
+    ap.add_argument("--no-dense", action="store_true", help="skip dense varlen_attn")
+    ap.add_argument("--src", default=_SRC, help="the nsa tree to time (its src folder)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing a cell")
     ap.add_argument("--boundaries", default="gpu,host",
@@ -237,6 +249,7 @@ def main() -> None:
     torch.manual_seed(opts.seed)
     widths = opts.widths.split(",")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"nsa from {opts.src}")
     print(f"device: {name}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}; {opts.total} tokens a pack, bf16, HQ {HQ}, H {H}, D {D}\n")
     for kind in opts.packs.split(","):
@@ -257,8 +270,7 @@ def main() -> None:
         eval_args, eval_cu = inputs(lengths, False, device)
         first = None
         for width, where in [(w, b) for b in opts.boundaries.split(",") for w in widths]:
-            varlen.length_classes = grouping(width)
-            varlen._layout_of.cache_clear()  # layouts are kept by boundaries: drop the last grouping's
+            use_grouping(width)
             try:
                 groups = varlen.length_classes(lengths)
                 padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
@@ -275,12 +287,13 @@ def main() -> None:
                     first = (o.float(), idx)
                 err = ((o.float() - first[0]).norm() / first[0].norm()).item()
                 same = (idx == first[1]).all(-1).float().mean().item()
-                label = ("cost model" if width == "dp" else f"{width} a octave") + f", boundaries on the {where}"
+                label = LABELS.get(width, f"{width} a octave") + f", boundaries on the {where}"
                 print(f"| {label} | {len(groups)} | {padded / sum(lengths):.3f} | {cells[0]:.2f} | {cells[1]:.2f} "
                       f"| {err:.1e} | {same:.5f} |")
             finally:
-                varlen.length_classes = ORIGINAL_CLASSES
-                varlen._layout_of.cache_clear()
+                use_grouping("default")
+        if opts.no_dense:
+            continue
         dense = []
         longest = max(lengths)
         for backward in (False, True):
