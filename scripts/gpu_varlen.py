@@ -1,21 +1,27 @@
-"""Packed batches (``cu_seqlens``) on the GPU: how the length classes trade padding for batches.
+"""Packed batches (``cu_seqlens``) on the GPU: what a packed step costs, and how the length
+classes trade padding for batches.
 
 ``nsa_attention(..., cu_seqlens=...)`` runs a pack as one padded batch per length class
-(``nsa/ops/varlen.py``). Classes one octave wide, ``(2^(k-1), 2^k]``, pad a sequence by less than
-its own length but by a quarter on average; narrower classes pad less and run more batches,
-each a whole pipeline of launches. This script times whole packs of 64k tokens (bf16, HQ 64, H 4,
-D 128, paper defaults; forward and forward+backward) under each class width, and under a
-grouping that minimises a cost model (``--dp``: sorted lengths cut where the padded work of a
-group, ``n * (L + L^2 / 78k)`` tokens for n sequences padded to L, plus a fixed cost a group,
-is least; the model's constants come from the H100's 8k-64k prefill table).
+(``nsa/ops/varlen.py``). Narrow classes pad less and run more batches, each a whole pipeline
+of launches. This script times whole packs of 64k tokens (bf16, HQ 64, H 4, D 128, paper
+defaults; forward and forward+backward), drawn as a data loader packs documents, under:
+
+- each class width of ``--widths`` (classes per octave), ``default`` (the library's own grouping,
+  whatever its version: with ``--src`` another tree's nsa runs, e.g. an older commit's), and
+  ``dp``: sorted lengths cut where a cost model is least (``n * (L + L^2 / 78k)`` tokens' worth
+  for n sequences padded to L, plus a fixed cost a batch; constants from the H100's prefill
+  table);
+- ``cu_seqlens`` on the GPU (read back each call: a sync) and on the host (``--boundaries``).
 
 Every variant is checked against the first (outputs: relative error; selected blocks: share
 equal). Dense attention over the same pack, ``torch.nn.attention.varlen.varlen_attn`` (flash,
-causal), is timed where this torch has it. Timing: ``nsa.bench.timing`` (L2 flushed, calls
-queued back to back, medians).
+causal), is timed too (``--no-dense`` skips it). Timing: ``nsa.bench.timing`` (L2 flushed, calls
+queued back to back, medians). ``--trace`` instead traces one step a grouping with the torch
+profiler (kernels by name, the host's submission, stalls); ``--host-profile`` runs cProfile
+over the host's side.
 
-Usage: ``python scripts/gpu_varlen.py [--total 65536] [--packs lognormal,...] [--widths 1,2,4]``;
-prints markdown.
+Usage: ``python scripts/gpu_varlen.py [--total 65536] [--packs lognormal,...] [--widths default,1,2]
+[--boundaries gpu,host] [--src DIR]``; prints markdown. ``--device cpu`` smoke-tests the script.
 """
 
 from __future__ import annotations

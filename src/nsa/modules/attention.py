@@ -143,7 +143,9 @@ class NSAAttention(nn.Module):
         sequences along time, flash-attn style (``[0, len_0, len_0 + len_1, ...,
         total]``, int32/int64; ``max_seqlen`` optional): each sequence gets its own
         positions from 0 and its own compressed tokens, exactly as if it ran alone.
-        The layer runs them as padded batches of similar lengths (see :mod:`nsa.ops.varlen`).
+        The layer runs them as padded batches of similar lengths (see :mod:`nsa.ops.varlen`);
+        ``cu_seqlens`` on the host (a CPU tensor) keeps the call free of any wait for the GPU,
+        and layers given the same boundaries share one layout.
 
         On a ``static`` cache, calls of at most ``DEVICE_STEP_MAX_TOKENS`` tokens
         take the graph-safe decode path (positions from ``cache.seq_lens``, no
