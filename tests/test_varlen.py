@@ -123,6 +123,29 @@ def _layout(lengths):
     return varlen.layout(cu, None, sum(lengths), 1, torch.device("cpu")), cu.tolist()
 
 
+@pytest.mark.parametrize("per_octave", [1, 2, 3])
+def test_layout_slots_cover_the_pack_once(per_octave):
+    """On random packs: every group's real and padded slots split its batch exactly; a real slot
+    reads its own position; ``pack_source`` is every batch row holding a real position, each once."""
+    from nsa.ops import varlen
+
+    gen = torch.Generator().manual_seed(per_octave)
+    for _ in range(20):
+        lengths = torch.randint(0, 300, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        pack = varlen.layout(cu, None, sum(lengths), 1, torch.device("cpu"), per_octave)
+        rows, offset = [], 0
+        for g in pack.groups:
+            slots = torch.cat([g.real_slots, g.pad_slots]).sort().values
+            assert torch.equal(slots, torch.arange(g.n * g.longest))
+            assert torch.equal(g.source[g.real_slots], g.positions)
+            rows.append(g.real_slots + offset)
+            offset += g.n * g.longest
+        assert torch.equal(pack.pack_source.sort().values, torch.cat(rows).sort().values)
+        assert torch.equal(torch.cat([g.positions for g in pack.groups]).sort().values, torch.arange(sum(lengths)))
+        assert offset ** per_octave < 2 * sum(lengths) ** per_octave or sum(lengths) == 0
+
+
 def test_pad_and_unpad_gradients_equal_each_sequence_alone():
     """A causal op (a running sum over time) on the padded batches: outputs and input gradients
     equal the op on each sequence alone, bitwise. Pad's backward takes each position's gradient
