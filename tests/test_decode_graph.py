@@ -81,6 +81,92 @@ def test_static_cache_triton_decode_steps(nsa_device, nsa_tolerance):
     assert torch.equal(blocks, full_cache.last_block_idx[:, 33:])
 
 
+@pytest.mark.parity
+@pytest.mark.parametrize("compression", ["mlp", "mean"])
+def test_prompts_of_different_lengths_then_decode_steps(compression):
+    """A pack of prompts (5 shorter than a compressed block, 64 a whole number of selection
+    blocks) fills an empty static cache row by row; decode steps then continue every row from
+    its own length. Outputs, blocks and token reads equal each sequence run alone in its own
+    cache, to rounding; the shorter rows' compressed tokens equal their own."""
+    layer = _layer(compression)
+    lengths, steps = [37, 5, 64, 20], [1, 3, 1]
+    x = torch.randn(1, sum(lengths), 24, dtype=torch.float64)
+    tails = torch.randn(len(lengths), sum(steps), 24, dtype=torch.float64)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cache = layer.new_cache(len(lengths), capacity=72, static=True)
+    with torch.no_grad():
+        out = layer(x, cache, cu_seqlens=cu)
+        assert cache.ragged and cache.length == 64 and cache.seq_lens.tolist() == lengths
+        outs, blocks, reads, start = [], [], [], 0
+        for step in steps:
+            outs.append(layer(tails[:, start : start + step], cache))
+            blocks.append(cache.last_block_idx.clone())
+            reads.append(cache.last_reads)
+            start += step
+    assert cache.seq_lens.tolist() == [n + sum(steps) for n in lengths]
+    for i, n in enumerate(lengths):
+        alone = layer.new_cache(1, capacity=72, static=True)
+        seq = torch.cat([x[:, cu[i] : cu[i + 1]], tails[i : i + 1]], 1)
+        with torch.no_grad():
+            prompt = layer(seq[:, :n], alone)
+            torch.testing.assert_close(out[:, cu[i] : cu[i + 1]], prompt, rtol=1e-12, atol=1e-12)
+            start = n
+            for step, o, b, r in zip(steps, outs, blocks, reads):
+                o_i = layer(seq[:, start : start + step], alone)
+                torch.testing.assert_close(o[i : i + 1], o_i, rtol=1e-12, atol=1e-12)
+                assert torch.equal(b[i : i + 1], alone.last_block_idx)
+                assert torch.equal(r.cmp[i], alone.last_reads.cmp[0]) and torch.equal(r.win[i], alone.last_reads.win[0])
+                assert torch.equal(r.slc[i], alone.last_reads.slc[0])
+                start += step
+        emitted = SMALL.num_cmp(n + sum(steps))
+        torch.testing.assert_close(cache.buffer("k_cmp")[i, :emitted], alone.buffer("k_cmp")[0, :emitted],
+                                   rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+def test_prompts_of_different_lengths_triton_decode_steps(nsa_device, nsa_tolerance):
+    """The same through the Triton decode kernel (the prompts by the default route)."""
+    layer = _layer("mlp", torch.float32, nsa_device, heads=(4, 1), dims=(16, 16))
+    lengths = [30, 9, 41]
+    x = torch.randn(1, sum(lengths), 24, device=nsa_device)
+    tails = torch.randn(len(lengths), 2, 24, device=nsa_device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cache = layer.new_cache(len(lengths), capacity=48, static=True)
+    with torch.no_grad():
+        layer(x, cache, cu_seqlens=cu)
+        layer.backend = "triton"
+        out = torch.cat([layer(tails[:, :1], cache), layer(tails[:, 1:], cache)], 1)
+        layer.backend = None
+        for i, n in enumerate(lengths):
+            alone = layer.new_cache(1)
+            seq = torch.cat([x[:, cu[i] : cu[i + 1]], tails[i : i + 1]], 1)
+            full = layer(seq, alone)
+            assert_close("o", out[i : i + 1], full[:, n:], nsa_tolerance(torch.float32))
+            assert torch.equal(cache.last_block_idx[i : i + 1], alone.last_block_idx[:, -1:])
+
+
+def test_prompts_of_different_lengths_need_an_empty_static_cache():
+    layer = _layer("mean")
+    x = torch.randn(1, 10, 24, dtype=torch.float64)
+    cu = torch.tensor([0, 4, 10])
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="empty static cache .* a growing cache holding 0 positions"):
+            layer(x, layer.new_cache(2), cu_seqlens=cu)
+        used = layer.new_cache(2, capacity=16, static=True)
+        layer(torch.randn(2, 3, 24, dtype=torch.float64), used)
+        with pytest.raises(ValueError, match="a static cache holding 3 positions"):
+            layer(x, used, cu_seqlens=cu)
+        with pytest.raises(ValueError, match="the pack holds 2 sequences; the cache was made for 3"):
+            layer(x, layer.new_cache(3, capacity=16, static=True), cu_seqlens=cu)
+        with pytest.raises(ValueError, match="static NSACache is full: 0 \\+ 6 positions exceed capacity 5"):
+            layer(x, layer.new_cache(2, capacity=5, static=True), cu_seqlens=cu)
+        ragged = layer.new_cache(2, capacity=40, static=True)
+        layer(x, ragged, cu_seqlens=cu)
+        with pytest.raises(ValueError, match="holds sequences of different lengths"):
+            layer(torch.randn(2, 17, 24, dtype=torch.float64), ragged)  # past DEVICE_STEP_MAX_TOKENS
+
+
 def test_static_cache_limits():
     layer = _layer()
     with pytest.raises(ValueError, match="capacity"):

@@ -128,12 +128,13 @@ def test_packed_sequences_equal_each_sequence_alone(compression: str) -> None:
         torch.testing.assert_close(packed_grads[name], p.grad, rtol=1e-10, atol=1e-12, msg=lambda m: f"{name}: {m}")
 
 
-def test_packed_sequences_refuse_a_cache_and_bad_packs() -> None:
+def test_packed_sequences_refuse_a_growing_cache_and_bad_packs() -> None:
+    """A pack fills only an empty static cache (tests/test_decode_graph.py has the rest)."""
     layer = _layer("mean")
     x = torch.randn(1, 10, 24, dtype=torch.float64)
     cu = torch.tensor([0, 4, 10])
-    with pytest.raises(ValueError, match="cannot continue a cache"):
-        layer(x, layer.new_cache(1), cu_seqlens=cu)
+    with pytest.raises(ValueError, match="prompts of different lengths go into an empty static cache"):
+        layer(x, layer.new_cache(2), cu_seqlens=cu)
     with pytest.raises(ValueError, match="max_seqlen needs cu_seqlens"):
         layer(x, max_seqlen=10)
     with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to the packed length 10"):

@@ -88,12 +88,29 @@ class NSAAttention(nn.Module):
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         B, T, _ = x.shape
-        H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
-        q = self.rotary(self.q_proj(x).view(B, T, self.num_heads, Dk), positions)
-        keys = {b: self.rotary(self.k_proj[b](x).view(B, T, H, Dk), positions) for b in BRANCHES}
-        values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
+        q = self.rotary(self.q_proj(x).view(B, T, self.num_heads, self.head_dim), positions)
+        keys, values = self._keys_values(x, positions)
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
         return q, keys, values, gates
+
+    def _keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> Tuple[dict, dict]:
+        """Each branch's keys (rotated to ``positions``) and values, ``[B, T, H, D]``."""
+        B, T, _ = x.shape
+        H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
+        keys = {b: self.rotary(self.k_proj[b](x).view(B, T, H, Dk), positions) for b in BRANCHES}
+        values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
+        return keys, values
+
+    def _prefill_packed(self, x: torch.Tensor, pack: varlen.Layout, cache: NSACache) -> None:
+        """Every sequence of a pack into an empty static cache from position 0: raw keys and
+        values, lengths, compressed tokens (the prompts of a batched decode whose lengths differ).
+        The keys and values are projected here once more: the padded batches keep theirs."""
+        rows, positions = pack.sequence_positions(x.device)
+        keys, values = self._keys_values(x, positions[None])
+        cache.prefill_packed(rows, positions, pack.lengths, **_raw(keys, values))
+        count = self.config.num_cmp(cache.length)  # the longest prompt's; shorter ones rewrite their own
+        if count:
+            cache.emit(cache.seq_lens.to(torch.int64) - 1, count, self.compress_k, self.compress_v)
 
     def _kv_from_cache(self, cache: NSACache, keys: dict, values: dict) -> Tuple[dict, dict]:
         cache.append(**_raw(keys, values))
@@ -125,7 +142,7 @@ class NSAAttention(nn.Module):
             backend=self.backend, return_block_idx=True,
         )  # fmt: skip
         cache.advance_host(steps)
-        cache.record(block_idx, positions[0])
+        cache.record(block_idx, positions)  # [B, T]: the sequences may sit at different positions
         return self.o_proj(o.flatten(2))
 
     def forward(
@@ -139,13 +156,16 @@ class NSAAttention(nn.Module):
         the cache is empty, then one or more tokens per call); the cache is
         updated in place and records the selected blocks and tokens read.
 
-        With ``cu_seqlens`` (no cache), ``x [1, total, hidden]`` packs whole
-        sequences along time, flash-attn style (``[0, len_0, len_0 + len_1, ...,
-        total]``, int32/int64; ``max_seqlen`` optional): each sequence gets its own
-        positions from 0 and its own compressed tokens, exactly as if it ran alone.
-        The layer runs them as padded batches of similar lengths (see :mod:`nsa.ops.varlen`);
-        ``cu_seqlens`` on the host (a CPU tensor) keeps the call free of any wait for the GPU,
-        and layers given the same boundaries share one layout.
+        With ``cu_seqlens``, ``x [1, total, hidden]`` packs whole sequences along
+        time, flash-attn style (``[0, len_0, len_0 + len_1, ..., total]``, int32/int64;
+        ``max_seqlen`` optional): each sequence gets its own positions from 0 and its
+        own compressed tokens, exactly as if it ran alone. The layer runs them as padded
+        batches of similar lengths (see :mod:`nsa.ops.varlen`); ``cu_seqlens`` on the host
+        (a CPU tensor) keeps the call free of any wait for the GPU, and layers given the
+        same boundaries share one layout. Given an empty static cache of one row per
+        sequence, the call also fills it, each row to its own length: prompts of different
+        lengths, which decode steps of ``[B, T, hidden]`` (``T <= DEVICE_STEP_MAX_TOKENS``)
+        then continue, every row from its own length (``cache.seq_lens``).
 
         On a ``static`` cache, calls of at most ``DEVICE_STEP_MAX_TOKENS`` tokens
         take the graph-safe decode path (positions from ``cache.seq_lens``, no
@@ -154,9 +174,9 @@ class NSAAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
         if cu_seqlens is not None:
-            if cache is not None:
-                raise ValueError("cu_seqlens packs whole sequences from position 0; it cannot continue a cache")
             pack = varlen.layout(cu_seqlens, max_seqlen, x.shape[1], x.shape[0], x.device)
+            if cache is not None:
+                self._prefill_packed(x, pack, cache)
             return pack.unpad([self.forward(group) for group in pack.pad(x)])
         if max_seqlen is not None:
             raise ValueError("max_seqlen needs cu_seqlens")

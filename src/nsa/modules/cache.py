@@ -18,12 +18,13 @@ changes per step, so a decode step through them can be captured in a CUDA graph
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 
 from nsa.config import NSAConfig
 from nsa.ops.compressed.reference import visible_cmp_count
+from nsa.ops.varlen import host_to_device
 
 RAW_BUFFERS = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
 CMP_BUFFERS = ("k_cmp", "v_cmp")
@@ -34,7 +35,8 @@ class TokenReads:
     """Tokens read per branch by each query of one call (spec "Decode memory reads").
 
     ``cmp [T]`` visible compressed tokens, ``slc [B, T, H]`` selected positions
-    ``<= t`` of each KV group's real blocks, ``win [T]`` window positions.
+    ``<= t`` of each KV group's real blocks, ``win [T]`` window positions; ``cmp`` and
+    ``win`` are ``[B, T]`` where the sequences of a batch sit at different positions.
     """
 
     cmp: torch.Tensor
@@ -42,9 +44,10 @@ class TokenReads:
     win: torch.Tensor
 
     def last_step(self) -> Dict[str, float]:
-        """Reads of the call's last query as Python numbers (``slc`` averaged over batch and
-        KV heads). This syncs with the device: use it for reports, not in a decode loop."""
-        out = {"cmp": float(self.cmp[-1]), "slc": float(self.slc[:, -1].double().mean()), "win": float(self.win[-1])}
+        """Reads of the call's last query as Python numbers (averaged over batch and KV heads).
+        This syncs with the device: use it for reports, not in a decode loop."""
+        last = lambda reads: float(reads[..., -1].double().mean())  # noqa: E731
+        out = {"cmp": last(self.cmp), "slc": float(self.slc[:, -1].double().mean()), "win": last(self.win)}
         out["total"] = out["cmp"] + out["slc"] + out["win"]
         return out
 
@@ -52,15 +55,15 @@ class TokenReads:
 def count_reads(block_idx: torch.Tensor, q_offset: Union[int, torch.Tensor], config: NSAConfig) -> TokenReads:
     """Tokens read by queries at ``q_offset ...`` given their selected ``block_idx [B, T, H, n]``.
 
-    ``q_offset`` is the first position (an int), or the positions ``[T]`` themselves
-    as a device tensor (graph-safe)."""
+    ``q_offset`` is the first position (an int), or the positions themselves as a device
+    tensor (graph-safe): ``[T]``, or ``[B, T]`` where the batch's sequences differ in length."""
     T = block_idx.shape[1]
     if isinstance(q_offset, torch.Tensor):
         t = q_offset.to(device=block_idx.device, dtype=torch.int64)
     else:
         t = torch.arange(q_offset, q_offset + T, device=block_idx.device)
     starts = block_idx.to(torch.int64) * config.sel_block
-    in_block = (t[None, :, None, None] + 1 - starts).clamp(0, config.sel_block)
+    in_block = (t.view(-1, T)[:, :, None, None] + 1 - starts).clamp(0, config.sel_block)
     slc = torch.where(block_idx >= 0, in_block, torch.zeros_like(in_block)).sum(-1)
     return TokenReads(cmp=visible_cmp_count(t, config), slc=slc, win=(t + 1).clamp(max=config.window))
 
@@ -87,6 +90,8 @@ class NSACache:
             lengths that decode kernels and graph replays read.
         last_block_idx: int32 ``[B, T, H, n]`` blocks selected by the last call.
         last_reads: :class:`TokenReads` of the last call.
+        ragged: whether its sequences differ in length (:meth:`prefill_packed`): ``length`` is
+            then the longest, and only device steps (:meth:`write`, :meth:`emit`) continue it.
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class NSACache:
         self.num_cmp = 0
         self.last_block_idx: Optional[torch.Tensor] = None
         self.last_reads: Optional[TokenReads] = None
+        self.ragged = False
         v_head_dim = v_head_dim or head_dim
         self._dims = {name: (v_head_dim if name.startswith("v") else head_dim) for name in RAW_BUFFERS + CMP_BUFFERS}
         self._shape = (batch_size, num_kv_heads)
@@ -167,6 +173,10 @@ class NSACache:
         ``[B, T, H, D]``) and advance ``length`` by T."""
         if set(raw) != set(RAW_BUFFERS):
             raise ValueError(f"NSACache.append needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        if self.ragged:
+            raise ValueError("NSACache.append: this cache holds sequences of different lengths (prefill_packed); "
+                             "continue it by device steps (write/emit), as NSAAttention does for calls of at most "
+                             "DEVICE_STEP_MAX_TOKENS tokens")
         steps = {t.shape[1] for t in raw.values()}
         if len(steps) != 1:
             raise ValueError(f"NSACache.append: all tensors need the same length, got {sorted(steps)}")
@@ -214,6 +224,29 @@ class NSACache:
         for name, value in raw.items():
             self._buf[name][rows, positions] = value
         self.seq_lens.add_(positions.shape[1])
+
+    def prefill_packed(self, rows: torch.Tensor, positions: torch.Tensor, lengths: List[int], **raw: torch.Tensor) -> None:
+        """Prompts of different lengths into an empty static cache: each raw buffer's packed
+        ``[1, total, H, D]`` scattered to ``(rows, positions)`` (``[total]`` each: a token's
+        sequence and its position in it), ``seq_lens`` set to ``lengths`` (host ints, one a row).
+
+        The host ``length`` becomes the longest and the cache :attr:`ragged`; the compressed
+        tokens follow from :meth:`emit`."""
+        if set(raw) != set(RAW_BUFFERS):
+            raise ValueError(f"NSACache.prefill_packed needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        if not self.static or self.length:
+            kind = "static" if self.static else "growing"
+            raise ValueError("prompts of different lengths go into an empty static cache (new_cache(B, capacity=N, "
+                             f"static=True)); this is a {kind} cache holding {self.length} positions")
+        if len(lengths) != self._shape[0]:
+            raise ValueError(f"the pack holds {len(lengths)} sequences; the cache was made for {self._shape[0]}")
+        self.reserve(max(lengths, default=0))
+        for name, value in raw.items():
+            self._buf[name][rows, positions] = value[0]
+        self.seq_lens.copy_(host_to_device(torch.tensor(lengths, dtype=torch.int32), self.device))
+        self.length = max(lengths, default=0)
+        self.num_cmp = self.config.num_cmp(self.length)
+        self.ragged = len(set(lengths)) > 1
 
     def emit(self, last: torch.Tensor, count: int, phi_k: Callable, phi_v: Callable) -> None:
         """Graph-safe emission: (re)compute the ``count`` newest compressed tokens complete

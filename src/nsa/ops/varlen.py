@@ -80,12 +80,23 @@ class Group:
 @dataclass(frozen=True)
 class Layout:
     """How a pack of ``total`` positions runs: its :class:`Group` s, whose real positions
-    together are every packed position once, and ``pack_source``: for each packed position, its
-    row among the groups' padded batches laid end to end."""
+    together are every packed position once; ``pack_source``: for each packed position, its
+    row among the groups' padded batches laid end to end; the pack's ``boundaries``."""
 
     groups: List[Group]
     total: int
     pack_source: torch.Tensor
+    boundaries: Tuple[int, ...]
+
+    @property
+    def lengths(self) -> List[int]:
+        """Each sequence's length, in pack order (host ints)."""
+        return [b - a for a, b in zip(self.boundaries, self.boundaries[1:])]
+
+    def sequence_positions(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(sequence, position)`` of every packed token, int64 ``[total]`` each, on ``device``."""
+        lens = host_to_device(torch.tensor(self.lengths, dtype=torch.long), device)
+        return _runs(lens, self.total)
 
     def pad(self, x: torch.Tensor) -> List[torch.Tensor]:
         """``[1, total, ...]`` -> one ``[n, longest, ...]`` per group (:class:`PadFunction`)."""
@@ -224,15 +235,15 @@ LAYOUTS_KEPT = 8
 def _layout_of(boundaries: Tuple[int, ...], device: torch.device, per_octave: int) -> Layout:
     lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
     total = boundaries[-1]
-    cu = _to_device(torch.tensor(boundaries, dtype=torch.long), device)
+    cu = host_to_device(torch.tensor(boundaries, dtype=torch.long), device)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total, empty)
+        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total, empty, boundaries)
     groups = []
     for members in classes:
-        index = _to_device(torch.tensor(members), device)
+        index = host_to_device(torch.tensor(members), device)
         tokens = sum(lengths[i] for i in members)
         groups.append(_group(starts[index], lens[index], max(lengths[i] for i in members), tokens, total))
     pack_source = torch.empty(total, dtype=torch.long, device=device)
@@ -240,10 +251,10 @@ def _layout_of(boundaries: Tuple[int, ...], device: torch.device, per_octave: in
     for g in groups:
         pack_source[g.positions] = g.real_slots + offset
         offset += g.n * g.longest
-    return Layout(groups, total, pack_source)
+    return Layout(groups, total, pack_source, boundaries)
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; a host tensor goes to a GPU through pinned memory, a copy that does not
     wait for the work already queued there (a plain copy from pageable memory synchronises)."""
     if device.type == "cuda" and t.device.type == "cpu":
