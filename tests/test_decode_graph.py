@@ -234,3 +234,27 @@ def test_decode_graph_replay_matches_eager_and_reference(nsa_device):
         assert_valid_selection(got, ref_blocks, scores, config, q_offset=prefill, eps=SELECTION_EPS[x.dtype])
     assert_close("graph vs eager", torch.cat(outs, 1), torch.cat(eager_outs, 1), 1e-2)
     assert_close("o", torch.cat(outs, 1), ref, 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_decode_graph_replays_prompts_of_different_lengths(nsa_device):
+    """Prompts of different lengths in one static cache, then CUDA-graph replays: every row's
+    steps match the same steps of that sequence alone (eager, its own cache), bf16."""
+    config, lengths, steps = NSAConfig(), [1000, 300, 777], 24
+    layer = _layer("mlp", torch.bfloat16, nsa_device, config, heads=(16, 4), dims=(64, 64), hidden=256)
+    x = torch.randn(1, sum(lengths), 256, device=nsa_device, dtype=torch.bfloat16)
+    tails = torch.randn(len(lengths), steps, 256, device=nsa_device, dtype=torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cache = layer.new_cache(len(lengths), capacity=1100, static=True)
+    with torch.no_grad():
+        layer(x, cache, cu_seqlens=cu)
+        step = DecodeGraph(layer, cache)
+        outs = torch.cat([step(tails[:, t : t + 1]).clone() for t in range(steps)], 1)
+        assert cache.seq_lens.tolist() == [n + steps for n in lengths]
+        for i, n in enumerate(lengths):
+            alone = layer.new_cache(1, capacity=1100, static=True)
+            layer(x[:, cu[i] : cu[i + 1]], alone)
+            mine = torch.cat([layer(tails[i : i + 1, t : t + 1], alone) for t in range(steps)], 1)
+            assert_close(f"sequence {i}", outs[i : i + 1], mine, 1e-2)
+
