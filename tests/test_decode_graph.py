@@ -146,6 +146,34 @@ def test_prompts_of_different_lengths_triton_decode_steps(nsa_device, nsa_tolera
             assert torch.equal(cache.last_block_idx[i : i + 1], alone.last_block_idx[:, -1:])
 
 
+def test_reset_cache_serves_new_prompts_as_a_new_cache():
+    """A static cache emptied by ``reset`` (buffers kept, old contents left in them) gives the
+    next prompts and steps the same outputs as a new cache, bitwise: what a query reads is
+    written first, whatever the buffers held."""
+    layer = _layer("mlp")
+    cache = layer.new_cache(2, capacity=72, static=True)
+    pointer = cache.buffer("k_slc").data_ptr()
+    with torch.no_grad():
+        layer(torch.randn(1, 130, 24, dtype=torch.float64), cache, cu_seqlens=torch.tensor([0, 70, 130]))
+        layer(torch.randn(2, 1, 24, dtype=torch.float64), cache)
+        cache.reset()
+        assert cache.length == 0 and not cache.ragged and cache.seq_lens.tolist() == [0, 0]
+        x, tail, cu = torch.randn(1, 50, 24, dtype=torch.float64), torch.randn(2, 3, 24, dtype=torch.float64), torch.tensor([0, 13, 50])
+        fresh = layer.new_cache(2, capacity=72, static=True)
+        for c in (cache, fresh):
+            c.outputs = [layer(x, c, cu_seqlens=cu)] + [layer(tail[:, t : t + 1], c) for t in range(3)]
+    for a, b in zip(cache.outputs, fresh.outputs):
+        assert torch.equal(a, b)
+    with torch.no_grad():  # again, prompts of one length (the host path, then a device step)
+        cache.reset()
+        fresh = layer.new_cache(2, capacity=72, static=True)
+        for c in (cache, fresh):
+            c.outputs = [layer(x[:, :20].expand(2, 20, 24), c), layer(tail[:, :1], c)]
+    for a, b in zip(cache.outputs, fresh.outputs):
+        assert torch.equal(a, b)
+    assert cache.seq_lens.tolist() == [21, 21] and cache.buffer("k_slc").data_ptr() == pointer
+
+
 def test_prompts_of_different_lengths_need_an_empty_static_cache():
     layer = _layer("mean")
     x = torch.randn(1, 10, 24, dtype=torch.float64)
@@ -240,21 +268,24 @@ def test_decode_graph_replay_matches_eager_and_reference(nsa_device):
 @pytest.mark.triton
 def test_decode_graph_replays_prompts_of_different_lengths(nsa_device):
     """Prompts of different lengths in one static cache, then CUDA-graph replays: every row's
-    steps match the same steps of that sequence alone (eager, its own cache), bf16."""
-    config, lengths, steps = NSAConfig(), [1000, 300, 777], 24
+    steps match the same steps of that sequence alone (eager, its own cache), bf16. After
+    ``cache.reset()`` the same captured graph serves the next prompts."""
+    config, steps = NSAConfig(), 24
     layer = _layer("mlp", torch.bfloat16, nsa_device, config, heads=(16, 4), dims=(64, 64), hidden=256)
-    x = torch.randn(1, sum(lengths), 256, device=nsa_device, dtype=torch.bfloat16)
-    tails = torch.randn(len(lengths), steps, 256, device=nsa_device, dtype=torch.bfloat16)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    cache = layer.new_cache(len(lengths), capacity=1100, static=True)
-    with torch.no_grad():
-        layer(x, cache, cu_seqlens=cu)
-        step = DecodeGraph(layer, cache)
-        outs = torch.cat([step(tails[:, t : t + 1]).clone() for t in range(steps)], 1)
-        assert cache.seq_lens.tolist() == [n + steps for n in lengths]
-        for i, n in enumerate(lengths):
-            alone = layer.new_cache(1, capacity=1100, static=True)
-            layer(x[:, cu[i] : cu[i + 1]], alone)
-            mine = torch.cat([layer(tails[i : i + 1, t : t + 1], alone) for t in range(steps)], 1)
-            assert_close(f"sequence {i}", outs[i : i + 1], mine, 1e-2)
-
+    cache = layer.new_cache(3, capacity=1100, static=True)
+    step = None
+    for lengths in ([1000, 300, 777], [64, 1020, 5]):
+        x = torch.randn(1, sum(lengths), 256, device=nsa_device, dtype=torch.bfloat16)
+        tails = torch.randn(len(lengths), steps, 256, device=nsa_device, dtype=torch.bfloat16)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        with torch.no_grad():
+            cache.reset()
+            layer(x, cache, cu_seqlens=cu)
+            step = step or DecodeGraph(layer, cache)
+            outs = torch.cat([step(tails[:, t : t + 1]).clone() for t in range(steps)], 1)
+            assert cache.seq_lens.tolist() == [n + steps for n in lengths]
+            for i, n in enumerate(lengths):
+                alone = layer.new_cache(1, capacity=1100, static=True)
+                layer(x[:, cu[i] : cu[i + 1]], alone)
+                mine = torch.cat([layer(tails[i : i + 1, t : t + 1], alone) for t in range(steps)], 1)
+                assert_close(f"{lengths}, sequence {i}", outs[i : i + 1], mine, 1e-2)

@@ -155,6 +155,16 @@ class NSACache:
                 new[:, : used[name]] = self._buf[name][:, : used[name]]
             self._buf[name] = new
 
+    def reset(self) -> None:
+        """Empty the cache for new sequences, keeping its buffers where they are (a static cache's
+        CUDA graphs stay valid: :class:`nsa.DecodeGraph` captured on it replays for the next
+        prompts). Nothing is zeroed: every position and compressed token a query can see is
+        written again before it is read."""
+        self.length = self.num_cmp = 0
+        self.seq_lens.zero_()
+        self.ragged = False
+        self.last_block_idx = self.last_reads = None
+
     def reserve(self, positions: int) -> None:
         """Make room for ``positions`` more tokens (grows by whole chunks, copying once)."""
         needed = self.length + positions
