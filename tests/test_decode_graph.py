@@ -147,9 +147,8 @@ def test_prompts_of_different_lengths_triton_decode_steps(nsa_device, nsa_tolera
 
 
 def test_reset_cache_serves_new_prompts_as_a_new_cache():
-    """A static cache emptied by ``reset`` (buffers kept, old contents left in them) gives the
-    next prompts and steps the same outputs as a new cache, bitwise: what a query reads is
-    written first, whatever the buffers held."""
+    """A static cache emptied by ``reset`` (its buffers kept in place) gives the next prompts and
+    steps the same outputs as a new cache, bitwise, and its buffers hold zeros again."""
     layer = _layer("mlp")
     cache = layer.new_cache(2, capacity=72, static=True)
     pointer = cache.buffer("k_slc").data_ptr()
@@ -158,6 +157,7 @@ def test_reset_cache_serves_new_prompts_as_a_new_cache():
         layer(torch.randn(2, 1, 24, dtype=torch.float64), cache)
         cache.reset()
         assert cache.length == 0 and not cache.ragged and cache.seq_lens.tolist() == [0, 0]
+        assert all(not cache.buffer(name).any() for name in ("k_slc", "v_win", "k_cmp_raw", "v_cmp"))
         x, tail, cu = torch.randn(1, 50, 24, dtype=torch.float64), torch.randn(2, 3, 24, dtype=torch.float64), torch.tensor([0, 13, 50])
         fresh = layer.new_cache(2, capacity=72, static=True)
         for c in (cache, fresh):

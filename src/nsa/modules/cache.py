@@ -158,8 +158,10 @@ class NSACache:
     def reset(self) -> None:
         """Empty the cache for new sequences, keeping its buffers where they are (a static cache's
         CUDA graphs stay valid: :class:`nsa.DecodeGraph` captured on it replays for the next
-        prompts). Nothing is zeroed: every position and compressed token a query can see is
-        written again before it is read."""
+        prompts). The buffers are zeroed in place, as a new static cache's are: a query never
+        reads an old value, but an emission may pool a block that is not complete yet."""
+        for buffer in self._buf.values():
+            buffer.zero_()
         self.length = self.num_cmp = 0
         self.seq_lens.zero_()
         self.ragged = False
