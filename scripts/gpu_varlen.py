@@ -29,16 +29,23 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
-import random
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 
-# --src DIR (before the imports): time another tree's nsa, e.g. an older commit's (git archive)
-_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(Path(__file__).resolve().parents[1] / "src")
-sys.path.insert(0, _SRC)
+# The packs come from this checkout's nsa.bench.workloads whatever tree is timed: --src DIR (read
+# before the imports) times another tree's nsa, e.g. an older commit's (git archive).
+_HERE = str(Path(__file__).resolve().parents[1] / "src")
+sys.path.insert(0, _HERE)
+from nsa.bench.workloads import pack_lengths  # noqa: E402
+
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else _HERE
+if Path(_SRC).resolve() != Path(_HERE).resolve():
+    for name in [m for m in sys.modules if m == "nsa" or m.startswith("nsa.")]:
+        del sys.modules[name]
+    sys.path.insert(0, _SRC)
 from nsa import NSAConfig  # noqa: E402
 from nsa.bench.timing import Runner, measure_within  # noqa: E402
 from nsa.ops import nsa_attention, varlen  # noqa: E402
@@ -47,23 +54,6 @@ HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 QUAD_TOKENS = 78_000  # H100 fit of the prefill table: time ~ T + T^2 / 78k tokens' worth
 GROUP_TOKENS = 350  # a group's fixed cost in tokens' worth (about 0.3 ms of a forward+backward)
-
-
-def pack_lengths(kind: str, total: int, seed: int) -> List[int]:
-    """Sequence lengths summing to ``total``, drawn as a data loader that packs documents would."""
-    rng = random.Random(seed)
-    draw: Dict[str, Callable[[], int]] = {
-        "lognormal": lambda: int(rng.lognormvariate(7.0, 1.0)),  # median about 1.1k tokens
-        "long": lambda: int(rng.lognormvariate(8.5, 1.0)),  # median about 4.9k
-        "uniform": lambda: rng.randint(1, 16384),
-    }
-    lengths: List[int] = []
-    if kind == "one_long":  # one long document, the rest short ones
-        lengths.append(total // 2)
-        kind = "lognormal"
-    while sum(lengths) < total:
-        lengths.append(max(1, min(draw[kind](), total - sum(lengths))))
-    return lengths
 
 
 def dp_groups(lengths: List[int], group_tokens: int = GROUP_TOKENS) -> List[List[int]]:

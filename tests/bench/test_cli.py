@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nsa.bench import baselines as bl
-from nsa.bench.cli import DECODE_COLUMNS, PREFILL_COLUMNS, Bench, main, parse_sizes
+from nsa.bench.cli import DECODE_COLUMNS, PACKED_COLUMNS, PREFILL_COLUMNS, Bench, main, parse_sizes
 from nsa.bench.workloads import Shape, default_config, point_info
 
 TINY = ["--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "fp32", "--rounds", "2", "--warmup", "1",
@@ -113,9 +113,23 @@ def test_prefill_queues_its_calls_unless_asked_to_sync(flags, queued, tmp_path, 
     assert rows_of(out_csv)[0]["timing"].startswith("cpu perf_counter")  # a CPU has no device queue
 
 
+def test_packed_table_and_csv(tmp_path):
+    """Packs of documents, NSA against dense attention over the same pack: one row a kind."""
+    out_csv = tmp_path / "k.csv"
+    assert main(["packed", "--total", "512", "--packs", "lognormal,one_long", *TINY, "--csv", str(out_csv)]) == 0
+    rows = rows_of(out_csv)
+    assert list(rows[0]) == list(PACKED_COLUMNS) and [r["pack"] for r in rows] == ["lognormal", "one_long"]
+    for r in rows:
+        assert r["status"] == "ok" and r["boundaries"] == "host" and r["dense"] == "sdpa per sequence"
+        assert int(r["sequences"]) > 2 and int(r["batches"]) >= 1 and 1 <= float(r["padded_ratio"]) < 2 ** 0.5
+        for mode in ("fwd", "fwdbwd"):
+            ratio = float(r[f"dense_{mode}_ms"]) / float(r[f"nsa_{mode}_ms"])
+            assert float(r[f"{mode}_speedup"]) == pytest.approx(ratio, rel=RATIO_REL)
+
+
 def test_module_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "nsa.bench", "--help"], capture_output=True, text=True, check=True)
-    assert "decode" in done.stdout and "prefill" in done.stdout and "plot" in done.stdout
+    assert all(command in done.stdout for command in ("decode", "prefill", "packed", "plot"))
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -126,3 +140,9 @@ def test_user_errors_exit_2_with_the_reason(extra, message, capsys):
     with pytest.raises(SystemExit) as done:
         main(["decode", "--contexts", "64", "--device", "cpu", *extra])
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_packed_names_a_bad_kind(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["packed", "--packs", "lognormal,short", *TINY])
+    assert done.value.code == 2 and "--packs takes kinds of lognormal, long, uniform, one_long" in capsys.readouterr().err

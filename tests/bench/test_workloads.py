@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from nsa import NSAConfig, nsa_attention
 from nsa.bench.workloads import (
@@ -109,3 +110,71 @@ def test_device_defaults():
     assert (gpu.heads, gpu.kv_heads, gpu.head_dim, gpu.dtype) == (64, 4, 128, torch.bfloat16)
     assert default_config(torch.device("cuda")) == NSAConfig()
     assert Shape.default(CPU, 2, 512).dtype == torch.float32
+
+
+def test_pack_lengths_fill_the_pack_alike_at_any_size():
+    """Seeded, summing to the total; a 64k pack holds what the session-34 packs held, and a
+    small pack as many documents (lengths scaled down); bad arguments are named."""
+    from nsa.bench.workloads import PACK_KINDS, pack_lengths
+
+    sizes = {kind: len(pack_lengths(kind, 65536)) for kind in PACK_KINDS}
+    assert sizes == {"lognormal": 38, "long": 13, "uniform": 7, "one_long": 24}
+    for kind in PACK_KINDS:
+        for total in (1, 7, 2048, 65536):
+            lengths = pack_lengths(kind, total, seed=3)
+            assert sum(lengths) == total and min(lengths) >= 1 and lengths == pack_lengths(kind, total, seed=3)
+        assert len(pack_lengths(kind, 2048)) >= sizes[kind] - 1  # the last one cut to fit
+    assert pack_lengths("one_long", 2048)[0] == 1024 and pack_lengths("lognormal", 2048, seed=1) != pack_lengths("lognormal", 2048)
+    with pytest.raises(ValueError, match="pack kind must be one of"):
+        pack_lengths("short", 100)
+    with pytest.raises(ValueError, match="a pack's total must be a positive int"):
+        pack_lengths("long", 0)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
+def test_packed_runners_compute_each_sequence_alone(backward):
+    """The NSA runner is ``nsa_attention`` over the pack; the dense one causal attention over each
+    sequence (GQA), both on the runner's own inputs."""
+    from nsa.bench.workloads import packed_runner
+
+    device, lengths = torch.device("cpu"), [40, 3, 77]
+    shape, config = Shape(1, 120, 4, 2, 16, torch.float32), default_config(torch.device("cpu"))
+    for impl in ("nsa", "dense"):
+        runner, what = packed_runner(impl, shape, lengths, config, device, backward=backward, sets=1)
+        args = runner.input_sets[0]
+        got = runner.target(0)
+        q, k, v = (x.detach() for x in args[:3])
+        a = 0
+        for n in lengths:
+            if impl == "nsa":
+                want = nsa_attention(q[:, a : a + n], k[:, a : a + n], v[:, a : a + n], args[3].detach()[:, a : a + n], config)
+            else:
+                want = F.scaled_dot_product_attention(*(x[:, a : a + n].transpose(1, 2) for x in (q, k, v)), is_causal=True,
+                                                      enable_gqa=True).transpose(1, 2)
+            if not backward:
+                torch.testing.assert_close(got[:, a : a + n], want, rtol=1e-5, atol=1e-5)
+            a += n
+        if backward:
+            assert len(got) == (4 if impl == "nsa" else 3) and all(torch.isfinite(g).all() for g in got)
+        assert what == ("nsa" if impl == "nsa" else "sdpa per sequence")
+    with pytest.raises(ValueError, match="a pack is one row of sum\\(lengths\\) = 120 tokens"):
+        packed_runner("nsa", Shape(2, 120, 4, 2, 16, torch.float32), lengths, config, device, backward=False)
+
+
+
+@pytest.mark.gpu
+def test_dense_packed_runner_on_the_gpu_is_attention_over_each_sequence(nsa_device):
+    """On CUDA the dense pack goes through ``varlen_attn`` (keys and values given every query head
+    where that has no GQA): the same as causal SDPA over each sequence, bf16."""
+    from nsa.bench.workloads import packed_runner
+
+    lengths = [1000, 37, 2100, 511]
+    shape = Shape(1, sum(lengths), 16, 4, 128, torch.bfloat16)
+    runner, what = packed_runner("dense", shape, lengths, default_config(nsa_device), nsa_device, backward=False, sets=1)
+    q, k, v = runner.input_sets[0]
+    got, a = runner.target(0), 0
+    for n in lengths:
+        want = F.scaled_dot_product_attention(*(x[:, a : a + n].transpose(1, 2) for x in (q, k, v)), is_causal=True,
+                                              enable_gqa=True).transpose(1, 2)
+        assert rel_error(got[:, a : a + n].float(), want.float()) < 1e-2, what
+        a += n

@@ -4,6 +4,7 @@ Examples::
 
     nsa-bench decode --contexts 8k,16k,32k,64k --batch 1,16 --csv decode.csv --plot decode.png
     nsa-bench prefill --lengths 8k,16k,32k --csv prefill.csv --plot prefill.png
+    nsa-bench packed --total 64k --packs lognormal,long,uniform,one_long --csv packed.csv
 
 Defaults (contexts, lengths, batch sizes, rounds) come from the GPU profile that
 matches the device (``--profile``), shapes from the device (64 query heads, 4 KV
@@ -15,6 +16,8 @@ call from an idle device instead, the host's launches included). ``--baseline au
 (``gpu_profiles/baselines/<profile>/benchmarks.json``, written by
 ``pytest tests/benchmarks --nsa-baseline=save``) into the plot, for the points of
 the same shape; a baseline from another machine is refused with the reason.
+``packed`` times packs of documents (``cu_seqlens``, :func:`nsa.bench.workloads.pack_lengths`)
+against causal dense attention over the same pack, forward and forward+backward.
 Progress goes to stderr, the table to stdout.
 """
 
@@ -31,9 +34,11 @@ import torch
 from nsa.bench import baselines, plot
 from nsa.bench.timing import Runner, Samples, measure_within
 from nsa.bench.workloads import (
-    BRANCHES, DECODE_OPS, PREFILL_OPS, Shape, branch_runners, decode_reads, decode_runner, default_config,
-    describe_config, graph_status, parse_dtype, point_info, prefill_runner, routes,
+    BRANCHES, DECODE_OPS, PACK_KINDS, PREFILL_OPS, Shape, branch_runners, decode_reads, decode_runner,
+    default_config, describe_config, graph_status, pack_lengths, packed_runner, parse_dtype, point_info,
+    prefill_runner, routes,
 )  # fmt: skip
+from nsa.ops import varlen
 
 FALLBACK = {"contexts": (4096, 8192, 16384, 32768, 65536), "batch_sizes": (1,), "rounds": 20,
             "prefill_lengths": (8192, 16384, 32768)}  # fmt: skip
@@ -43,6 +48,9 @@ DECODE_COLUMNS = ("batch", "context", "mode", "status", "rounds", "nsa_ms", "nsa
 PREFILL_COLUMNS = ("batch", "length", "status", "rounds", "nsa_fwd_ms", "dense_fwd_ms", "dense_fwd_backend",
                    "fwd_speedup", "nsa_fwdbwd_ms", "dense_fwdbwd_ms", "dense_fwdbwd_backend", "fwdbwd_speedup", "baseline_fwd_speedup",
                    "baseline_fwdbwd_speedup", "timing")  # fmt: skip
+PACKED_COLUMNS = ("pack", "total", "sequences", "median_length", "batches", "padded_ratio", "status", "rounds",
+                  "nsa_fwd_ms", "dense_fwd_ms", "fwd_speedup", "nsa_fwdbwd_ms", "dense_fwdbwd_ms", "fwdbwd_speedup",
+                  "dense", "boundaries", "timing")  # fmt: skip
 
 
 def parse_sizes(text: str) -> Tuple[int, ...]:
@@ -65,18 +73,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", type=Path, required=True, help="the table (its baseline_* columns are drawn too)")
     p.add_argument("--plot", type=Path, required=True, help="the PNG to write")
     p.add_argument("--title", default="", help="plot title")
-    for name, what in (("decode", "one decode step per context"), ("prefill", "forward and forward+backward")):
-        p = sub.add_parser(name, help=f"time NSA against dense SDPA: {what}")
+    for name, what in (("decode", "one decode step per context"), ("prefill", "forward and forward+backward"),
+                       ("packed", "packs of documents (cu_seqlens), forward and forward+backward")):
+        p = sub.add_parser(name, help=f"time NSA against dense attention: {what}")
         if name == "decode":
             p.add_argument("--contexts", type=parse_sizes, help="contexts, e.g. 8k,16k (default: the profile's)")
             p.add_argument("--graph", action="store_true", help="replay CUDA graphs (where the decode route allows)")
             p.add_argument("--no-branches", action="store_true", help="skip timing each branch alone")
         else:
-            p.add_argument("--lengths", type=parse_sizes, help="sequence lengths (default: the profile's)")
+            if name == "prefill":
+                p.add_argument("--lengths", type=parse_sizes, help="sequence lengths (default: the profile's)")
+            else:
+                p.add_argument("--total", type=parse_sizes, help="tokens a pack (default 64k on GPU, 2k on CPU)")
+                p.add_argument("--packs", default=",".join(PACK_KINDS),
+                               help=f"kinds of pack, of {', '.join(PACK_KINDS)} (default: all)")
+                p.add_argument("--seed", type=int, default=0, help="seed of the documents' lengths (default 0)")
+                p.add_argument("--device-boundaries", action="store_true",
+                               help="cu_seqlens on the device (read back each call: a sync) instead of the host")
             p.add_argument("--sync-calls", action="store_true",
                            help="start each call on an idle device, so the host's launches count (default: calls "
                                 "queued back to back, device time as triton.testing.do_bench takes it)")
-        p.add_argument("--batch", type=parse_sizes, help="batch sizes, e.g. 1,16 (default: the profile's; prefill 1)")
+        if name != "packed":
+            p.add_argument("--batch", type=parse_sizes, help="batch sizes, e.g. 1,16 (default: the profile's; prefill 1)")
         p.add_argument("--heads", type=int, help="query heads (default 64 on GPU)")
         p.add_argument("--kv-heads", type=int, help="key/value heads (default 4 on GPU)")
         p.add_argument("--head-dim", type=int, help="head dimension (default 128 on GPU)")
@@ -88,9 +106,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--budget", type=float, default=30.0, help="seconds per measurement; fewer rounds beyond")
         p.add_argument("--sets", type=int, help="input sets to rotate (default: enough to exceed 2x L2)")
         p.add_argument("--no-flush", action="store_true", help="do not flush L2 before each call")
-        p.add_argument("--baseline", default="auto", help="'auto' (the profile's), 'none', or a baseline JSON path")
         p.add_argument("--csv", type=Path, help="write the table as CSV")
-        p.add_argument("--plot", type=Path, help="write a PNG plot")
+        if name != "packed":  # the pytest baselines and the plots hold decode and prefill points
+            p.add_argument("--baseline", default="auto", help="'auto' (the profile's), 'none', or a baseline JSON path")
+            p.add_argument("--plot", type=Path, help="write a PNG plot")
     return parser
 
 
@@ -244,6 +263,28 @@ def _prefill_point(bench: Bench, shape: Shape) -> Dict[str, Any]:
     return row
 
 
+def _packed_point(bench: Bench, kind: str, total: int) -> Dict[str, Any]:
+    lengths = pack_lengths(kind, total, bench.args.seed)
+    groups = varlen.length_classes(lengths)
+    row: Dict[str, Any] = {
+        "pack": kind, "total": total, "sequences": len(lengths), "median_length": sorted(lengths)[len(lengths) // 2],
+        "batches": len(groups), "padded_ratio": sum(len(g) * max(lengths[i] for i in g) for g in groups) / total,
+        "boundaries": "device" if bench.args.device_boundaries else "host",
+    }  # fmt: skip
+    shape = bench.shape(1, total)
+    kw = dict(bench.runner_kwargs(), queued=not bench.args.sync_calls)
+    for mode, backward in (("fwd", False), ("fwdbwd", True)):
+        times = {}
+        for impl in ("nsa", "dense"):
+            runner, what = packed_runner(impl, shape, lengths, bench.config, bench.device, backward=backward,
+                                         host_boundaries=not bench.args.device_boundaries, **kw)  # fmt: skip
+            times[impl] = bench.time(runner)
+        row[f"nsa_{mode}_ms"], row[f"dense_{mode}_ms"] = times["nsa"].median * 1e3, times["dense"].median * 1e3
+        row[f"{mode}_speedup"] = times["dense"].median / times["nsa"].median
+        row["dense"], row["rounds"], row["timing"] = what, len(times["nsa"].times), times["nsa"].method
+    return row
+
+
 def _run_points(points: List[Shape], measure_one: Callable[[Shape], Dict[str, Any]], what: str) -> List[Dict[str, Any]]:
     rows = []
     for i, shape in enumerate(points, 1):
@@ -330,6 +371,28 @@ def run_prefill(bench: Bench) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_packed(bench: Bench) -> List[Dict[str, Any]]:
+    args = bench.args
+    total = (args.total or ((65536,) if bench.device.type == "cuda" else (2048,)))[0]
+    kinds = [k.strip() for k in args.packs.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in PACK_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"--packs takes kinds of {', '.join(PACK_KINDS)}, got {args.packs!r}")
+    _progress_routes(PREFILL_OPS, bench, bench.shape(1, total))
+    rows = []
+    for i, kind in enumerate(kinds, 1):
+        _progress(f"[{i}/{len(kinds)}] packed {kind} of {total} tokens ...")
+        try:
+            row = {**_packed_point(bench, kind, total), "status": "ok"}
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            row = {"pack": kind, "total": total, "status": "oom"}
+        _progress("    " + ", ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k.endswith(("_ms", "speedup"))))
+        rows.append(row)
+    _emit(rows, PACKED_COLUMNS, args)
+    return rows
+
+
 def replot(args: argparse.Namespace) -> None:
     """``nsa-bench plot``: the decode or prefill plot of a CSV table, without measuring."""
     with open(args.csv, newline="", encoding="utf-8") as fh:
@@ -349,7 +412,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "plot":
             replot(args)
         else:
-            (run_decode if args.command == "decode" else run_prefill)(Bench(args))
+            {"decode": run_decode, "prefill": run_prefill, "packed": run_packed}[args.command](Bench(args))
     except ValueError as err:  # user input: bad shapes or counts, an unknown profile (ProfileError)
         parser.exit(2, f"nsa-bench: error: {err}\n")
     return 0

@@ -16,13 +16,18 @@ inputs (never zeros), enough independent sets to rotate through, and the call:
   ``slc``: selected attention on those blocks, ``win``: sliding window).
 - prefill: :func:`nsa.nsa_attention` (mean compression included) against causal
   SDPA, forward under ``no_grad`` or forward + ``torch.autograd.grad`` of all inputs.
+- packed batches: :func:`nsa.nsa_attention` with ``cu_seqlens`` over a pack of documents
+  (:func:`pack_lengths`) against causal dense attention over the same pack.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
+import random
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -350,3 +355,121 @@ def prefill_runner(
         raise ValueError(f"impl must be 'nsa' or one of {', '.join(DENSE_PREFILL_BACKENDS)}, got {impl!r}")
     return _runner(_prefill_fn(impl, config, backward), lambda: prefill_inputs(impl, shape, device, backward),
                    device, flush_l2=flush_l2, sets=sets, queued=queued)  # fmt: skip
+
+
+# -- packed batches (cu_seqlens) -----------------------------------------------------------
+
+#: Kinds of pack :func:`pack_lengths` draws.
+PACK_KINDS = ("lognormal", "long", "uniform", "one_long")
+
+
+def pack_lengths(kind: str, total: int, seed: int = 0) -> List[int]:
+    """Sequence lengths summing to ``total``, drawn (seeded) as a data loader that packs documents
+    would; the last one is cut to fit. For a pack of 64k tokens: ``lognormal``, median about 1.1k
+    tokens (``exp(N(7, 1))``); ``long``, about 4.9k (``exp(N(8.5, 1))``); ``uniform``, 1 to 16k;
+    ``one_long``, one document of half the pack, then ``lognormal`` ones. Other totals scale the
+    drawn lengths by ``total / 64k``, so a small pack holds as many documents."""
+    if kind not in PACK_KINDS:
+        raise ValueError(f"pack kind must be one of {', '.join(PACK_KINDS)}, got {kind!r}")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"a pack's total must be a positive int, got {total!r}")
+    rng = random.Random(seed)
+    draw = {"lognormal": lambda: rng.lognormvariate(7.0, 1.0), "long": lambda: rng.lognormvariate(8.5, 1.0),
+            "uniform": lambda: rng.randint(1, 16384), "one_long": lambda: rng.lognormvariate(7.0, 1.0)}[kind]
+    scale = total / 65536
+    lengths = [total // 2] if kind == "one_long" and total > 1 else []
+    filled = sum(lengths)
+    while filled < total:
+        lengths.append(max(1, min(int(draw() * scale), total - filled)))
+        filled += lengths[-1]
+    return lengths
+
+
+def _dense_packed_fn(lengths: Sequence[int], heads: int, kv_heads: int, device: torch.device
+                     ) -> Tuple[Callable[..., torch.Tensor], str, int]:  # fmt: skip
+    """Causal dense attention over a pack ``[1, total, heads, D]``: ``(forward, name, kv heads it
+    takes)``. On CUDA ``torch.nn.attention.varlen.varlen_attn`` (flash) where this torch has it,
+    its keys and values given all ``heads`` where it has no GQA (repeated outside the timed call);
+    elsewhere SDPA over each sequence in turn."""
+    bounds = [0, *itertools.accumulate(lengths)]
+    varlen_attn = None
+    if torch.device(device).type == "cuda":
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            pass
+    if varlen_attn is not None:
+        params = inspect.signature(varlen_attn).parameters
+        causal = dict(is_causal=True) if "is_causal" in params else dict(window_size=(-1, 0))
+        gqa = "enable_gqa" in params
+        if gqa:
+            causal["enable_gqa"] = True
+        cu_cache: Dict[torch.device, torch.Tensor] = {}
+
+        def varlen(q, k, v):
+            cu = cu_cache.setdefault(q.device, torch.tensor(bounds, dtype=torch.int32, device=q.device))
+            return varlen_attn(q[0], k[0], v[0], cu, cu, max(lengths), max(lengths), **causal)[None]
+
+        return varlen, "varlen_attn", kv_heads if gqa else heads
+
+    def per_sequence(q, k, v):
+        outs = [F.scaled_dot_product_attention(*(x[:, a:b].transpose(1, 2) for x in (q, k, v)), is_causal=True,
+                                               enable_gqa=True).transpose(1, 2) for a, b in zip(bounds, bounds[1:])]
+        return torch.cat(outs, 1)
+
+    return per_sequence, "sdpa per sequence", kv_heads
+
+
+def packed_runner(
+    impl: str,
+    shape: Shape,
+    lengths: Sequence[int],
+    config: NSAConfig,
+    device: torch.device,
+    *,
+    backward: bool,
+    host_boundaries: bool = True,
+    flush_l2: bool = True,
+    sets: Optional[int] = None,
+    queued: bool = False,
+) -> Tuple[Runner, str]:
+    """``(runner, what runs)`` of one packed call over sequences of ``lengths`` (``shape.length``
+    their sum, ``shape.batch`` 1), forward only or forward and the gradients of every input.
+
+    ``impl`` ``"nsa"``: :func:`nsa.nsa_attention` with ``cu_seqlens`` on the host
+    (``host_boundaries``, no sync) or on ``device`` (read back each call). ``"dense"``: causal
+    dense attention over the same pack (:func:`_dense_packed_fn` says which)."""
+    if impl not in ("nsa", "dense"):
+        raise ValueError(f"impl must be 'nsa' or 'dense', got {impl!r}")
+    if shape.batch != 1 or sum(lengths) != shape.length:
+        raise ValueError(f"a pack is one row of sum(lengths) = {sum(lengths)} tokens, got {shape.describe()}")
+    T, HQ, H, D = shape.length, shape.heads, shape.kv_heads, shape.head_dim
+    like = dict(dtype=shape.dtype, device=device, grad=backward)
+    if impl == "nsa":
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        cu = cu if host_boundaries else cu.to(device)
+        forward, what, kv = (lambda q, k, v, g: nsa_attention(q, k, v, g, config, cu_seqlens=cu)), "nsa", H
+
+        def make() -> Tuple[torch.Tensor, ...]:
+            gates = torch.rand(1, T, HQ, 3, dtype=shape.dtype, device=device).requires_grad_(backward)
+            return (_randn(1, T, HQ, D, **like), _randn(1, T, H, D, **like), _randn(1, T, H, D, **like), gates)
+    else:
+        forward, what, kv = _dense_packed_fn(lengths, HQ, H, device)
+
+        def make() -> Tuple[torch.Tensor, ...]:
+            return (_randn(1, T, HQ, D, **like), _randn(1, T, kv, D, **like), _randn(1, T, kv, D, **like))
+
+    def call(*inputs: torch.Tensor) -> Any:
+        if not backward:
+            with torch.no_grad():
+                return forward(*inputs)
+        *args, grad_out = inputs
+        with torch.enable_grad():
+            return torch.autograd.grad(forward(*args), args, grad_out)
+
+    def make_set() -> Tuple[torch.Tensor, ...]:
+        inputs = make()
+        return (*inputs, _randn(1, T, HQ, D, dtype=shape.dtype, device=device)) if backward else inputs
+
+    runner = _runner(call, make_set, device, flush_l2=flush_l2, sets=sets, queued=queued)
+    return runner, what
