@@ -3,7 +3,8 @@
 - :mod:`~nsa.bench.timing`: CUDA-event / ``perf_counter`` samples, warm-up excluded,
   L2 flushed and inputs rotated, optional CUDA-graph replay.
 - :mod:`~nsa.bench.workloads`: the decode step and prefill (NSA, dense SDPA, each
-  NSA branch alone) built from one :class:`~nsa.bench.workloads.Shape`.
+  NSA branch alone) built from one :class:`~nsa.bench.workloads.Shape`, and packs of
+  documents (``cu_seqlens``) against dense attention over the same pack.
 - :mod:`~nsa.bench.baselines`: the per-profile baseline files and the comparison.
 - :mod:`~nsa.bench.cli`: the ``nsa-bench`` command (tables, CSV, plots).
 

@@ -1,4 +1,4 @@
-"""``nsa-bench``: decode and prefill tables, CSV and plots, outside pytest.
+"""``nsa-bench``: decode, prefill and packed-batch tables, CSV and plots, outside pytest.
 
 Examples::
 
