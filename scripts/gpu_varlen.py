@@ -35,11 +35,12 @@ from typing import Callable, Dict, List
 
 import torch
 
-# The packs come from this checkout's nsa.bench.workloads whatever tree is timed: --src DIR (read
+# The packs (and their boundaries) come from this checkout whatever tree is timed: --src DIR (read
 # before the imports) times another tree's nsa, e.g. an older commit's (git archive).
 _HERE = str(Path(__file__).resolve().parents[1] / "src")
 sys.path.insert(0, _HERE)
 from nsa.bench.workloads import pack_lengths  # noqa: E402
+from nsa.ops.varlen import cu_seqlens_of  # noqa: E402
 
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else _HERE
 if Path(_SRC).resolve() != Path(_HERE).resolve():
@@ -98,7 +99,7 @@ def inputs(lengths: List[int], backward: bool, device: torch.device):
     like = dict(device=device, dtype=torch.bfloat16)
     q, k, v = (torch.randn(1, total, n, D, **like) for n in (HQ, H, H))
     gates = torch.rand(1, total, HQ, 3, **like)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu = cu_seqlens_of(lengths).to(device)
     args = [x.requires_grad_(backward) for x in (q, k, v, gates)]
     return args, cu
 
@@ -293,7 +294,7 @@ def main() -> None:
         dense = []
         longest = max(lengths)
         for backward in (False, True):
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            cu = cu_seqlens_of(lengths).to(device)
             fn, kv_heads = dense_fn(cu, longest, backward)
             like = dict(device=device, dtype=torch.bfloat16, requires_grad=backward)
             q, k, v = (torch.randn(1, opts.total, n, D, **like) for n in (HQ, kv_heads, kv_heads))

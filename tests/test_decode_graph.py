@@ -14,6 +14,7 @@ import torch
 
 from nsa import NSAAttention, NSAConfig
 from nsa.modules.graph import DecodeGraph
+from nsa.ops.varlen import cu_seqlens_of
 from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores, nsa_attention_with_blocks
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
@@ -92,7 +93,7 @@ def test_prompts_of_different_lengths_then_decode_steps(compression):
     lengths, steps = [37, 5, 64, 20], [1, 3, 1]
     x = torch.randn(1, sum(lengths), 24, dtype=torch.float64)
     tails = torch.randn(len(lengths), sum(steps), 24, dtype=torch.float64)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = cu_seqlens_of(lengths)
     cache = layer.new_cache(len(lengths), capacity=72, static=True)
     with torch.no_grad():
         out = layer(x, cache, cu_seqlens=cu)
@@ -131,7 +132,7 @@ def test_prompts_of_different_lengths_triton_decode_steps(nsa_device, nsa_tolera
     lengths = [30, 9, 41]
     x = torch.randn(1, sum(lengths), 24, device=nsa_device)
     tails = torch.randn(len(lengths), 2, 24, device=nsa_device)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = cu_seqlens_of(lengths)
     cache = layer.new_cache(len(lengths), capacity=48, static=True)
     with torch.no_grad():
         layer(x, cache, cu_seqlens=cu)
@@ -277,7 +278,7 @@ def test_decode_graph_replays_prompts_of_different_lengths(nsa_device):
     for lengths in ([1000, 300, 777], [64, 1020, 5]):
         x = torch.randn(1, sum(lengths), 256, device=nsa_device, dtype=torch.bfloat16)
         tails = torch.randn(len(lengths), steps, 256, device=nsa_device, dtype=torch.bfloat16)
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        cu = cu_seqlens_of(lengths)
         with torch.no_grad():
             cache.reset()
             layer(x, cache, cu_seqlens=cu)

@@ -9,6 +9,7 @@ import torch
 
 from nsa import NSAConfig
 from nsa.ops import nsa_attention
+from nsa.ops.varlen import cu_seqlens_of
 
 CONFIG = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=16)
 HQ, H, D = 4, 2, 16
@@ -20,7 +21,7 @@ def _packed_inputs(lengths, dtype, device):
     k = torch.randn(1, total, H, D, dtype=dtype, device=device)
     v = torch.randn(1, total, H, D, dtype=dtype, device=device)
     gates = torch.rand(1, total, HQ, 3, dtype=dtype, device=device)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu = cu_seqlens_of(lengths).to(device)
     return [q, k, v, gates], cu
 
 
@@ -119,7 +120,7 @@ def test_length_class_borders_are_exact():
 def _layout(lengths):
     from nsa.ops import varlen
 
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = cu_seqlens_of(lengths)
     return varlen.layout(cu, None, sum(lengths), 1, torch.device("cpu")), cu.tolist()
 
 
@@ -132,7 +133,7 @@ def test_layout_slots_cover_the_pack_once(per_octave):
     gen = torch.Generator().manual_seed(per_octave)
     for _ in range(20):
         lengths = torch.randint(0, 300, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        cu = cu_seqlens_of(lengths)
         pack = varlen.layout(cu, None, sum(lengths), 1, torch.device("cpu"), per_octave)
         rows, offset = [], 0
         for g in pack.groups:

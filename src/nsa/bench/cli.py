@@ -285,15 +285,18 @@ def _packed_point(bench: Bench, kind: str, total: int) -> Dict[str, Any]:
     return row
 
 
-def _run_points(points: List[Shape], measure_one: Callable[[Shape], Dict[str, Any]], what: str) -> List[Dict[str, Any]]:
+def _run_points(points: Sequence[Any], measure_one: Callable[[Any], Dict[str, Any]], describe: Callable[[Any], str],
+                key: Callable[[Any], Dict[str, Any]]) -> List[Dict[str, Any]]:  # fmt: skip
+    """One row a point, with progress: ``describe(point)`` names it, ``key(point)`` the columns
+    that identify it in a row whose measurement ran out of memory."""
     rows = []
-    for i, shape in enumerate(points, 1):
-        _progress(f"[{i}/{len(points)}] {what} B={shape.batch} {'S' if what == 'decode' else 'T'}={shape.length} ...")
+    for i, point in enumerate(points, 1):
+        _progress(f"[{i}/{len(points)}] {describe(point)} ...")
         try:
-            row = {**measure_one(shape), "status": "ok"}
+            row = {**measure_one(point), "status": "ok"}
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            row = {"batch": shape.batch, ("context" if what == "decode" else "length"): shape.length, "status": "oom"}
+            row = {**key(point), "status": "oom"}
         shown = {k: v for k, v in row.items() if k.endswith(("_ms", "speedup", "over_dense")) or k == "status"}
         _progress("    " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown.items()))
         rows.append(row)
@@ -333,7 +336,9 @@ def run_decode(bench: Bench) -> List[Dict[str, Any]]:
                 _progress(f"--graph ignored: {impl}: {why}")
                 graph = False
     _progress_routes(DECODE_OPS, bench, points[0])
-    rows = _run_points(points, lambda shape: _decode_point(bench, shape, graph), "decode")
+    rows = _run_points(points, lambda shape: _decode_point(bench, shape, graph),
+                       lambda shape: f"decode B={shape.batch} S={shape.length}",
+                       lambda shape: {"batch": shape.batch, "context": shape.length})  # fmt: skip
     stored = _baseline_points(_load_baseline(bench), "decode", _same_geometry(bench, points[0]))
     mode = "graph" if graph else "eager"
     series: Dict[str, Dict[int, float]] = {}
@@ -355,7 +360,9 @@ def run_prefill(bench: Bench) -> List[Dict[str, Any]]:
     batch = (args.batch or (1,))[0]
     points = [bench.shape(batch, t) for t in bench.setting("prefill_lengths", args.lengths)]
     _progress_routes(PREFILL_OPS, bench, points[0])
-    rows = _run_points(points, lambda shape: _prefill_point(bench, shape), "prefill")
+    rows = _run_points(points, lambda shape: _prefill_point(bench, shape),
+                       lambda shape: f"prefill B={shape.batch} T={shape.length}",
+                       lambda shape: {"batch": shape.batch, "length": shape.length})  # fmt: skip
     stored = _baseline_points(_load_baseline(bench), "prefill", _same_geometry(bench, points[0]))
     series: Dict[str, Dict[int, float]] = {}
     for row in rows:
@@ -379,16 +386,8 @@ def run_packed(bench: Bench) -> List[Dict[str, Any]]:
     if unknown or not kinds:
         raise ValueError(f"--packs takes kinds of {', '.join(PACK_KINDS)}, got {args.packs!r}")
     _progress_routes(PREFILL_OPS, bench, bench.shape(1, total))
-    rows = []
-    for i, kind in enumerate(kinds, 1):
-        _progress(f"[{i}/{len(kinds)}] packed {kind} of {total} tokens ...")
-        try:
-            row = {**_packed_point(bench, kind, total), "status": "ok"}
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            row = {"pack": kind, "total": total, "status": "oom"}
-        _progress("    " + ", ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k.endswith(("_ms", "speedup"))))
-        rows.append(row)
+    rows = _run_points(kinds, lambda kind: _packed_point(bench, kind, total),
+                       lambda kind: f"packed {kind} of {total} tokens", lambda kind: {"pack": kind, "total": total})
     _emit(rows, PACKED_COLUMNS, args)
     return rows
 

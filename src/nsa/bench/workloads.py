@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import itertools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -44,6 +43,7 @@ from nsa.ops import (
     selected_attention,
     sliding_window_attention,
 )
+from nsa.ops import varlen
 from nsa.ops.decode import nsa_decode
 
 DTYPES: Dict[str, torch.dtype] = {
@@ -315,13 +315,9 @@ def prefill_inputs(impl: str, shape: Shape, device: torch.device, backward: bool
     return q, k, v, gates
 
 
-def _prefill_fn(impl: str, config: NSAConfig, backward: bool) -> Callable[..., Any]:
-    def forward(*inputs: torch.Tensor) -> torch.Tensor:
-        if impl in DENSE_PREFILL_BACKENDS:
-            # The backward runs the kernel that matches the forward's, so the context covers both.
-            with _sdpa_backend(impl):
-                return F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
-        return nsa_attention(*inputs, config)
+def _fwd_or_fwd_bwd(forward: Callable[..., torch.Tensor], backward: bool) -> Callable[..., Any]:
+    """``forward`` under ``no_grad``, or (``backward``) forward and the gradients of every input
+    given the output gradient that follows them."""
 
     def fwd(*inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -334,6 +330,17 @@ def _prefill_fn(impl: str, config: NSAConfig, backward: bool) -> Callable[..., A
             return torch.autograd.grad(forward(*args), args, grad_out)
 
     return fwd_bwd if backward else fwd
+
+
+def _prefill_fn(impl: str, config: NSAConfig, backward: bool) -> Callable[..., Any]:
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        if impl in DENSE_PREFILL_BACKENDS:
+            # The backward runs the kernel that matches the forward's, so the context covers both.
+            with _sdpa_backend(impl):
+                return F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
+        return nsa_attention(*inputs, config)
+
+    return _fwd_or_fwd_bwd(forward, backward)
 
 
 def prefill_runner(
@@ -375,7 +382,7 @@ def pack_lengths(kind: str, total: int, seed: int = 0) -> List[int]:
         raise ValueError(f"a pack's total must be a positive int, got {total!r}")
     rng = random.Random(seed)
     draw = {"lognormal": lambda: rng.lognormvariate(7.0, 1.0), "long": lambda: rng.lognormvariate(8.5, 1.0),
-            "uniform": lambda: rng.randint(1, 16384), "one_long": lambda: rng.lognormvariate(7.0, 1.0)}[kind]
+            "uniform": lambda: rng.randint(1, 16384)}["lognormal" if kind == "one_long" else kind]
     scale = total / 65536
     lengths = [total // 2] if kind == "one_long" and total > 1 else []
     filled = sum(lengths)
@@ -391,7 +398,7 @@ def _dense_packed_fn(lengths: Sequence[int], heads: int, kv_heads: int, device: 
     takes)``. On CUDA ``torch.nn.attention.varlen.varlen_attn`` (flash) where this torch has it,
     its keys and values given all ``heads`` where it has no GQA (repeated outside the timed call);
     elsewhere SDPA over each sequence in turn."""
-    bounds = [0, *itertools.accumulate(lengths)]
+    bounds = varlen.cu_seqlens_of(lengths).tolist()
     varlen_attn = None
     if torch.device(device).type == "cuda":
         try:
@@ -404,13 +411,12 @@ def _dense_packed_fn(lengths: Sequence[int], heads: int, kv_heads: int, device: 
         gqa = "enable_gqa" in params
         if gqa:
             causal["enable_gqa"] = True
-        cu_cache: Dict[torch.device, torch.Tensor] = {}
+        cu, longest = torch.tensor(bounds, dtype=torch.int32, device=device), max(lengths)
 
-        def varlen(q, k, v):
-            cu = cu_cache.setdefault(q.device, torch.tensor(bounds, dtype=torch.int32, device=q.device))
-            return varlen_attn(q[0], k[0], v[0], cu, cu, max(lengths), max(lengths), **causal)[None]
+        def over_the_pack(q, k, v):
+            return varlen_attn(q[0], k[0], v[0], cu, cu, longest, longest, **causal)[None]
 
-        return varlen, "varlen_attn", kv_heads if gqa else heads
+        return over_the_pack, "varlen_attn", kv_heads if gqa else heads
 
     def per_sequence(q, k, v):
         outs = [F.scaled_dot_product_attention(*(x[:, a:b].transpose(1, 2) for x in (q, k, v)), is_causal=True,
@@ -443,33 +449,20 @@ def packed_runner(
         raise ValueError(f"impl must be 'nsa' or 'dense', got {impl!r}")
     if shape.batch != 1 or sum(lengths) != shape.length:
         raise ValueError(f"a pack is one row of sum(lengths) = {sum(lengths)} tokens, got {shape.describe()}")
-    T, HQ, H, D = shape.length, shape.heads, shape.kv_heads, shape.head_dim
-    like = dict(dtype=shape.dtype, device=device, grad=backward)
-    if impl == "nsa":
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    if impl == "nsa":  # the pack is one prefill row: the prefill's inputs, [1, T, heads, D]
+        cu = varlen.cu_seqlens_of(lengths)
         cu = cu if host_boundaries else cu.to(device)
-        forward, what, kv = (lambda q, k, v, g: nsa_attention(q, k, v, g, config, cu_seqlens=cu)), "nsa", H
-
-        def make() -> Tuple[torch.Tensor, ...]:
-            gates = torch.rand(1, T, HQ, 3, dtype=shape.dtype, device=device).requires_grad_(backward)
-            return (_randn(1, T, HQ, D, **like), _randn(1, T, H, D, **like), _randn(1, T, H, D, **like), gates)
+        forward, what = (lambda q, k, v, g: nsa_attention(q, k, v, g, config, cu_seqlens=cu)), "nsa"
+        make_set = lambda: prefill_inputs("nsa", shape, device, backward)  # noqa: E731
     else:
-        forward, what, kv = _dense_packed_fn(lengths, HQ, H, device)
+        T, HQ, D = shape.length, shape.heads, shape.head_dim
+        forward, what, kv = _dense_packed_fn(lengths, HQ, shape.kv_heads, device)
+        like = dict(dtype=shape.dtype, device=device)
 
-        def make() -> Tuple[torch.Tensor, ...]:
-            return (_randn(1, T, HQ, D, **like), _randn(1, T, kv, D, **like), _randn(1, T, kv, D, **like))
+        def make_set() -> Tuple[torch.Tensor, ...]:
+            q, k, v = (_randn(1, T, n, D, **like, grad=backward) for n in (HQ, kv, kv))
+            return (q, k, v, _randn(1, T, HQ, D, **like)) if backward else (q, k, v)
 
-    def call(*inputs: torch.Tensor) -> Any:
-        if not backward:
-            with torch.no_grad():
-                return forward(*inputs)
-        *args, grad_out = inputs
-        with torch.enable_grad():
-            return torch.autograd.grad(forward(*args), args, grad_out)
-
-    def make_set() -> Tuple[torch.Tensor, ...]:
-        inputs = make()
-        return (*inputs, _randn(1, T, HQ, D, dtype=shape.dtype, device=device)) if backward else inputs
-
-    runner = _runner(call, make_set, device, flush_l2=flush_l2, sets=sets, queued=queued)
+    runner = _runner(_fwd_or_fwd_bwd(forward, backward), make_set, device, flush_l2=flush_l2, sets=sets,
+                     queued=queued)  # fmt: skip
     return runner, what

@@ -68,6 +68,12 @@ def count_reads(block_idx: torch.Tensor, q_offset: Union[int, torch.Tensor], con
     return TokenReads(cmp=visible_cmp_count(t, config), slc=slc, win=(t + 1).clamp(max=config.window))
 
 
+def _check_raw(method: str, raw: Dict[str, torch.Tensor]) -> None:
+    """``NSACache.<method>`` takes every raw buffer by name, and nothing else."""
+    if set(raw) != set(RAW_BUFFERS):
+        raise ValueError(f"NSACache.{method} needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+
+
 class NSACache:
     """Preallocated KV cache for one :class:`nsa.NSAAttention` layer.
 
@@ -183,8 +189,7 @@ class NSACache:
     def append(self, **raw: torch.Tensor) -> None:
         """Write the new positions of every raw buffer (``k_slc=..., v_slc=..., ...``, each
         ``[B, T, H, D]``) and advance ``length`` by T."""
-        if set(raw) != set(RAW_BUFFERS):
-            raise ValueError(f"NSACache.append needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        _check_raw("append", raw)
         if self.ragged:
             raise ValueError("NSACache.append: this cache holds sequences of different lengths (prefill_packed); "
                              "continue it by device steps (write/emit), as NSAAttention does for calls of at most "
@@ -230,8 +235,7 @@ class NSACache:
         and advance ``seq_lens`` on the device (the host ``length`` follows in :meth:`advance_host`).
 
         The caller keeps ``length + T <= capacity`` (checking device values would sync)."""
-        if set(raw) != set(RAW_BUFFERS):
-            raise ValueError(f"NSACache.write needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        _check_raw("write", raw)
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
         for name, value in raw.items():
             self._buf[name][rows, positions] = value
@@ -244,8 +248,7 @@ class NSACache:
 
         The host ``length`` becomes the longest and the cache :attr:`ragged`; the compressed
         tokens follow from :meth:`emit`."""
-        if set(raw) != set(RAW_BUFFERS):
-            raise ValueError(f"NSACache.prefill_packed needs exactly {', '.join(RAW_BUFFERS)}; got {', '.join(sorted(raw))}")
+        _check_raw("prefill_packed", raw)
         if not self.static or self.length:
             kind = "static" if self.static else "growing"
             raise ValueError("prompts of different lengths go into an empty static cache (new_cache(B, capacity=N, "

@@ -20,8 +20,9 @@ one sync a call.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -79,19 +80,23 @@ class Group:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a pack of ``total`` positions runs: its :class:`Group` s, whose real positions
-    together are every packed position once; ``pack_source``: for each packed position, its
-    row among the groups' padded batches laid end to end; the pack's ``boundaries``."""
+    """How a pack runs: its :class:`Group` s, whose real positions together are every packed
+    position once; ``pack_source``: for each packed position, its row among the groups' padded
+    batches laid end to end; the pack's ``boundaries`` (host ints, 0 to ``total``)."""
 
     groups: List[Group]
-    total: int
     pack_source: torch.Tensor
     boundaries: Tuple[int, ...]
 
     @property
+    def total(self) -> int:
+        """Positions in the pack."""
+        return self.boundaries[-1]
+
+    @property
     def lengths(self) -> List[int]:
         """Each sequence's length, in pack order (host ints)."""
-        return [b - a for a, b in zip(self.boundaries, self.boundaries[1:])]
+        return lengths_of(self.boundaries)
 
     def sequence_positions(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(sequence, position)`` of every packed token, int64 ``[total]`` each, on ``device``."""
@@ -233,14 +238,13 @@ LAYOUTS_KEPT = 8
 
 @functools.lru_cache(maxsize=LAYOUTS_KEPT)
 def _layout_of(boundaries: Tuple[int, ...], device: torch.device, per_octave: int) -> Layout:
-    lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
-    total = boundaries[-1]
+    lengths, total = lengths_of(boundaries), boundaries[-1]
     cu = host_to_device(torch.tensor(boundaries, dtype=torch.long), device)
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
     classes = length_classes(lengths, per_octave)
     if not classes:  # nothing to attend to: one empty group keeps the shapes flowing
         empty = torch.zeros(0, dtype=torch.long, device=device)
-        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], total, empty, boundaries)
+        return Layout([Group(len(lengths), 0, empty, empty, empty, empty)], empty, boundaries)
     groups = []
     for members in classes:
         index = host_to_device(torch.tensor(members), device)
@@ -251,7 +255,18 @@ def _layout_of(boundaries: Tuple[int, ...], device: torch.device, per_octave: in
     for g in groups:
         pack_source[g.positions] = g.real_slots + offset
         offset += g.n * g.longest
-    return Layout(groups, total, pack_source, boundaries)
+    return Layout(groups, pack_source, boundaries)
+
+
+def cu_seqlens_of(lengths: Sequence[int]) -> torch.Tensor:
+    """The boundaries ``[0, len_0, len_0 + len_1, ..., total]`` of sequences of ``lengths``, as
+    an int32 host tensor (``cu_seqlens``; on the host, a packed call never waits for the GPU)."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+def lengths_of(boundaries: Sequence[int]) -> List[int]:
+    """Sequence lengths of a pack's boundaries ``[0, len_0, len_0 + len_1, ..., total]``."""
+    return [b - a for a, b in zip(boundaries, boundaries[1:])]
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -267,6 +282,6 @@ def check_max_seqlen(boundaries: List[int], max_seqlen: Optional[int]) -> None:
     pack's longest sequence; the padded lengths come from the pack itself."""
     if max_seqlen is None:
         return
-    longest = max(b - a for a, b in zip(boundaries, boundaries[1:]))
+    longest = max(lengths_of(boundaries))
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
         raise ValueError(f"max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
