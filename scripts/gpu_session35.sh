@@ -8,6 +8,9 @@
 #                                             # nsa.bench (report named after REV)
 #   bash scripts/gpu_session35.sh tables      # nsa-bench packed, prefill and decode (graph replay,
 #                                             # batch 1 and 16), the profile matching the GPU; CSVs and plots
+#   NO_PACKED=1 bash scripts/gpu_session35.sh tables   # prefill and decode only (the second call, after
+#                                             # STEPS=pytest scripts/gpu_record.sh saved the baseline
+#                                             # that the plots draw)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -29,7 +32,7 @@ first)
     ;;
 tables)
     name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z_')
-    timeout 150 python -m nsa.bench packed --budget 3 --csv "$OUT/packed_$name.csv" 2>&1 | tail -8
+    [ -n "${NO_PACKED:-}" ] || timeout 150 python -m nsa.bench packed --budget 3 --csv "$OUT/packed_$name.csv" 2>&1 | tail -8
     timeout 230 python -m nsa.bench prefill --budget 4 --csv "$OUT/prefill_$name.csv" --plot "$OUT/prefill_$name.png" \
         2>&1 | tail -8
     timeout 180 python -m nsa.bench decode --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$name.csv" \
