@@ -14,7 +14,7 @@ For each context S and batch B (bf16, HQ=64, H=4, D=128, paper defaults, one lay
 * tokens read per step from the real selected blocks vs the spec's expected count.
 
 Usage: ``python scripts/gpu_decode.py [--contexts 8192 65536] [--check-contexts 8192] [--batches 1 16]
-[--variants [8192 65536]] [--check-variants] [--l2-persist-mb MB] [--out decode.md]``.
+[--variants [8192 65536]] [--launch JSON ...] [--check-variants] [--l2-persist-mb MB] [--out decode.md]``.
 Prints a markdown report (device, versions, date, tables, the registers and spills of every
 compiled decode kernel) and writes it to ``--out``. ``--l2-persist-mb`` first sets aside that
 much L2 for evict-last lines (-1: the device's most); it changes the whole process, dense included.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -57,6 +58,14 @@ DEVICE = "cuda"
 # docs/perf/raw/session25_decode_score_gather_h100.md. Each list is timed on a tree with its patch.
 VARIANTS: Dict[bool, List[dict]] = {True: [{}], False: [{}]}
 CONTEXT_VARIANTS: Dict[Tuple[bool, int], List[dict]] = {}
+
+
+def parse_launch(text: str) -> dict:
+    """``decode_fwd`` overrides from JSON (lists become tuples, as ``splits`` takes them)."""
+    launch = json.loads(text)
+    if not isinstance(launch, dict):
+        raise argparse.ArgumentTypeError(f"--launch takes a JSON object, got {text!r}")
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in launch.items()}
 
 
 def make_inputs(B: int, S: int, lengths: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:
@@ -242,11 +251,16 @@ def main() -> None:
     parser.add_argument("--check-contexts", type=int, nargs="+", default=None, help="contexts checked (default: all)")
     parser.add_argument("--variants", type=int, nargs="*", default=None,
                         help="also time launch variants at these contexts (none given: the longest)")
+    parser.add_argument("--launch", action="append", default=[], type=parse_launch, metavar="JSON",
+                        help="a launch variant to time with --variants (at every context and batch), as decode_fwd "
+                             "overrides in JSON, e.g. '{\"cmp_tile\": 64, \"splits\": [6, 2, 8]}'; repeatable")
     parser.add_argument("--check-variants", action="store_true", help="check every launch variant against the reference too")
     parser.add_argument("--l2-persist-mb", type=float, default=None,
                         help="set aside this much L2 for evict-last lines first (-1: the device's most)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    for one in (True, False):
+        VARIANTS[one] += args.launch
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     persisting = persist_l2(args.l2_persist_mb) if args.l2_persist_mb is not None else "persisting L2 set-aside: as found"
