@@ -113,10 +113,16 @@ def test_prefill_queues_its_calls_unless_asked_to_sync(flags, queued, tmp_path, 
     assert rows_of(out_csv)[0]["timing"].startswith("cpu perf_counter")  # a CPU has no device queue
 
 
-def test_packed_table_and_csv(tmp_path):
-    """Packs of documents, NSA against dense attention over the same pack: one row a kind."""
-    out_csv = tmp_path / "k.csv"
-    assert main(["packed", "--total", "512", "--packs", "lognormal,one_long", *TINY, "--csv", str(out_csv)]) == 0
+def test_packed_table_csv_and_plot(tmp_path, capsys):
+    """Packs of documents, NSA against dense attention over the same pack: one row a kind, a
+    plot of them, and the plot drawn again from the CSV."""
+    out_csv, out_png = tmp_path / "k.csv", tmp_path / "k.png"
+    assert main(["packed", "--total", "512", "--packs", "lognormal,one_long", *TINY, "--csv", str(out_csv),
+                 "--plot", str(out_png)]) == 0  # fmt: skip
+    assert out_png.read_bytes()[:8] == PNG
+    again = tmp_path / "again.png"
+    assert main(["plot", "--csv", str(out_csv), "--plot", str(again)]) == 0
+    assert again.read_bytes()[:8] == PNG and "wrote" in capsys.readouterr().err
     rows = rows_of(out_csv)
     assert list(rows[0]) == list(PACKED_COLUMNS) and [r["pack"] for r in rows] == ["lognormal", "one_long"]
     for r in rows:

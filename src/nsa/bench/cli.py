@@ -4,7 +4,7 @@ Examples::
 
     nsa-bench decode --contexts 8k,16k,32k,64k --batch 1,16 --csv decode.csv --plot decode.png
     nsa-bench prefill --lengths 8k,16k,32k --csv prefill.csv --plot prefill.png
-    nsa-bench packed --total 64k --packs lognormal,long,uniform,one_long --csv packed.csv
+    nsa-bench packed --total 64k --packs lognormal,long,uniform,one_long --csv packed.csv --plot packed.png
 
 Defaults (contexts, lengths, batch sizes, rounds) come from the GPU profile that
 matches the device (``--profile``), shapes from the device (64 query heads, 4 KV
@@ -69,7 +69,7 @@ def parse_sizes(text: str) -> Tuple[int, ...]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nsa-bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plot", help="re-draw the plot of a CSV written by 'decode' or 'prefill'")
+    p = sub.add_parser("plot", help="re-draw the plot of a CSV written by 'decode', 'prefill' or 'packed'")
     p.add_argument("--csv", type=Path, required=True, help="the table (its baseline_* columns are drawn too)")
     p.add_argument("--plot", type=Path, required=True, help="the PNG to write")
     p.add_argument("--title", default="", help="plot title")
@@ -107,9 +107,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--sets", type=int, help="input sets to rotate (default: enough to exceed 2x L2)")
         p.add_argument("--no-flush", action="store_true", help="do not flush L2 before each call")
         p.add_argument("--csv", type=Path, help="write the table as CSV")
-        if name != "packed":  # the pytest baselines and the plots hold decode and prefill points
+        if name != "packed":  # the pytest baselines hold decode and prefill points
             p.add_argument("--baseline", default="auto", help="'auto' (the profile's), 'none', or a baseline JSON path")
-            p.add_argument("--plot", type=Path, help="write a PNG plot")
+        p.add_argument("--plot", type=Path, help="write a PNG plot")
     return parser
 
 
@@ -389,6 +389,10 @@ def run_packed(bench: Bench) -> List[Dict[str, Any]]:
     rows = _run_points(kinds, lambda kind: _packed_point(bench, kind, total),
                        lambda kind: f"packed {kind} of {total} tokens", lambda kind: {"pack": kind, "total": total})
     _emit(rows, PACKED_COLUMNS, args)
+    if args.plot:
+        dense = rows[0].get("dense", "dense") if rows else "dense"
+        plot.packed_plot(rows, args.plot, bench.title(f"Packs of {total} tokens, NSA and {dense}", bench.shape(1, total)))
+        _progress(f"wrote {args.plot}")
     return rows
 
 
@@ -398,8 +402,11 @@ def replot(args: argparse.Namespace) -> None:
         rows = list(csv.DictReader(fh))
     if not rows:
         raise SystemExit(f"nsa-bench plot: {args.csv} has no rows")
-    draw = plot.decode_plot if "context" in rows[0] else plot.prefill_plot
-    draw(rows, plot.baseline_from_rows(rows), args.plot, args.title)
+    if "pack" in rows[0]:
+        plot.packed_plot(rows, args.plot, args.title)
+    else:
+        draw = plot.decode_plot if "context" in rows[0] else plot.prefill_plot
+        draw(rows, plot.baseline_from_rows(rows), args.plot, args.title)
     _progress(f"wrote {args.plot}")
 
 

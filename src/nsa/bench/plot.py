@@ -3,7 +3,9 @@
 - decode: latency per step against context, NSA and dense per batch size, log-log,
   with the stored baseline's points drawn in (dotted, hollow markers);
 - prefill: speedup of NSA over dense against length, forward and forward+backward,
-  with the baseline's speedups drawn in the same way.
+  with the baseline's speedups drawn in the same way;
+- packed: NSA and dense milliseconds per kind of pack, forward and forward+backward side by
+  side, each pair labelled with dense / NSA (no baseline: packs are not pytest points).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Dict, Mapping, Optional, Sequence
 Series = Mapping[str, Mapping[int, float]]
 
 
-def _axes(title: str, xlabel: str, ylabel: str):
+def _axes(title: str, xlabel: str, ylabel: str, *, log_x: bool = True):
     import matplotlib
 
     matplotlib.use("Agg")  # file output only; never needs a display
@@ -25,8 +27,11 @@ def _axes(title: str, xlabel: str, ylabel: str):
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_xscale("log", base=2)
-    ax.grid(True, which="both", alpha=0.3)
+    if log_x:
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    else:
+        ax.grid(True, axis="y", alpha=0.3)
     return fig, ax
 
 
@@ -49,6 +54,10 @@ def _finish(fig, ax, xs: Sequence[int], path: Path) -> None:
     ax.set_xticks(ticks)
     ax.set_xticklabels([_size_label(x) for x in ticks])
     ax.minorticks_off()
+    _save(fig, ax, path)
+
+
+def _save(fig, ax, path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -108,3 +117,25 @@ def prefill_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series
     ax.plot(xs, [float(r["fwdbwd_speedup"]) for r in ok], "-", marker="s", color=colors["fwd+bwd"], label="fwd+bwd")
     _draw_baseline(ax, baseline, colors)
     _finish(fig, ax, [int(r["length"]) for r in rows], path)
+
+
+def packed_plot(rows: Sequence[Mapping[str, object]], path: Path, title: str) -> None:
+    """Bars of NSA and dense ms per pack from packed ``rows`` (``pack``, ``sequences``,
+    ``median_length``, ``nsa_fwd_ms``, ``dense_fwd_ms``, ``nsa_fwdbwd_ms``, ``dense_fwdbwd_ms``):
+    forward, then forward+backward (hatched), each pair labelled with dense / NSA."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    fig, ax = _axes(title, "pack (labels over each pair: dense / NSA)", "ms per call", log_x=False)
+    width = 0.2
+    colors = {"nsa": "tab:blue", "dense": "tab:orange"}
+    for first, mode, shown, hatch in ((-2, "fwd", "fwd", ""), (0, "fwdbwd", "fwd+bwd", "//")):
+        for shift, impl, name in ((first, "nsa", "NSA"), (first + 1, "dense", "dense")):
+            xs = [i + (shift + 0.5) * width for i in range(len(ok))]
+            ax.bar(xs, [float(r[f"{impl}_{mode}_ms"]) for r in ok], width, label=f"{name} {shown}", hatch=hatch,
+                   color=colors[impl], edgecolor="white")  # fmt: skip
+        for i, r in enumerate(ok):
+            nsa, dense = float(r[f"nsa_{mode}_ms"]), float(r[f"dense_{mode}_ms"])
+            ax.annotate(f"{dense / nsa:.2f}x", (i + (first + 1) * width, max(nsa, dense)), ha="center", va="bottom",
+                        fontsize=7, xytext=(0, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xticks(range(len(ok)))
+    ax.set_xticklabels([f"{r['pack']}\n{r['sequences']} seqs, median {r['median_length']}" for r in ok], fontsize=8)
+    _save(fig, ax, path)
