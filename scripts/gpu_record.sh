@@ -13,8 +13,8 @@
 #
 # Writes into the repository:
 #   gpu_profiles/baselines/<profile>/benchmarks.json   (pytest tests/benchmarks --nsa-baseline=save)
-#   docs/img/decode_<profile>.png, docs/img/prefill_<profile>.png
-# and copies them, with decode.csv, prefill.csv, routing.txt and pytest.log, into $OUT
+#   docs/img/decode_<profile>.png, docs/img/prefill_<profile>.png, docs/img/packed_<profile>.png
+# and copies them, with decode.csv, prefill.csv, packed.csv, routing.txt and pytest.log, into $OUT
 # (default ./bench-out). The profile is the one matching the GPU (PROFILE=... to force one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,9 @@ if [[ " $STEPS " == *" cli "* ]]; then
         --graph --budget "${BUDGET:-10}" --csv "$OUT/decode.csv" --plot "docs/img/decode_$PROFILE.png"
     "$PY" -m nsa.bench prefill --profile "$PROFILE" ${LENGTHS:+--lengths "$LENGTHS"} --budget "${BUDGET:-10}" \
         --csv "$OUT/prefill.csv" --plot "docs/img/prefill_$PROFILE.png"
-    cp "docs/img/decode_$PROFILE.png" "docs/img/prefill_$PROFILE.png" "$OUT/"
+    "$PY" -m nsa.bench packed --profile "$PROFILE" --budget "${BUDGET:-10}" --csv "$OUT/packed.csv" \
+        --plot "docs/img/packed_$PROFILE.png"
+    cp "docs/img/decode_$PROFILE.png" "docs/img/prefill_$PROFILE.png" "docs/img/packed_$PROFILE.png" "$OUT/"
 fi
 echo "pytest exit status: $status; outputs in $OUT" >&2
 exit "$status"
