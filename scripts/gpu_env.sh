@@ -6,6 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=$PWD/src:$PWD/scripts PYTEST_PLUGINS=pytest_nsa.plugin PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nsa_out}"
 mkdir -p "$OUT"
+start=$(date +%s)  # the sourcing script's start, for the elapsed times it prints
 
 # The GPU's name, driver and clock, printed and kept as $OUT/device.txt: each call's first line.
 device_line() {

@@ -17,7 +17,6 @@ here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 step="${1:?usage: scripts/gpu_session35.sh first REV | tables}"
 device_line
-start=$(date +%s)
 case "$step" in
 first)
     rev="${2:?the commit to name the report after}"
