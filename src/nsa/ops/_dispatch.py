@@ -8,11 +8,26 @@ one function and the router picks the module.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 
 _MODULE_OF_BACKEND = {"reference": "reference", "triton": "kernel"}
+
+Op = TypeVar("Op", bound=Callable)
+
+
+def public_op(fn: Op) -> Op:
+    """Mark ``fn`` as a public op: under ``torch.compile`` it runs as itself, eagerly, between
+    the compiled graphs of the code around it (a graph break), and Dynamo traces nothing inside.
+
+    Traced, its Triton launches would be recompiled by Inductor, which types a kernel's Python
+    float arguments as float64 and so fails to compile them (the compressed forward's softmax
+    scale turned its running max to float64: ``Loop-carried variable b_m has initial type fp32
+    but is re-assigned to fp64``; H200, torch 2.11, Triton 3.6); and Inductor has nothing to fuse
+    in kernels that are fused by hand. Eager, every op gives exactly its result outside
+    ``torch.compile``. ``fullgraph=True`` is therefore refused at the first NSA op."""
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ import torch
 
 from nsa.config import NSAConfig
 from nsa.ops import _guards, varlen
-from nsa.ops._dispatch import needs_grad
+from nsa.ops._dispatch import needs_grad, public_op
 from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
 from nsa.ops.gates import combine_branches
@@ -63,6 +63,7 @@ def _compressed_and_blocks(
     return o_cmp, select_blocks(q, k_cmp, config, q_offset=q_offset, backend=backend)
 
 
+@public_op
 def nsa_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -8,9 +8,10 @@ import torch
 
 from nsa.config import NSAConfig
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation
+from nsa.ops._dispatch import implementation, public_op
 
 
+@public_op
 def mean_compress(x: torch.Tensor, config: NSAConfig, *, backend: Optional[str] = None) -> torch.Tensor:
     """Mean-pool raw tokens into compressed tokens (the parameter-free phi).
 

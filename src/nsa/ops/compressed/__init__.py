@@ -8,9 +8,10 @@ import torch
 
 from nsa.config import NSAConfig
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation
+from nsa.ops._dispatch import implementation, public_op
 
 
+@public_op
 def compressed_attention(
     q: torch.Tensor,
     k_cmp: torch.Tensor,

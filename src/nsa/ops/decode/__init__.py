@@ -9,7 +9,7 @@ import torch
 from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation, needs_grad
+from nsa.ops._dispatch import implementation, needs_grad, public_op
 
 KVPair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -40,6 +40,7 @@ def _check_seq_lens(seq_lens: object, q: torch.Tensor, k: torch.Tensor, k_cmp: t
     return seq_lens
 
 
+@public_op
 def nsa_decode(
     q: torch.Tensor,
     k: torch.Tensor,

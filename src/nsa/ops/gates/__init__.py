@@ -7,9 +7,10 @@ from typing import Optional
 import torch
 
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation
+from nsa.ops._dispatch import implementation, public_op
 
 
+@public_op
 def combine_branches(
     gates: torch.Tensor,
     o_cmp: torch.Tensor,
