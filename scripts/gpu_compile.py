@@ -4,10 +4,12 @@ eager's results, where does Dynamo break the graph, and what does it cost or gai
 For each case (training: forward and the gradients of the input and every parameter; inference:
 a forward under ``no_grad``; decode: prefill into a cache, then one-token steps) the script runs
 the layer eagerly and compiled (``torch.compile(layer)``, default mode), compares outputs and
-gradients (relative error against eager), counts Dynamo's graph breaks by reason, tries
+gradients (relative error against eager) and the blocks selected (the share of ``block_idx``
+equal, worst call), counts Dynamo's graph breaks by reason, tries
 ``fullgraph=True`` (which raises at the first break), and times both (``do_bench`` medians).
 
-Usage: ``python scripts/gpu_compile.py [--length 4096] [--cases train,infer,decode]``; prints
+Usage: ``python scripts/gpu_compile.py [--length 4096] [--cases train,infer,decode] [--dtype float32]
+[--backend reference]``; prints
 markdown. ``--device cpu`` runs a small float64 layer on the reference backend (a smoke test;
 inductor needs a C++ compiler there).
 """
@@ -24,6 +26,34 @@ import torch
 
 from nsa import NSAAttention, NSAConfig
 from nsa.testing import rel_error
+
+
+BLOCKS: List[torch.Tensor] = []  # block_idx of every nsa_attention call of the layer, in order
+
+
+def record_blocks() -> None:
+    """Keep the ``block_idx`` of each of the layer's ``nsa_attention`` calls in :data:`BLOCKS`
+    (the op runs untraced under ``torch.compile``, and so does this wrapper)."""
+    import nsa.modules.attention as attention
+
+    op = attention.nsa_attention
+
+    @torch.compiler.disable
+    def recorded(*args, **kwargs):
+        o, block_idx = op(*args, **kwargs)
+        BLOCKS.append(block_idx)
+        return o, block_idx
+
+    attention.nsa_attention = recorded
+
+
+def blocks_equal(run: Callable[[], object]) -> Callable[[], List[torch.Tensor]]:
+    def blocks():
+        BLOCKS.clear()
+        run()
+        return list(BLOCKS)
+
+    return blocks
 
 
 def breaks() -> Dict[str, int]:
@@ -104,7 +134,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--cases", default="train,infer,decode")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default=None, help="bfloat16 (GPU default), float32 or float64 (CPU default)")
+    parser.add_argument("--backend", default=None, help="the layer's backend: reference or triton (default: routing)")
     args = parser.parse_args()
+    record_blocks()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
@@ -115,10 +148,12 @@ def main() -> None:
     else:
         config = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
         shape, dtype = dict(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16), torch.float64
-    layer = NSAAttention(**shape, config=config).to(device=device, dtype=dtype)
+    dtype = getattr(torch, args.dtype) if args.dtype else dtype
+    layer = NSAAttention(**shape, config=config, backend=args.backend).to(device=device, dtype=dtype)
+    print(f"dtype {dtype}, backend {args.backend or 'routing'}\n")
     x = torch.randn(1, args.length, shape["hidden_size"], device=device, dtype=dtype, requires_grad=True)
-    print("| case | eager ms | compiled ms | first compiled call s | max rel. error vs eager | graph breaks |")
-    print("|---|---:|---:|---:|---|---:|")
+    print("| case | eager ms | compiled ms | first compiled call s | max rel. error vs eager | blocks equal | graph breaks |")
+    print("|---|---:|---:|---:|---|---:|---:|")
     details = []
     for case in args.cases.split(","):
         run = case_fns(case, layer, x)
@@ -133,11 +168,15 @@ def main() -> None:
             first = time.perf_counter() - start
             err = max_error(got, eager)
             seen = breaks()
+            pairs = zip(blocks_equal(lambda: run(compiled_layer))(), blocks_equal(lambda: run(layer))())
+            same = [float((a == b).float().mean()) for a, b in pairs]
             t_eager, t_comp = timed_ms(lambda: run(layer), device), timed_ms(lambda: run(compiled_layer), device)
-            print(f"| {case} | {t_eager:.3f} | {t_comp:.3f} | {first:.1f} | {err:.2e} | {sum(seen.values())} |", flush=True)
+            shown = f"{100 * min(same):.2f} %" if same else "-"
+            print(f"| {case} | {t_eager:.3f} | {t_comp:.3f} | {first:.1f} | {err:.2e} | {shown} | {sum(seen.values())} |",
+                  flush=True)  # fmt: skip
             details.append((case, seen))
         except Exception as exc:  # noqa: BLE001 - a case that fails is reported, the others still run
-            print(f"| {case} | | | | failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | |", flush=True)
+            print(f"| {case} | | | | failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | |", flush=True)
             details.append((case, {"traceback": traceback.format_exc(limit=-6)}))
         reset()
         try:
