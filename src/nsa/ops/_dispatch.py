@@ -2,7 +2,8 @@
 
 Each op folder holds ``reference.py`` and, once it exists, ``kernel.py``; both
 expose the implementation under the same function name, so the public op names
-one function and the router picks the module.
+one function and the router picks the module. :func:`public_op` marks each public op
+for ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def public_op(fn: Op) -> Op:
     float arguments as float64 and so fails to compile them (the compressed forward's softmax
     scale turned its running max to float64: ``Loop-carried variable b_m has initial type fp32
     but is re-assigned to fp64``; H200, torch 2.11, Triton 3.6); and Inductor has nothing to fuse
-    in kernels that are fused by hand. Eager, every op gives exactly its result outside
-    ``torch.compile``. ``fullgraph=True`` is therefore refused at the first NSA op."""
+    in kernels that are fused by hand. Run eagerly, an op returns under ``torch.compile`` what it
+    returns without it. ``fullgraph=True`` is therefore refused at the first NSA op."""
     return torch.compiler.disable(fn, recursive=True)
 
 
