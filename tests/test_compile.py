@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nsa import NSAAttention, NSAConfig
+from nsa import NSAAttention, NSAConfig, ops
 from nsa.ops import nsa_attention
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
@@ -31,24 +31,53 @@ def _train(model, x):
     return [y, *torch.autograd.grad(y.float().square().mean(), [x, *model.parameters()])]
 
 
-def test_compiled_code_around_an_op_traces_nothing_inside_it():
-    """Dynamo compiles the code before and after ``nsa_attention`` and runs the op itself: no
+def _op_calls():
+    """``name: (call, inputs)`` of every public op on small float64 CPU tensors."""
+    torch.manual_seed(0)
+    x = lambda *shape: torch.randn(*shape, dtype=torch.float64)  # noqa: E731
+    q, k, v, gates = x(1, 70, 4, 16), x(1, 70, 2, 16), x(1, 70, 2, 16), torch.rand(1, 70, 4, 3, dtype=torch.float64)
+    k_cmp, v_cmp = ops.mean_compress(k, SMALL), ops.mean_compress(v, SMALL)
+    block_idx = ops.select_blocks(q, k_cmp, SMALL)
+    branch = x(1, 70, 4, 16)
+    cache = dict(k=x(1, 80, 2, 16), v=x(1, 80, 2, 16), k_cmp=x(1, 19, 2, 16), v_cmp=x(1, 19, 2, 16))
+    return {
+        "nsa_attention": (lambda q, k, v, g: ops.nsa_attention(q, k, v, g, SMALL), (q, k, v, gates)),
+        "mean_compress": (lambda k: ops.mean_compress(k, SMALL), (k,)),
+        "compressed_attention": (lambda q, kc, vc: ops.compressed_attention(q, kc, vc, SMALL)[0], (q, k_cmp, v_cmp)),
+        "select_blocks": (lambda q, kc: ops.select_blocks(q, kc, SMALL), (q, k_cmp)),
+        "selected_attention": (lambda q, k, v, b: ops.selected_attention(q, k, v, b, SMALL), (q, k, v, block_idx)),
+        "sliding_window_attention": (lambda q, k, v: ops.sliding_window_attention(q, k, v, SMALL), (q, k, v)),
+        "combine_branches": (lambda g, a, b, c: ops.combine_branches(g, a, b, c), (gates, branch, branch, branch)),
+        "nsa_decode": (
+            lambda q, k, v, g, kc, vc: ops.nsa_decode(q, k, v, g, torch.tensor([80], dtype=torch.int32), SMALL,
+                                                      kv_cmp=(kc, vc)),
+            (q[:, :1], cache["k"], cache["v"], gates[:, :1], cache["k_cmp"], cache["v_cmp"])),
+    }  # fmt: skip
+
+
+def test_every_public_op_is_covered():
+    assert sorted(_op_calls()) == sorted(ops.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(_op_calls()))
+def test_compiled_code_around_an_op_traces_nothing_inside_it(name):
+    """Dynamo compiles the code before and after each public op and runs the op itself: no
     node of any graph it builds comes from ``nsa/ops``, and the result is eager's, bitwise."""
+    call, inputs = _op_calls()[name]
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    def f(q, k, v, gates):
-        return nsa_attention(q * 2, k, v, gates, SMALL).sin()
+    def f(*args):
+        doubled = [a * 2 if a.is_floating_point() else a for a in args]
+        out = call(*doubled)
+        return out.sin()
 
-    q = torch.randn(1, 70, 4, 16, dtype=torch.float64)
-    k, v = torch.randn(1, 70, 2, 16, dtype=torch.float64), torch.randn(1, 70, 2, 16, dtype=torch.float64)
-    gates = torch.rand(1, 70, 4, 3, dtype=torch.float64)
-    assert torch.equal(torch.compile(f, backend=record)(q, k, v, gates), f(q, k, v, gates))
+    assert torch.equal(torch.compile(f, backend=record)(*inputs), f(*inputs))
     traced = [n.meta.get("stack_trace") or "" for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
-    assert any("test_compile.py" in t for t in traced)  # q * 2 and sin were compiled ...
+    assert any("test_compile.py" in t for t in traced)  # the doubling and sin were compiled ...
     assert not [t for t in traced if "nsa/ops" in t.replace("\\", "/")]  # ... and nothing of the op
 
 
