@@ -8,6 +8,7 @@ from torch.func import functional_call
 
 from nsa import NSAAttention, NSAConfig, nsa_attention
 from nsa.modules import MLPCompression
+from nsa.testing import assert_close
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
@@ -143,3 +144,60 @@ def test_packed_sequences_refuse_a_growing_cache_and_bad_packs() -> None:
         layer(x, cu_seqlens=cu, max_seqlen=5)
     with pytest.raises(ValueError, match="packed as \\[1, total"):
         layer(x.expand(2, 10, 24), cu_seqlens=cu)
+
+
+def _autocast_layer(device) -> NSAAttention:
+    torch.manual_seed(0)
+    return NSAAttention(64, 4, 2, 16, config=NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4,
+                                                        window=32)).to(device)  # fmt: skip
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
+def test_decode_under_autocast_follows_its_prefill(static: bool, nsa_tolerance) -> None:
+    """float32 weights under ``torch.autocast`` (bfloat16): the cache made there holds
+    bfloat16, as the projections give, and decode steps equal the prefill's rows. Before,
+    the cache took the weights' float32 and the first call raised on the mismatch. (On the
+    CPU, where a token's projection rounds alike in a prefill and in a step; a GPU's matrix
+    products may not, and at a random initialisation near-tied blocks then swap.)"""
+    layer = _autocast_layer("cpu")
+    x = torch.randn(1, 90, 64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = layer(x)
+        cache = layer.new_cache(1, capacity=96, static=static)
+        steps = torch.cat([layer(x[:, :80], cache)] + [layer(x[:, t : t + 1], cache) for t in range(80, 90)], 1)
+    assert cache.dtype == torch.bfloat16 and full.dtype == steps.dtype == torch.bfloat16
+    assert_close("o", steps, full, nsa_tolerance(torch.bfloat16))
+
+
+def test_a_cache_of_another_dtype_is_refused_before_anything_is_written() -> None:
+    layer = _autocast_layer("cpu")
+    cache = layer.new_cache(1)  # outside autocast: the weights' float32
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(TypeError, match=r"cache holds torch.float32 .* torch.bfloat16 \(torch.autocast\).*new_cache"):
+            layer(torch.randn(1, 20, 64), cache)
+    assert cache.length == 0 and cache.num_cmp == 0
+    layer(torch.randn(1, 20, 64), cache)  # and it still serves calls of its own dtype
+
+
+def test_training_under_autocast_reaches_every_parameter(nsa_device) -> None:
+    layer = _autocast_layer(nsa_device)
+    x = torch.randn(1, 70, 64, device=nsa_device, requires_grad=True)
+    with torch.autocast(nsa_device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().square().mean().backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.gpu
+def test_decode_steps_under_autocast_on_the_gpu(nsa_device) -> None:
+    """The same on the GPU, by the Triton route: a static cache made under autocast holds
+    bfloat16, prompts and graph-safe steps run, every output finite."""
+    layer = _autocast_layer(nsa_device)
+    x = torch.randn(2, 90, 64, device=nsa_device)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        cache = layer.new_cache(2, capacity=96, static=True)
+        outs = [layer(x[:, :80], cache)] + [layer(x[:, t : t + 1], cache) for t in range(80, 90)]
+    assert cache.dtype == torch.bfloat16 and cache.seq_lens.tolist() == [90, 90]
+    assert all(o.dtype == torch.bfloat16 and torch.isfinite(o).all() for o in outs)

@@ -78,13 +78,31 @@ class NSAAttention(nn.Module):
         self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096,
         static: bool = False,
     ) -> NSACache:
-        """An empty :class:`NSACache` shaped for this layer (device/dtype of its weights by default);
-        ``static=True`` gives the fixed-capacity cache of graph-capturable decode."""
-        weight = self.q_proj.weight
+        """An empty :class:`NSACache` shaped for this layer; ``static=True`` gives the fixed-capacity
+        cache of graph-capturable decode. Device: the weights' by default. Dtype: that of the keys
+        the layer computes there, by default: under ``torch.autocast`` on that device, autocast's
+        (create the cache where the calls will run), else the weights'."""
+        device = torch.device(device) if device is not None else self.q_proj.weight.device
         return NSACache(
             self.config, batch_size, self.num_kv_heads, self.head_dim, self.v_head_dim,
-            device=device or weight.device, dtype=dtype or weight.dtype, capacity=capacity, chunk=chunk, static=static,
+            device=device, dtype=dtype or self._compute_dtype(device), capacity=capacity, chunk=chunk, static=static,
         )  # fmt: skip
+
+    def _compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of the layer's projections on ``device``: autocast's where it is on, else the weights'."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.q_proj.weight.dtype
+
+    def _check_cache_dtype(self, x: torch.Tensor, cache: NSACache) -> None:
+        """Refuse, before anything is written, a cache whose dtype is not the projections'."""
+        computed = self._compute_dtype(x.device)
+        if cache.dtype != computed:
+            autocast = " (torch.autocast)" if torch.is_autocast_enabled(x.device.type) else ""
+            raise TypeError(
+                f"cache holds {cache.dtype} but this call's keys are {computed}{autocast}; create the cache "
+                f"where the calls run (new_cache follows autocast) or pass new_cache(dtype={computed})"
+            )
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         B, T, _ = x.shape
@@ -173,6 +191,8 @@ class NSAAttention(nn.Module):
         """
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
+        if cache is not None:
+            self._check_cache_dtype(x, cache)
         if cu_seqlens is not None:
             pack = varlen.layout(cu_seqlens, max_seqlen, x.shape[1], x.shape[0], x.device)
             if cache is not None:
