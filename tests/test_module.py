@@ -201,3 +201,24 @@ def test_decode_steps_under_autocast_on_the_gpu(nsa_device) -> None:
         outs = [layer(x[:, :80], cache)] + [layer(x[:, t : t + 1], cache) for t in range(80, 90)]
     assert cache.dtype == torch.bfloat16 and cache.seq_lens.tolist() == [90, 90]
     assert all(o.dtype == torch.bfloat16 and torch.isfinite(o).all() for o in outs)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(nsa_device, nsa_tolerance) -> None:
+    """``torch.utils.checkpoint`` over the layer (non-reentrant): its backward runs the forward
+    again, and every gradient equals the plain layer's (float64 on the CPU: bitwise)."""
+    from torch.utils.checkpoint import checkpoint
+
+    dtype = torch.float64 if nsa_device.type == "cpu" else torch.bfloat16
+    layer = _autocast_layer(nsa_device).to(dtype)
+    x = torch.randn(1, 90, 64, device=nsa_device, dtype=dtype)
+    grads = {}
+    for name, run in (("plain", layer), ("checkpointed", lambda t: checkpoint(layer, t, use_reentrant=False))):
+        xi = x.clone().requires_grad_()
+        y = run(xi)
+        grads[name] = torch.autograd.grad(y.float().square().mean(), [xi, *layer.parameters()])
+    largest = max(float(g.float().norm()) for g in grads["plain"])
+    for got, want in zip(grads["checkpointed"], grads["plain"]):
+        if dtype == torch.float64:
+            assert torch.equal(got, want)
+        elif float(want.float().norm()) > 1e-4 * largest:  # not the key compression's last bias,
+            assert_close("grad", got, want, nsa_tolerance(dtype, "grad"))  # zero but for rounding
