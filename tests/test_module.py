@@ -222,3 +222,29 @@ def test_activation_checkpointing_gives_the_same_gradients(nsa_device, nsa_toler
             assert torch.equal(got, want)
         elif float(want.float().norm()) > 1e-4 * largest:  # not the key compression's last bias,
             assert_close("grad", got, want, nsa_tolerance(dtype, "grad"))  # zero but for rounding
+
+
+def test_rotary_angles_stay_float64_in_a_16_bit_layer() -> None:
+    """``layer.to(torch.bfloat16)`` keeps every position its own angle. With the frequencies in
+    a buffer, the cast rounded them and the positions to bfloat16, past 256 several positions
+    shared one angle (1001 -> 1000), and the rotated keys were 64 % off at 4k tokens."""
+    from nsa.modules import RotaryEmbedding
+
+    x = torch.randn(1, 4096, 2, 16).to(torch.bfloat16)
+    positions = torch.arange(4096)
+    want = RotaryEmbedding(16)(x.double(), positions)
+    assert_close("rope", RotaryEmbedding(16).to(torch.bfloat16)(x, positions), want, 1e-2)
+    layer = _autocast_layer("cpu").to(torch.bfloat16)
+    assert all(buf.dtype != torch.bfloat16 or buf.numel() == 0 for buf in layer.buffers())
+
+
+def test_a_layer_made_on_the_meta_device_loads_a_state_dict() -> None:
+    """Large models are built on ``meta``, moved with ``to_empty`` and loaded: nothing of the
+    layer may live outside its state dict (a non-persistent frequency buffer stayed garbage)."""
+    real = _autocast_layer("cpu").double()
+    with torch.device("meta"):
+        empty = NSAAttention(64, 4, 2, 16, config=real.config).double()
+    empty = empty.to_empty(device="cpu")
+    empty.load_state_dict(real.state_dict())
+    x = torch.randn(1, 300, 64, dtype=torch.float64)
+    assert torch.equal(empty(x), real(x))
