@@ -10,7 +10,7 @@ from torch import nn
 from nsa.config import NSAConfig
 from nsa.modules.cache import NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
-from nsa.modules.rotary import RotaryEmbedding
+from nsa.modules.rotary import RotaryEmbedding, Tables
 from nsa.ops import nsa_attention, varlen
 from nsa.ops.decode import nsa_decode
 
@@ -106,16 +106,22 @@ class NSAAttention(nn.Module):
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         B, T, _ = x.shape
-        q = self.rotary(self.q_proj(x).view(B, T, self.num_heads, self.head_dim), positions)
-        keys, values = self._keys_values(x, positions)
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
+        q = self.rotary.rotate(q, tables)
+        keys, values = self._keys_values(x, positions, tables)
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
         return q, keys, values, gates
 
-    def _keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> Tuple[dict, dict]:
-        """Each branch's keys (rotated to ``positions``) and values, ``[B, T, H, D]``."""
+    def _keys_values(self, x: torch.Tensor, positions: torch.Tensor,
+                     tables: Optional[Tables] = None) -> Tuple[dict, dict]:
+        """Each branch's keys (rotated to ``positions``; ``tables`` their rotation, if at hand)
+        and values, ``[B, T, H, D]``."""
         B, T, _ = x.shape
         H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
-        keys = {b: self.rotary(self.k_proj[b](x).view(B, T, H, Dk), positions) for b in BRANCHES}
+        raw = {b: self.k_proj[b](x).view(B, T, H, Dk) for b in BRANCHES}
+        tables = tables or self.rotary.tables(positions, raw["slc"].dtype)
+        keys = {b: self.rotary.rotate(k, tables) for b, k in raw.items()}
         values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
         return keys, values
 

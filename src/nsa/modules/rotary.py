@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Dict, Tuple
+
 import torch
 from torch import nn
+
+#: ``(cos, sin)``, each ``[(B,) T, 1, D/2]`` in the dtype of the tensors they rotate.
+Tables = Tuple[torch.Tensor, torch.Tensor]
 
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to ``[B, T, heads, D]`` tensors given their absolute positions.
 
-    The angles are computed in float64 at every call, whatever the module's dtype: no buffer
-    holds the frequencies, so ``layer.to(torch.bfloat16)`` cannot round them (a bfloat16
-    buffer once made positions past 256 collide: 1001 rounded to 1000), and a layer made on
-    the ``meta`` device needs nothing re-initialised.
+    Angles are float64 whatever the module's dtype. The frequencies are no buffer: kept per
+    device outside the module's state, ``layer.to(torch.bfloat16)`` cannot round them (a
+    bfloat16 buffer once made positions past 256 collide: 1001 rounded to 1000), and a layer
+    made on the ``meta`` device computes them on its first call. Several tensors at the same
+    positions share one :meth:`tables` (a layer rotates its queries and three branches' keys).
 
     Args:
         head_dim: D (must be even).
@@ -24,18 +30,33 @@ class RotaryEmbedding(nn.Module):
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         self.head_dim, self.theta = head_dim, float(theta)
+        self._inv_freq: Dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
-        """The ``D/2`` frequencies, float64 on ``device``."""
-        return self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
+        """The ``D/2`` frequencies, float64 on ``device``; made once a device, but never kept
+        from inside a CUDA graph capture (whose kernels have not run when it returns)."""
+        freqs = self._inv_freq.get(device)
+        if freqs is None:
+            freqs = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                self._inv_freq[device] = freqs
+        return freqs
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
+        """``(cos, sin)`` at ``positions [T]`` (or ``[B, T]``, absolute token indices), in ``dtype``."""
+        angles = positions.to(torch.float64)[..., None] * self.inv_freq(positions.device)  # [(B,) T, D/2]
+        return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, tables: Tables) -> torch.Tensor:
+        """``x [B, T, heads, D]`` rotated by :meth:`tables`."""
+        cos, sin = tables
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [B, T, heads, D]``; ``positions [T]`` (or ``[B, T]``) are absolute token indices."""
-        angles = positions.to(torch.float64)[..., None] * self.inv_freq(x.device)  # [(B,) T, D/2]
-        cos = angles.cos().to(x.dtype).unsqueeze(-2)  # [(B,) T, 1, D/2]
-        sin = angles.sin().to(x.dtype).unsqueeze(-2)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return self.rotate(x, self.tables(positions.to(x.device), x.dtype))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta:g}"
