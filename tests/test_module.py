@@ -248,3 +248,22 @@ def test_a_layer_made_on_the_meta_device_loads_a_state_dict() -> None:
     empty.load_state_dict(real.state_dict())
     x = torch.randn(1, 300, 64, dtype=torch.float64)
     assert torch.equal(empty(x), real(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.requires(gpu_count=2)
+def test_a_layer_on_another_gpu_than_the_current_one_runs_there() -> None:
+    """A model spread over GPUs in one process: the layer on ``cuda:1`` while ``cuda:0`` is
+    current. Triton launches on the current device, so the ops make their tensors' device
+    current first; forward and gradients equal the same layer's on ``cuda:0``."""
+    torch.cuda.set_device(0)
+    results = []
+    for device in ("cuda:0", "cuda:1"):
+        layer = _autocast_layer(device).to(torch.bfloat16)
+        x = torch.randn(1, 300, 64, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+        x.requires_grad_()
+        y = layer(x)
+        grads = torch.autograd.grad(y.float().square().mean(), [x, *layer.parameters()])
+        results.append([t.cpu() for t in (y, *grads)])
+    assert torch.cuda.current_device() == 0
+    assert all(torch.equal(a, b) for a, b in zip(*results))

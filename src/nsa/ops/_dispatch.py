@@ -8,8 +8,9 @@ for ``torch.compile``.
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -19,8 +20,13 @@ Op = TypeVar("Op", bound=Callable)
 
 
 def public_op(fn: Op) -> Op:
-    """Mark ``fn`` as a public op: under ``torch.compile`` it runs as itself, eagerly, between
-    the compiled graphs of the code around it (a graph break), and Dynamo traces nothing inside.
+    """Mark ``fn`` as a public op: it runs on the GPU that holds its tensors, and under
+    ``torch.compile`` as itself, eagerly, between the compiled graphs of the code around it (a
+    graph break), Dynamo tracing nothing inside.
+
+    Triton launches on the current CUDA device, not on the device of the pointers it is given,
+    so an op on ``cuda:1`` while ``cuda:0`` is current (a model spread over GPUs in one process,
+    as ``device_map="auto"`` places it) makes the current device its tensors' own first.
 
     Traced, its Triton launches would be recompiled by Inductor, which types a kernel's Python
     float arguments as float64 and so fails to compile them (the compressed forward's softmax
@@ -28,7 +34,25 @@ def public_op(fn: Op) -> Op:
     but is re-assigned to fp64``; H200, torch 2.11, Triton 3.6); and Inductor has nothing to fuse
     in kernels that are fused by hand. Run eagerly, an op returns under ``torch.compile`` what it
     returns without it. ``fullgraph=True`` is therefore refused at the first NSA op."""
-    return torch.compiler.disable(fn, recursive=True)
+
+    @functools.wraps(fn)
+    def on_its_device(*args: Any, **kwargs: Any) -> Any:
+        device = cuda_device_of(*args, *kwargs.values())
+        if device is None or device.index == torch.cuda.current_device():
+            return fn(*args, **kwargs)
+        with torch.cuda.device(device):
+            return fn(*args, **kwargs)
+
+    return torch.compiler.disable(on_its_device, recursive=True)  # type: ignore[return-value]
+
+
+def cuda_device_of(*values: Any) -> Optional[torch.device]:
+    """The device of the first CUDA tensor among ``values`` (tensors or pairs of them), if any."""
+    for value in values:
+        for t in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                return t.device
+    return None
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
