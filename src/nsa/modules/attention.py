@@ -120,7 +120,8 @@ class NSAAttention(nn.Module):
         B, T, _ = x.shape
         H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
         raw = {b: self.k_proj[b](x).view(B, T, H, Dk) for b in BRANCHES}
-        tables = tables or self.rotary.tables(positions, raw["slc"].dtype)
+        if tables is None:
+            tables = self.rotary.tables(positions, raw["slc"].dtype)
         keys = {b: self.rotary.rotate(k, tables) for b, k in raw.items()}
         values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
         return keys, values
