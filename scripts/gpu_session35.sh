@@ -11,11 +11,15 @@
 #   NO_PACKED=1 bash scripts/gpu_session35.sh tables   # prefill and decode only (the second call, after
 #                                             # STEPS=pytest scripts/gpu_record.sh saved the baseline
 #                                             # that the plots draw)
+#   bash scripts/gpu_session35.sh pending REV # what the session changed after its device time ran out:
+#                                             # the module, decode graph, cache, compile and varlen GPU
+#                                             # tests (RoPE in float64, the autocast cache, the device
+#                                             # guard; on a two-GPU kind the guard's own test runs too)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session35.sh first REV | tables}"
+step="${1:?usage: scripts/gpu_session35.sh first REV | tables | pending REV}"
 device_line
 case "$step" in
 first)
@@ -36,6 +40,15 @@ tables)
         2>&1 | tail -8
     timeout 180 python -m nsa.bench decode --batch 1,16 --graph --budget 4 --csv "$OUT/decode_$name.csv" \
         --plot "$OUT/decode_$name.png" 2>&1 | tail -14
+    ;;
+pending)
+    rev="${2:?the commit to name the report after}"
+    timeout 560 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_module.py tests/test_decode_graph.py \
+        tests/test_cache.py tests/test_compile.py tests/test_varlen.py > "$OUT/pending.txt" 2>&1
+    echo "== pending: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/pending.txt" | head -20
+    tail -4 "$OUT/pending.txt"
     ;;
 *)
     echo "unknown step $step" >&2
