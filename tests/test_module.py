@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.func import functional_call
 
 from nsa import NSAAttention, NSAConfig, nsa_attention
@@ -267,3 +268,32 @@ def test_a_layer_on_another_gpu_than_the_current_one_runs_there() -> None:
         results.append([t.cpu() for t in (y, *grads)])
     assert torch.cuda.current_device() == 0
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+class _QuantizedStandIn(nn.Module):
+    """A projection whose stored weight is not floating point (as a 4-bit or 8-bit layer's is)
+    and that computes in float32."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.inner = linear.in_features, linear
+        self.weight = nn.Parameter(torch.zeros(linear.weight.shape, dtype=torch.uint8), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_quantized_projection_takes_the_cache_dtype_it_is_given() -> None:
+    """With a quantized ``q_proj`` the layer cannot know its keys' dtype: ``new_cache`` asks for
+    it, by name, and a cache given one serves decode as with plain weights."""
+    layer = _autocast_layer("cpu")
+    x = torch.randn(1, 40, 64)
+    with torch.no_grad():
+        plain_cache = layer.new_cache(1)
+        want = [layer(x[:, :30], plain_cache), layer(x[:, 30:31], plain_cache)]
+        layer.q_proj = _QuantizedStandIn(layer.q_proj)
+        with pytest.raises(TypeError, match=r"torch.uint8 \(quantized\?\).*new_cache\(dtype=\.\.\.\)"):
+            layer.new_cache(1)
+        cache = layer.new_cache(1, dtype=torch.float32)
+        got = [layer(x[:, :30], cache), layer(x[:, 30:31], cache)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

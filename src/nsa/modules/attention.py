@@ -83,21 +83,28 @@ class NSAAttention(nn.Module):
         the layer computes there, by default: under ``torch.autocast`` on that device, autocast's
         (create the cache where the calls will run), else the weights'."""
         device = torch.device(device) if device is not None else self.q_proj.weight.device
+        dtype = dtype or self._compute_dtype(device)
+        if dtype is None:
+            raise TypeError(f"q_proj's weight is {self.q_proj.weight.dtype} (quantized?), so the keys' dtype is not "
+                            f"known here: pass new_cache(dtype=...), the dtype the projections compute in")  # fmt: skip
         return NSACache(
             self.config, batch_size, self.num_kv_heads, self.head_dim, self.v_head_dim,
-            device=device, dtype=dtype or self._compute_dtype(device), capacity=capacity, chunk=chunk, static=static,
+            device=device, dtype=dtype, capacity=capacity, chunk=chunk, static=static,
         )  # fmt: skip
 
-    def _compute_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype of the layer's projections on ``device``: autocast's where it is on, else the weights'."""
+    def _compute_dtype(self, device: torch.device) -> Optional[torch.dtype]:
+        """The dtype of the layer's projections on ``device``: autocast's where it is on, else the
+        weights' (None where they are not floating point: a quantized layer computes in a dtype of
+        its own)."""
         if torch.is_autocast_enabled(device.type):
             return torch.get_autocast_dtype(device.type)
-        return self.q_proj.weight.dtype
+        weight = self.q_proj.weight.dtype
+        return weight if weight.is_floating_point else None
 
     def _check_cache_dtype(self, x: torch.Tensor, cache: NSACache) -> None:
         """Refuse, before anything is written, a cache whose dtype is not the projections'."""
         computed = self._compute_dtype(x.device)
-        if cache.dtype != computed:
+        if computed is not None and cache.dtype != computed:
             autocast = " (torch.autocast)" if torch.is_autocast_enabled(x.device.type) else ""
             raise TypeError(
                 f"cache holds {cache.dtype} but this call's keys are {computed}{autocast}; create the cache "
