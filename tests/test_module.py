@@ -14,8 +14,9 @@ from nsa.testing import assert_close
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 
-def _layer(compression: str = "mlp", heads=(4, 2), dims=(8, 6)) -> NSAAttention:
-    return NSAAttention(24, heads[0], heads[1], dims[0], dims[1], SMALL, compression=compression).double()
+def _layer(compression: str = "mlp", heads=(4, 2), dims=(8, 6), dtype=torch.float64, device=None) -> NSAAttention:
+    layer = NSAAttention(24, heads[0], heads[1], dims[0], dims[1], SMALL, compression=compression)
+    return layer.to(device=device, dtype=dtype)
 
 
 def _decode_all(layer: NSAAttention, x: torch.Tensor, prefill: int, step: int, chunk: int):
@@ -147,12 +148,6 @@ def test_packed_sequences_refuse_a_growing_cache_and_bad_packs() -> None:
         layer(x.expand(2, 10, 24), cu_seqlens=cu)
 
 
-def _autocast_layer(device) -> NSAAttention:
-    torch.manual_seed(0)
-    return NSAAttention(64, 4, 2, 16, config=NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4,
-                                                        window=32)).to(device)  # fmt: skip
-
-
 @pytest.mark.parametrize("static", [False, True], ids=["growing", "static"])
 def test_decode_under_autocast_follows_its_prefill(static: bool, nsa_tolerance) -> None:
     """float32 weights under ``torch.autocast`` (bfloat16): the cache made there holds
@@ -160,8 +155,8 @@ def test_decode_under_autocast_follows_its_prefill(static: bool, nsa_tolerance) 
     the cache took the weights' float32 and the first call raised on the mismatch. (On the
     CPU, where a token's projection rounds alike in a prefill and in a step; a GPU's matrix
     products may not, and at a random initialisation near-tied blocks then swap.)"""
-    layer = _autocast_layer("cpu")
-    x = torch.randn(1, 90, 64)
+    layer = _layer(dtype=torch.float32)
+    x = torch.randn(1, 90, 24)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         full = layer(x)
         cache = layer.new_cache(1, capacity=96, static=static)
@@ -171,18 +166,18 @@ def test_decode_under_autocast_follows_its_prefill(static: bool, nsa_tolerance) 
 
 
 def test_a_cache_of_another_dtype_is_refused_before_anything_is_written() -> None:
-    layer = _autocast_layer("cpu")
+    layer = _layer(dtype=torch.float32)
     cache = layer.new_cache(1)  # outside autocast: the weights' float32
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         with pytest.raises(TypeError, match=r"cache holds torch.float32 .* torch.bfloat16 \(torch.autocast\).*new_cache"):
-            layer(torch.randn(1, 20, 64), cache)
+            layer(torch.randn(1, 20, 24), cache)
     assert cache.length == 0 and cache.num_cmp == 0
-    layer(torch.randn(1, 20, 64), cache)  # and it still serves calls of its own dtype
+    layer(torch.randn(1, 20, 24), cache)  # and it still serves calls of its own dtype
 
 
 def test_training_under_autocast_reaches_every_parameter(nsa_device) -> None:
-    layer = _autocast_layer(nsa_device)
-    x = torch.randn(1, 70, 64, device=nsa_device, requires_grad=True)
+    layer = _layer(dtype=torch.float32, device=nsa_device)
+    x = torch.randn(1, 70, 24, device=nsa_device, requires_grad=True)
     with torch.autocast(nsa_device.type, dtype=torch.bfloat16):
         y = layer(x)
     assert y.dtype == torch.bfloat16
@@ -195,8 +190,8 @@ def test_training_under_autocast_reaches_every_parameter(nsa_device) -> None:
 def test_decode_steps_under_autocast_on_the_gpu(nsa_device) -> None:
     """The same on the GPU, by the Triton route: a static cache made under autocast holds
     bfloat16, prompts and graph-safe steps run, every output finite."""
-    layer = _autocast_layer(nsa_device)
-    x = torch.randn(2, 90, 64, device=nsa_device)
+    layer = _layer(dtype=torch.float32, device=nsa_device)
+    x = torch.randn(2, 90, 24, device=nsa_device)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         cache = layer.new_cache(2, capacity=96, static=True)
         outs = [layer(x[:, :80], cache)] + [layer(x[:, t : t + 1], cache) for t in range(80, 90)]
@@ -210,8 +205,8 @@ def test_activation_checkpointing_gives_the_same_gradients(nsa_device, nsa_toler
     from torch.utils.checkpoint import checkpoint
 
     dtype = torch.float64 if nsa_device.type == "cpu" else torch.bfloat16
-    layer = _autocast_layer(nsa_device).to(dtype)
-    x = torch.randn(1, 90, 64, device=nsa_device, dtype=dtype)
+    layer = _layer(dtype=dtype, device=nsa_device)
+    x = torch.randn(1, 90, 24, device=nsa_device, dtype=dtype)
     grads = {}
     for name, run in (("plain", layer), ("checkpointed", lambda t: checkpoint(layer, t, use_reentrant=False))):
         xi = x.clone().requires_grad_()
@@ -235,19 +230,19 @@ def test_rotary_angles_stay_float64_in_a_16_bit_layer() -> None:
     positions = torch.arange(4096)
     want = RotaryEmbedding(16)(x.double(), positions)
     assert_close("rope", RotaryEmbedding(16).to(torch.bfloat16)(x, positions), want, 1e-2)
-    layer = _autocast_layer("cpu").to(torch.bfloat16)
+    layer = _layer(dtype=torch.bfloat16)
     assert all(buf.dtype != torch.bfloat16 or buf.numel() == 0 for buf in layer.buffers())
 
 
 def test_a_layer_made_on_the_meta_device_loads_a_state_dict() -> None:
     """Large models are built on ``meta``, moved with ``to_empty`` and loaded: nothing of the
     layer may live outside its state dict (a non-persistent frequency buffer stayed garbage)."""
-    real = _autocast_layer("cpu").double()
+    real = _layer()
     with torch.device("meta"):
-        empty = NSAAttention(64, 4, 2, 16, config=real.config).double()
+        empty = _layer()
     empty = empty.to_empty(device="cpu")
     empty.load_state_dict(real.state_dict())
-    x = torch.randn(1, 300, 64, dtype=torch.float64)
+    x = torch.randn(1, 300, 24, dtype=torch.float64)
     assert torch.equal(empty(x), real(x))
 
 
@@ -260,8 +255,9 @@ def test_a_layer_on_another_gpu_than_the_current_one_runs_there() -> None:
     torch.cuda.set_device(0)
     results = []
     for device in ("cuda:0", "cuda:1"):
-        layer = _autocast_layer(device).to(torch.bfloat16)
-        x = torch.randn(1, 300, 64, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+        torch.manual_seed(0)  # the same weights on both GPUs
+        layer = _layer(dtype=torch.bfloat16, device=device)
+        x = torch.randn(1, 300, 24, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
         x.requires_grad_()
         y = layer(x)
         grads = torch.autograd.grad(y.float().square().mean(), [x, *layer.parameters()])
@@ -286,8 +282,8 @@ class _QuantizedStandIn(nn.Module):
 def test_a_quantized_projection_takes_the_cache_dtype_it_is_given() -> None:
     """With a quantized ``q_proj`` the layer cannot know its keys' dtype: ``new_cache`` asks for
     it, by name, and a cache given one serves decode as with plain weights."""
-    layer = _autocast_layer("cpu")
-    x = torch.randn(1, 40, 64)
+    layer = _layer(dtype=torch.float32)
+    x = torch.randn(1, 40, 24)
     with torch.no_grad():
         plain_cache = layer.new_cache(1)
         want = [layer(x[:, :30], plain_cache), layer(x[:, 30:31], plain_cache)]
