@@ -398,7 +398,8 @@ def _dense_packed_fn(lengths: Sequence[int], heads: int, kv_heads: int, device: 
     takes)``. On CUDA ``torch.nn.attention.varlen.varlen_attn`` (flash) where this torch has it,
     its keys and values given all ``heads`` where it has no GQA (repeated outside the timed call);
     elsewhere SDPA over each sequence in turn."""
-    bounds = varlen.cu_seqlens_of(lengths).tolist()
+    cu = varlen.cu_seqlens_of(lengths)
+    bounds = cu.tolist()
     varlen_attn = None
     if torch.device(device).type == "cuda":
         try:
@@ -411,7 +412,7 @@ def _dense_packed_fn(lengths: Sequence[int], heads: int, kv_heads: int, device: 
         gqa = "enable_gqa" in params
         if gqa:
             causal["enable_gqa"] = True
-        cu, longest = torch.tensor(bounds, dtype=torch.int32, device=device), max(lengths)
+        cu, longest = cu.to(device), max(lengths)
 
         def over_the_pack(q, k, v):
             return varlen_attn(q[0], k[0], v[0], cu, cu, longest, longest, **causal)[None]
