@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import time
 import traceback
 from typing import Callable, Dict, List
@@ -31,9 +32,11 @@ from nsa.testing import rel_error
 BLOCKS: List[torch.Tensor] = []  # block_idx of every nsa_attention call of the layer, in order
 
 
-def record_blocks() -> None:
+@contextlib.contextmanager
+def recording_blocks():
     """Keep the ``block_idx`` of each of the layer's ``nsa_attention`` calls in :data:`BLOCKS`
-    (the op runs untraced under ``torch.compile``, and so does this wrapper)."""
+    while it lasts. The recorder is a graph break (it runs untraced, to see each call), so the
+    timings and the ``fullgraph=True`` try run without it."""
     import nsa.modules.attention as attention
 
     op = attention.nsa_attention
@@ -45,6 +48,10 @@ def record_blocks() -> None:
         return o, block_idx
 
     attention.nsa_attention = recorded
+    try:
+        yield
+    finally:
+        attention.nsa_attention = op
 
 
 def blocks_equal(run: Callable[[], object]) -> Callable[[], List[torch.Tensor]]:
@@ -137,7 +144,6 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="bfloat16 (GPU default), float32 or float64 (CPU default)")
     parser.add_argument("--backend", default=None, help="the layer's backend: reference or triton (default: routing)")
     args = parser.parse_args()
-    record_blocks()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
@@ -168,9 +174,12 @@ def main() -> None:
             first = time.perf_counter() - start
             err = max_error(got, eager)
             seen = breaks()
-            pairs = zip(blocks_equal(lambda: run(compiled_layer))(), blocks_equal(lambda: run(layer))())
-            same = [float((a == b).float().mean()) for a, b in pairs]
             t_eager, t_comp = timed_ms(lambda: run(layer), device), timed_ms(lambda: run(compiled_layer), device)
+            reset()
+            with recording_blocks():
+                recorded = torch.compile(layer)
+                pairs = zip(blocks_equal(lambda: run(recorded))(), blocks_equal(lambda: run(layer))())
+                same = [float((a == b).float().mean()) for a, b in pairs]
             shown = f"{100 * min(same):.2f} %" if same else "-"
             print(f"| {case} | {t_eager:.3f} | {t_comp:.3f} | {first:.1f} | {err:.2e} | {shown} | {sum(seen.values())} |",
                   flush=True)  # fmt: skip

@@ -1,15 +1,29 @@
-"""``torch.compile`` over code that calls NSA: the public ops run as themselves, eagerly, between
-the compiled graphs (``nsa.ops._dispatch.public_op``), and the results are eager's."""
+"""``torch.compile`` and ``torch.export`` over code that calls NSA.
+
+Three public ops, ``nsa_attention``, ``mean_compress`` and ``nsa_decode``, become
+``torch.library`` custom ops when traced (:mod:`nsa.ops.library`): a graph holds each as one
+node, ``fullgraph=True`` and ``torch.export`` work, and training on the Triton route runs the eager
+Triton backward. The other public ops run as themselves, eagerly, between the compiled graphs
+(``nsa.ops._dispatch.public_op``). Either way the results are eager's.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 
 from nsa import NSAAttention, NSAConfig, ops
 from nsa.ops import nsa_attention
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
+#: SMALL with a window that holds the local blocks: on Triton the window kernels then compute the
+#: selected branch's forced blocks, where both branches read (k, v)
+SMALL_FORCED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=32)
+#: public op -> its custom op (nsa.ops.library); the others break the graph
+CUSTOM_OPS = {"nsa_attention": "nsa.attention", "mean_compress": "nsa.mean_compress", "nsa_decode": "nsa.decode"}
+GRAPH_BREAKS = sorted(set(ops.__all__) - set(CUSTOM_OPS))
 
 
 @pytest.fixture(autouse=True)
@@ -20,9 +34,10 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _layer(device="cpu", dtype=torch.float64, heads=(4, 2), head_dim=16):
+def _layer(device="cpu", dtype=torch.float64, heads=(4, 2), head_dim=16, **kwargs):
     torch.manual_seed(0)
-    layer = NSAAttention(hidden_size=64, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, config=SMALL)
+    layer = NSAAttention(hidden_size=64, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, config=SMALL,
+                         **kwargs)
     return layer.to(device=device, dtype=dtype)
 
 
@@ -59,7 +74,46 @@ def test_every_public_op_is_covered():
     assert sorted(_op_calls()) == sorted(ops.__all__)
 
 
-@pytest.mark.parametrize("name", sorted(ops.__all__))
+def _nsa_nodes(graphs):
+    """The custom ops of nsa that the graphs call, by name (``nsa.attention``, ...), in order."""
+    return [str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("nsa.")]
+
+
+def _recording_backend():
+    """A Dynamo backend that runs what AOTAutograd makes of a graph as it is, and the graphs it
+    made: ``{"forward": [...], "backward": [...]}``."""
+    graphs = {"forward": [], "backward": []}
+
+    def keep(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind].append(gm)
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward")), graphs
+
+
+@pytest.mark.parametrize("name", sorted(CUSTOM_OPS))
+def test_a_graph_holds_the_op_as_its_custom_op(name):
+    """``fullgraph=True`` compiles the code around the op and the op as one node, its custom op;
+    nothing of its Python is traced, and the result is eager's, bitwise."""
+    call, inputs = _op_calls()[name]
+    backend, graphs = _recording_backend()
+
+    def f(*args):
+        doubled = [a * 2 if a.is_floating_point() else a for a in args]
+        return call(*doubled).sin()
+
+    assert torch.equal(torch.compile(f, backend=backend, fullgraph=True)(*inputs), f(*inputs))
+    # nsa_attention without kv_cmp mean-compresses its keys and values first
+    assert _nsa_nodes(graphs["forward"]) == ["nsa.mean_compress"] * 2 * (name == "nsa_attention") + [CUSTOM_OPS[name]]
+    traced = [n.meta.get("stack_trace") or "" for gm in graphs["forward"] for n in gm.graph.nodes]
+    assert not [t for t in traced if "nsa/ops" in t.replace("\\", "/") and "library.py" not in t]
+
+
+@pytest.mark.parametrize("name", GRAPH_BREAKS)
 def test_compiled_code_around_an_op_traces_nothing_inside_it(name):
     """Dynamo compiles the code before and after each public op and runs the op itself: no
     node of any graph it builds comes from ``nsa/ops``, and the result is eager's, bitwise."""
@@ -98,12 +152,117 @@ def test_compiled_layer_trains_and_decodes_as_eager():
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-15)
 
 
+def _triton_inputs(T, kv_len, heads=(4, 2), dims=(16, 16), requires=(True,) * 4, dtype=torch.float32, device="cpu"):
+    """``q, k, v, gates`` for the Triton route: ``T`` queries over ``kv_len`` keys, each requiring a
+    gradient where ``requires`` says so."""
+    HQ, H = heads
+    DK, DV = dims
+    like = dict(dtype=dtype, device=device)
+    tensors = (torch.randn(1, T, HQ, DK, **like), torch.randn(1, kv_len, H, DK, **like),
+               torch.randn(1, kv_len, H, DV, **like), torch.rand(1, T, HQ, 3, **like))
+    return [t.requires_grad_(r) for t, r in zip(tensors, requires)]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(dict(config=SMALL_FORCED), id="shared-kv-mean-compressed-forced-in-window"),
+        pytest.param(dict(own_kv=True, dims=(32, 16)), id="own-cmp-and-win-kv-dk32-dv16"),
+        pytest.param(dict(q_offset=29), id="q-offset"),
+        pytest.param(dict(requires=(False, False, False, True)), id="gates-only"),
+    ],
+)
+def test_fullgraph_training_on_triton_is_eager_training(case, nsa_device):
+    """On the Triton route a compiled training step holds ``nsa.attention_train`` forward and
+    ``nsa.attention_train_backward`` backward, and gives eager's output and every gradient
+    bitwise (the same kernels on the same tensors)."""
+    config, q_offset = case.get("config", SMALL), case.get("q_offset", 0)
+    T = 61
+    q, k, v, gates = _triton_inputs(T, T + q_offset, dims=case.get("dims", (16, 16)),
+                                    requires=case.get("requires", (True,) * 4), device=nsa_device)
+    extra = {}
+    if case.get("own_kv"):
+        k_cmp, v_cmp = (ops.mean_compress(t, config).detach().requires_grad_() for t in (k, v))
+        extra = dict(kv_cmp=(k_cmp, v_cmp), kv_win=tuple(t.detach().clone().requires_grad_() for t in (k, v)))
+    leaves = [t for t in (q, k, v, gates, *extra.get("kv_cmp", ()), *extra.get("kv_win", ())) if t.requires_grad]
+    grad_out = torch.randn(1, T, 4, v.shape[-1], device=nsa_device)
+
+    def f(q, k, v, gates):
+        return nsa_attention(q, k, v, gates * 0.5, config, q_offset=q_offset, backend="triton", **extra) * 2
+
+    backend, graphs = _recording_backend()
+    results = {}
+    for name, fn in (("eager", f), ("compiled", torch.compile(f, backend=backend, fullgraph=True))):
+        out = fn(q, k, v, gates)
+        results[name] = [out, *torch.autograd.grad(out, leaves, grad_out)]
+    assert all(torch.equal(a, b) for a, b in zip(results["compiled"], results["eager"]))
+    compressing = ["nsa.mean_compress"] * 2 * (not case.get("own_kv"))
+    assert _nsa_nodes(graphs["forward"]) == compressing + ["nsa.attention_train"]
+    attention_grads = any(t.requires_grad for t in (q, k, v))
+    assert _nsa_nodes(graphs["backward"]) == ["nsa.attention_train_backward"] + [
+        "nsa.mean_compress_backward"] * (2 * attention_grads) * (not case.get("own_kv"))
+
+
+@pytest.mark.skipif("reason" not in __import__("inspect").signature(torch.compiler.disable).parameters,
+                    reason="torch.compiler.disable takes no reason before torch 2.8")
+def test_fullgraph_refuses_a_reference_gradient_and_says_why():
+    """A gradient on the reference route runs the eager op (a graph break): ``fullgraph=True``
+    refuses it, and Dynamo's message says what runs eagerly and where to read why."""
+    call, (q, k, v, gates) = _op_calls()["nsa_attention"]
+    q.requires_grad_()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"a gradient on a route that is not Triton's"):
+        torch.compile(call, backend="aot_eager", fullgraph=True)(q, k, v, gates)
+
+
+def test_an_invalid_argument_fails_compiled_with_the_ops_own_message():
+    """The custom op's implementation runs the eager op's checks: a bad argument raises the same
+    error, naming it, compiled or not."""
+    call, (q, k, v, gates) = _op_calls()["nsa_attention"]
+    for fn in (call, torch.compile(call, backend="aot_eager", fullgraph=True)):
+        with pytest.raises(ValueError, match=r"gates must have shape .* = \[1, 70, 4, 3\], got \[1, 70, 2, 3\]"):
+            fn(q, k, v, gates[:, :, :2])
+
+
+@pytest.mark.parametrize("compression", ["mlp", "mean"])
+def test_export_holds_the_layer_for_any_batch_and_length(compression):
+    """``torch.export`` of a layer (inference, float64, reference route) with a dynamic batch and
+    length: the program holds NSA as custom ops and gives the layer's output at other shapes."""
+    layer = _layer(compression=compression).requires_grad_(False)
+    batch, length = torch.export.Dim("batch", max=16), torch.export.Dim("length", min=32, max=4096)
+    program = torch.export.export(layer, (torch.randn(2, 90, 64, dtype=torch.float64),),
+                                  dynamic_shapes={"x": {0: batch, 1: length}})
+    nodes = _nsa_nodes([program.graph_module])
+    assert nodes == ["nsa.mean_compress"] * 2 * (compression == "mean") + ["nsa.attention"]
+    for shape in ((1, 90), (3, 107), (2, 32)):
+        x = torch.randn(*shape, 64, dtype=torch.float64)
+        assert torch.equal(program.module()(x), layer(x))
+
+
+@pytest.mark.triton
+def test_fullgraph_layer_on_triton_trains_and_decodes_as_eager(nsa_device):
+    """``torch.compile(layer, fullgraph=True)`` on the Triton route (float32): the training step
+    (output, input and parameter gradients) and prefill plus decode steps through a static cache
+    equal the eager layer's, bitwise."""
+    layer = _layer(device=nsa_device, dtype=torch.float32, backend="triton")
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    x = torch.randn(1, 70, 64, device=nsa_device, requires_grad=True)
+    assert all(torch.equal(a, b) for a, b in zip(_train(compiled, x), _train(layer, x)))
+    with torch.no_grad():
+        steps = {}
+        for name, model in (("eager", layer), ("compiled", compiled)):
+            cache = layer.new_cache(batch_size=1, capacity=96, static=True)
+            steps[name] = [model(x[:, :64], cache)] + [model(x[:, t : t + 1], cache) for t in (64, 65)]
+    assert all(torch.equal(a, b) for a, b in zip(steps["compiled"], steps["eager"]))
+
+
 @pytest.mark.gpu
 def test_compiled_code_around_the_triton_op_on_the_gpu_equals_eager(nsa_device):
     """With Inductor on the GPU (bf16, the Triton route), code around ``nsa_attention`` compiles
-    and the op gives eager's output and gradients, bitwise: it runs untraced, on the same
-    inputs. Before, Dynamo captured its Triton kernels, and Inductor failed to recompile the
-    first one (the compressed forward: its float scale typed float64)."""
+    into one graph with the op's custom ops, and the op gives eager's output and gradients,
+    bitwise: the same kernels run on the same inputs. Before, Dynamo captured its Triton kernels,
+    and Inductor failed to recompile the first one (the compressed forward: its float scale typed
+    float64)."""
     torch.manual_seed(0)
     like = dict(device=nsa_device, dtype=torch.bfloat16)
     q = torch.randn(1, 300, 16, 64, **like, requires_grad=True)
@@ -118,6 +277,6 @@ def test_compiled_code_around_the_triton_op_on_the_gpu_equals_eager(nsa_device):
     inputs = [q, k, v, gates]
     eager = f(*inputs)
     want = [eager, *torch.autograd.grad(eager, inputs, grad_out)]
-    out = torch.compile(f)(*inputs)
+    out = torch.compile(f, fullgraph=True)(*inputs)
     got = [out, *torch.autograd.grad(out, inputs, grad_out)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))

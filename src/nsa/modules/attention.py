@@ -37,7 +37,8 @@ class NSAAttention(nn.Module):
         config: :class:`NSAConfig` (default: paper defaults).
         compression: ``"mlp"`` (learnable phi, default) or ``"mean"``.
         rope_theta: RoPE base (default 10000).
-        backend: passed to :func:`nsa.nsa_attention` (default: routing decides).
+        backend: passed to :func:`nsa.nsa_attention` and, with ``compression="mean"``, to
+            :func:`nsa.ops.mean_compress` (default: routing decides).
     """
 
     def __init__(
@@ -72,7 +73,7 @@ class NSAAttention(nn.Module):
             self.compress_k: nn.Module = MLPCompression(head_dim, self.config)
             self.compress_v: nn.Module = MLPCompression(self.v_head_dim, self.config)
         else:
-            self.compress_k, self.compress_v = MeanCompression(self.config), MeanCompression(self.config)
+            self.compress_k, self.compress_v = (MeanCompression(self.config, backend) for _ in range(2))
 
     def new_cache(
         self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096,

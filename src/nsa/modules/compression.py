@@ -27,22 +27,26 @@ def _token_span(config: NSAConfig, first: int, count: int) -> slice:
 
 
 class MeanCompression(nn.Module):
-    """Parameter-free phi: the mean of each block."""
+    """Parameter-free phi: the mean of each block (``backend`` as :func:`nsa.ops.mean_compress`'s)."""
 
-    def __init__(self, config: NSAConfig) -> None:
+    def __init__(self, config: NSAConfig, backend: Optional[str] = None) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.backend = config, backend
 
     def forward(self, x: torch.Tensor, first: int = 0, count: Optional[int] = None) -> torch.Tensor:
         """``x [B, T, H, D]`` -> compressed tokens ``[first, first+count)`` as ``[B, count, H, D]``.
 
         ``count`` defaults to every complete token from ``first`` on.
         """
+        if first == 0 and count is None:
+            # all of x, unsliced: a graph traced for any length (torch.export) could not tell
+            # whether the complete blocks' span is all of x
+            return mean_compress(x, self.config, backend=self.backend)
         if count is None:
             count = self.config.num_cmp(x.shape[1]) - first
         if count <= 0:
             return x.new_zeros(x.shape[0], 0, x.shape[2], x.shape[3])
-        return mean_compress(x[:, _token_span(self.config, first, count)], self.config)
+        return mean_compress(x[:, _token_span(self.config, first, count)], self.config, backend=self.backend)
 
 
 class MLPCompression(nn.Module):
@@ -73,6 +77,11 @@ class MLPCompression(nn.Module):
         B, _, H, D = x.shape
         if count <= 0:
             return x.new_zeros(B, 0, H, D)
-        blocks = x[:, _token_span(cfg, first, count)].unfold(1, cfg.cmp_block, cfg.cmp_stride)  # [B, N, H, D, l]
-        blocks = blocks.permute(0, 1, 2, 4, 3) + self.pos_emb.to(x.dtype)  # [B, N, H, l, D]
-        return self.mlp(blocks.flatten(-2))  # [B, N, H, D]
+        # Gathered heads first, not unfolded: a graph traced for any length (torch.export) must
+        # decide each view without knowing the length, and it can when the length's dimension
+        # is split off last (after the static H); unfolded blocks flatten by a copy or a view
+        # depending on the length.
+        tokens = torch.arange(count, device=x.device)[:, None] * cfg.cmp_stride + torch.arange(cfg.cmp_block, device=x.device)
+        blocks = x.transpose(1, 2)[:, :, first * cfg.cmp_stride + tokens] + self.pos_emb.to(x.dtype)  # [B, H, N, l, D]
+        out = self.mlp(blocks.reshape(-1, cfg.cmp_block * D)).view(B, H, count, -1)
+        return out.transpose(1, 2).contiguous()  # [B, N, H, D], laid out as the cache keeps them

@@ -34,11 +34,14 @@ class RotaryEmbedding(nn.Module):
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         """The ``D/2`` frequencies, float64 on ``device``; made once a device, but never kept
-        from inside a CUDA graph capture (whose kernels have not run when it returns)."""
-        freqs = self._inv_freq.get(device)
+        from inside a CUDA graph capture (whose kernels have not run when it returns) or a
+        traced graph (``torch.compile``/``torch.export``: there they are the graph's own values,
+        and the compiled code computes them or folds them into constants)."""
+        freqs = None if torch.compiler.is_compiling() else self._inv_freq.get(device)
         if freqs is None:
             freqs = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
-            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not (capturing or torch.compiler.is_compiling()):
                 self._inv_freq[device] = freqs
         return freqs
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
@@ -20,9 +21,8 @@ Op = TypeVar("Op", bound=Callable)
 
 
 def public_op(fn: Op) -> Op:
-    """Mark ``fn`` as a public op: it runs on the GPU that holds its tensors, and under
-    ``torch.compile`` as itself, eagerly, between the compiled graphs of the code around it (a
-    graph break), Dynamo tracing nothing inside.
+    """Mark ``fn`` as a public op: it runs on the GPU that holds its tensors, and Dynamo never
+    traces its Python.
 
     Triton launches on the current CUDA device, not on the device of the pointers it is given,
     so an op on ``cuda:1`` while ``cuda:0`` is current (a model spread over GPUs in one process,
@@ -32,8 +32,10 @@ def public_op(fn: Op) -> Op:
     float arguments as float64 and so fails to compile them (the compressed forward's softmax
     scale turned its running max to float64: ``Loop-carried variable b_m has initial type fp32
     but is re-assigned to fp64``; H200, torch 2.11, Triton 3.6); and Inductor has nothing to fuse
-    in kernels that are fused by hand. Run eagerly, an op returns under ``torch.compile`` what it
-    returns without it. ``fullgraph=True`` is therefore refused at the first NSA op."""
+    in kernels that are fused by hand. So under ``torch.compile`` an op that
+    :mod:`nsa.ops.library` wraps (same name there) becomes its custom op, one opaque node of the
+    graph; any other op runs as itself, eagerly, between the compiled graphs of the code around
+    it (a graph break). Either way it returns what it returns without ``torch.compile``."""
 
     @functools.wraps(fn)
     def on_its_device(*args: Any, **kwargs: Any) -> Any:
@@ -43,7 +45,31 @@ def public_op(fn: Op) -> Op:
         with torch.cuda.device(device):
             return fn(*args, **kwargs)
 
-    return torch.compiler.disable(on_its_device, recursive=True)  # type: ignore[return-value]
+    # a submodule import: nsa.ops may still be importing (library needs only nsa.config at import)
+    traced = getattr(importlib.import_module("nsa.ops.library"), fn.__name__, None)
+    reason = (f"{fn.__name__} runs eagerly here: a packed batch (cu_seqlens), or a gradient on a route that is "
+              f"not Triton's throughout (nsa.ops.library)") if traced else (
+              f"{fn.__name__} runs eagerly under torch.compile; only nsa_attention, mean_compress and "
+              f"nsa_decode are custom ops (nsa.ops.library)")  # fmt: skip
+    eager = torch.compiler.disable(on_its_device, recursive=True, **_reason(reason))
+    if traced is None:
+        return eager  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            result = traced(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return eager(*args, **kwargs)
+
+    return op  # type: ignore[return-value]
+
+
+def _reason(text: str) -> dict:
+    """``reason=text`` where ``torch.compiler.disable`` takes it (torch 2.8 on): Dynamo prints it
+    when ``fullgraph=True`` refuses the graph break."""
+    return {"reason": text} if "reason" in inspect.signature(torch.compiler.disable).parameters else {}
 
 
 def cuda_device_of(*values: Any) -> Optional[torch.device]:

@@ -31,7 +31,7 @@ def _check_pair(name: str, pair: object, q: torch.Tensor, v: torch.Tensor) -> KV
 
 #: The ops of a training step that :mod:`nsa.ops.training` runs as one autograd Function when all
 #: route to Triton (its backward shares the softmax deltas and sums ``dq`` inside the kernels).
-_TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
+TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
 
 
 def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, v: torch.Tensor, backend: Optional[str]) -> bool:
@@ -112,9 +112,7 @@ def nsa_attention(
         ``o [B, T, HQ, Dv]`` in q's dtype; with ``return_block_idx``, the pair
         ``(o, block_idx)`` with int32 ``block_idx [B, T, H, sel_count]``.
     """
-    _guards.check_config(config)
-    _guards.check_attention_inputs(q, k, v)
-    _guards.check_gates(gates, q)
+    check_arguments(q, k, v, gates, config)
     if cu_seqlens is not None:
         return _packed(q, k, v, gates, config, kv_cmp, kv_win, q_offset, backend, return_block_idx, cu_seqlens, max_seqlen)
     if max_seqlen is not None:
@@ -125,7 +123,7 @@ def nsa_attention(
     )
     k_win, v_win = _check_pair("kv_win", kv_win, q, v) if kv_win is not None else (k, v)
     training = needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win) and q.shape[1]
-    if training and _on_triton(_TRAINING_OPS, q, v, backend):
+    if training and _on_triton(TRAINING_OPS, q, v, backend):
         from nsa.ops.training import nsa_attention_training
 
         own_win = (k_win, v_win) if kv_win is not None else (None, None)
@@ -133,6 +131,17 @@ def nsa_attention(
         return (o, block_idx) if return_block_idx else o
     o, block_idx = composed_branches(q, k, v, gates, k_cmp, v_cmp, k_win, v_win, config, q_offset, backend)
     return (o, block_idx) if return_block_idx else o
+
+
+def check_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, config: NSAConfig,
+                    kv_cmp: Optional[KVPair] = None, kv_win: Optional[KVPair] = None) -> None:
+    """:func:`nsa_attention`'s checks of its arguments (``kv_cmp``/``kv_win`` where given)."""
+    _guards.check_config(config)
+    _guards.check_attention_inputs(q, k, v)
+    _guards.check_gates(gates, q)
+    for name, pair in (("kv_cmp", kv_cmp), ("kv_win", kv_win)):
+        if pair is not None:
+            _check_pair(name, pair, q, v)
 
 
 def composed_branches(

@@ -1,0 +1,37 @@
+#!/bin/bash
+# The GPU calls of session 36: NSA as torch.library custom ops (torch.compile with fullgraph=True,
+# torch.export) and the learnable compression gathered heads first.
+#
+#   bash scripts/gpu_session36.sh first REV   # the GPU tests of compile, module, cache, decode graph,
+#                                             # the whole-op kernels and packed batches (report named
+#                                             # after REV); scripts/gpu_compile.py at 4k and 16k
+#                                             # (eager against compiled, fullgraph); scripts/gpu_compression.py
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session36.sh first REV}"
+device_line
+case "$step" in
+first)
+    rev="${2:?the commit to name the report after}"
+    timeout 300 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
+        tests/test_cache.py tests/test_decode_graph.py tests/test_varlen.py tests/ops/test_nsa_attention_kernel.py \
+        > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+    timeout 100 python "$here/gpu_compression.py" 2>&1 | tee "$OUT/compression.md"
+    echo "== compression after $(( $(date +%s) - start )) s"
+    for length in 4096 16384; do
+        timeout 150 python "$here/gpu_compile.py" --length "$length" 2>&1 | tee "$OUT/compile_$length.md" | grep -v "^$"
+        echo "== compile $length after $(( $(date +%s) - start )) s"
+    done
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
