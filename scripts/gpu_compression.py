@@ -1,7 +1,9 @@
-"""The learnable compression (``MLPCompression``) forward and forward+backward, as it gathers its
-blocks now (heads first, so that ``torch.export`` can trace it for any length; session 36) against
-the unfolded blocks it took before, on the same weights: outputs and gradients compared, and
-``do_bench`` medians.
+"""The learnable compression (``MLPCompression``) forward and forward+backward as it is now (blocks
+unfolded heads first and copied to one layout, so that ``torch.export`` can trace it for any
+length; session 36) against its form before (blocks unfolded in token order, flattened by the
+MLP's input), on the same weights: outputs and gradients compared, and ``do_bench`` medians.
+(A first form of session 36 gathered the blocks by index: 0.986 against 0.712 ms forward+backward
+at 8k on the H200, whose index backward this form does not have.)
 
 Usage: ``python scripts/gpu_compression.py [--lengths 8192,65536]``; prints markdown (bf16, H 4,
 D 128, the paper's cmp_block 32 and cmp_stride 16).

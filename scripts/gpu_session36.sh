@@ -6,11 +6,15 @@
 #                                             # the whole-op kernels and packed batches (report named
 #                                             # after REV); scripts/gpu_compile.py at 4k and 16k
 #                                             # (eager against compiled, fullgraph); scripts/gpu_compression.py
+#   bash scripts/gpu_session36.sh second REV  # after the first call's findings (RoPE broke the graph under
+#                                             # compile; the gathered compression was slower): the same
+#                                             # tests but the kernels' and packed batches', the compression
+#                                             # timing, gpu_compile.py at 4k and 16k (bf16) and 4k (float32)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session36.sh first REV}"
+step="${1:?usage: scripts/gpu_session36.sh first REV | second REV}"
 device_line
 case "$step" in
 first)
@@ -27,6 +31,21 @@ first)
     for length in 4096 16384; do
         timeout 150 python "$here/gpu_compile.py" --length "$length" 2>&1 | tee "$OUT/compile_$length.md" | grep -v "^$"
         echo "== compile $length after $(( $(date +%s) - start )) s"
+    done
+    ;;
+second)
+    rev="${2:?the commit to name the report after}"
+    timeout 240 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
+        tests/test_cache.py tests/test_decode_graph.py > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+    timeout 100 python "$here/gpu_compression.py" 2>&1 | tee "$OUT/compression.md"
+    for run in "4096 bfloat16" "16384 bfloat16" "4096 float32"; do
+        set -- $run
+        timeout 150 python "$here/gpu_compile.py" --length "$1" --dtype "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
+        echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
     done
     ;;
 *)

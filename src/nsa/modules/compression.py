@@ -72,16 +72,19 @@ class MLPCompression(nn.Module):
     def forward(self, x: torch.Tensor, first: int = 0, count: Optional[int] = None) -> torch.Tensor:
         """``x [B, T, H, D]`` -> compressed tokens ``[first, first+count)`` as ``[B, count, H, D]``."""
         cfg = self.config
+        whole = first == 0 and count is None  # every complete block: x unsliced (see below)
         if count is None:
             count = cfg.num_cmp(x.shape[1]) - first
         B, _, H, D = x.shape
         if count <= 0:
             return x.new_zeros(B, 0, H, D)
-        # Gathered heads first, not unfolded: a graph traced for any length (torch.export) must
-        # decide each view without knowing the length, and it can when the length's dimension
-        # is split off last (after the static H); unfolded blocks flatten by a copy or a view
-        # depending on the length.
-        tokens = torch.arange(count, device=x.device)[:, None] * cfg.cmp_stride + torch.arange(cfg.cmp_block, device=x.device)
-        blocks = x.transpose(1, 2)[:, :, first * cfg.cmp_stride + tokens] + self.pos_emb.to(x.dtype)  # [B, H, N, l, D]
+        # Heads first, and the blocks copied to one layout before the MLP: a graph traced for
+        # any length (torch.export) must decide each slice and reshape without knowing the
+        # length, and it can when the length's dimension is split off last, after the static H,
+        # and x is not sliced to the blocks' span when that is all of it (on unfolded blocks in
+        # another order, a flatten is a view or a copy depending on the length)
+        span = (x if whole else x[:, _token_span(cfg, first, count)]).transpose(1, 2)  # [B, H, span, D]
+        blocks = span.unfold(2, cfg.cmp_block, cfg.cmp_stride).transpose(-1, -2).contiguous()  # [B, H, N, l, D]
+        blocks = blocks + self.pos_emb.to(x.dtype)
         out = self.mlp(blocks.reshape(-1, cfg.cmp_block * D)).view(B, H, count, -1)
         return out.transpose(1, 2).contiguous()  # [B, N, H, D], laid out as the cache keeps them

@@ -40,8 +40,8 @@ class RotaryEmbedding(nn.Module):
         freqs = None if torch.compiler.is_compiling() else self._inv_freq.get(device)
         if freqs is None:
             freqs = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
-            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            if not (capturing or torch.compiler.is_compiling()):
+            # is_compiling first: Dynamo cannot trace is_current_stream_capturing (a graph break)
+            if not (torch.compiler.is_compiling() or device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._inv_freq[device] = freqs
         return freqs
 
