@@ -10,11 +10,15 @@
 #                                             # compile; the gathered compression was slower): the same
 #                                             # tests but the kernels' and packed batches', the compression
 #                                             # timing, gpu_compile.py at 4k and 16k (bf16) and 4k (float32)
+#   bash scripts/gpu_session36.sh third REV   # after the profile (scripts/gpu_compile_profile.py) found
+#                                             # Inductor recomputing RoPE's float64 cos/sin per rotated
+#                                             # element: compile and module tests, gpu_compile.py at 4k
+#                                             # and 16k (bf16), the profile again at 16k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session36.sh first REV | second REV}"
+step="${1:?usage: scripts/gpu_session36.sh first REV | second REV | third REV}"
 device_line
 case "$step" in
 first)
@@ -47,6 +51,21 @@ second)
         timeout 150 python "$here/gpu_compile.py" --length "$1" --dtype "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
         echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
     done
+    ;;
+third)
+    rev="${2:?the commit to name the report after}"
+    timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
+        > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+    for length in 4096 16384; do
+        timeout 150 python "$here/gpu_compile.py" --length "$length" 2>&1 | tee "$OUT/compile_$length.md" | grep "^|"
+        echo "== compile $length after $(( $(date +%s) - start )) s"
+    done
+    timeout 120 python "$here/gpu_compile_profile.py" --length 16384 2>&1 | grep -v -i warn > "$OUT/compile_profile_16384.md"
+    grep -A4 "^## compiled, forward" "$OUT/compile_profile_16384.md"
     ;;
 *)
     echo "unknown step $step" >&2

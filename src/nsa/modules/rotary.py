@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ class RotaryEmbedding(nn.Module):
         and the compiled code computes them or folds them into constants)."""
         freqs = None if torch.compiler.is_compiling() else self._inv_freq.get(device)
         if freqs is None:
-            freqs = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim)
+            freqs = _frequencies(self.head_dim, self.theta, device)
             # is_compiling first: Dynamo cannot trace is_current_stream_capturing (a graph break)
             if not (torch.compiler.is_compiling() or device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._inv_freq[device] = freqs
@@ -47,8 +47,11 @@ class RotaryEmbedding(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
         """``(cos, sin)`` at ``positions [T]`` (or ``[B, T]``, absolute token indices), in ``dtype``."""
-        angles = positions.to(torch.float64)[..., None] * self.inv_freq(positions.device)  # [(B,) T, D/2]
-        return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
+        if torch.compiler.is_compiling():
+            # one opaque node: Inductor fused the float64 cos/sin into every rotated element
+            # instead (64 query heads: 3.4 of 11.2 ms of a 16k forward, H200)
+            return tuple(torch.ops.nsa.rope_tables(positions, self.head_dim, self.theta, dtype))
+        return _tables(positions, self.inv_freq(positions.device), dtype)
 
     @staticmethod
     def rotate(x: torch.Tensor, tables: Tables) -> torch.Tensor:
@@ -63,3 +66,24 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta:g}"
+
+
+def _frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+
+
+def _tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> Tables:
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # [(B,) T, D/2]
+    return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
+
+
+@torch.library.custom_op("nsa::rope_tables", mutates_args=())
+def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> List[torch.Tensor]:
+    """:meth:`RotaryEmbedding.tables` where a graph is traced (no gradient: positions are indices)."""
+    return list(_tables(positions, _frequencies(head_dim, theta, positions.device), dtype))
+
+
+@_rope_tables.register_fake
+def _(positions, head_dim, theta, dtype):
+    shape = (*positions.shape, 1, head_dim // 2)
+    return [positions.new_empty(shape, dtype=dtype) for _ in range(2)]
