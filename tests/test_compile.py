@@ -229,13 +229,15 @@ def test_export_holds_the_layer_for_any_batch_and_length(compression):
     """``torch.export`` of a layer (inference, float64, reference route) with a dynamic batch and
     length: the program holds NSA as custom ops and gives the layer's output at other shapes."""
     layer = _layer(compression=compression).requires_grad_(False)
-    batch, length = torch.export.Dim("batch", max=16), torch.export.Dim("length", min=32, max=4096)
+    # from the shortest length with two compressed tokens (README, Known limits)
+    shortest = SMALL.cmp_block + SMALL.cmp_stride
+    batch, length = torch.export.Dim("batch", max=16), torch.export.Dim("length", min=shortest, max=4096)
     program = torch.export.export(layer, (torch.randn(2, 90, 64, dtype=torch.float64),),
                                   dynamic_shapes={"x": {0: batch, 1: length}})
     nodes = _nsa_nodes([program.graph_module])
     # one RoPE table for the queries and every branch's keys, then the compressed keys and values
     assert nodes == ["nsa.rope_tables"] + ["nsa.mean_compress"] * 2 * (compression == "mean") + ["nsa.attention"]
-    for shape in ((1, 90), (3, 107), (2, 32)):
+    for shape in ((1, 90), (3, 107), (2, shortest)):
         x = torch.randn(*shape, 64, dtype=torch.float64)
         assert torch.equal(program.module()(x), layer(x))
 
