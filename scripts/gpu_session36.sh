@@ -14,11 +14,13 @@
 #                                             # Inductor recomputing RoPE's float64 cos/sin per rotated
 #                                             # element: compile and module tests, gpu_compile.py at 4k
 #                                             # and 16k (bf16), the profile again at 16k
+#   bash scripts/gpu_session36.sh rotary REV  # the Triton rotary embedding: its tests, the module and compile
+#                                             # tests, scripts/gpu_rotary.py (alone and in an eager layer)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session36.sh first REV | second REV | third REV}"
+step="${1:?usage: scripts/gpu_session36.sh first REV | second REV | third REV | rotary REV}"
 device_line
 case "$step" in
 first)
@@ -66,6 +68,16 @@ third)
     done
     timeout 120 python "$here/gpu_compile_profile.py" --length 16384 2>&1 | grep -v -i warn > "$OUT/compile_profile_16384.md"
     grep -A4 "^## compiled, forward" "$OUT/compile_profile_16384.md"
+    ;;
+rotary)
+    rev="${2:?the commit to name the report after}"
+    timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/ops/test_rotary_kernel.py \
+        tests/test_module.py tests/test_compile.py > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+    timeout 120 python "$here/gpu_rotary.py" 2>&1 | tee "$OUT/rotary.md"
     ;;
 *)
     echo "unknown step $step" >&2

@@ -55,7 +55,9 @@ def _op_calls():
     block_idx = ops.select_blocks(q, k_cmp, SMALL)
     branch = x(1, 70, 4, 16)
     cache = dict(k=x(1, 80, 2, 16), v=x(1, 80, 2, 16), k_cmp=x(1, 19, 2, 16), v_cmp=x(1, 19, 2, 16))
+    tables = [x(70, 1, 8) for _ in range(2)]
     return {
+        "apply_rotary": (lambda q, cos, sin: ops.apply_rotary(q, cos, sin), (q, *tables)),
         "nsa_attention": (lambda q, k, v, g: ops.nsa_attention(q, k, v, g, SMALL), (q, k, v, gates)),
         "mean_compress": (lambda k: ops.mean_compress(k, SMALL), (k,)),
         "compressed_attention": (lambda q, kc, vc: ops.compressed_attention(q, kc, vc, SMALL)[0], (q, k_cmp, v_cmp)),

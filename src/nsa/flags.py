@@ -31,7 +31,7 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 BACKEND_CHOICES: Tuple[str, ...] = ("auto", "reference", "triton")
 
 #: Ops whose backend the router picks; each has an ``NSA_BACKEND_<OP>`` flag.
-OPS: Tuple[str, ...] = ("compress", "compressed", "select", "selected", "window", "gates", "decode")
+OPS: Tuple[str, ...] = ("compress", "compressed", "select", "selected", "window", "gates", "decode", "rotary")
 
 
 class FlagError(ValueError):

@@ -207,7 +207,7 @@ def test_env_states_profile_flags_versions_and_routing(pytester, inprocess, fake
     assert env["device"]["slug"] == "cpu" and env["device"]["gpus"] == []
     assert [c["check"] for c in env["checks"]][0] == "pairing"
     routes = {r["op"]: r["backend"] for r in env["routing"]["ops"]}
-    assert set(routes) == {"compress", "compressed", "select", "selected", "window", "gates", "decode"}
+    assert set(routes) == {"compress", "compressed", "select", "selected", "window", "gates", "decode", "rotary"}
     assert env["routing"]["device"] == "cpu" and set(routes.values()) == {"reference"}
     assert "`TRITON_INTERPRET=1`" in md and env["checks"][0]["message"] in md
     assert md_row(md, "torch")[0] == env["software"]["torch"]

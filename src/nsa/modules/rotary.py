@@ -7,6 +7,9 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
+from nsa.ops import apply_rotary
+from nsa.ops.rotary import reference
+
 #: ``(cos, sin)``, each ``[(B,) T, 1, D/2]`` in the dtype of the tensors they rotate.
 Tables = Tuple[torch.Tensor, torch.Tensor]
 
@@ -55,10 +58,11 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, tables: Tables) -> torch.Tensor:
-        """``x [B, T, heads, D]`` rotated by :meth:`tables`."""
-        cos, sin = tables
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        """``x [B, T, heads, D]`` rotated by :meth:`tables` (:func:`nsa.ops.apply_rotary`: one
+        Triton pass on CUDA)."""
+        if torch.compiler.is_compiling():
+            return reference.apply_rotary(x, *tables)  # Inductor fuses it (the op would break the graph)
+        return apply_rotary(x, *tables)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [B, T, heads, D]``; ``positions [T]`` (or ``[B, T]``) are absolute token indices."""

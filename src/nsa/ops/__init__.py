@@ -9,11 +9,13 @@ from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
 from nsa.ops.decode import nsa_decode
 from nsa.ops.gates import combine_branches
+from nsa.ops.rotary import apply_rotary
 from nsa.ops.select import select_blocks
 from nsa.ops.selected import selected_attention
 from nsa.ops.window import sliding_window_attention
 
 __all__ = [
+    "apply_rotary",
     "combine_branches",
     "compressed_attention",
     "mean_compress",
