@@ -22,7 +22,8 @@ SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=3
 #: selected branch's forced blocks, where both branches read (k, v)
 SMALL_FORCED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=32)
 #: public op -> its custom op (nsa.ops.library); the others break the graph
-CUSTOM_OPS = {"nsa_attention": "nsa.attention", "mean_compress": "nsa.mean_compress", "nsa_decode": "nsa.decode"}
+CUSTOM_OPS = {"nsa_attention": "nsa.attention", "mean_compress": "nsa.mean_compress", "nsa_decode": "nsa.decode",
+              "apply_rotary": "nsa.rotary"}
 GRAPH_BREAKS = sorted(set(ops.__all__) - set(CUSTOM_OPS))
 
 
@@ -237,8 +238,9 @@ def test_export_holds_the_layer_for_any_batch_and_length(compression):
     program = torch.export.export(layer, (torch.randn(2, 90, 64, dtype=torch.float64),),
                                   dynamic_shapes={"x": {0: batch, 1: length}})
     nodes = _nsa_nodes([program.graph_module])
-    # one RoPE table for the queries and every branch's keys, then the compressed keys and values
-    assert nodes == ["nsa.rope_tables"] + ["nsa.mean_compress"] * 2 * (compression == "mean") + ["nsa.attention"]
+    # one RoPE table rotates the queries and every branch's keys
+    rotations = ["nsa.rope_tables"] + ["nsa.rotary"] * 4
+    assert nodes == rotations + ["nsa.mean_compress"] * 2 * (compression == "mean") + ["nsa.attention"]
     for shape in ((1, 90), (3, 107), (2, shortest)):
         x = torch.randn(*shape, 64, dtype=torch.float64)
         assert torch.equal(program.module()(x), layer(x))

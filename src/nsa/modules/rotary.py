@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from nsa.ops import apply_rotary
-from nsa.ops.rotary import reference
 
 #: ``(cos, sin)``, each ``[(B,) T, 1, D/2]`` in the dtype of the tensors they rotate.
 Tables = Tuple[torch.Tensor, torch.Tensor]
@@ -60,8 +59,6 @@ class RotaryEmbedding(nn.Module):
     def rotate(x: torch.Tensor, tables: Tables) -> torch.Tensor:
         """``x [B, T, heads, D]`` rotated by :meth:`tables` (:func:`nsa.ops.apply_rotary`: one
         Triton pass on CUDA)."""
-        if torch.compiler.is_compiling():
-            return reference.apply_rotary(x, *tables)  # Inductor fuses it (the op would break the graph)
         return apply_rotary(x, *tables)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

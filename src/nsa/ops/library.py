@@ -160,7 +160,8 @@ _attention_train.register_autograd(_train_grads, setup_context=_train_setup)
 
 
 # ---------------------------------------------------------------------------------------------
-# nsa::mean_compress (the Triton backward where it routes to Triton) and nsa::decode (no backward)
+# nsa::mean_compress (the Triton backward where it routes to Triton), nsa::decode (no backward),
+# nsa::rotary (backward: the opposite rotation)
 
 
 @torch.library.custom_op("nsa::mean_compress", mutates_args=())
@@ -220,6 +221,33 @@ def _(q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, geometry, scale, bac
     return _outputs_like(q, k, v, geometry)
 
 
+@torch.library.custom_op("nsa::rotary", mutates_args=())
+def _rotary(x: Tensor, cos: Tensor, sin: Tensor, backend: Optional[str]) -> Tensor:
+    from nsa.ops.rotary import apply_rotary
+
+    with torch.no_grad():
+        return apply_rotary(x, cos, sin, backend=backend).contiguous()
+
+
+@_rotary.register_fake
+def _(x, cos, sin, backend):
+    return x.new_empty(x.shape)
+
+
+def _rotary_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+    ctx.backend = inputs[3]
+
+
+def _rotary_grads(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    # the adjoint of a rotation is the rotation by the opposite angle (as the eager backward)
+    return _rotary(dy, cos, -sin, ctx.backend), None, None, None
+
+
+_rotary.register_autograd(_rotary_grads, setup_context=_rotary_setup)
+
+
 # ---------------------------------------------------------------------------------------------
 # The traced side of the public ops (nsa.ops._dispatch.public_op calls these under torch.compile)
 
@@ -274,3 +302,8 @@ def nsa_decode(q, k, v, gates, seq_lens, config, *, kv_cmp, kv_win=None, backend
     k_win, v_win = kv_win if kv_win is not None else (None, None)
     o, block_idx = _decode(q, k, v, gates, seq_lens, *kv_cmp, k_win, v_win, _geometry(config), config.scale, backend)
     return (o, block_idx) if return_block_idx else o
+
+
+def apply_rotary(x, cos, sin, *, backend=None):
+    """:func:`nsa.ops.apply_rotary` traced: one custom op."""
+    return _rotary(x, cos, sin, backend)
