@@ -49,8 +49,8 @@ def public_op(fn: Op) -> Op:
     traced = getattr(importlib.import_module("nsa.ops.library"), fn.__name__, None)
     reason = (f"{fn.__name__} runs eagerly here: a packed batch (cu_seqlens), or a gradient on a route that is "
               f"not Triton's throughout (nsa.ops.library)") if traced else (
-              f"{fn.__name__} runs eagerly under torch.compile; only nsa_attention, mean_compress and "
-              f"nsa_decode are custom ops (nsa.ops.library)")  # fmt: skip
+              f"{fn.__name__} runs eagerly under torch.compile; only nsa_attention, mean_compress, "
+              f"nsa_decode and apply_rotary are custom ops (nsa.ops.library)")  # fmt: skip
     eager = torch.compiler.disable(on_its_device, recursive=True, **_reason(reason))
     if traced is None:
         return eager  # type: ignore[return-value]

@@ -3,11 +3,11 @@
 Eagerly, a public op runs its Python: guards, routing, Triton launches. Dynamo must not trace
 that Python (Inductor would recompile the Triton kernels, and fails to: see
 :func:`nsa.ops._dispatch.public_op`), so under ``torch.compile`` the public ops that a model
-calls, :func:`nsa.nsa_attention`, :func:`nsa.ops.mean_compress` and :func:`nsa.ops.nsa_decode`,
-call the custom ops below instead. Each is one opaque node of the graph: its fake
-implementation gives the output's shape and dtype, its implementation calls the eager op at run
-time, so a compiled model holds NSA without a graph break (``fullgraph=True``, the CUDA-graph
-modes, ``torch.export``) and computes what the eager model computes.
+calls, :func:`nsa.nsa_attention`, :func:`nsa.ops.mean_compress`, :func:`nsa.ops.nsa_decode` and
+:func:`nsa.ops.apply_rotary`, call the custom ops below instead. Each is one opaque node of the
+graph: its fake implementation gives the output's shape and dtype, its implementation calls the
+eager op at run time, so a compiled model holds NSA without a graph break (``fullgraph=True``,
+``torch.export``) and computes what the eager model computes.
 
 Backward:
 
@@ -15,9 +15,11 @@ Backward:
   returns the branches' outputs and lse beside ``o``, and its backward,
   ``nsa::attention_train_backward``, is the eager Triton backward (:mod:`nsa.ops.training`): the
   same kernels on the same tensors, so the gradients are eager's, bitwise.
-- On any other route (the reference, float32 where it stays in PyTorch), and for
-  ``nsa::mean_compress``, the backward recomputes the forward under autograd and differentiates
-  it: one more forward, on the routes that are slow anyway.
+- ``nsa::mean_compress``'s backward is the Triton kernel's (on the reference route a gradient
+  runs eagerly); ``nsa::rotary``'s is the rotation by the opposite angle, on either route.
+- A gradient through :func:`nsa.nsa_attention` on any other route (the reference, float32 where
+  it stays in PyTorch) runs eagerly: a custom op's implementation cannot record autograd, and
+  those routes' backward is autograd's.
 
 Routing is read when the graph is traced (``NSA_`` flags changed later need
 ``torch._dynamo.reset()``), and a packed batch (``cu_seqlens``) runs eagerly, a graph break:
