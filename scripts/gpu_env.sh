@@ -56,3 +56,15 @@ run_group() {
     echo "== $name: rc $? after $(( $(date +%s) - start )) s"
     grep -v -i "warn" "$OUT/${step}_$name.txt" | tail -20
 }
+
+# GPU tests on 8 workers sharing the GPU, the output in $OUT/tests.txt and its failures shown:
+# worker_tests LIMIT REV TEST... (report named after REV; $start is the calling script's start).
+worker_tests() {
+    local limit="$1" rev="$2"
+    shift 2
+    timeout "$limit" python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" \
+        --gpu-profile auto -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" "$@" > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+}

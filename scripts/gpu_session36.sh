@@ -16,22 +16,19 @@
 #                                             # and 16k (bf16), the profile again at 16k
 #   bash scripts/gpu_session36.sh rotary REV  # the Triton rotary embedding: its tests, the module and compile
 #                                             # tests, scripts/gpu_rotary.py (alone and in an eager layer)
+#   bash scripts/gpu_session36.sh pending REV # next session's first call: the rotary and compile tests after
+#                                             # nsa::rotary (not yet on a GPU), gpu_compile.py at 16k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session36.sh first REV | second REV | third REV | rotary REV}"
+step="${1:?usage: scripts/gpu_session36.sh first REV | second REV | third REV | rotary REV | pending REV}"
 device_line
 case "$step" in
 first)
     rev="${2:?the commit to name the report after}"
-    timeout 300 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
-        tests/test_cache.py tests/test_decode_graph.py tests/test_varlen.py tests/ops/test_nsa_attention_kernel.py \
-        > "$OUT/tests.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
-    tail -3 "$OUT/tests.txt"
+    worker_tests 300 "$rev" tests/test_compile.py tests/test_module.py tests/test_cache.py tests/test_decode_graph.py \
+        tests/test_varlen.py tests/ops/test_nsa_attention_kernel.py
     timeout 100 python "$here/gpu_compression.py" 2>&1 | tee "$OUT/compression.md"
     echo "== compression after $(( $(date +%s) - start )) s"
     for length in 4096 16384; do
@@ -41,12 +38,7 @@ first)
     ;;
 second)
     rev="${2:?the commit to name the report after}"
-    timeout 240 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
-        tests/test_cache.py tests/test_decode_graph.py > "$OUT/tests.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
-    tail -3 "$OUT/tests.txt"
+    worker_tests 240 "$rev" tests/test_compile.py tests/test_module.py tests/test_cache.py tests/test_decode_graph.py
     timeout 100 python "$here/gpu_compression.py" 2>&1 | tee "$OUT/compression.md"
     for run in "4096 bfloat16" "16384 bfloat16" "4096 float32"; do
         set -- $run
@@ -56,12 +48,7 @@ second)
     ;;
 third)
     rev="${2:?the commit to name the report after}"
-    timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_compile.py tests/test_module.py \
-        > "$OUT/tests.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
-    tail -3 "$OUT/tests.txt"
+    worker_tests 200 "$rev" tests/test_compile.py tests/test_module.py
     for length in 4096 16384; do
         timeout 150 python "$here/gpu_compile.py" --length "$length" 2>&1 | tee "$OUT/compile_$length.md" | grep "^|"
         echo "== compile $length after $(( $(date +%s) - start )) s"
@@ -71,13 +58,14 @@ third)
     ;;
 rotary)
     rev="${2:?the commit to name the report after}"
-    timeout 200 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
-        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/ops/test_rotary_kernel.py \
-        tests/test_module.py tests/test_compile.py > "$OUT/tests.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
-    tail -3 "$OUT/tests.txt"
+    worker_tests 200 "$rev" tests/ops/test_rotary_kernel.py tests/test_module.py tests/test_compile.py
     timeout 120 python "$here/gpu_rotary.py" 2>&1 | tee "$OUT/rotary.md"
+    ;;
+pending)
+    # what the session changed after its device time ran out: nsa::rotary under torch.compile
+    rev="${2:?the commit to name the report after}"
+    worker_tests 200 "$rev" tests/ops/test_rotary_kernel.py tests/test_module.py tests/test_compile.py
+    timeout 150 python "$here/gpu_compile.py" --length 16384 2>&1 | tee "$OUT/compile_16384.md" | grep "^|"
     ;;
 *)
     echo "unknown step $step" >&2
