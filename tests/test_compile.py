@@ -1,9 +1,9 @@
 """``torch.compile`` and ``torch.export`` over code that calls NSA.
 
-Three public ops, ``nsa_attention``, ``mean_compress`` and ``nsa_decode``, become
-``torch.library`` custom ops when traced (:mod:`nsa.ops.library`): a graph holds each as one
-node, ``fullgraph=True`` and ``torch.export`` work, and training on the Triton route runs the eager
-Triton backward. The other public ops run as themselves, eagerly, between the compiled graphs
+The four public ops a model calls, ``nsa_attention``, ``mean_compress``, ``nsa_decode`` and
+``apply_rotary``, become ``torch.library`` custom ops when traced (:mod:`nsa.ops.library`): a
+graph holds each as one node, ``fullgraph=True`` and ``torch.export`` work, and training on the
+Triton route runs the eager Triton backward. The other public ops run as themselves, eagerly, between the compiled graphs
 (``nsa.ops._dispatch.public_op``). Either way the results are eager's.
 """
 
