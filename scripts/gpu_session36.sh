@@ -16,8 +16,9 @@
 #                                             # and 16k (bf16), the profile again at 16k
 #   bash scripts/gpu_session36.sh rotary REV  # the Triton rotary embedding: its tests, the module and compile
 #                                             # tests, scripts/gpu_rotary.py (alone and in an eager layer)
-#   bash scripts/gpu_session36.sh pending REV # next session's first call: the rotary and compile tests after
-#                                             # nsa::rotary (not yet on a GPU), gpu_compile.py at 16k
+#   bash scripts/gpu_session36.sh pending REV # next session's first call: the rotary, compile, module, decode
+#                                             # graph, cache and varlen tests after nsa::rotary (not yet on a
+#                                             # GPU), gpu_compile.py at 16k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -62,9 +63,11 @@ rotary)
     timeout 120 python "$here/gpu_rotary.py" 2>&1 | tee "$OUT/rotary.md"
     ;;
 pending)
-    # what the session changed after its device time ran out: nsa::rotary under torch.compile
+    # what the session changed after its device time ran out: nsa::rotary under torch.compile; and
+    # the rotary kernel inside captured decode steps and the cache, whose GPU tests it has not met
     rev="${2:?the commit to name the report after}"
-    worker_tests 200 "$rev" tests/ops/test_rotary_kernel.py tests/test_module.py tests/test_compile.py
+    worker_tests 300 "$rev" tests/ops/test_rotary_kernel.py tests/test_module.py tests/test_compile.py \
+        tests/test_decode_graph.py tests/test_cache.py tests/test_varlen.py
     timeout 150 python "$here/gpu_compile.py" --length 16384 2>&1 | tee "$OUT/compile_16384.md" | grep "^|"
     ;;
 *)
