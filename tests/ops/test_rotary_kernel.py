@@ -43,6 +43,8 @@ def _check(B, T, heads, D, per_sequence, dtype, device, tol, strided=False):
         pytest.param(2, 37, 3, 12, False, False, id="shared-table-half6-heads3"),
         pytest.param(2, 19, 5, 16, True, False, id="per-sequence-table"),
         pytest.param(1, 23, 4, 32, False, True, id="strided-rows"),
+        # 40 heads of 256: two programs a position (32 heads each, the second part-filled)
+        pytest.param(1, 5, 40, 256, False, False, id="heads-over-two-programs"),
     ],
 )
 def test_rotary_triton_matches_reference(B, T, heads, D, per_sequence, strided, nsa_device, nsa_tolerance):
