@@ -36,15 +36,16 @@ from nsa.config import NSAConfig
 
 Tensor = torch.Tensor
 
+#: The config's integer fields: a custom op takes them as one ``int[]`` (and the scale apart)
+_GEOMETRY = ("cmp_block", "cmp_stride", "sel_block", "sel_count", "init_blocks", "local_blocks", "window")
+
+
 def _geometry(config: NSAConfig) -> List[int]:
-    """The config's integer fields, in the order :func:`_config` reads them back."""
-    return [config.cmp_block, config.cmp_stride, config.sel_block, config.sel_count, config.init_blocks,
-            config.local_blocks, config.window]
+    return [getattr(config, name) for name in _GEOMETRY]
 
 
 def _config(geometry: Sequence[int], scale: Optional[float]) -> NSAConfig:
-    keys = ("cmp_block", "cmp_stride", "sel_block", "sel_count", "init_blocks", "local_blocks", "window")
-    return NSAConfig(**dict(zip(keys, (int(x) for x in geometry))), scale=scale)
+    return NSAConfig(**{name: int(x) for name, x in zip(_GEOMETRY, geometry)}, scale=scale)
 
 
 def _absent(like: Tensor) -> Tensor:
@@ -88,7 +89,8 @@ def _outputs_like(q: Tensor, k: Tensor, v: Tensor, geometry: Sequence[int]) -> T
     """Empty ``(o, block_idx)`` as the attention ops return them."""
     B, T, HQ, _ = q.shape
     o = q.new_empty(B, T, HQ, v.shape[-1])
-    return o, torch.empty(B, T, k.shape[2], geometry[3], dtype=torch.int32, device=q.device)
+    count = geometry[_GEOMETRY.index("sel_count")]
+    return o, torch.empty(B, T, k.shape[2], count, dtype=torch.int32, device=q.device)
 
 
 # ---------------------------------------------------------------------------------------------
