@@ -3,8 +3,8 @@
 The four public ops a model calls, ``nsa_attention``, ``mean_compress``, ``nsa_decode`` and
 ``apply_rotary``, become ``torch.library`` custom ops when traced (:mod:`nsa.ops.library`): a
 graph holds each as one node, ``fullgraph=True`` and ``torch.export`` work, and training on the
-Triton route runs the eager Triton backward. The other public ops run as themselves, eagerly, between the compiled graphs
-(``nsa.ops._dispatch.public_op``). Either way the results are eager's.
+Triton route runs the eager Triton backward. The other public ops run as themselves, eagerly,
+between the compiled graphs (``nsa.ops._dispatch.public_op``). Either way the results are eager's.
 """
 
 from __future__ import annotations
@@ -244,6 +244,25 @@ def test_export_holds_the_layer_for_any_batch_and_length(compression):
     for shape in ((1, 90), (3, 107), (2, shortest)):
         x = torch.randn(*shape, 64, dtype=torch.float64)
         assert torch.equal(program.module()(x), layer(x))
+
+
+def test_one_dynamic_graph_serves_every_batch_and_length():
+    """``torch.compile(layer, dynamic=True, fullgraph=True)`` traces one graph, with symbolic batch
+    and length, whose results at three shapes are the eager layer's (inference, reference route)."""
+    layer = _layer()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(layer, dynamic=True, fullgraph=True, backend=record)
+    with torch.no_grad():
+        # batches from 2: a batch of 1 is a graph of its own (Dynamo specializes sizes 0 and 1)
+        for shape in ((2, 40), (3, 90), (4, 133)):
+            x = torch.randn(*shape, 64, dtype=torch.float64)
+            assert torch.equal(compiled(x), layer(x))
+    assert len(graphs) == 1
 
 
 @pytest.mark.triton

@@ -42,8 +42,9 @@ class RotaryEmbedding(nn.Module):
         freqs = None if torch.compiler.is_compiling() else self._inv_freq.get(device)
         if freqs is None:
             freqs = _frequencies(self.head_dim, self.theta, device)
-            # is_compiling first: Dynamo cannot trace is_current_stream_capturing (a graph break)
-            if not (torch.compiler.is_compiling() or device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if torch.compiler.is_compiling():
+                return freqs  # asked first: Dynamo cannot trace is_current_stream_capturing (a graph break)
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._inv_freq[device] = freqs
         return freqs
 
