@@ -28,7 +28,7 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Set, Tuple, Union
+from typing import Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -186,6 +186,12 @@ def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[s
     if ok:
         why = "auto keeps CPU tensors on the reference (the interpreter is for tests)"
     return _log_once(Route(op, "reference", f"auto: {why}"))
+
+
+def all_triton(ops: Sequence[str], device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None,
+               head_dim: Optional[int] = None) -> bool:
+    """Whether every op of ``ops`` routes to its Triton kernel (a launch fusing several needs all)."""
+    return all(resolve(op, device, dtype, backend, head_dim).backend == "triton" for op in ops)
 
 
 def explain(device: DeviceLike, dtype: torch.dtype, head_dim: Optional[int] = None) -> str:

@@ -36,14 +36,11 @@ class RotaryEmbedding(nn.Module):
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         """The ``D/2`` frequencies, float64 on ``device``; made once a device, but never kept
-        from inside a CUDA graph capture (whose kernels have not run when it returns) or a
-        traced graph (``torch.compile``/``torch.export``: there they are the graph's own values,
-        and the compiled code computes them or folds them into constants)."""
-        freqs = None if torch.compiler.is_compiling() else self._inv_freq.get(device)
+        from inside a CUDA graph capture (whose kernels have not run when it returns). Traced
+        graphs never ask: there :meth:`tables` is one op that computes its own."""
+        freqs = self._inv_freq.get(device)
         if freqs is None:
             freqs = _frequencies(self.head_dim, self.theta, device)
-            if torch.compiler.is_compiling():
-                return freqs  # asked first: Dynamo cannot trace is_current_stream_capturing (a graph break)
             if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._inv_freq[device] = freqs
         return freqs

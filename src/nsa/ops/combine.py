@@ -39,8 +39,7 @@ def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, v: torch.Tensor, backend: 
     (a fused launch needs all; float32 routes depend on the wider of their heads)."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
 
-    head_dim = max(q.shape[-1], v.shape[-1])
-    return all(routing.resolve(op, q.device, q.dtype, backend, head_dim).backend == "triton" for op in ops)
+    return routing.all_triton(ops, q.device, q.dtype, backend, max(q.shape[-1], v.shape[-1]))
 
 
 def _compressed_and_blocks(

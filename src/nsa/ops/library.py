@@ -259,11 +259,10 @@ _rotary.register_autograd(_rotary_grads, setup_context=_rotary_setup)
 @torch.compiler.assume_constant_result
 def _on_triton(ops: Tuple[str, ...], device: torch.device, dtype: torch.dtype, head_dim: Optional[int],
                backend: Optional[str]) -> bool:
-    """Whether every op of ``ops`` routes to Triton (as :func:`nsa.ops.combine._on_triton`); read
-    once, when the graph is traced."""
-    from nsa import routing
+    """:func:`nsa.routing.all_triton`, read once, when the graph is traced."""
+    from nsa import routing  # lazily, like nsa.ops._dispatch
 
-    return all(routing.resolve(op, device, dtype, backend, head_dim).backend == "triton" for op in ops)
+    return routing.all_triton(ops, device, dtype, backend, head_dim)
 
 
 def _needs_grad(*tensors: Optional[Tensor]) -> bool:

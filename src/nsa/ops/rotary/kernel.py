@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops._triton.attention import last_dim_contiguous
 from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
 
@@ -47,15 +48,14 @@ def rotary_kernel(
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Launch the kernel: ``x`` rotated by the tables (``inverse``: by the opposite angles).
-    ``x [B, T, heads, D]`` with a unit last stride; tables ``[(B,) T, 1, D/2]``."""
+    """Launch the kernel: ``x [B, T, heads, D]`` rotated by the tables ``[(B,) T, 1, D/2]``
+    (``inverse``: by the opposite angles)."""
     B, T, heads, D = x.shape
     y = torch.empty(B, T, heads, D, dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
-    if cos.stride() != sin.stride():
-        cos, sin = cos.contiguous(), sin.contiguous()
+    x = last_dim_contiguous(x)
+    cos, sin = cos.contiguous(), sin.contiguous()  # one layout: the kernel takes one pair of table strides
     # a [T, 1, D/2] table serves every sequence: batch stride 0
     stride_cb, stride_ct = (cos.stride(0), cos.stride(1)) if cos.dim() == 4 else (0, cos.stride(0))
     half = D // 2
@@ -79,11 +79,9 @@ class RotaryFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         cos, sin = ctx.saved_tensors
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
         return rotary(dy, cos, sin, inverse=True), None, None
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Same signature as the reference; differentiable in ``x``."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
     return RotaryFunction.apply(x, cos, sin)
