@@ -1,0 +1,29 @@
+#!/bin/bash
+# The GPU calls of session 37: session 36's pending validation, and the host's cost of a call.
+#
+#   bash scripts/gpu_session37.sh first REV   # session 36's pending tests (nsa::rotary under compile, the
+#                                             # rotary kernel in decode graphs, cache, varlen; report named
+#                                             # after REV), gpu_host_cost.py
+#                                             # (host against device time of each call, cProfiles at 4k),
+#                                             # then gpu_compile.py at 16k
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session37.sh first REV}"
+device_line
+case "$step" in
+first)
+    rev="${2:?the commit to name the report after}"
+    worker_tests 300 "$rev" tests/ops/test_rotary_kernel.py tests/test_module.py tests/test_compile.py \
+        tests/test_decode_graph.py tests/test_cache.py tests/test_varlen.py
+    timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
+    echo "== host cost after $(( $(date +%s) - start )) s"
+    timeout 150 python "$here/gpu_compile.py" --length 16384 2>&1 | tee "$OUT/compile_16384.md" | grep "^|"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
