@@ -8,8 +8,12 @@ gradients (relative error against eager) and the blocks selected (the share of `
 equal, worst call), counts Dynamo's graph breaks by reason, tries
 ``fullgraph=True`` (which raises at the first break), and times both (``do_bench`` medians).
 
+``--mode reduce-overhead`` compiles with CUDA graphs (Inductor's cudagraph trees): the host's
+launches, which bound short sequences (``scripts/gpu_host_cost.py``), are replayed in one; the
+table then also counts the calls Inductor ran without its graphs, by reason.
+
 Usage: ``python scripts/gpu_compile.py [--length 4096] [--cases train,infer,decode] [--dtype float32]
-[--backend reference]``; prints
+[--backend reference] [--mode reduce-overhead]``; prints
 markdown. ``--device cpu`` runs a small float64 layer on the reference backend (a smoke test;
 inductor needs a C++ compiler there).
 """
@@ -73,6 +77,24 @@ def breaks() -> Dict[str, int]:
     return dict(out)
 
 
+SKIPS: List[str] = []  # why Inductor ran a graph without CUDA graphs (mode="reduce-overhead"), in order
+
+
+def recording_cudagraph_skips() -> None:
+    """Keep in :data:`SKIPS` the message of each run that Inductor's cudagraph trees skip (it logs
+    them to a logger that is off by default, and counts them without the reason)."""
+    import torch._inductor.cudagraph_trees as trees
+    import torch._inductor.output_code as output_code
+
+    original = trees.log_cudagraph_skip_and_bump_counter
+
+    def recorded(msg: str) -> None:
+        SKIPS.append(msg.strip().splitlines()[0][:110])
+        original(msg)
+
+    trees.log_cudagraph_skip_and_bump_counter = output_code.log_cudagraph_skip_and_bump_counter = recorded
+
+
 def reset() -> None:
     import torch._dynamo
 
@@ -127,9 +149,10 @@ def case_fns(case: str, layer: NSAAttention, x: torch.Tensor) -> Callable[[NSAAt
         def decode(model):
             with torch.no_grad():
                 cache = layer.new_cache(batch_size=x.shape[0], capacity=x.shape[1], static=True)
-                out = [model(x[:, :prompt], cache)]
+                # copies: under CUDA graphs the next replay of a step reuses its output's memory
+                out = [model(x[:, :prompt], cache).clone()]
                 for i in range(steps):
-                    out.append(model(x[:, prompt + i:prompt + i + 1], cache))
+                    out.append(model(x[:, prompt + i:prompt + i + 1], cache).clone())
                 return out
 
         return decode
@@ -143,6 +166,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="bfloat16 (GPU default), float32 or float64 (CPU default)")
     parser.add_argument("--backend", default=None, help="the layer's backend: reference or triton (default: routing)")
+    parser.add_argument("--mode", default=None, help="torch.compile's mode (default, reduce-overhead, ...)")
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -155,17 +179,21 @@ def main() -> None:
         config = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
         shape, dtype = dict(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16), torch.float64
     dtype = getattr(torch, args.dtype) if args.dtype else dtype
+    if args.mode == "reduce-overhead":
+        recording_cudagraph_skips()
     layer = NSAAttention(**shape, config=config, backend=args.backend).to(device=device, dtype=dtype)
-    print(f"dtype {dtype}, backend {args.backend or 'routing'}\n")
+    print(f"dtype {dtype}, backend {args.backend or 'routing'}, mode {args.mode or 'default'}\n")
     x = torch.randn(1, args.length, shape["hidden_size"], device=device, dtype=dtype, requires_grad=True)
-    print("| case | eager ms | compiled ms | first compiled call s | max rel. error vs eager | blocks equal | graph breaks |")
+    print("| case | eager ms | compiled ms | first compiled call s | max rel. error vs eager | blocks equal | graph breaks "
+          "(+ runs without CUDA graphs) |")
     print("|---|---:|---:|---:|---|---:|---:|")
     details = []
     for case in args.cases.split(","):
         run = case_fns(case, layer, x)
         eager = run(layer)
         reset()
-        compiled_layer = torch.compile(layer)
+        SKIPS.clear()
+        compiled_layer = torch.compile(layer, mode=args.mode)
         try:
             start = time.perf_counter()
             got = run(compiled_layer)
@@ -174,10 +202,11 @@ def main() -> None:
             first = time.perf_counter() - start
             err = max_error(got, eager)
             seen = breaks()
+            seen.update({f"ran without CUDA graphs: {why}": n for why, n in collections.Counter(SKIPS).items()})
             t_eager, t_comp = timed_ms(lambda: run(layer), device), timed_ms(lambda: run(compiled_layer), device)
             reset()
             with recording_blocks():
-                recorded = torch.compile(layer)
+                recorded = torch.compile(layer, mode=args.mode)
                 pairs = zip(blocks_equal(lambda: run(recorded))(), blocks_equal(lambda: run(layer))())
                 same = [float((a == b).float().mean()) for a, b in pairs]
             shown = f"{100 * min(same):.2f} %" if same else "-"
@@ -189,7 +218,7 @@ def main() -> None:
             details.append((case, {"traceback": traceback.format_exc(limit=-6)}))
         reset()
         try:
-            run(torch.compile(layer, fullgraph=True))
+            run(torch.compile(layer, fullgraph=True, mode=args.mode))
             details.append((case + ", fullgraph=True", {"compiled without a break": 1}))
         except Exception as exc:  # noqa: BLE001 - the first break is the finding
             details.append((case + ", fullgraph=True", {f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}": 1}))

@@ -6,11 +6,14 @@
 #                                             # after REV), gpu_host_cost.py
 #                                             # (host against device time of each call, cProfiles at 4k),
 #                                             # then gpu_compile.py at 16k
+#   bash scripts/gpu_session37.sh graphs REV  # torch.compile(mode="reduce-overhead"): the compile tests (the
+#                                             # new CUDA-graph ones among them), gpu_compile.py in that mode at
+#                                             # 1k and 4k, and in the default mode at 1k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session37.sh first REV}"
+step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV}"
 device_line
 case "$step" in
 first)
@@ -20,6 +23,15 @@ first)
     timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
     echo "== host cost after $(( $(date +%s) - start )) s"
     timeout 150 python "$here/gpu_compile.py" --length 16384 2>&1 | tee "$OUT/compile_16384.md" | grep "^|"
+    ;;
+graphs)
+    rev="${2:?the commit to name the report after}"
+    worker_tests 200 "$rev" tests/test_compile.py
+    for run in "1024 reduce-overhead" "4096 reduce-overhead" "1024 default"; do
+        set -- $run
+        timeout 170 python "$here/gpu_compile.py" --length "$1" --mode "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
+        echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
+    done
     ;;
 *)
     echo "unknown step $step" >&2

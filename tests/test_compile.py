@@ -306,3 +306,66 @@ def test_compiled_code_around_the_triton_op_on_the_gpu_equals_eager(nsa_device):
     out = torch.compile(f, fullgraph=True)(*inputs)
     got = [out, *torch.autograd.grad(out, inputs, grad_out)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _recorded_cuda_graphs(device: torch.device) -> int:
+    """How many CUDA graphs Inductor's cudagraph trees have recorded on ``device``."""
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
+    return 0 if manager is None else sum(len(nodes) for nodes in manager.roots.values())
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_replays_the_triton_training_op_in_cuda_graphs(nsa_device):
+    """``mode="reduce-overhead"`` (CUDA graphs over compiled code: the remedy for short sequences,
+    whose calls the host's launches bound; docs/perf/compile.md) captures the training custom ops'
+    kernels, forward and backward: Inductor records graphs and skips no run (it raises where it
+    would), and every replay gives eager's output and gradients, bitwise."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    like = dict(device=nsa_device, dtype=torch.bfloat16)
+    inputs = [torch.randn(1, 300, 16, 64, **like), *(torch.randn(1, 300, 2, 64, **like) for _ in range(2)),
+              torch.rand(1, 300, 16, 3, **like)]  # fmt: skip
+    inputs = [t.requires_grad_() for t in inputs]
+    grad_out = torch.randn(1, 300, 16, 64, **like)
+
+    def f(q, k, v, gates):
+        return nsa_attention(q, k, v, gates * 0.5, SMALL) * 2
+
+    eager = f(*inputs)
+    want = [eager, *torch.autograd.grad(eager, inputs, grad_out)]
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    with config.patch({"triton.cudagraph_or_error": True}):
+        for _ in range(3):  # a warm-up run, the recording, a replay
+            torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(*inputs)
+            got = [out.clone(), *(g.clone() for g in torch.autograd.grad(out, inputs, grad_out))]
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert _recorded_cuda_graphs(nsa_device) >= 2  # the forward's graph and the backward's
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_layer_trains_as_the_default_compiled_layer(nsa_device):
+    """A whole layer (bf16, Triton route) under ``mode="reduce-overhead"``: output, input and
+    parameter gradients equal the default-mode compiled layer's, bitwise (CUDA graphs replay the
+    same kernels), over three steps, with no run outside CUDA graphs."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    layer = _layer(device=nsa_device, dtype=torch.bfloat16, heads=(16, 2), head_dim=64)
+    x = torch.randn(1, 300, 64, device=nsa_device, dtype=torch.bfloat16, requires_grad=True)
+    want = _train(torch.compile(layer, fullgraph=True), x)
+    torch._dynamo.reset()
+    counters.clear()
+    graphed = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
+    with config.patch({"triton.cudagraph_or_error": True}):
+        for _ in range(3):
+            torch.compiler.cudagraph_mark_step_begin()
+            got = [t.clone() for t in _train(graphed, x)]
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert _recorded_cuda_graphs(nsa_device) >= 2
