@@ -9,11 +9,15 @@
 #   bash scripts/gpu_session37.sh graphs REV  # torch.compile(mode="reduce-overhead"): the compile tests (the
 #                                             # new CUDA-graph ones among them), gpu_compile.py in that mode at
 #                                             # 1k and 4k, and in the default mode at 1k
+#   bash scripts/gpu_session37.sh decode REV  # after the static cache marked its buffers static addresses:
+#                                             # the compile, cache and decode-graph tests, then
+#                                             # gpu_decode_compiled.py (eager, compiled, reduce-overhead,
+#                                             # DecodeGraph steps) at 4k and 32k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV}"
+step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV}"
 device_line
 case "$step" in
 first)
@@ -32,6 +36,11 @@ graphs)
         timeout 170 python "$here/gpu_compile.py" --length "$1" --mode "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
         echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
     done
+    ;;
+decode)
+    rev="${2:?the commit to name the report after}"
+    worker_tests 240 "$rev" tests/test_compile.py tests/test_cache.py tests/test_decode_graph.py
+    timeout 240 python "$here/gpu_decode_compiled.py" 2>&1 | tee "$OUT/decode_compiled.md" | grep -v "^$"
     ;;
 *)
     echo "unknown step $step" >&2

@@ -309,11 +309,15 @@ def test_compiled_code_around_the_triton_op_on_the_gpu_equals_eager(nsa_device):
 
 
 def _recorded_cuda_graphs(device: torch.device) -> int:
-    """How many CUDA graphs Inductor's cudagraph trees have recorded on ``device``."""
+    """How many CUDA graphs Inductor's cudagraph trees have recorded on ``device``: the roots
+    and their children (a backward's graph is a child of its forward's)."""
     from torch._inductor import cudagraph_trees
 
+    def count(nodes_by_function) -> int:
+        return sum(1 + count(node.children) for nodes in nodes_by_function.values() for node in nodes)
+
     manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
-    return 0 if manager is None else sum(len(nodes) for nodes in manager.roots.values())
+    return 0 if manager is None else count(manager.roots)
 
 
 @pytest.mark.gpu
@@ -369,3 +373,35 @@ def test_reduce_overhead_layer_trains_as_the_default_compiled_layer(nsa_device):
             assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert _recorded_cuda_graphs(nsa_device) >= 2
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_decodes_into_a_static_cache_in_cuda_graphs(nsa_device):
+    """Prefill and 16 decode steps of a layer compiled with ``mode="reduce-overhead"`` on a static
+    cache (bf16, Triton route). The cache marks its buffers as static addresses, so Inductor's CUDA
+    graphs write each step into them in place: no run skipped for mutating its inputs (before,
+    every step was), the steps replay a few recorded graphs instead of recording one each, and
+    every output equals the default-mode compiled layer's, bitwise."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    layer = _layer(device=nsa_device, dtype=torch.bfloat16, heads=(16, 2), head_dim=64)
+    x = torch.randn(1, 80, 64, device=nsa_device, dtype=torch.bfloat16)
+
+    def steps(model):
+        cache = layer.new_cache(batch_size=1, capacity=96, static=True)
+        with torch.no_grad():
+            out = [model(x[:, :64], cache).clone()]
+            for t in range(64, 80):
+                torch.compiler.cudagraph_mark_step_begin()
+                out.append(model(x[:, t : t + 1], cache).clone())
+        return out
+
+    want = steps(torch.compile(layer, fullgraph=True))
+    torch._dynamo.reset()
+    counters.clear()
+    with config.patch({"triton.cudagraph_or_error": True}):
+        got = steps(torch.compile(layer, mode="reduce-overhead", fullgraph=True))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert 1 <= _recorded_cuda_graphs(nsa_device) <= 4

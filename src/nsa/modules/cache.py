@@ -134,6 +134,12 @@ class NSACache:
         self.seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=self._like["device"])
         self._buf: Dict[str, torch.Tensor] = {}
         self._allocate(capacity if static else max(capacity, chunk))
+        if static:
+            # Addresses that never change, as torch.compile(mode="reduce-overhead") must be told:
+            # its CUDA graphs then write the step into these buffers in place, where they would
+            # otherwise refuse a graph that mutates its inputs (docs/perf/compile.md).
+            for tensor in (self.seq_lens, *self._buf.values()):
+                torch._dynamo.mark_static_address(tensor)
 
     @property
     def capacity(self) -> int:
