@@ -8,7 +8,8 @@ back to back between two CUDA events (ms per step, the mean); the outputs of the
 compared with eager's (relative error). Also the CUDA graphs that Inductor recorded, and the runs
 it skipped.
 
-Usage: ``python scripts/gpu_decode_compiled.py [--contexts 4096,32768] [--batch 1] [--steps 100]``;
+Usage: ``python scripts/gpu_decode_compiled.py [--contexts 4096,32768] [--batch 1] [--steps 100]
+[--ways eager,compiled,reduce-overhead,DecodeGraph]``;
 prints markdown.
 """
 
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="4096,32768")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--ways", default="eager,compiled,reduce-overhead,DecodeGraph")
     args = parser.parse_args()
     from torch._dynamo.utils import counters
 
@@ -91,7 +93,7 @@ def main() -> None:
     for context in (int(c) for c in args.contexts.split(",")):
         tokens = torch.randn(5 + args.steps, args.batch, 1, HIDDEN, device="cuda", dtype=torch.bfloat16)
         base = None
-        for way in ("eager", "compiled", "reduce-overhead", "DecodeGraph"):
+        for way in args.ways.split(","):
             counters.clear()
             try:
                 got = run_steps(layer, context, args.batch, args.steps, way, tokens)

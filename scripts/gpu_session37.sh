@@ -13,11 +13,16 @@
 #                                             # the compile, cache and decode-graph tests, then
 #                                             # gpu_decode_compiled.py (eager, compiled, reduce-overhead,
 #                                             # DecodeGraph steps) at 4k and 32k
+#   bash scripts/gpu_session37.sh fused REV OLD_SRC  # one in_proj for the queries, keys and values: the
+#                                             # module, compile, cache, decode-graph and varlen tests; then
+#                                             # decode steps (gpu_decode_compiled.py) and eager layer calls
+#                                             # (gpu_host_cost.py) of this tree against OLD_SRC (a copy of
+#                                             # the previous src/, untracked), twice in turn
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV}"
+step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV | fused REV OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -41,6 +46,21 @@ decode)
     rev="${2:?the commit to name the report after}"
     worker_tests 240 "$rev" tests/test_compile.py tests/test_cache.py tests/test_decode_graph.py
     timeout 240 python "$here/gpu_decode_compiled.py" 2>&1 | tee "$OUT/decode_compiled.md" | grep -v "^$"
+    ;;
+fused)
+    rev="${2:?the commit to name the report after}"
+    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
+    worker_tests 240 "$rev" tests/test_module.py tests/test_compile.py tests/test_cache.py tests/test_decode_graph.py \
+        tests/test_varlen.py
+    for side in new old new old; do
+        src="$PWD/src"
+        [ "$side" = old ] && src="$PWD/$old"
+        echo "== $side ($src) after $(( $(date +%s) - start )) s"
+        PYTHONPATH="$src:$PWD/scripts" timeout 100 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/fused_decode_$side.md"
+        PYTHONPATH="$src:$PWD/scripts" timeout 100 python "$here/gpu_host_cost.py" --cases layer,layer_train \
+            --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/fused_layer_$side.md"
+    done
     ;;
 *)
     echo "unknown step $step" >&2

@@ -86,6 +86,30 @@ def test_every_parameter_gets_gradient(compression: str) -> None:
     for name, param in layer.named_parameters():
         assert param.grad is not None, f"{name} received no gradient"
         assert param.grad.abs().sum() > 0, f"{name} received an all-zero gradient"
+    for name, rows in layer.projection_rows().items():  # each projection that in_proj stacks
+        assert layer.in_proj.weight.grad[rows].abs().amin(1).gt(0).all(), f"a row of {name} got no gradient"
+
+
+def test_a_state_dict_of_separate_projections_loads_into_in_proj() -> None:
+    """A layer saved before ``in_proj`` (separate ``q_proj``, ``k_proj.<branch>``,
+    ``v_proj.<branch>`` weights) loads, inside a model too, with its weights stacked in
+    :meth:`NSAAttention.projection_rows` order, and computes what the separate products did."""
+    layer = _layer("mlp")
+    old = {k: v for k, v in layer.state_dict().items() if k != "in_proj.weight"}
+    separate = {name: torch.randn(rows.stop - rows.start, 24, dtype=torch.float64)
+                for name, rows in layer.projection_rows().items()}  # fmt: skip
+    old["q_proj.weight"] = separate["q"]
+    for kind in "kv":
+        for b in ("cmp", "slc", "win"):
+            old[f"{kind}_proj.{b}.weight"] = separate[f"{kind}_{b}"]
+    model = nn.Sequential(layer)
+    model.load_state_dict({f"0.{k}": v for k, v in old.items()})
+    x = torch.randn(1, 40, 24, dtype=torch.float64)
+    for name, rows in layer.projection_rows().items():
+        assert torch.equal(layer.in_proj.weight[rows], separate[name]), name
+        torch.testing.assert_close(layer.in_proj(x)[..., rows], x @ separate[name].T, rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="Missing key.*in_proj.weight"):
+        _layer("mlp").load_state_dict({k: v for k, v in old.items() if k != "v_proj.win.weight"})
 
 
 def test_gqa_group_sizes_and_dk_ne_dv() -> None:
@@ -280,14 +304,14 @@ class _QuantizedStandIn(nn.Module):
 
 
 def test_a_quantized_projection_takes_the_cache_dtype_it_is_given() -> None:
-    """With a quantized ``q_proj`` the layer cannot know its keys' dtype: ``new_cache`` asks for
+    """With a quantized ``in_proj`` the layer cannot know its keys' dtype: ``new_cache`` asks for
     it, by name, and a cache given one serves decode as with plain weights."""
     layer = _layer(dtype=torch.float32)
     x = torch.randn(1, 40, 24)
     with torch.no_grad():
         plain_cache = layer.new_cache(1)
         want = [layer(x[:, :30], plain_cache), layer(x[:, 30:31], plain_cache)]
-        layer.q_proj = _QuantizedStandIn(layer.q_proj)
+        layer.in_proj = _QuantizedStandIn(layer.in_proj)
         with pytest.raises(TypeError, match=r"torch.uint8 \(quantized\?\).*new_cache\(dtype=\.\.\.\)"):
             layer.new_cache(1)
         cache = layer.new_cache(1, dtype=torch.float32)

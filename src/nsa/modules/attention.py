@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -10,7 +10,7 @@ from torch import nn
 from nsa.config import NSAConfig
 from nsa.modules.cache import NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
-from nsa.modules.rotary import RotaryEmbedding, Tables
+from nsa.modules.rotary import RotaryEmbedding
 from nsa.ops import nsa_attention, varlen
 from nsa.ops.decode import nsa_decode
 
@@ -27,6 +27,12 @@ class NSAAttention(nn.Module):
     and value projections (paper section 3.3.3). RoPE rotates queries and every
     branch's raw keys at their absolute positions before compression. The gate
     projection gives one sigmoid gate per query head and branch.
+
+    The query, key and value projections are the rows of one weight, ``in_proj``
+    (:meth:`projection_rows` names them), so that one matrix product computes them
+    all: at batch 1 a decode step's seven separate products took 46 of its 207 us
+    (H200, docs/perf/compile.md). State dicts saved with separate ``q_proj``,
+    ``k_proj.<branch>`` and ``v_proj.<branch>`` weights load into it.
 
     Args:
         hidden_size: model width.
@@ -63,9 +69,8 @@ class NSAAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim, self.v_head_dim = head_dim, v_head_dim or head_dim
         self.backend = backend
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
-        self.k_proj = nn.ModuleDict({b: nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False) for b in BRANCHES})
-        self.v_proj = nn.ModuleDict({b: nn.Linear(hidden_size, num_kv_heads * self.v_head_dim, bias=False) for b in BRANCHES})
+        self.in_proj = nn.Linear(hidden_size, sum(rows.stop - rows.start for rows in self.projection_rows().values()),
+                                 bias=False)  # fmt: skip
         self.gate_proj = nn.Linear(hidden_size, num_heads * 3)
         self.o_proj = nn.Linear(num_heads * self.v_head_dim, hidden_size, bias=False)
         self.rotary = RotaryEmbedding(head_dim, rope_theta)
@@ -75,6 +80,25 @@ class NSAAttention(nn.Module):
         else:
             self.compress_k, self.compress_v = (MeanCompression(self.config, backend) for _ in range(2))
 
+    def projection_rows(self) -> Dict[str, slice]:
+        """The rows of ``in_proj.weight`` that make each projection, in order: ``q``, then
+        ``k_<branch>`` and ``v_<branch>`` for each branch (cmp, slc, win). The queries and keys
+        are adjacent so that one rotation covers them all."""
+        widths = {"q": self.num_heads * self.head_dim}
+        widths.update({f"k_{b}": self.num_kv_heads * self.head_dim for b in BRANCHES})
+        widths.update({f"v_{b}": self.num_kv_heads * self.v_head_dim for b in BRANCHES})
+        rows, start = {}, 0
+        for name, width in widths.items():
+            rows[name], start = slice(start, start + width), start + width
+        return rows
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # a state dict of the separate projections (before in_proj): their weights, stacked
+        separate = [f"{prefix}q_proj.weight"] + [f"{prefix}{kind}_proj.{b}.weight" for kind in "kv" for b in BRANCHES]
+        if f"{prefix}in_proj.weight" not in state_dict and all(key in state_dict for key in separate):
+            state_dict[f"{prefix}in_proj.weight"] = torch.cat([state_dict.pop(key) for key in separate])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def new_cache(
         self, batch_size: int, *, capacity: int = 0, device=None, dtype: Optional[torch.dtype] = None, chunk: int = 4096,
         static: bool = False,
@@ -83,10 +107,10 @@ class NSAAttention(nn.Module):
         cache of graph-capturable decode. Device: the weights' by default. Dtype: that of the keys
         the layer computes there, by default: under ``torch.autocast`` on that device, autocast's
         (create the cache where the calls will run), else the weights'."""
-        device = torch.device(device) if device is not None else self.q_proj.weight.device
+        device = torch.device(device) if device is not None else self.in_proj.weight.device
         dtype = dtype or self._compute_dtype(device)
         if dtype is None:
-            raise TypeError(f"q_proj's weight is {self.q_proj.weight.dtype} (quantized?), so the keys' dtype is not "
+            raise TypeError(f"in_proj's weight is {self.in_proj.weight.dtype} (quantized?), so the keys' dtype is not "
                             f"known here: pass new_cache(dtype=...), the dtype the projections compute in")  # fmt: skip
         return NSACache(
             self.config, batch_size, self.num_kv_heads, self.head_dim, self.v_head_dim,
@@ -99,7 +123,7 @@ class NSAAttention(nn.Module):
         its own)."""
         if torch.is_autocast_enabled(device.type):
             return torch.get_autocast_dtype(device.type)
-        weight = self.q_proj.weight.dtype
+        weight = self.in_proj.weight.dtype
         return weight if weight.is_floating_point else None
 
     def _check_cache_dtype(self, x: torch.Tensor, cache: NSACache) -> None:
@@ -113,33 +137,31 @@ class NSAAttention(nn.Module):
             )
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        q, keys, values = self._queries_keys_values(x, positions)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
-        q = self.rotary.rotate(q, tables)
-        keys, values = self._keys_values(x, positions, tables)
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
         return q, keys, values, gates
 
-    def _keys_values(self, x: torch.Tensor, positions: torch.Tensor,
-                     tables: Optional[Tables] = None) -> Tuple[dict, dict]:
-        """Each branch's keys (rotated to ``positions``; ``tables`` their rotation, if at hand)
-        and values, ``[B, T, H, D]``."""
+    def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, dict, dict]:
+        """Queries ``[B, T, HQ, Dk]`` and each branch's keys and values ``[B, T, H, D]``, from one
+        product; queries and keys rotated to ``positions`` in one pass. Views of the product (and
+        of the rotation): every op takes strided tensors."""
         B, T, _ = x.shape
-        H, Dk, Dv = self.num_kv_heads, self.head_dim, self.v_head_dim
-        raw = {b: self.k_proj[b](x).view(B, T, H, Dk) for b in BRANCHES}
-        if tables is None:
-            tables = self.rotary.tables(positions, raw["slc"].dtype)
-        keys = {b: self.rotary.rotate(k, tables) for b, k in raw.items()}
-        values = {b: self.v_proj[b](x).view(B, T, H, Dv) for b in BRANCHES}
-        return keys, values
+        HQ, H, Dk = self.num_heads, self.num_kv_heads, self.head_dim
+        rows = self.projection_rows()
+        projected = self.in_proj(x)  # [B, T, rows]
+        rotated = projected[..., : rows["v_cmp"].start].unflatten(-1, (HQ + len(BRANCHES) * H, Dk))
+        rotated = self.rotary.rotate(rotated, self.rotary.tables(positions, rotated.dtype))
+        keys = {b: rotated[:, :, HQ + i * H : HQ + (i + 1) * H] for i, b in enumerate(BRANCHES)}
+        values = {b: projected[..., rows[f"v_{b}"]].unflatten(-1, (H, self.v_head_dim)) for b in BRANCHES}
+        return rotated[:, :, :HQ], keys, values
 
     def _prefill_packed(self, x: torch.Tensor, pack: varlen.Layout, cache: NSACache) -> None:
         """Every sequence of a pack into an empty static cache from position 0: raw keys and
         values, lengths, compressed tokens (the prompts of a batched decode whose lengths differ).
         The keys and values are projected here once more: the padded batches keep theirs."""
         rows, positions = pack.sequence_positions(x.device)
-        keys, values = self._keys_values(x, positions[None])
+        _, keys, values = self._queries_keys_values(x, positions[None])  # the queries' rows too: a rare path
         cache.prefill_packed(rows, positions, pack.lengths, **_raw(keys, values))
         count = self.config.num_cmp(cache.length)  # the longest prompt's; shorter ones rewrite their own
         if count:
@@ -204,8 +226,8 @@ class NSAAttention(nn.Module):
         take the graph-safe decode path (positions from ``cache.seq_lens``, no
         backward: run them under ``torch.no_grad()``); see :mod:`nsa.modules.graph`.
         """
-        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
-            raise ValueError(f"x must be [B, T, {self.q_proj.in_features}], got {list(x.shape)}")
+        if x.dim() != 3 or x.shape[-1] != self.in_proj.in_features:
+            raise ValueError(f"x must be [B, T, {self.in_proj.in_features}], got {list(x.shape)}")
         if cache is not None:
             self._check_cache_dtype(x, cache)
         if cu_seqlens is not None:

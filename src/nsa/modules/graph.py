@@ -59,8 +59,8 @@ class DecodeGraph:
         if cache.length + tokens > cache.capacity:
             raise ValueError(f"cache holds {cache.length} of {cache.capacity} positions: no room for a {tokens}-token step")
         self.layer, self.cache, self.tokens = layer, cache, tokens
-        weight = layer.q_proj.weight
-        self.input = torch.zeros(cache.seq_lens.shape[0], tokens, layer.q_proj.in_features, device=cache.device, dtype=weight.dtype)
+        weight = layer.in_proj.weight
+        self.input = torch.zeros(cache.seq_lens.shape[0], tokens, layer.in_proj.in_features, device=cache.device, dtype=weight.dtype)
         self.graph = torch.cuda.CUDAGraph()
         saved = (cache.length, cache.num_cmp, cache.seq_lens.clone())
         side = torch.cuda.Stream(device=cache.device)
