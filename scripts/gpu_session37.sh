@@ -18,11 +18,15 @@
 #                                             # decode steps (gpu_decode_compiled.py) and eager layer calls
 #                                             # (gpu_host_cost.py) of this tree against OLD_SRC (a copy of
 #                                             # the previous src/, untracked), twice in turn
+#   bash scripts/gpu_session37.sh split REV OLD_SRC  # in_proj's parts split and made contiguous (the views
+#                                             # slowed the kernels and the backward): the decode steps and
+#                                             # layer calls against OLD_SRC once, then the module and
+#                                             # decode-graph tests (the last of the session's device time)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV | fused REV OLD_SRC}"
+step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV | fused REV OLD_SRC | split REV OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -61,6 +65,20 @@ fused)
         PYTHONPATH="$src:$PWD/scripts" timeout 100 python "$here/gpu_host_cost.py" --cases layer,layer_train \
             --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/fused_layer_$side.md"
     done
+    ;;
+split)
+    rev="${2:?the commit to name the report after}"
+    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
+    for side in new old; do
+        src="$PWD/src"
+        [ "$side" = old ] && src="$PWD/$old"
+        echo "== $side ($src) after $(( $(date +%s) - start )) s"
+        PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+            --ways reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/split_decode_$side.md"
+        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_host_cost.py" --cases layer,layer_train \
+            --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/split_layer_$side.md"
+    done
+    worker_tests 80 "$rev" tests/test_module.py tests/test_decode_graph.py
     ;;
 *)
     echo "unknown step $step" >&2

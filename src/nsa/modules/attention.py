@@ -30,7 +30,7 @@ class NSAAttention(nn.Module):
 
     The query, key and value projections are the rows of one weight, ``in_proj``
     (:meth:`projection_rows` names them), so that one matrix product computes them
-    all: at batch 1 a decode step's seven separate products took 46 of its 207 us
+    all: at batch 1, a decode step's seven separate products took about 43 of its 207 us
     (H200, docs/perf/compile.md). State dicts saved with separate ``q_proj``,
     ``k_proj.<branch>`` and ``v_proj.<branch>`` weights load into it.
 
@@ -82,8 +82,7 @@ class NSAAttention(nn.Module):
 
     def projection_rows(self) -> Dict[str, slice]:
         """The rows of ``in_proj.weight`` that make each projection, in order: ``q``, then
-        ``k_<branch>`` and ``v_<branch>`` for each branch (cmp, slc, win). The queries and keys
-        are adjacent so that one rotation covers them all."""
+        ``k_<branch>`` for each branch (cmp, slc, win), then ``v_<branch>``."""
         widths = {"q": self.num_heads * self.head_dim}
         widths.update({f"k_{b}": self.num_kv_heads * self.head_dim for b in BRANCHES})
         widths.update({f"v_{b}": self.num_kv_heads * self.v_head_dim for b in BRANCHES})
@@ -144,17 +143,19 @@ class NSAAttention(nn.Module):
 
     def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, dict, dict]:
         """Queries ``[B, T, HQ, Dk]`` and each branch's keys and values ``[B, T, H, D]``, from one
-        product; queries and keys rotated to ``positions`` in one pass. Views of the product (and
-        of the rotation): every op takes strided tensors."""
-        B, T, _ = x.shape
-        HQ, H, Dk = self.num_heads, self.num_kv_heads, self.head_dim
-        rows = self.projection_rows()
-        projected = self.in_proj(x)  # [B, T, rows]
-        rotated = projected[..., : rows["v_cmp"].start].unflatten(-1, (HQ + len(BRANCHES) * H, Dk))
-        rotated = self.rotary.rotate(rotated, self.rotary.tables(positions, rotated.dtype))
-        keys = {b: rotated[:, :, HQ + i * H : HQ + (i + 1) * H] for i, b in enumerate(BRANCHES)}
-        values = {b: projected[..., rows[f"v_{b}"]].unflatten(-1, (H, self.v_head_dim)) for b in BRANCHES}
-        return rotated[:, :, :HQ], keys, values
+        product, queries and keys rotated to ``positions``. Each comes out contiguous (the rotation
+        writes a new tensor; the values are copied): the attention kernels ran 6-13 % slower on
+        views of the product (H200, 4k-16k), and the backward of separate slices of it spent
+        more than the products it saved (docs/perf/compile.md). ``torch.split`` keeps that
+        backward one concatenation."""
+        HQ, H, Dk, Dv = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
+        widths = [rows.stop - rows.start for rows in self.projection_rows().values()]
+        q, *kv = torch.split(self.in_proj(x), widths, dim=-1)  # q, k per branch, v per branch
+        tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
+        q = self.rotary.rotate(q.unflatten(-1, (HQ, Dk)), tables)
+        keys = {b: self.rotary.rotate(k.unflatten(-1, (H, Dk)), tables) for b, k in zip(BRANCHES, kv)}
+        values = {b: v.unflatten(-1, (H, Dv)).contiguous() for b, v in zip(BRANCHES, kv[len(BRANCHES):])}
+        return q, keys, values
 
     def _prefill_packed(self, x: torch.Tensor, pack: varlen.Layout, cache: NSACache) -> None:
         """Every sequence of a pack into an empty static cache from position 0: raw keys and
