@@ -65,3 +65,27 @@ def test_every_launch_hands_fp_fusion_to_triton(nsa_device):
     kernels = {name for name, _ in launches}
     assert len(kernels) >= 12, kernels
     assert [name for name, kwargs in launches if kwargs.get("enable_fp_fusion") is not True] == []
+
+
+def test_launch_sizes_are_host_arithmetic_equal_to_tritons():
+    """Launch wrappers size grids and tiles with :func:`cdiv` and :func:`next_power_of_2` of
+    :mod:`nsa.ops._triton.launch`: the same values as Triton's helpers, which are constexpr
+    functions and cost about a hundred times more from the host. No source calls Triton's from
+    the host (kernels have ``tl.cdiv``)."""
+    import triton
+
+    from nsa.ops._triton.launch import cdiv, next_power_of_2
+
+    for a in range(0, 300):
+        assert next_power_of_2(a) == triton.next_power_of_2(a), a
+        for b in (1, 2, 3, 16, 64, 129):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    assert next_power_of_2(2**40 + 1) == 2**41
+    called = [
+        f"{path.relative_to(SOURCE)}:{node.lineno}"
+        for path in sorted(SOURCE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and getattr(node.func.value, "id", None) == "triton" and node.func.attr in ("cdiv", "next_power_of_2")
+    ]  # fmt: skip
+    assert not called, called

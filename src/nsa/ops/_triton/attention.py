@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa import flags
 from nsa.ops._triton.device import device_memory, large_shared_memory, small_shared_memory
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
 LOG2E = 1.4426950408889634
@@ -45,7 +45,7 @@ LOG2E = 1.4426950408889634
 def next_pow2(n: int, minimum: int = 16) -> int:
     """Smallest power of two >= ``max(n, minimum)``: tile sizes must be powers of
     two and ``tl.dot`` needs every dimension >= 16."""
-    return max(minimum, triton.next_power_of_2(n))
+    return max(minimum, next_power_of_2(n))
 
 
 #: ``tl.dot`` precision for float32 inputs at each ``torch.get_float32_matmul_precision()``,
@@ -376,7 +376,7 @@ def attn_bwd_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     rows = B * T * HQ
     BV = next_pow2(DV)
     BR = max(1, 8192 // BV)
-    attn_bwd_delta_kernel[(triton.cdiv(rows, BR),)](
+    attn_bwd_delta_kernel[(cdiv(rows, BR),)](
         o, do, delta, rows, *o.stride()[:3], *do.stride()[:3], T, HQ, DV=DV, BR=BR, BV=BV, num_warps=8,
         **LAUNCH_OPTIONS,
     )

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 INF_BITS = tl.constexpr(0x7F800000)
 # keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
@@ -112,12 +112,12 @@ def block_topn(
     if rows == 0:
         return
     # the chunk's last query sees the most blocks: early chunks need narrower rows
-    nsp = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
+    nsp = next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
     # one row per program; rows longer than a warp holds (past 512 blocks) spread over warps
     br = rows_per_program or 1
     num_warps = num_warps or max(1, min(16, br * nsp // (32 * _KEYS_PER_THREAD)))
-    block_topn_kernel[(triton.cdiv(rows, br),)](
+    block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
-        H=H, N=n, NP=triton.next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
+        H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
         BR=br, NSP=nsp, PLANES=planes, num_warps=num_warps, **LAUNCH_OPTIONS,
     )

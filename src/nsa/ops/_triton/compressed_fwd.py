@@ -46,7 +46,7 @@ from nsa.ops._triton.attention import (
     next_pow2,
     pipeline_stages,
 )
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
 SCORE_BUFFER_BYTES = 256 * 1024 * 1024
@@ -302,12 +302,12 @@ def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) ->
     block ``KC``, spill steps, and the blocks scored per step ``NB``."""
     R = config.sel_block // config.cmp_stride
     KC = config.cmp_block // config.cmp_stride
-    RP = triton.next_power_of_2(R)
+    RP = next_power_of_2(R)
     NSPILL = (R + KC - 2) // R + 1  # block offsets a token's units can reach
     # 32 blocks a step measured ~4% faster than 16 at 64k on an H200 and equal at 8k;
     # NB * RP >= 16 for tl.dot
-    NB = max(blocks_per_step or 32, triton.cdiv(16, RP))
-    return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=triton.next_power_of_2(NB))
+    NB = max(blocks_per_step or 32, cdiv(16, RP))
+    return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=next_power_of_2(NB))
 
 
 def query_chunk(B: int, TQ: int, H: int, nsel: int, BT: int, budget: int = SCORE_BUFFER_BYTES) -> int:
@@ -315,7 +315,7 @@ def query_chunk(B: int, TQ: int, H: int, nsel: int, BT: int, budget: int = SCORE
     every plane) fit ``budget``; a multiple of the query tile ``BT`` (at least one tile)."""
     per_query = max(1, B * H * nsel * 4)
     chunk = max(BT, (budget // per_query) // BT * BT)
-    return min(chunk, triton.cdiv(TQ, BT) * BT)
+    return min(chunk, cdiv(TQ, BT) * BT)
 
 
 def compressed_fwd(
@@ -360,7 +360,7 @@ def compressed_fwd(
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
-    GP = triton.next_power_of_2(G)
+    GP = next_power_of_2(G)
     # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
     # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
     defaults = exact_float32_tiles(q.dtype, q.device, max(DK, DV)) or dict(rows=64, BN=64, num_warps=None)
@@ -385,7 +385,7 @@ def compressed_fwd(
         return o, lse, idx
     nsel = config.num_sel_blocks(q_offset + TQ) if select else 0
     planes = geo["NSPILL"]
-    chunk = query_chunk(B, TQ, H, planes * nsel, BT, score_buffer_bytes) if select else triton.cdiv(TQ, BT) * BT
+    chunk = query_chunk(B, TQ, H, planes * nsel, BT, score_buffer_bytes) if select else cdiv(TQ, BT) * BT
     # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
     scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
@@ -399,7 +399,7 @@ def compressed_fwd(
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
-        compressed_fwd_kernel[(triton.cdiv(t1 - t0, BT), B * H)](
+        compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
             q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
             TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch, **LAUNCH_OPTIONS,
         )

@@ -47,7 +47,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -272,7 +272,7 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     partial sums are added in a fixed order afterwards, so the result is deterministic."""
     # the interpreter counts as one SM: small problems still split, so tests cover the reduction
     target = DKDV_TILES["split_target"] * sm_count(device)
-    return max(1, min(cap, triton.cdiv(target, max(programs, 1))))
+    return max(1, min(cap, cdiv(target, max(programs, 1))))
 
 
 #: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
@@ -304,7 +304,7 @@ def ds_layout(TQ: int, NC: int, q_offset: int, BT: int, BN: int, L: int, S: int,
 def _staircase(TQ: int, NC: int, q_offset: int, BT: int, BN: int, L: int, S: int,
                device: torch.device) -> torch.Tensor:
     """``[NT]`` int64: the token rows ``w_i`` of each query tile, whole ``BN``-token tiles."""
-    last = q_offset + torch.clamp(torch.arange(1, triton.cdiv(TQ, BT) + 1, dtype=torch.int64, device=device) * BT,
+    last = q_offset + torch.clamp(torch.arange(1, cdiv(TQ, BT) + 1, dtype=torch.int64, device=device) * BT,
                                   max=TQ) - 1  # each tile's last position
     seen = torch.where(last + 1 >= L, torch.div(last + 1 - L, S, rounding_mode="floor") + 1, 0).clamp(max=NC)
     return (seen + BN - 1) // BN * BN
@@ -351,7 +351,7 @@ def compressed_bwd(
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
     # 64 rows, 64 tokens, 4 warps measured fastest for both kernels (docs/perf/compressed_select.md)
-    GP = triton.next_power_of_2(G)
+    GP = next_power_of_2(G)
     exact = exact_float32_tiles(q.dtype, q.device, max(DK, DV))
     defaults = exact or dict(rows=64, BN=64, num_warps=4)
     BT = max(1, (rows or defaults["rows"]) // GP)
@@ -382,12 +382,12 @@ def compressed_bwd(
         kv.update(BT=max(1, kv_rows // GP), BN=kv_block_n, num_warps=kv_warps, num_stages=kv_stages)
     ds = _ds_buffer(q, k_cmp, config, q_offset, kv, dq_ds) if has_delta and B * NC * H else None
     if B * TQ * HQ and ds is None:
-        compressed_bwd_dq_kernel[(triton.cdiv(TQ, BT), B * H)](
+        compressed_bwd_dq_kernel[(cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
             TQ, NC, q_offset, scale * LOG2E, scale, HAS_DLSE=dlse is not None, HAS_DELTA=has_delta,
             GATED=gated, **common, **LAUNCH_OPTIONS)
     if B * NC * H:
-        n_tiles = triton.cdiv(NC, kv["BN"])
+        n_tiles = cdiv(NC, kv["BN"])
         split = _dkdv_splits(q.device, n_tiles * B * H, max_splits or DKDV_TILES["max_splits"])
         if split > 1:
             dk_part = torch.empty(split, *dk.shape, dtype=torch.float32, device=q.device)
@@ -403,7 +403,7 @@ def compressed_bwd(
             dv.copy_(dv_part.sum(0))
     if ds is not None:
         ds_bn, ds_warps, ds_stages = ds["tiles"]
-        compressed_bwd_dq_ds_kernel[(triton.cdiv(TQ, kv["BT"]), B * H)](
+        compressed_bwd_dq_ds_kernel[(cdiv(TQ, kv["BT"]), B * H)](
             k_cmp, ds["buffer"], ds["offsets"], dq, TQ, NC, q_offset, ds["total"], scale,
             H=H, G=G, GP=GP, BT=kv["BT"], BN=ds_bn, DK=DK, BDK=next_pow2(DK), L=config.cmp_block,
             S=config.cmp_stride, PREC=common["PREC"], num_warps=ds_warps, num_stages=ds_stages, **LAUNCH_OPTIONS)

@@ -65,7 +65,7 @@ from nsa.ops._triton.attention import (
     token_tile_descriptor,
 )
 from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
@@ -879,9 +879,9 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
     sms = _sm_count(device)
     if _batch_fills_gpu(rows_groups, config, device):
-        return max(1, FILL_CMP_PROGRAMS_PER_SM * sms // rows_groups), max(1, triton.cdiv(config.window, 256)), 8
-    s_cmp = max(1, min(triton.cdiv(4 * sms, rows_groups), max(triton.cdiv(nc_cap, 256), 8)))
-    return s_cmp, max(1, triton.cdiv(config.window, 128)), 1
+        return max(1, FILL_CMP_PROGRAMS_PER_SM * sms // rows_groups), max(1, cdiv(config.window, 256)), 8
+    s_cmp = max(1, min(cdiv(4 * sms, rows_groups), max(cdiv(nc_cap, 256), 8)))
+    return s_cmp, max(1, cdiv(config.window, 128)), 1
 
 
 def default_score_warps(programs: int, device: torch.device) -> int:
@@ -1019,7 +1019,7 @@ def decode_fwd(
     k, v, k_cmp, v_cmp, k_win, v_win = (last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
     nc_cap, nblk_cap, n = max(k_cmp.shape[1], 1), config.num_sel_blocks(k.shape[1]), config.sel_count
     s_cmp, s_win, sb = splits if splits is not None else default_splits(rows * H, nc_cap, config, q.device)
-    s_slc = triton.cdiv(n, sb)
+    s_slc = cdiv(n, sb)
     S = s_cmp + s_win + s_slc
     BG, BK, BV = next_pow2(G), next_pow2(K), next_pow2(V)
     BC = token_tile or (64 if max(BK, BV) <= 128 else 32)
@@ -1048,7 +1048,7 @@ def decode_fwd(
     # most one block further, l <= l' + d; tiles of whole blocks), else every logit
     tokens_per_block = config.sel_block // config.cmp_stride
     contig_ok = (config.sel_block % config.cmp_stride == 0 and config.cmp_block % config.cmp_stride == 0
-                 and tokens_per_block == triton.next_power_of_2(tokens_per_block))  # fmt: skip
+                 and tokens_per_block == next_power_of_2(tokens_per_block))  # fmt: skip
     r_blk = tokens_per_block if contig_ok else 1
     cmp_bc = cmp_tile or BC  # the compressed pass's token tile
     if score_mass is None:
@@ -1059,7 +1059,7 @@ def decode_fwd(
         score_mass = fills
     score_mass = (score_mass and score_contig and contig_ok and config.cmp_block <= config.sel_block + config.cmp_stride
                   and cmp_bc % r_blk == 0)  # fmt: skip
-    sink_stride = triton.cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
+    sink_stride = cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
     logits = torch.empty(rows * HQ, sink_stride, **f32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
     block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
@@ -1112,7 +1112,7 @@ def decode_fwd(
         # or a loss; one tile of 128 (8k) measured 18.8 against 17.5 us
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = next_pow2(score_blocks, 2)
-    score_tiles = triton.cdiv(nblk_cap, BJ)
+    score_tiles = cdiv(nblk_cap, BJ)
     n_cand = score_tiles * n  # n candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
     decode_score_kernel[(score_tiles, rows * H)](
@@ -1129,7 +1129,7 @@ def decode_fwd(
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
-    sel_desc = sel_desc and sel_block == triton.next_power_of_2(sel_block) and sel_block >= min_dot
+    sel_desc = sel_desc and sel_block == next_power_of_2(sel_block) and sel_block >= min_dot
     one_tile, ranked = n_cand <= tj, n_cand == n
     # one bitonic top-k needs every candidate in registers (a power of two of them, at least n
     # rounded up to one: tl.topk's k)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -100,7 +100,7 @@ def gates_bwd_kernel(
 
 
 def _launch(dv: int):
-    bd = triton.next_power_of_2(dv)
+    bd = next_power_of_2(dv)
     br = max(1, 4096 // bd)  # ~32 elements per thread and tensor at 4 warps
     return br, bd
 
@@ -111,7 +111,7 @@ def gates_fwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_w
     rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
     br, bd = _launch(dv)
     if o.numel():
-        gates_fwd_kernel[(triton.cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd,
+        gates_fwd_kernel[(cdiv(rows, br),)](gates, o_cmp, o_slc, o_win, o, rows, DV=dv, BR=br, BD=bd,
                                                     **LAUNCH_OPTIONS)
     return o
 
@@ -128,7 +128,7 @@ def gates_bwd(gates: torch.Tensor, o_cmp: torch.Tensor, o_slc: torch.Tensor, o_w
     rows, dv = o_cmp.numel() // max(o_cmp.shape[-1], 1), o_cmp.shape[-1]
     br, bd = _launch(dv)
     if do.numel():
-        gates_bwd_kernel[(triton.cdiv(rows, br),)](
+        gates_bwd_kernel[(cdiv(rows, br),)](
             gates, o_cmp, o_slc, o_win, do, dgates, *((d_cmp, d_slc, d_win) if store_do else (do,) * 3),
             delta if with_delta else dgates, rows, DV=dv, BR=br, BD=bd, DELTA=with_delta, STORE_DO=store_do,
             **LAUNCH_OPTIONS)

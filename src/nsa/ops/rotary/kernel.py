@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from nsa.ops._triton.attention import last_dim_contiguous
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -59,9 +59,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool 
     # a [T, 1, D/2] table serves every sequence: batch stride 0
     stride_cb, stride_ct = (cos.stride(0), cos.stride(1)) if cos.dim() == 4 else (0, cos.stride(0))
     half = D // 2
-    BD = triton.next_power_of_2(half)
-    BH = min(triton.next_power_of_2(heads), max(1, 4096 // BD))  # at most 4096 elements a half
-    rotary_kernel[(B * T, triton.cdiv(heads, BH))](
+    BD = next_power_of_2(half)
+    BH = min(next_power_of_2(heads), max(1, 4096 // BD))  # at most 4096 elements a half
+    rotary_kernel[(B * T, cdiv(heads, BH))](
         x, cos, sin, y, T, heads, *x.stride()[:3], stride_cb, stride_ct, *y.stride()[:3],
         HALF=half, BD=BD, BH=BH, INVERSE=inverse, **LAUNCH_OPTIONS,
     )

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit(do_not_specialize=["ROWS", "T", "q_offset", "NB"])
@@ -73,9 +73,9 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     owner = torch.empty(B, T, H, N, device=dev, dtype=torch.int32 if n_owner < 2**31 - 1 else torch.int64)
     rows = B * T * H
     if rows:
-        np_ = triton.next_power_of_2(N)
+        np_ = next_power_of_2(N)
         br = max(1, 4096 // (np_ * np_))  # the repeat test compares BR * NP * NP entries
-        owner_keys_kernel[(triton.cdiv(rows, br),)](
+        owner_keys_kernel[(cdiv(rows, br),)](
             block_idx.contiguous(), owner, rows, T, q_offset, num_blocks,
             H=H, N=N, NP=np_, BS=sel_block, SKIP_LOCAL=skip_local, BR=br, **LAUNCH_OPTIONS,
         )
@@ -86,7 +86,7 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     counts = torch.searchsorted(owner_sorted, ids, right=True) - starts
     seg_count = (counts + qseg - 1) // qseg
     seg_end = torch.cumsum(seg_count, 0)
-    n_prog = n_owner + triton.cdiv(owner.numel(), qseg)  # >= sum(seg_count) for any selection
+    n_prog = n_owner + cdiv(owner.numel(), qseg)  # >= sum(seg_count) for any selection
     seg_owner = torch.searchsorted(seg_end, torch.arange(n_prog, device=dev, dtype=seg_end.dtype), right=True)
     i32 = torch.int32
     inv = dict(

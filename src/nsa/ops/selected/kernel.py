@@ -68,7 +68,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -677,7 +677,7 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     G, N = q.shape[2] // k.shape[2], block_idx.shape[-1]
     DK, DV = q.shape[-1], v.shape[-1]
     return dict(
-        H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=triton.next_power_of_2(N), BS=sel_block,
+        H=k.shape[2], G=G, GP=_group_rows(G), N=N, NP=next_power_of_2(N), BS=sel_block,
         BSP=next_pow2(sel_block), INIT=forced[0], LOCAL=forced[1], DK=DK, DV=DV, BK=next_pow2(DK), BV=next_pow2(DV),
         PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
     )
@@ -693,7 +693,7 @@ def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, i
         cfg["rows"] = EXACT_FLOAT32_TILES["rows"]
     elif backward and wide_heads_on_small_gpu(head_dim, q.device):
         cfg["rows"] = 32  # 64 rows ask 112 KiB even in one stage, 32 rows 88 (sm_89 compiles, RTX 4090: 99)
-    GP = triton.next_power_of_2(dims["G"])
+    GP = next_power_of_2(dims["G"])
     BT = max(1, cfg.pop("rows") // GP)
     return dict(dims, GP=GP, BT=BT, **cfg), BT
 
@@ -744,14 +744,14 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
     if sum(forced) and start is None:
         meta, BT = _forced_launch(dims, q, backward=False)
-        selected_forced_fwd_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
+        selected_forced_fwd_kernel[(cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
     cfg = dict(FWD_TILES, **(dict(num_stages=EXACT_FLOAT32_FWD_STAGES) if exact else {}))
     cfg.update(tiles or {})
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
-    selected_fwd_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](
+    selected_fwd_kernel[(cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
         KEEP=keep, **loads, **LAUNCH_OPTIONS)
     return o, lse, o_sum
@@ -783,7 +783,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims, q, backward=True)
-        selected_forced_dq_kernel[(triton.cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
+        selected_forced_dq_kernel[(cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
     exact = exact_float32(q.dtype, q.device, max(DK, v.shape[-1]))
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims,
@@ -795,7 +795,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             **{key: dims[key] for key in keep}, **launch, **loads, **LAUNCH_OPTIONS)
         return dq
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 2))
-    selected_bwd_dq_kernel[(triton.cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
+    selected_bwd_dq_kernel[(cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
     return dq
 
 
@@ -808,7 +808,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     dims = _dims(q, k, v, block_idx, sel_block)
-    GP = triton.next_power_of_2(dims["G"])  # rows pack BQ queries: no need to pad G to 16 here
+    GP = next_power_of_2(dims["G"])  # rows pack BQ queries: no need to pad G to 16 here
     cfg = dict(cfg)
     # tl.dot needs K >= 16 on the GPU, and the dK/dV products contract over BQ * GP query rows.
     head_dim = max(dims["BK"], dims["BV"])
@@ -823,7 +823,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     if not cfg["num_stages"]:
         cfg["num_stages"] = pipeline_stages(3 if hopper_tiles_fit(q.dtype, head_dim, q.device) else 2, q.dtype, q.device,
                                             head_dim, wide_heads_one_stage=True)
-    num_blocks = triton.cdiv(TK, sel_block)
+    num_blocks = cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local, ds is not None)
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks

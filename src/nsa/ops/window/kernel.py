@@ -64,7 +64,7 @@ from nsa.ops._triton.attention import (
     store_scaled,
     wide_heads_on_small_gpu,
 )
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
 @triton.jit
@@ -465,7 +465,7 @@ FWD_TILES = dict(rows=64, num_warps=4, num_stages=2)
 
 def _tiles(G: int, DK: int, DV: int, rows: int) -> dict:
     """Tile sizes: ``BT`` positions of ``GP`` head rows make about ``rows`` rows."""
-    GP = triton.next_power_of_2(G)
+    GP = next_power_of_2(G)
     return dict(GP=GP, BK=next_pow2(DK), BV=next_pow2(DV), BT=max(1, rows // GP), BN=64)
 
 
@@ -488,7 +488,7 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32) if keep or not gated else None
     o_frc, lse_frc = (torch.empty_like(o), torch.empty_like(lse)) if forced is not None else (o, lse)
     gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
-    grid = (triton.cdiv(T, cfg["BT"]), B * H)
+    grid = (cdiv(T, cfg["BT"]), B * H)
     window_fwd_kernel[grid](
         q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc, o if o_win is None else o_win,  #
         o_frc, o if lse_frc is None else lse_frc,  #
@@ -620,7 +620,7 @@ def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: 
         config = forced["config"]
         cfg = _forced_tiles(cfg, config, q_offset)
         frc = dict(FORCED=True, INIT=config.init_blocks, LOCAL=config.local_blocks)
-    window_bwd_dq_kernel[(triton.cdiv(T, cfg["BT"]), B * H)](
+    window_bwd_dq_kernel[(cdiv(T, cfg["BT"]), B * H)](
         q, k, v, do, do if gate is None else gate, lse, delta, dq, *_forced_args(forced, gate, lse, "window_bwd_dq"),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
@@ -658,7 +658,7 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
     frc = dict(FORCED=False)
     if forced is not None:
         frc = dict(FORCED=True, BS=forced["config"].sel_block, LOCAL=forced["config"].local_blocks)
-    window_bwd_dkdv_kernel[(triton.cdiv(TK, cfg["BN"]), B * H)](
+    window_bwd_dkdv_kernel[(cdiv(TK, cfg["BN"]), B * H)](
         q, k, v, do, do if gate is None else gate, lse, delta, dk, dv,
         *_forced_args(forced, gate, lse, "window_bwd_dkdv"),  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
