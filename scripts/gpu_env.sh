@@ -68,3 +68,16 @@ worker_tests() {
     grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
     tail -3 "$OUT/tests.txt"
 }
+
+# scripts/gpu_compile.py once per "LENGTH VALUE" pair, VALUE given as --OPTION (dtype, mode):
+# compile_runs LIMIT OPTION PAIR... writes $OUT/compile_LENGTH_VALUE.md and shows its table.
+compile_runs() {
+    local limit="$1" option="$2"
+    shift 2
+    for run in "$@"; do
+        set -- $run
+        timeout "$limit" python scripts/gpu_compile.py --length "$1" "--$option" "$2" 2>&1 \
+            | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
+        echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
+    done
+}

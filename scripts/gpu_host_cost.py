@@ -5,7 +5,8 @@ run them: queued calls then run at the host's pace, and the GPU idles between ke
 script measures both sides of each call, and where the host's time goes.
 
 For each case and length, ``rounds`` calls, each submitted behind a device-side wait
-(``torch.cuda._sleep``) long enough that the host never waits for the device:
+(``torch.cuda._sleep``) long enough that the host never waits for the device, the L2 flushed
+(``gpu_prefill_probe.timed``):
 
 - **host ms**: ``perf_counter`` around the call (submission; nothing synchronised);
 - **device ms**: CUDA events around the call on the stream: the device's time with every launch
@@ -32,8 +33,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 from pathlib import Path
 from typing import Callable, Dict, Tuple
 
@@ -42,38 +41,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import nsa
+from gpu_prefill_probe import cycles_per_ms, timed  # scripts/ is on the path as the session scripts run it
 from nsa import NSAAttention, NSAConfig
 
 HQ, H, D, HIDDEN = 64, 4, 128, 2048
 WAIT_MS = 40.0  # longer than any host submission measured here; a call that reaches it synchronised
 CASES = ("attention", "attention_train", "dense", "dense_train", "layer", "layer_train", "decode", "rotary")
-
-
-def cycles_per_ms() -> float:
-    torch.cuda._sleep(1000)  # load the kernel
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    torch.cuda._sleep(20_000_000)
-    e1.record()
-    e1.synchronize()
-    return 20_000_000 / e0.elapsed_time(e1)
-
-
-def behind_wait(fn: Callable[[], object], rounds: int, cpms: float) -> Tuple[float, float]:
-    """Medians (host ms, device ms) of ``rounds`` calls, each behind a device wait."""
-    host, dev = [], []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(WAIT_MS * cpms))
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-        e1.record()
-        e1.synchronize()
-        dev.append(e0.elapsed_time(e1))
-    return statistics.median(host), statistics.median(dev)
 
 
 def profiled(fn: Callable[[], object], calls: int, cpms: float) -> str:
@@ -180,7 +153,7 @@ def main() -> None:
             for _ in range(3):  # compile and autotune outside the samples
                 fn()
             torch.cuda.synchronize()
-            host, device = behind_wait(fn, args.rounds, cpms)
+            device, host = timed(fn, args.rounds, WAIT_MS, cpms)  # behind a device wait, L2 flushed
             queued = do_bench(fn, warmup=3, rep=60, return_mode="median")
             note = "synchronised with the device" if host > 0.8 * WAIT_MS else ""
             print(f"| {case} | {T} | {host:.3f} | {device:.3f} | {host / device:.2f} | {queued:.3f} | {note} |",

@@ -41,11 +41,7 @@ second)
     rev="${2:?the commit to name the report after}"
     worker_tests 240 "$rev" tests/test_compile.py tests/test_module.py tests/test_cache.py tests/test_decode_graph.py
     timeout 100 python "$here/gpu_compression.py" 2>&1 | tee "$OUT/compression.md"
-    for run in "4096 bfloat16" "16384 bfloat16" "4096 float32"; do
-        set -- $run
-        timeout 150 python "$here/gpu_compile.py" --length "$1" --dtype "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
-        echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
-    done
+    compile_runs 150 dtype "4096 bfloat16" "16384 bfloat16" "4096 float32"
     ;;
 third)
     rev="${2:?the commit to name the report after}"

@@ -22,11 +22,15 @@
 #                                             # slowed the kernels and the backward): the decode steps and
 #                                             # layer calls against OLD_SRC once, then the module and
 #                                             # decode-graph tests (the last of the session's device time)
+#   bash scripts/gpu_session37.sh pending REV # next session's first call: what ran on no GPU after the device
+#                                             # time was spent (launch sizes as host arithmetic in every
+#                                             # wrapper): the kernel, module, compile and decode-graph GPU
+#                                             # tests, then gpu_host_cost.py again (the host's share after it)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV | fused REV OLD_SRC | split REV OLD_SRC}"
+step="${1:?usage: scripts/gpu_session37.sh first REV | graphs REV | decode REV | fused REV OLD_SRC | split REV OLD_SRC | pending REV}"
 device_line
 case "$step" in
 first)
@@ -40,11 +44,7 @@ first)
 graphs)
     rev="${2:?the commit to name the report after}"
     worker_tests 200 "$rev" tests/test_compile.py
-    for run in "1024 reduce-overhead" "4096 reduce-overhead" "1024 default"; do
-        set -- $run
-        timeout 170 python "$here/gpu_compile.py" --length "$1" --mode "$2" 2>&1 | tee "$OUT/compile_$1_$2.md" | grep -v "^$"
-        echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
-    done
+    compile_runs 170 mode "1024 reduce-overhead" "4096 reduce-overhead" "1024 default"
     ;;
 decode)
     rev="${2:?the commit to name the report after}"
@@ -79,6 +79,11 @@ split)
             --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/split_layer_$side.md"
     done
     worker_tests 80 "$rev" tests/test_module.py tests/test_decode_graph.py
+    ;;
+pending)
+    rev="${2:?the commit to name the report after}"
+    worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py
+    timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
     ;;
 *)
     echo "unknown step $step" >&2
