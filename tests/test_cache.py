@@ -75,3 +75,31 @@ def test_paper_table4_read_counts(context: int, expected: int) -> None:
     blocks = torch.arange(context // config.sel_block - config.sel_count, context // config.sel_block)
     reads = count_reads(blocks.view(1, 1, 1, -1).to(torch.int32), context - 1, config)
     assert int(reads.cmp[0] + reads.slc[0, 0, 0] + reads.win[0]) == expected
+
+
+def test_decode_steps_count_reads_only_when_asked(monkeypatch) -> None:
+    """A layer's steps keep their selection and positions but compute no reads (ten small kernels
+    a step, captured into every ``DecodeGraph`` replay before); ``last_reads`` computes them when
+    read, equal to ``count_reads`` of the step's blocks at its positions, and is None again after
+    ``reset``."""
+    import nsa.modules.cache as cache_module
+    from nsa import NSAAttention
+
+    calls = []
+    real = cache_module.count_reads
+    monkeypatch.setattr(cache_module, "count_reads", lambda *a: (calls.append(a), real(*a))[1])
+    torch.manual_seed(0)
+    layer = NSAAttention(24, 4, 2, 8, config=SMALL).double()
+    cache = layer.new_cache(2, capacity=48, static=True)
+    x = torch.randn(2, 44, 24, dtype=torch.float64)
+    with torch.no_grad():
+        layer(x[:, :40], cache)
+        for t in range(40, 44):
+            layer(x[:, t : t + 1], cache)
+    assert calls == []
+    reads = cache.last_reads
+    want = real(cache.last_block_idx, torch.full((2, 1), 43), SMALL)
+    assert all(torch.equal(getattr(reads, f), getattr(want, f)) for f in ("cmp", "slc", "win"))
+    assert reads.last_step()["win"] == SMALL.window and len(calls) == 1
+    cache.reset()
+    assert cache.last_reads is None and cache.last_block_idx is None

@@ -95,7 +95,7 @@ class NSACache:
         seq_lens: int32 ``[B]`` on the cache's device, equal to ``length``; the
             lengths that decode kernels and graph replays read.
         last_block_idx: int32 ``[B, T, H, n]`` blocks selected by the last call.
-        last_reads: :class:`TokenReads` of the last call.
+        last_reads: :class:`TokenReads` of the last call (computed when read).
         ragged: whether its sequences differ in length (:meth:`prefill_packed`): ``length`` is
             then the longest, and only device steps (:meth:`write`, :meth:`emit`) continue it.
     """
@@ -125,7 +125,7 @@ class NSACache:
         self.length = 0
         self.num_cmp = 0
         self.last_block_idx: Optional[torch.Tensor] = None
-        self.last_reads: Optional[TokenReads] = None
+        self._last_positions: Union[int, torch.Tensor] = 0  # the last call's queries (see record)
         self.ragged = False
         v_head_dim = v_head_dim or head_dim
         self._dims = {name: (v_head_dim if name.startswith("v") else head_dim) for name in RAW_BUFFERS + CMP_BUFFERS}
@@ -177,7 +177,7 @@ class NSACache:
         self.length = self.num_cmp = 0
         self.seq_lens.zero_()
         self.ragged = False
-        self.last_block_idx = self.last_reads = None
+        self.last_block_idx = None
 
     def reserve(self, positions: int) -> None:
         """Make room for ``positions`` more tokens (grows by whole chunks, copying once)."""
@@ -223,10 +223,19 @@ class NSACache:
         self._buf["v_cmp"][:, self.num_cmp : self.num_cmp + count] = v_cmp
         self.num_cmp += count
 
-    def record(self, block_idx: torch.Tensor, q_offset: int) -> None:
-        """Keep the last call's selection and its per-branch token reads (no sync)."""
-        self.last_block_idx = block_idx
-        self.last_reads = count_reads(block_idx, q_offset, self.config)
+    def record(self, block_idx: torch.Tensor, q_offset: Union[int, torch.Tensor]) -> None:
+        """Keep the last call's selection and where its queries sit (no sync, no launch: the
+        reads follow from them when :attr:`last_reads` is read, off the step's path; in a
+        captured step they took about ten small kernels a replay)."""
+        self.last_block_idx, self._last_positions = block_idx, q_offset
+
+    @property
+    def last_reads(self) -> Optional[TokenReads]:
+        """:class:`TokenReads` of the last call, from its selected blocks (None before a call).
+        After a replay of a captured step, those of the replayed step."""
+        if self.last_block_idx is None:
+            return None
+        return count_reads(self.last_block_idx, self._last_positions, self.config)
 
     def buffer(self, name: str) -> torch.Tensor:
         """The whole preallocated buffer ``[B, capacity (or compressed capacity), H, D]``."""

@@ -21,8 +21,8 @@ Usage::
             y = step(x_next)                      # [B, 1, hidden]; y is step.output
 
 The returned tensor is the graph's static output buffer: the next call
-overwrites it (``clone()`` what you keep). ``cache.last_block_idx`` and
-``cache.last_reads`` are static buffers too, refreshed by every replay.
+overwrites it (``clone()`` what you keep). ``cache.last_block_idx`` is a static buffer too,
+refreshed by every replay, and ``cache.last_reads`` follows from it when read.
 """
 
 from __future__ import annotations
