@@ -69,8 +69,8 @@ class NSAAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim, self.v_head_dim = head_dim, v_head_dim or head_dim
         self.backend = backend
-        self.in_proj = nn.Linear(hidden_size, sum(rows.stop - rows.start for rows in self.projection_rows().values()),
-                                 bias=False)  # fmt: skip
+        self._split_sizes = [rows.stop - rows.start for rows in self.projection_rows().values()]  # in_proj's parts
+        self.in_proj = nn.Linear(hidden_size, sum(self._split_sizes), bias=False)
         self.gate_proj = nn.Linear(hidden_size, num_heads * 3)
         self.o_proj = nn.Linear(num_heads * self.v_head_dim, hidden_size, bias=False)
         self.rotary = RotaryEmbedding(head_dim, rope_theta)
@@ -149,8 +149,7 @@ class NSAAttention(nn.Module):
         the backward of each slice filling a gradient of the whole product (H200, 4k-16k,
         docs/perf/compile.md). ``torch.split`` keeps that backward one concatenation."""
         HQ, H, Dk, Dv = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
-        widths = [rows.stop - rows.start for rows in self.projection_rows().values()]
-        q, *kv = torch.split(self.in_proj(x), widths, dim=-1)  # q, k per branch, v per branch
+        q, *kv = torch.split(self.in_proj(x), self._split_sizes, dim=-1)  # q, k per branch, v per branch
         tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
         q = self.rotary.rotate(q.unflatten(-1, (HQ, Dk)), tables)
         keys = {b: self.rotary.rotate(k.unflatten(-1, (H, Dk)), tables) for b, k in zip(BRANCHES, kv)}
