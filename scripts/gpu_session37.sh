@@ -28,6 +28,7 @@
 #                                             # step): the kernel, module, compile and decode-graph GPU tests,
 #                                             # gpu_host_cost.py again (the host's share after it), and the
 #                                             # layer's decode step (gpu_decode_compiled.py) at 4k and 32k
+#                                             # and its kernels (gpu_decode_step_profile.py)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -87,6 +88,8 @@ pending)
     worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py
     timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
     timeout 120 python "$here/gpu_decode_compiled.py" 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
+    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W1128\|Warning\|_warn_once" \
+        | tee "$OUT/decode_step_profile.md" | grep "^###"
     ;;
 *)
     echo "unknown step $step" >&2
