@@ -103,3 +103,47 @@ def test_decode_steps_count_reads_only_when_asked(monkeypatch) -> None:
     assert reads.last_step()["win"] == SMALL.window and len(calls) == 1
     cache.reset()
     assert cache.last_reads is None and cache.last_block_idx is None
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_one_launch_write_equals_the_six_assignments(tokens, nsa_device, monkeypatch) -> None:
+    """``NSACache.write`` on the Triton route (one launch, :mod:`nsa.ops.decode.cache_write`) leaves
+    every buffer bit for bit as the six assignments of the reference route do: rows of a batch at
+    different positions, keys and values of different widths, buffers filled with random values
+    beforehand so that a stray write shows."""
+    import nsa.ops.decode.cache_write as cache_write
+
+    launches = []
+    real = cache_write.write_rows
+    monkeypatch.setattr(cache_write, "write_rows", lambda *a: (launches.append(1), real(*a))[1])
+    dtype = torch.bfloat16 if nsa_device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    caches = {route: NSACache(SMALL, 3, 2, 8, 4, capacity=40, static=True, device=nsa_device, dtype=dtype)
+              for route in ("triton", "reference")}  # fmt: skip
+    for name in caches["triton"]._buf:
+        filler = torch.randn_like(caches["triton"].buffer(name))
+        for cache in caches.values():
+            cache.buffer(name).copy_(filler)
+    positions = torch.tensor([[5], [17], [30]], device=nsa_device) + torch.arange(tokens, device=nsa_device)
+    raw = {name: torch.randn(3, tokens, 2, 4 if name[0] == "v" else 8, device=nsa_device, dtype=dtype)
+           for name in ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}  # fmt: skip
+    for route, cache in caches.items():
+        cache.write(positions, backend=route, **raw)
+    assert launches == [1]
+    for name in caches["triton"]._buf:
+        assert torch.equal(caches["triton"].buffer(name), caches["reference"].buffer(name)), name
+    assert torch.equal(caches["triton"].seq_lens, caches["reference"].seq_lens)
+    for name in ("k_slc", "v_cmp_raw"):  # and the values did land where asked
+        assert torch.equal(caches["triton"].buffer(name)[1, 17 : 17 + tokens], raw[name][1])
+
+
+def test_write_refuses_a_value_of_another_shape_or_dtype() -> None:
+    cache = NSACache(SMALL, 1, 2, 8, 4, capacity=16, static=True)
+    raw = {name: torch.randn(1, 1, 2, 4 if name[0] == "v" else 8) for name in
+           ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}  # fmt: skip
+    positions = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"v_win must be torch.float32 \[1, 1, 2, 4\], got torch.float32 \[1, 1, 2, 8\]"):
+        cache.write(positions, **{**raw, "v_win": torch.randn(1, 1, 2, 8)})
+    with pytest.raises(ValueError, match=r"k_slc must be torch.float32 .* got torch.float64"):
+        cache.write(positions, **{**raw, "k_slc": raw["k_slc"].double()})

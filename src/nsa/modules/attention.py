@@ -187,7 +187,7 @@ class NSAAttention(nn.Module):
         cache.reserve(steps)  # a static cache never grows: this raises when it is full
         positions = cache.positions(steps)  # [B, T]
         q, keys, values, gates = self._project(x, positions)
-        cache.write(positions, **_raw(keys, values))
+        cache.write(positions, backend=self.backend, **_raw(keys, values))
         # every compressed token completed by this step's positions: at most ceil(T / d) of them
         cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v)
         buf = cache.buffer

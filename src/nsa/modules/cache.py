@@ -28,6 +28,15 @@ from nsa.ops.varlen import host_to_device
 
 RAW_BUFFERS = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
 CMP_BUFFERS = ("k_cmp", "v_cmp")
+#: the raw buffers in the order of :func:`nsa.ops.decode.cache_write.write_rows`
+_KERNEL_ORDER = ("k_cmp_raw", "k_slc", "k_win", "v_cmp_raw", "v_slc", "v_win")
+
+
+def _routes_to_triton(device: torch.device, dtype: torch.dtype, backend: Optional[str]) -> bool:
+    """Whether the decode op, and so the cache's one-launch write, runs on Triton here."""
+    from nsa import routing
+
+    return routing.resolve("decode", device, dtype, backend).backend == "triton"
 
 
 @dataclass(frozen=True)
@@ -245,16 +254,30 @@ class NSACache:
         """int64 ``[B, steps]`` positions of the next ``steps`` tokens, from ``seq_lens`` (no sync)."""
         return self.seq_lens.to(torch.int64)[:, None] + torch.arange(steps, device=self.seq_lens.device)
 
-    def write(self, positions: torch.Tensor, **raw: torch.Tensor) -> None:
+    def write(self, positions: torch.Tensor, *, backend: Optional[str] = None, **raw: torch.Tensor) -> None:
         """Graph-safe append: scatter each raw buffer's ``[B, T, H, D]`` at ``positions [B, T]``
         and advance ``seq_lens`` on the device (the host ``length`` follows in :meth:`advance_host`).
+        Where the decode op routes to Triton (``backend`` as for :func:`nsa.ops.nsa_decode`), the
+        six buffers are written in one launch (:mod:`nsa.ops.decode.cache_write`), else by six
+        assignments; under ``torch.compile`` always the latter, which Inductor fuses.
 
         The caller keeps ``length + T <= capacity`` (checking device values would sync)."""
         _check_raw("write", raw)
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        B, T = positions.shape
         for name, value in raw.items():
-            self._buf[name][rows, positions] = value
-        self.seq_lens.add_(positions.shape[1])
+            want = (B, T, *self._shape[1:], self._dims[name])
+            if tuple(value.shape) != want or value.dtype != self.dtype:
+                raise ValueError(f"NSACache.write: {name} must be {self.dtype} {list(want)}, "
+                                 f"got {value.dtype} {list(value.shape)}")  # fmt: skip
+        if not torch.compiler.is_compiling() and _routes_to_triton(self.device, self.dtype, backend):
+            from nsa.ops.decode.cache_write import write_rows
+
+            write_rows([self._buf[n] for n in _KERNEL_ORDER], [raw[n] for n in _KERNEL_ORDER], positions)
+        else:
+            rows = torch.arange(B, device=positions.device)[:, None]
+            for name, value in raw.items():
+                self._buf[name][rows, positions] = value
+        self.seq_lens.add_(T)
 
     def prefill_packed(self, rows: torch.Tensor, positions: torch.Tensor, lengths: List[int], **raw: torch.Tensor) -> None:
         """Prompts of different lengths into an empty static cache: each raw buffer's packed
