@@ -24,8 +24,9 @@
 #                                             # decode-graph tests (the last of the session's device time)
 #   bash scripts/gpu_session37.sh pending REV # next session's first call: what ran on no GPU after the device
 #                                             # time was spent (launch sizes as host arithmetic in every
-#                                             # wrapper; token reads computed when read, off the decode
-#                                             # step): the kernel, module, compile and decode-graph GPU tests,
+#                                             # wrapper; the cache's six writes in one launch; token reads
+#                                             # computed when read): the kernel, module, compile, cache and
+#                                             # decode-graph GPU tests,
 #                                             # gpu_host_cost.py again (the host's share after it), and the
 #                                             # layer's decode step (gpu_decode_compiled.py) at 4k and 32k
 #                                             # and its kernels (gpu_decode_step_profile.py)
@@ -85,7 +86,8 @@ split)
     ;;
 pending)
     rev="${2:?the commit to name the report after}"
-    worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py
+    worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py \
+        tests/test_cache.py
     timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
     timeout 120 python "$here/gpu_decode_compiled.py" 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
