@@ -2,8 +2,9 @@
 
 :meth:`nsa.NSACache.write` scatters each branch's new raw keys and values (six tensors) to
 positions that live on the device. As six advanced-indexing assignments that is six launches of a
-few kilobytes each at batch 1, each about 3 us inside a captured step: 19 of the 189 us of a
-:class:`nsa.DecodeGraph` step of the benchmark layer (H200, session 37, docs/perf/compile.md).
+few kilobytes each at batch 1, each about 3 us inside a captured step: about 19 of the 207 us of
+the profiled :class:`nsa.DecodeGraph` step of the benchmark layer (H200, session 37,
+docs/perf/compile.md).
 Here one launch copies them all; program ``(row, buffer)`` copies one token's heads of one buffer.
 
 The result is the assignments' bit for bit: a copy, cast to the buffer's dtype.
