@@ -22,19 +22,9 @@ from typing import Callable, Dict
 import torch
 
 from nsa import DecodeGraph, NSAAttention
-from nsa.testing import rel_error
+from nsa.testing import recorded_cuda_graphs, rel_error
 
 HIDDEN, HQ, H, D = 2048, 64, 4, 128
-
-
-def recorded_graphs() -> int:
-    from torch._inductor import cudagraph_trees
-
-    def count(nodes_by_function) -> int:
-        return sum(1 + count(node.children) for nodes in nodes_by_function.values() for node in nodes)
-
-    manager = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
-    return 0 if manager is None else count(manager.roots)
 
 
 def run_steps(layer: NSAAttention, context: int, batch: int, steps: int, way: str,
@@ -71,7 +61,7 @@ def run_steps(layer: NSAAttention, context: int, batch: int, steps: int, way: st
             out = step(tokens[5 + i])
         e1.record()
         e1.synchronize()
-    return {"ms": e0.elapsed_time(e1) / steps, "warm_s": warm_s, "last": out.clone(), "graphs": recorded_graphs()}
+    return {"ms": e0.elapsed_time(e1) / steps, "warm_s": warm_s, "last": out.clone(), "graphs": recorded_cuda_graphs()}
 
 
 def main() -> None:

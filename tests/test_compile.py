@@ -16,6 +16,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from nsa import NSAAttention, NSAConfig, ops
 from nsa.ops import nsa_attention
+from nsa.testing import recorded_cuda_graphs
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
 #: SMALL with a window that holds the local blocks: on Triton the window kernels then compute the
@@ -308,18 +309,6 @@ def test_compiled_code_around_the_triton_op_on_the_gpu_equals_eager(nsa_device):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def _recorded_cuda_graphs(device: torch.device) -> int:
-    """How many CUDA graphs Inductor's cudagraph trees have recorded on ``device``: the roots
-    and their children (a backward's graph is a child of its forward's)."""
-    from torch._inductor import cudagraph_trees
-
-    def count(nodes_by_function) -> int:
-        return sum(1 + count(node.children) for nodes in nodes_by_function.values() for node in nodes)
-
-    manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
-    return 0 if manager is None else count(manager.roots)
-
-
 @pytest.mark.gpu
 def test_reduce_overhead_replays_the_triton_training_op_in_cuda_graphs(nsa_device):
     """``mode="reduce-overhead"`` (CUDA graphs over compiled code: the remedy for short sequences,
@@ -349,7 +338,7 @@ def test_reduce_overhead_replays_the_triton_training_op_in_cuda_graphs(nsa_devic
             got = [out.clone(), *(g.clone() for g in torch.autograd.grad(out, inputs, grad_out))]
             assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["inductor"]["cudagraph_skips"] == 0
-    assert _recorded_cuda_graphs(nsa_device) >= 2  # the forward's graph and the backward's
+    assert recorded_cuda_graphs(nsa_device) >= 2  # the forward's graph and the backward's
 
 
 @pytest.mark.gpu
@@ -372,7 +361,7 @@ def test_reduce_overhead_layer_trains_as_the_default_compiled_layer(nsa_device):
             got = [t.clone() for t in _train(graphed, x)]
             assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["inductor"]["cudagraph_skips"] == 0
-    assert _recorded_cuda_graphs(nsa_device) >= 2
+    assert recorded_cuda_graphs(nsa_device) >= 2
 
 
 @pytest.mark.gpu
@@ -404,4 +393,4 @@ def test_reduce_overhead_decodes_into_a_static_cache_in_cuda_graphs(nsa_device):
         got = steps(torch.compile(layer, mode="reduce-overhead", fullgraph=True))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["inductor"]["cudagraph_skips"] == 0
-    assert 1 <= _recorded_cuda_graphs(nsa_device) <= 4
+    assert 1 <= recorded_cuda_graphs(nsa_device) <= 4

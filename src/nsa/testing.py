@@ -5,6 +5,8 @@ the same blocks.
 Every :func:`assert_close` is also handed to the recorders open at the time
 (:func:`record_comparisons`): pytest_nsa opens one around each test, so its report shows how
 close each comparison came to its bound, not only whether it passed.
+
+:func:`recorded_cuda_graphs` counts what ``mode="reduce-overhead"`` recorded (GPU tests, scripts).
 """
 
 from __future__ import annotations
@@ -182,3 +184,17 @@ def nsa_attention_with_blocks(
     o_slc = ops.selected_attention(q, k, v, block_idx, config, **ref)
     o_win = ops.sliding_window_attention(q, k_win, v_win, config, **ref)
     return ops.combine_branches(gates, o_cmp, o_slc, o_win, backend="reference")
+
+
+def recorded_cuda_graphs(device: Optional[torch.device] = None) -> int:
+    """How many CUDA graphs ``torch.compile(mode="reduce-overhead")`` (Inductor's cudagraph trees)
+    has recorded on ``device`` (default: the current one): the trees' roots and their children (a
+    backward's graph is a child of its forward's). 0 before any."""
+    from torch._inductor import cudagraph_trees
+
+    def count(nodes_by_function) -> int:
+        return sum(1 + count(node.children) for nodes in nodes_by_function.values() for node in nodes)
+
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+    return 0 if manager is None else count(manager.roots)

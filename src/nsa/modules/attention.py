@@ -92,8 +92,9 @@ class NSAAttention(nn.Module):
         return rows
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # a state dict of the separate projections (before in_proj): their weights, stacked
-        separate = [f"{prefix}q_proj.weight"] + [f"{prefix}{kind}_proj.{b}.weight" for kind in "kv" for b in BRANCHES]
+        # a state dict of the separate projections (before in_proj: q_proj, k_proj.<branch>,
+        # v_proj.<branch>): their weights, stacked in projection_rows' order
+        separate = [f"{prefix}{name[0]}_proj{name[1:].replace('_', '.')}.weight" for name in self.projection_rows()]
         if f"{prefix}in_proj.weight" not in state_dict and all(key in state_dict for key in separate):
             state_dict[f"{prefix}in_proj.weight"] = torch.cat([state_dict.pop(key) for key in separate])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -28,15 +28,6 @@ from nsa.ops.varlen import host_to_device
 
 RAW_BUFFERS = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
 CMP_BUFFERS = ("k_cmp", "v_cmp")
-#: the raw buffers in the order of :func:`nsa.ops.decode.cache_write.write_rows`
-_KERNEL_ORDER = ("k_cmp_raw", "k_slc", "k_win", "v_cmp_raw", "v_slc", "v_win")
-
-
-def _routes_to_triton(device: torch.device, dtype: torch.dtype, backend: Optional[str]) -> bool:
-    """Whether the decode op, and so the cache's one-launch write, runs on Triton here."""
-    from nsa import routing
-
-    return routing.resolve("decode", device, dtype, backend).backend == "triton"
 
 
 @dataclass(frozen=True)
@@ -269,10 +260,12 @@ class NSACache:
             if tuple(value.shape) != want or value.dtype != self.dtype:
                 raise ValueError(f"NSACache.write: {name} must be {self.dtype} {list(want)}, "
                                  f"got {value.dtype} {list(value.shape)}")  # fmt: skip
-        if not torch.compiler.is_compiling() and _routes_to_triton(self.device, self.dtype, backend):
+        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
+
+        if not torch.compiler.is_compiling() and routing.all_triton(("decode",), self.device, self.dtype, backend):
             from nsa.ops.decode.cache_write import write_rows
 
-            write_rows([self._buf[n] for n in _KERNEL_ORDER], [raw[n] for n in _KERNEL_ORDER], positions)
+            write_rows([self._buf[n] for n in RAW_BUFFERS], [raw[n] for n in RAW_BUFFERS], positions)
         else:
             rows = torch.arange(B, device=positions.device)[:, None]
             for name, value in raw.items():

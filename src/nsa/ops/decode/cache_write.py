@@ -23,8 +23,8 @@ from nsa.ops._triton.launch import LAUNCH_OPTIONS, next_power_of_2
 
 @triton.jit
 def cache_write_kernel(
-    positions, k_cmp, k_slc, k_win, v_cmp, v_slc, v_win,
-    k_cmp_buf, k_slc_buf, k_win_buf, v_cmp_buf, v_slc_buf, v_win_buf,
+    positions, k_slc, v_slc, k_win, v_win, k_cmp, v_cmp,
+    k_slc_buf, v_slc_buf, k_win_buf, v_win_buf, k_cmp_buf, v_cmp_buf,
     T, CAPACITY, stride_pb, stride_pt,
     ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -33,18 +33,18 @@ def cache_write_kernel(
     i_b, i_t = i_bt // T, i_bt % T
     position = tl.load(positions + i_b * stride_pb + i_t * stride_pt).to(tl.int64)
     if which == 0:
-        src, dst = k_cmp, k_cmp_buf
-    elif which == 1:
         src, dst = k_slc, k_slc_buf
+    elif which == 1:
+        src, dst = v_slc, v_slc_buf
     elif which == 2:
         src, dst = k_win, k_win_buf
     elif which == 3:
-        src, dst = v_cmp, v_cmp_buf
-    elif which == 4:
-        src, dst = v_slc, v_slc_buf
-    else:
         src, dst = v_win, v_win_buf
-    row = tl.where(which < 3, ROW_K, ROW_V)
+    elif which == 4:
+        src, dst = k_cmp, k_cmp_buf
+    else:
+        src, dst = v_cmp, v_cmp_buf
+    row = tl.where(which % 2 == 0, ROW_K, ROW_V)  # keys and values alternate
     o = tl.arange(0, BLOCK)
     m = o < row
     x = tl.load(src + i_bt * row + o, mask=m)  # sources are contiguous [B, T, H, D]
@@ -52,15 +52,16 @@ def cache_write_kernel(
 
 
 def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor) -> None:
-    """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for the six raw buffers, in the order
-    ``k_cmp_raw, k_slc, k_win, v_cmp_raw, v_slc, v_win``: keys ``[B, T, H, Dk]`` into contiguous
-    ``[B, capacity, H, Dk]`` buffers, values likewise with ``Dv``; ``positions`` ``[B, T]``, on the
-    buffers' device. The caller checks the shapes (:meth:`nsa.NSACache.write`)."""
+    """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for the six raw buffers in the cache's
+    order (``nsa.modules.cache.RAW_BUFFERS``: ``k_slc, v_slc, k_win, v_win, k_cmp_raw,
+    v_cmp_raw``): keys ``[B, T, H, Dk]`` into contiguous ``[B, capacity, H, Dk]`` buffers, values
+    likewise with ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. The caller checks the
+    shapes (:meth:`nsa.NSACache.write`)."""
     B, T = positions.shape
     if B * T == 0:
         return
     values = [v.contiguous() for v in values]
-    row_k, row_v = values[0][0, 0].numel(), values[3][0, 0].numel()
+    row_k, row_v = values[0][0, 0].numel(), values[1][0, 0].numel()
     cache_write_kernel[(B * T, 6)](
         positions, *values, *buffers, T, buffers[0].shape[1], *positions.stride(),
         ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
