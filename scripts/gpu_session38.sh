@@ -1,0 +1,47 @@
+#!/bin/bash
+# The GPU calls of session 38: session 37's pending validation, the one-launch cache write timed
+# against the six writes it replaced.
+#
+#   bash scripts/gpu_session38.sh first REV OLD_SRC  # the kernel, module, compile, cache and decode-graph
+#                                             # GPU tests (report named after REV; launch sizes as host
+#                                             # arithmetic, the cache's six writes in one launch, token
+#                                             # reads computed when read), then the layer's decode step
+#                                             # (gpu_decode_compiled.py: eager and DecodeGraph, 4k and 32k)
+#                                             # of this tree against OLD_SRC (src/ before the one-launch
+#                                             # write, untracked), twice in turn
+#   bash scripts/gpu_session38.sh second      # gpu_host_cost.py (the host's share after the launch sizes
+#                                             # left Triton's constexpr helpers), every way of the decode step
+#                                             # (gpu_decode_compiled.py) and its kernels
+#                                             # (gpu_decode_step_profile.py)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second}"
+device_line
+case "$step" in
+first)
+    rev="${2:?the commit to name the report after}"
+    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
+    worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py \
+        tests/test_cache.py
+    for side in new old new old; do
+        src="$PWD/src"
+        [ "$side" = old ] && src="$PWD/$old"
+        echo "== $side ($src) after $(( $(date +%s) - start )) s"
+        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" \
+            --ways eager,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/cache_write_decode_$side.md"
+    done
+    ;;
+second)
+    timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
+    timeout 120 python "$here/gpu_decode_compiled.py" 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
+    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
+        | tee "$OUT/decode_step_profile.md" | grep "^###"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
