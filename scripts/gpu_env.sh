@@ -69,6 +69,19 @@ worker_tests() {
     tail -3 "$OUT/tests.txt"
 }
 
+# The same, each test's outcome on its own line (which ran, when a limit stops the run) and the 12
+# slowest: verbose_tests LIMIT REV NAME TEST... writes $OUT/tests_NAME.txt.
+verbose_tests() {
+    local limit="$1" rev="$2" name="$3"
+    shift 3
+    timeout "$limit" python -m pytest -v -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" \
+        --gpu-profile auto -rfEs --tb=short --durations=12 --nsa-report="$OUT" --nsa-report-commit "$rev" "$@" \
+        > "$OUT/tests_$name.txt" 2>&1
+    echo "== tests $name: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests_$name.txt" | head -20
+    tail -3 "$OUT/tests_$name.txt"
+}
+
 # scripts/gpu_compile.py once per "LENGTH VALUE" pair, VALUE given as --OPTION (dtype, mode):
 # compile_runs LIMIT OPTION PAIR... writes $OUT/compile_LENGTH_VALUE.md and shows its table.
 compile_runs() {

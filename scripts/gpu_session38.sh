@@ -9,15 +9,20 @@
 #                                             # (gpu_decode_compiled.py: eager and DecodeGraph, 4k and 32k)
 #                                             # of this tree against OLD_SRC (src/ before the one-launch
 #                                             # write, untracked), twice in turn
-#   bash scripts/gpu_session38.sh second      # gpu_host_cost.py (the host's share after the launch sizes
-#                                             # left Triton's constexpr helpers), every way of the decode step
+#                                             # (the tests ran out of time at 81 %, none failed: hence
+#                                             # the next two steps, verbose)
+#   bash scripts/gpu_session38.sh second REV  # the module, compile, cache and decode-graph GPU tests, the
+#                                             # launch-size and decode-kernel ones; gpu_host_cost.py (the
+#                                             # host's share after the launch sizes left Triton's constexpr
+#                                             # helpers), every way of the decode step at 4k
 #                                             # (gpu_decode_compiled.py) and its kernels
 #                                             # (gpu_decode_step_profile.py)
+#   bash scripts/gpu_session38.sh kernels REV # the other kernel GPU tests (tests/ops)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second}"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV}"
 device_line
 case "$step" in
 first)
@@ -34,10 +39,18 @@ first)
     done
     ;;
 second)
+    rev="${2:?the commit to name the report after}"
+    verbose_tests 240 "$rev" second tests/test_module.py tests/test_compile.py tests/test_decode_graph.py \
+        tests/test_cache.py tests/ops/test_launch_options.py tests/ops/test_decode_kernel.py
     timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
-    timeout 120 python "$here/gpu_decode_compiled.py" 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
+    timeout 90 python "$here/gpu_decode_compiled.py" --contexts 4096 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         | tee "$OUT/decode_step_profile.md" | grep "^###"
+    ;;
+kernels)
+    rev="${2:?the commit to name the report after}"
+    verbose_tests 500 "$rev" kernels tests/ops --ignore=tests/ops/test_launch_options.py \
+        --ignore=tests/ops/test_decode_kernel.py
     ;;
 *)
     echo "unknown step $step" >&2
