@@ -18,11 +18,18 @@
 #                                             # (gpu_decode_compiled.py) and its kernels
 #                                             # (gpu_decode_step_profile.py)
 #   bash scripts/gpu_session38.sh kernels REV # the other kernel GPU tests (tests/ops)
+#   bash scripts/gpu_session38.sh rows REV OLD_SRC  # the emission's blocks gathered and its tokens stored
+#                                             # in one launch each, RoPE's tables in one: their GPU tests
+#                                             # (cache, rotary, module, decode graph, compile, varlen), then
+#                                             # the decode step (eager, reduce-overhead, DecodeGraph at 4k
+#                                             # and 32k) and eager layer calls of this tree against OLD_SRC
+#                                             # (src/ before them, untracked), twice in turn; the step's
+#                                             # kernels, every one
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV}"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -46,6 +53,24 @@ second)
     timeout 90 python "$here/gpu_decode_compiled.py" --contexts 4096 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         | tee "$OUT/decode_step_profile.md" | grep "^###"
+    ;;
+rows)
+    rev="${2:?the commit to name the report after}"
+    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
+    verbose_tests 200 "$rev" rows tests/test_cache.py tests/ops/test_rotary_kernel.py tests/test_module.py \
+        tests/test_decode_graph.py tests/test_compile.py tests/test_varlen.py
+    for side in new old new old; do
+        src="$PWD/src"
+        [ "$side" = old ] && src="$PWD/$old"
+        echo "== $side ($src) after $(( $(date +%s) - start )) s"
+        PYTHONPATH="$src:$PWD/scripts" timeout 70 python "$here/gpu_decode_compiled.py" \
+            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/rows_decode_$side.md"
+        PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
+            --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/rows_layer_$side.md"
+    done
+    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
+        > "$OUT/decode_step_profile.md"
+    grep "^###" "$OUT/decode_step_profile.md"
     ;;
 kernels)
     rev="${2:?the commit to name the report after}"

@@ -147,3 +147,47 @@ def test_write_refuses_a_value_of_another_shape_or_dtype() -> None:
         cache.write(positions, **{**raw, "v_win": torch.randn(1, 1, 2, 8)})
     with pytest.raises(ValueError, match=r"k_slc must be torch.float32 .* got torch.float64"):
         cache.write(positions, **{**raw, "k_slc": raw["k_slc"].double()})
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
+def test_two_launch_emission_equals_the_indexing(count, capacity, last, nsa_device, monkeypatch) -> None:
+    """``NSACache.emit`` on the Triton route (the blocks gathered in one launch, the tokens stored
+    in another) leaves every buffer bit for bit as the indexing of the reference route does: rows
+    whose newest token is complete, not complete yet (slot 0), at the end of the capacity, and in
+    a cache shorter than one block (an incomplete block's positions clamped to its end); buffers
+    filled with random values so that a stray write shows."""
+    import nsa.ops.decode.cache_write as cache_write
+
+    launches = []
+    for name in ("gather_cmp_blocks", "write_rows"):
+        real = getattr(cache_write, name)
+        monkeypatch.setattr(cache_write, name, lambda *a, _real=real, _name=name: (launches.append(_name), _real(*a))[1])
+    dtype = torch.bfloat16 if nsa_device.type == "cuda" else torch.float32
+    torch.manual_seed(1)
+    caches = {route: NSACache(SMALL, 4, 2, 8, 4, capacity=capacity, static=True, device=nsa_device, dtype=dtype)
+              for route in ("triton", "reference")}  # fmt: skip
+    for name in caches["triton"]._buf:
+        filler = torch.randn_like(caches["triton"].buffer(name))
+        for cache in caches.values():
+            cache.buffer(name).copy_(filler)
+    weight = torch.randn(SMALL.cmp_block, 1, 1, device=nsa_device, dtype=dtype)
+    phi = lambda blocks: (blocks * weight).sum(1, keepdim=True)  # noqa: E731  [N, l, H, D] -> [N, 1, H, D], position-aware
+    last = torch.tensor(last, device=nsa_device)  # (long) complete, not complete (l = 8), the capacity's end
+    for route, cache in caches.items():
+        cache.emit(last, count, phi, phi, backend=route)
+    assert launches == ["gather_cmp_blocks", "write_rows"]
+    for name in caches["triton"]._buf:
+        assert torch.equal(caches["triton"].buffer(name), caches["reference"].buffer(name)), name
+    if capacity == 40:  # and the newest token is the one its rule names: raw positions 4 * 1 ... 4 * 1 + 7 of row 0
+        raw = caches["triton"].buffer("k_cmp_raw")[0, 4:12]
+        assert torch.equal(caches["triton"].buffer("k_cmp")[0, 1], phi(raw[None])[0, 0])
+
+
+def test_write_rows_takes_key_value_pairs_only() -> None:
+    from nsa.ops.decode.cache_write import write_rows
+
+    buffers = [torch.zeros(1, 4, 2, 8)] * 3
+    with pytest.raises(ValueError, match="1-3 key/value pairs, got 3 buffers and 3 values"):
+        write_rows(buffers, buffers, torch.zeros(1, 1, dtype=torch.int64))

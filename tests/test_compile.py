@@ -60,6 +60,8 @@ def _op_calls():
     tables = [x(70, 1, 8) for _ in range(2)]
     return {
         "apply_rotary": (lambda q, cos, sin: ops.apply_rotary(q, cos, sin), (q, *tables)),
+        "rope_tables": (lambda positions, inv_freq: ops.rope_tables(positions, inv_freq, torch.float64)[1],
+                        (torch.arange(70), torch.rand(8, dtype=torch.float64))),
         "nsa_attention": (lambda q, k, v, g: ops.nsa_attention(q, k, v, g, SMALL), (q, k, v, gates)),
         "mean_compress": (lambda k: ops.mean_compress(k, SMALL), (k,)),
         "compressed_attention": (lambda q, kc, vc: ops.compressed_attention(q, kc, vc, SMALL)[0], (q, k_cmp, v_cmp)),

@@ -147,10 +147,10 @@ def test_bad_input_names_the_argument(op, arg, make, exc, patterns, valid, monke
 
 
 def test_every_public_op_is_covered():
-    # nsa_decode reads a preallocated cache and apply_rotary takes RoPE tables; their argument
-    # errors are tested beside their kernels, in tests/ops/test_decode_kernel.py and
-    # tests/ops/test_rotary_kernel.py.
-    assert set(CALLS) == set(ops.__all__) - {"combine_branches", "nsa_decode", "apply_rotary"}
+    # nsa_decode reads a preallocated cache, apply_rotary takes RoPE tables and rope_tables makes
+    # them; their argument errors are tested beside their kernels, in tests/ops/test_decode_kernel.py
+    # and tests/ops/test_rotary_kernel.py.
+    assert set(CALLS) == set(ops.__all__) - {"combine_branches", "nsa_decode", "apply_rotary", "rope_tables"}
 
 
 def test_index_check_follows_the_flag(monkeypatch):

@@ -1,14 +1,16 @@
 """The rotary embedding's Triton kernel against its float64 reference: output and the gradient of
 ``x``, for tables shared by the batch (``[T, 1, D/2]``) and per sequence (``[B, T, 1, D/2]``),
 halves that are not a power of two, head counts that do not fill a program, and inputs whose rows
-are strided. On CPU through Triton's interpreter; the ``gpu`` case at a layer's real size."""
+are strided; the tables' kernel against theirs, bit for bit. On CPU through Triton's interpreter;
+the ``gpu`` cases at a layer's real size."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nsa.ops import apply_rotary
+from nsa.modules.rotary import RotaryEmbedding
+from nsa.ops import apply_rotary, rope_tables
 from nsa.testing import assert_close
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
@@ -68,3 +70,38 @@ def test_rotary_names_a_bad_argument():
         apply_rotary(x, cos, cos.expand(5, 2, 4))
     with pytest.raises(TypeError, match=r"cos has dtype torch.float64 but x has torch.float32"):
         apply_rotary(x, cos.double(), cos)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize(
+    "shape, D", [((37,), 12), ((3, 20), 128), ((1, 1), 6)], ids=["shared-half6", "per-sequence-half64", "one-half3"]
+)
+def test_rope_tables_triton_equal_reference(shape, D, dtype, nsa_device):
+    """The tables' one launch gives the reference's tables bit for bit on the GPU: cosines and
+    sines of float64 angles, rounded to the dtype through float32 as PyTorch rounds them;
+    positions up to about a million (angles of many turns), a layer's frequencies. Triton's
+    interpreter rounds float32 to 16 bits its own way (not always to nearest), so on CPU 16-bit
+    tables may differ by one unit in the last place, no more."""
+    positions = torch.randint(0, 1_000_003, shape, device=nsa_device)
+    inv_freq = RotaryEmbedding(D).inv_freq(nsa_device)
+    got = rope_tables(positions, inv_freq, dtype, backend="triton")
+    want = rope_tables(positions, inv_freq, dtype, backend="reference")
+    for name, g, w in zip(("cos", "sin"), got, want):
+        assert g.shape == (*shape, 1, D // 2) and g.dtype == dtype, name
+        if nsa_device.type == "cuda" or dtype == torch.float32:
+            assert torch.equal(g, w), f"{name}: {(g != w).sum()} of {g.numel()} differ"
+        else:
+            ulp = torch.finfo(dtype).eps * w.float().abs().clamp_min(torch.finfo(dtype).tiny)  # at most 2x the spacing
+            assert ((g.float() - w.float()).abs() <= ulp).all(), name
+
+
+def test_rope_tables_name_a_bad_argument():
+    inv_freq = RotaryEmbedding(8).inv_freq(torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"positions must be a \[T\] or \[B, T\] tensor"):
+        rope_tables(torch.zeros(1, 2, 3, dtype=torch.int64), inv_freq, torch.float32)
+    with pytest.raises(TypeError, match="positions must be int32/int64, got torch.float32"):
+        rope_tables(torch.zeros(4), inv_freq, torch.float32)
+    with pytest.raises(TypeError, match="inv_freq must be float64, got torch.float32"):
+        rope_tables(torch.zeros(4, dtype=torch.int64), inv_freq.float(), torch.float32)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got torch.int32"):
+        rope_tables(torch.zeros(4, dtype=torch.int64), inv_freq, torch.int32)

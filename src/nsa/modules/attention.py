@@ -166,7 +166,7 @@ class NSAAttention(nn.Module):
         cache.prefill_packed(rows, positions, pack.lengths, **_raw(keys, values))
         count = self.config.num_cmp(cache.length)  # the longest prompt's; shorter ones rewrite their own
         if count:
-            cache.emit(cache.seq_lens.to(torch.int64) - 1, count, self.compress_k, self.compress_v)
+            cache.emit(cache.seq_lens.to(torch.int64) - 1, count, self.compress_k, self.compress_v, backend=self.backend)
 
     def _kv_from_cache(self, cache: NSACache, keys: dict, values: dict) -> Tuple[dict, dict]:
         cache.append(**_raw(keys, values))
@@ -190,7 +190,8 @@ class NSAAttention(nn.Module):
         q, keys, values, gates = self._project(x, positions)
         cache.write(positions, backend=self.backend, **_raw(keys, values))
         # every compressed token completed by this step's positions: at most ceil(T / d) of them
-        cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v)
+        cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v,
+                   backend=self.backend)
         buf = cache.buffer
         o, block_idx = nsa_decode(
             q, buf("k_slc"), buf("v_slc"), gates, cache.seq_lens, self.config,

@@ -260,9 +260,7 @@ class NSACache:
             if tuple(value.shape) != want or value.dtype != self.dtype:
                 raise ValueError(f"NSACache.write: {name} must be {self.dtype} {list(want)}, "
                                  f"got {value.dtype} {list(value.shape)}")  # fmt: skip
-        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
-
-        if not torch.compiler.is_compiling() and routing.all_triton(("decode",), self.device, self.dtype, backend):
+        if self._triton_rows(backend):
             from nsa.ops.decode.cache_write import write_rows
 
             write_rows([self._buf[n] for n in RAW_BUFFERS], [raw[n] for n in RAW_BUFFERS], positions)
@@ -294,15 +292,27 @@ class NSACache:
         self.num_cmp = self.config.num_cmp(self.length)
         self.ragged = len(set(lengths)) > 1
 
-    def emit(self, last: torch.Tensor, count: int, phi_k: Callable, phi_v: Callable) -> None:
+    def emit(self, last: torch.Tensor, count: int, phi_k: Callable, phi_v: Callable, *,
+             backend: Optional[str] = None) -> None:
         """Graph-safe emission: (re)compute the ``count`` newest compressed tokens complete
         at positions ``last [B]`` and store them.
 
         Rewriting a token that is already stored writes the same value, so the rule is
         idempotent; a token whose block is not complete yet (``last < l - 1``) is written
         to slot 0, which no query can see until the step that completes it rewrites it.
-        ``phi_k``/``phi_v`` map raw blocks ``[N, l, H, D]`` to tokens ``[N, 1, H, D]``."""
+        ``phi_k``/``phi_v`` map raw blocks ``[N, l, H, D]`` to tokens ``[N, 1, H, D]``.
+        Where :meth:`write` takes one launch, the blocks are gathered in one and the tokens
+        stored in another (:mod:`nsa.ops.decode.cache_write`), else by indexing."""
         cfg, B = self.config, last.shape[0]
+        if self._triton_rows(backend):
+            from nsa.ops.decode.cache_write import gather_cmp_blocks, write_rows
+
+            k_blocks, v_blocks, slots = gather_cmp_blocks(
+                self._buf["k_cmp_raw"], self._buf["v_cmp_raw"], last, count, cfg)
+            tokens = [phi(blocks).reshape(B, count, *blocks.shape[2:-1], -1)
+                      for phi, blocks in ((phi_k, k_blocks), (phi_v, v_blocks))]  # fmt: skip
+            write_rows([self._buf[name] for name in CMP_BUFFERS], tokens, slots)
+            return
         newest = torch.div(last + 1 - cfg.cmp_block, cfg.cmp_stride, rounding_mode="floor")  # [B]
         index = (newest[:, None] - torch.arange(count - 1, -1, -1, device=last.device)).clamp_min(0)  # [B, count]
         raw_pos = index[..., None] * cfg.cmp_stride + torch.arange(cfg.cmp_block, device=last.device)  # [B, count, l]
@@ -312,6 +322,15 @@ class NSACache:
             blocks = self._buf[raw_name][rows[..., None], raw_pos]  # [B, count, l, H, D]
             tokens = phi(blocks.flatten(0, 1))  # [B * count, 1, H, D]
             self._buf[name][rows, index] = tokens.view(B, count, *tokens.shape[2:]).to(self.dtype)
+
+    def _triton_rows(self, backend: Optional[str]) -> bool:
+        """Whether a graph-safe step moves rows by the Triton launches of
+        :mod:`nsa.ops.decode.cache_write`: where the decode op routes to Triton (``backend`` as
+        for :func:`nsa.ops.nsa_decode`), but not under ``torch.compile``, whose Inductor fuses
+        the indexing instead."""
+        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
+
+        return not torch.compiler.is_compiling() and routing.all_triton(("decode",), self.device, self.dtype, backend)
 
     def advance_host(self, steps: int) -> None:
         """Host bookkeeping of a step written with :meth:`write`/:meth:`emit` (or replayed

@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
-from nsa.ops import apply_rotary
+from nsa.ops import apply_rotary, rope_tables
 
 #: ``(cos, sin)``, each ``[(B,) T, 1, D/2]`` in the dtype of the tensors they rotate.
 Tables = Tuple[torch.Tensor, torch.Tensor]
@@ -51,7 +51,7 @@ class RotaryEmbedding(nn.Module):
             # one opaque node: Inductor fused the float64 cos/sin into every rotated element
             # instead (64 query heads: 3.4 of 11.2 ms of a 16k forward, H200)
             return tuple(torch.ops.nsa.rope_tables(positions, self.head_dim, self.theta, dtype))
-        return _tables(positions, self.inv_freq(positions.device), dtype)
+        return rope_tables(positions, self.inv_freq(positions.device), dtype)
 
     @staticmethod
     def rotate(x: torch.Tensor, tables: Tables) -> torch.Tensor:
@@ -71,15 +71,10 @@ def _frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Ten
     return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
 
 
-def _tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> Tables:
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # [(B,) T, D/2]
-    return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
-
-
 @torch.library.custom_op("nsa::rope_tables", mutates_args=())
 def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> List[torch.Tensor]:
     """:meth:`RotaryEmbedding.tables` where a graph is traced (no gradient: positions are indices)."""
-    return list(_tables(positions, _frequencies(head_dim, theta, positions.device), dtype))
+    return list(rope_tables(positions, _frequencies(head_dim, theta, positions.device), dtype))
 
 
 @_rope_tables.register_fake

@@ -9,7 +9,7 @@ from nsa.ops.compress import mean_compress
 from nsa.ops.compressed import compressed_attention
 from nsa.ops.decode import nsa_decode
 from nsa.ops.gates import combine_branches
-from nsa.ops.rotary import apply_rotary
+from nsa.ops.rotary import apply_rotary, rope_tables
 from nsa.ops.select import select_blocks
 from nsa.ops.selected import selected_attention
 from nsa.ops.window import sliding_window_attention
@@ -21,6 +21,7 @@ __all__ = [
     "mean_compress",
     "nsa_decode",
     "nsa_attention",
+    "rope_tables",
     "select_blocks",
     "selected_attention",
     "sliding_window_attention",

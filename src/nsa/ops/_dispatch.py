@@ -93,10 +93,17 @@ def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str],
     """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and
     dtype, for heads ``head_dim`` wide (the wider of its key and value heads, where its tiles
     depend on it)."""
+    return route(op, fn, like.device, like.dtype, backend, head_dim)
+
+
+def route(op: str, fn: str, device: torch.device, dtype: torch.dtype, backend: Optional[str],
+          head_dim: Optional[int] = None) -> Callable:
+    """:func:`implementation` for an op whose inputs do not carry the routed dtype (the rotary
+    tables: integer positions in, ``dtype`` out)."""
     # Imported here, not at module level: ``import nsa`` must not load nsa.routing, or
     # ``python -m nsa.routing`` would execute a module that is already imported.
     from nsa import routing
 
-    route = routing.resolve(op, like.device, like.dtype, backend, head_dim)
-    module = importlib.import_module(f"nsa.ops.{op}.{_MODULE_OF_BACKEND[route.backend]}")
+    chosen = routing.resolve(op, device, dtype, backend, head_dim)
+    module = importlib.import_module(f"nsa.ops.{op}.{_MODULE_OF_BACKEND[chosen.backend]}")
     return getattr(module, fn)

@@ -1,49 +1,61 @@
-"""A graph-safe decode step's new keys and values into a static cache: one launch for six buffers.
+"""A graph-safe decode step's traffic with a static cache, one launch each way.
 
 :meth:`nsa.NSACache.write` scatters each branch's new raw keys and values (six tensors) to
-positions that live on the device. As six advanced-indexing assignments that is six launches of a
-few kilobytes each at batch 1, each about 3 us inside a captured step: about 19 of the 207 us of
-the profiled :class:`nsa.DecodeGraph` step of the benchmark layer (H200, session 37,
+positions that live on the device, and :meth:`nsa.NSACache.emit` gathers the raw blocks of the
+newest compressed tokens and stores the tokens made of them. As advanced indexing that is one
+launch per tensor plus the index arithmetic, each about 3 us inside a captured step: 19 us for
+the six writes of the 207-us :class:`nsa.DecodeGraph` step profiled in session 37 and about 25
+for the emission's gathers, stores and positions in session 38 (benchmark layer, H200,
 docs/perf/compile.md).
-Here one launch copies them all; program ``(row, buffer)`` copies one token's heads of one buffer.
 
-The result is the assignments' bit for bit: a copy, cast to the buffer's dtype.
+- :func:`write_rows`: one launch copies rows into up to six buffers (keys and values
+  alternating); program ``(row, buffer)`` copies one token's heads of one buffer.
+- :func:`gather_cmp_blocks`: one launch reads the raw key and value blocks of the ``count``
+  newest compressed tokens of each sequence, computing their positions from the sequences' last
+  positions as the emission rule does.
+
+Both move values bit for bit as the indexing does (the writes cast to the buffer's dtype).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
+from nsa.config import NSAConfig
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, next_power_of_2
+
+#: rows of a compressed block that a gather program copies at once
+_GATHER_ROWS = 8
 
 
 @triton.jit
 def cache_write_kernel(
-    positions, k_slc, v_slc, k_win, v_win, k_cmp, v_cmp,
-    k_slc_buf, v_slc_buf, k_win_buf, v_win_buf, k_cmp_buf, v_cmp_buf,
+    positions, k_0, v_0, k_1, v_1, k_2, v_2,
+    k_0_buf, v_0_buf, k_1_buf, v_1_buf, k_2_buf, v_2_buf,
     T, CAPACITY, stride_pb, stride_pt,
     ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    # program (b * T + t, buffer): the buffer's token t of sequence b, H heads of D (one row)
+    # program (b * T + t, buffer): the buffer's token t of sequence b, H heads of D (one row);
+    # the grid's second axis says how many of the pairs are real
     i_bt, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
     position = tl.load(positions + i_b * stride_pb + i_t * stride_pt).to(tl.int64)
     if which == 0:
-        src, dst = k_slc, k_slc_buf
+        src, dst = k_0, k_0_buf
     elif which == 1:
-        src, dst = v_slc, v_slc_buf
+        src, dst = v_0, v_0_buf
     elif which == 2:
-        src, dst = k_win, k_win_buf
+        src, dst = k_1, k_1_buf
     elif which == 3:
-        src, dst = v_win, v_win_buf
+        src, dst = v_1, v_1_buf
     elif which == 4:
-        src, dst = k_cmp, k_cmp_buf
+        src, dst = k_2, k_2_buf
     else:
-        src, dst = v_cmp, v_cmp_buf
+        src, dst = v_2, v_2_buf
     row = tl.where(which % 2 == 0, ROW_K, ROW_V)  # keys and values alternate
     o = tl.arange(0, BLOCK)
     m = o < row
@@ -52,18 +64,76 @@ def cache_write_kernel(
 
 
 def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor) -> None:
-    """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for the six raw buffers in the cache's
-    order (``nsa.modules.cache.RAW_BUFFERS``: ``k_slc, v_slc, k_win, v_win, k_cmp_raw,
-    v_cmp_raw``): keys ``[B, T, H, Dk]`` into contiguous ``[B, capacity, H, Dk]`` buffers, values
-    likewise with ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. The caller checks the
-    shapes (:meth:`nsa.NSACache.write`)."""
+    """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for one to three key/value pairs
+    (keys at even ``i``, values at odd; the cache's six raw buffers in
+    ``nsa.modules.cache.RAW_BUFFERS`` order, or its two compressed ones): keys ``[B, T, H, Dk]``
+    into contiguous ``[B, capacity, H, Dk]`` buffers of one capacity, values likewise with
+    ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. The caller checks the shapes
+    (:meth:`nsa.NSACache.write`)."""
+    if len(buffers) not in (2, 4, 6) or len(values) != len(buffers):
+        raise ValueError(f"write_rows takes 1-3 key/value pairs, got {len(buffers)} buffers and {len(values)} values")
     B, T = positions.shape
     if B * T == 0:
         return
     values = [v.contiguous() for v in values]
     row_k, row_v = values[0][0, 0].numel(), values[1][0, 0].numel()
-    cache_write_kernel[(B * T, 6)](
-        positions, *values, *buffers, T, buffers[0].shape[1], *positions.stride(),
+    unused = 6 - len(buffers)  # pointers the grid never reaches: repeat the first pair
+    cache_write_kernel[(B * T, len(buffers))](
+        positions, *values, *values[:2] * (unused // 2), *buffers, *buffers[:2] * (unused // 2),
+        T, buffers[0].shape[1], *positions.stride(),
         ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
-    )
+    )  # fmt: skip
 
+
+@triton.jit
+def gather_cmp_blocks_kernel(
+    last, k_raw, v_raw, k_blocks, v_blocks, index,
+    COUNT, CAPACITY, stride_last,
+    CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, ROWS: tl.constexpr,
+    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # program (b * COUNT + c, which): raw block of sequence b's compressed token c of its COUNT
+    # newest, keys (which 0) or values (1)
+    i_bc, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i_b, i_c = i_bc // COUNT, i_bc % COUNT
+    # newest complete token floor((last + 1 - l) / d); one not complete yet clamps to slot 0
+    # (clamping the numerator first gives the same slots and keeps the division non-negative)
+    start = tl.maximum(tl.load(last + i_b * stride_last).to(tl.int64) + 1 - CMP_BLOCK, 0)
+    slot = tl.maximum(start // CMP_STRIDE - (COUNT - 1 - i_c), 0)
+    if which == 0:
+        src, dst = k_raw, k_blocks
+        tl.store(index + i_bc, slot)
+    else:
+        src, dst = v_raw, v_blocks
+    row = tl.where(which == 0, ROW_K, ROW_V)
+    j = tl.arange(0, ROWS)[:, None]
+    o = tl.arange(0, BLOCK)[None, :]
+    for j0 in range(0, CMP_BLOCK, ROWS):
+        in_block = (j0 + j < CMP_BLOCK) & (o < row)
+        # only a block not complete yet (invisible to every query) reaches past the end
+        position = tl.minimum(slot * CMP_STRIDE + j0 + j, CAPACITY - 1)
+        x = tl.load(src + (i_b * CAPACITY + position) * row + o, mask=in_block)
+        tl.store(dst + (i_bc * CMP_BLOCK + j0 + j) * row + o, x, mask=in_block)
+
+
+def gather_cmp_blocks(
+    k_raw: torch.Tensor, v_raw: torch.Tensor, last: torch.Tensor, count: int, config: NSAConfig,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The raw blocks of the ``count`` newest compressed tokens complete at positions ``last [B]``
+    of contiguous ``k_raw [B, capacity, H, Dk]`` and ``v_raw [B, capacity, H, Dv]``:
+    ``(k_blocks [B * count, l, H, Dk], v_blocks [B * count, l, H, Dv], slots [B, count])``, the
+    slots being the tokens' indices (0 for one whose block is not complete yet; positions past
+    the capacity clamp to its last, as :meth:`nsa.NSACache.emit` defines)."""
+    B, capacity, H = k_raw.shape[:3]
+    l = config.cmp_block
+    k_blocks = k_raw.new_empty(B * count, l, H, k_raw.shape[3])
+    v_blocks = v_raw.new_empty(B * count, l, H, v_raw.shape[3])
+    slots = torch.empty(B, count, dtype=torch.int64, device=k_raw.device)
+    if B * count:
+        row_k, row_v = k_blocks[0, 0].numel(), v_blocks[0, 0].numel()
+        gather_cmp_blocks_kernel[(B * count, 2)](
+            last, k_raw, v_raw, k_blocks, v_blocks, slots, count, capacity, last.stride(0),
+            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride, ROWS=min(_GATHER_ROWS, next_power_of_2(l)),
+            ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
+        )  # fmt: skip
+    return k_blocks, v_blocks, slots

@@ -3,12 +3,12 @@ keys)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from nsa.ops import _guards
-from nsa.ops._dispatch import implementation, public_op
+from nsa.ops._dispatch import implementation, public_op, route
 
 
 @public_op
@@ -36,3 +36,32 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
         if list(t.shape) != want:
             raise ValueError(f"{name} must have shape [(B,) T, 1, D/2] = {want}, got {list(t.shape)}")
     return implementation("rotary", "apply_rotary", x, backend, D)(x, cos, sin)
+
+
+@public_op
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, *,
+                backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``(cos, sin)`` tables that :func:`apply_rotary` takes: the angles ``positions * inv_freq``
+    in float64, their cosines and sines rounded to ``dtype``.
+
+    Args:
+        positions: integer ``[T]`` or ``[B, T]`` (absolute token indices).
+        inv_freq: float64 ``[D/2]`` frequencies, on ``positions``' device
+            (:meth:`nsa.modules.RotaryEmbedding.inv_freq`).
+        dtype: of the tables (that of the tensors they rotate).
+        backend: as :func:`apply_rotary`'s (routed for ``dtype``).
+
+    Returns:
+        ``cos, sin``, each ``[*positions.shape, 1, D/2]``.
+    """
+    if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be a [T] or [B, T] tensor, got {getattr(positions, 'shape', type(positions))}")
+    _guards.check_tensor("positions", positions, rank=positions.dim(), floating=False)
+    _guards.check_tensor("inv_freq", inv_freq, rank=1)
+    if inv_freq.dtype != torch.float64:
+        raise TypeError(f"inv_freq must be float64, got {inv_freq.dtype}")
+    _guards.check_same(("positions", "inv_freq"), (positions, inv_freq), dtype=False)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
+    tables = route("rotary", "rope_tables", positions.device, dtype, backend, 2 * inv_freq.shape[0])
+    return tables(positions, inv_freq, dtype)
