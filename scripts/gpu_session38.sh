@@ -21,8 +21,8 @@
 #   bash scripts/gpu_session38.sh rows REV OLD_SRC  # the emission's blocks gathered and its tokens stored
 #                                             # in one launch each, RoPE's tables in one: their GPU tests
 #                                             # (cache, rotary, module, decode graph, compile, varlen), then
-#                                             # the decode step (eager, reduce-overhead, DecodeGraph at 4k
-#                                             # and 32k) and eager layer calls of this tree against OLD_SRC
+#                                             # the decode step (eager, reduce-overhead, DecodeGraph at 4k)
+#                                             # and eager layer calls of this tree against OLD_SRC
 #                                             # (src/ before them, untracked), twice in turn; the step's
 #                                             # kernels, every one
 #
@@ -63,7 +63,7 @@ rows)
         src="$PWD/src"
         [ "$side" = old ] && src="$PWD/$old"
         echo "== $side ($src) after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 70 python "$here/gpu_decode_compiled.py" \
+        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096 \
             --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/rows_decode_$side.md"
         PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
             --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/rows_layer_$side.md"
