@@ -64,9 +64,9 @@ rows)
         [ "$side" = old ] && src="$PWD/$old"
         echo "== $side ($src) after $(( $(date +%s) - start )) s"
         PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096 \
-            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/rows_decode_$side.md"
+            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/rows_$side.md"
         PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
-            --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/rows_layer_$side.md"
+            --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/rows_$side.md"
     done
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         > "$OUT/decode_step_profile.md"
