@@ -25,11 +25,14 @@
 #                                             # and eager layer calls of this tree against OLD_SRC
 #                                             # (src/ before them, untracked), twice in turn; the step's
 #                                             # kernels, every one
+#   bash scripts/gpu_session38.sh views REV OLD_SRC  # a decode step's values written from views of the
+#                                             # projection, the gathered blocks laid out heads first (the
+#                                             # compression reads them without a copy): the same as rows
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC}"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -54,19 +57,19 @@ second)
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         | tee "$OUT/decode_step_profile.md" | grep "^###"
     ;;
-rows)
+rows | views)
     rev="${2:?the commit to name the report after}"
     old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
-    verbose_tests 200 "$rev" rows tests/test_cache.py tests/ops/test_rotary_kernel.py tests/test_module.py \
+    verbose_tests 200 "$rev" "$step" tests/test_cache.py tests/ops/test_rotary_kernel.py tests/test_module.py \
         tests/test_decode_graph.py tests/test_compile.py tests/test_varlen.py
     for side in new old new old; do
         src="$PWD/src"
         [ "$side" = old ] && src="$PWD/$old"
         echo "== $side ($src) after $(( $(date +%s) - start )) s"
         PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096 \
-            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/rows_$side.md"
+            --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
         PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
-            --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/rows_$side.md"
+            --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
     done
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         > "$OUT/decode_step_profile.md"

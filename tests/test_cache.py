@@ -106,11 +106,13 @@ def test_decode_steps_count_reads_only_when_asked(monkeypatch) -> None:
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("views", [False, True], ids=["contiguous", "views-of-one-product"])
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_one_launch_write_equals_the_six_assignments(tokens, nsa_device, monkeypatch) -> None:
+def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, monkeypatch) -> None:
     """``NSACache.write`` on the Triton route (one launch, :mod:`nsa.ops.decode.cache_write`) leaves
     every buffer bit for bit as the six assignments of the reference route do: rows of a batch at
-    different positions, keys and values of different widths, buffers filled with random values
+    different positions, keys and values of different widths, contiguous or slices of one wider
+    tensor (as a layer's decode step passes its values), buffers filled with random values
     beforehand so that a stray write shows."""
     import nsa.ops.decode.cache_write as cache_write
 
@@ -126,8 +128,15 @@ def test_one_launch_write_equals_the_six_assignments(tokens, nsa_device, monkeyp
         for cache in caches.values():
             cache.buffer(name).copy_(filler)
     positions = torch.tensor([[5], [17], [30]], device=nsa_device) + torch.arange(tokens, device=nsa_device)
-    raw = {name: torch.randn(3, tokens, 2, 4 if name[0] == "v" else 8, device=nsa_device, dtype=dtype)
-           for name in ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}  # fmt: skip
+    names = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
+    widths = [2 * (4 if name[0] == "v" else 8) for name in names]
+    if views:  # one product [3, tokens, 72 + 5], each tensor a slice of its rows
+        product = torch.randn(3, tokens, sum(widths) + 5, device=nsa_device, dtype=dtype)
+        parts = torch.split(product[..., 5:], widths, dim=-1)
+        raw = {name: part.unflatten(-1, (2, -1)) for name, part in zip(names, parts)}
+        assert not raw["v_win"].is_contiguous()
+    else:
+        raw = {name: torch.randn(3, tokens, 2, w // 2, device=nsa_device, dtype=dtype) for name, w in zip(names, widths)}
     for route, cache in caches.items():
         cache.write(positions, backend=route, **raw)
     assert launches == [1]
@@ -172,8 +181,11 @@ def test_two_launch_emission_equals_the_indexing(count, capacity, last, nsa_devi
         filler = torch.randn_like(caches["triton"].buffer(name))
         for cache in caches.values():
             cache.buffer(name).copy_(filler)
-    weight = torch.randn(SMALL.cmp_block, 1, 1, device=nsa_device, dtype=dtype)
-    phi = lambda blocks: (blocks * weight).sum(1, keepdim=True)  # noqa: E731  [N, l, H, D] -> [N, 1, H, D], position-aware
+    weight = torch.randn(SMALL.cmp_block, device=nsa_device, dtype=dtype)
+
+    def phi(blocks):  # [N, l, H, D] -> [N, 1, H, D]: position-aware, summed in one order whatever the layout
+        return sum(blocks[:, j : j + 1] * weight[j] for j in range(SMALL.cmp_block))
+
     last = torch.tensor(last, device=nsa_device)  # (long) complete, not complete (l = 8), the capacity's end
     for route, cache in caches.items():
         cache.emit(last, count, phi, phi, backend=route)

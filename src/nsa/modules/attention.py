@@ -136,25 +136,30 @@ class NSAAttention(nn.Module):
                 f"where the calls run (new_cache follows autocast) or pass new_cache(dtype={computed})"
             )
 
-    def _project(self, x: torch.Tensor, positions: torch.Tensor):
-        q, keys, values = self._queries_keys_values(x, positions)
+    def _project(self, x: torch.Tensor, positions: torch.Tensor, *, views: bool = False):
+        q, keys, values = self._queries_keys_values(x, positions, views=views)
         B, T, _ = x.shape
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
         return q, keys, values, gates
 
-    def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> Tuple[torch.Tensor, dict, dict]:
+    def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor, *,
+                             views: bool = False) -> Tuple[torch.Tensor, dict, dict]:
         """Queries ``[B, T, HQ, Dk]`` and each branch's keys and values ``[B, T, H, D]``, from one
         product, queries and keys rotated to ``positions``. Each comes out contiguous (the rotation
         writes a new tensor; the values are copied): on views of the product the layer ran 6 %
         (forward) to 13 % (forward+backward) slower, the kernels reading tokens 19-22 KB apart and
         the backward of each slice filling a gradient of the whole product (H200, 4k-16k,
-        docs/perf/compile.md). ``torch.split`` keeps that backward one concatenation."""
+        docs/perf/compile.md). ``torch.split`` keeps that backward one concatenation. With
+        ``views`` the values stay views of the product: a decode step only writes them into its
+        cache, which reads them where they are (three copies fewer a step)."""
         HQ, H, Dk, Dv = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
         q, *kv = torch.split(self.in_proj(x), self._split_sizes, dim=-1)  # q, k per branch, v per branch
         tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
         q = self.rotary.rotate(q.unflatten(-1, (HQ, Dk)), tables)
         keys = {b: self.rotary.rotate(k.unflatten(-1, (H, Dk)), tables) for b, k in zip(BRANCHES, kv)}
-        values = {b: v.unflatten(-1, (H, Dv)).contiguous() for b, v in zip(BRANCHES, kv[len(BRANCHES):])}
+        values = {b: v.unflatten(-1, (H, Dv)) for b, v in zip(BRANCHES, kv[len(BRANCHES):])}
+        if not views:
+            values = {b: v.contiguous() for b, v in values.items()}
         return q, keys, values
 
     def _prefill_packed(self, x: torch.Tensor, pack: varlen.Layout, cache: NSACache) -> None:
@@ -187,7 +192,7 @@ class NSAAttention(nn.Module):
         steps = x.shape[1]
         cache.reserve(steps)  # a static cache never grows: this raises when it is full
         positions = cache.positions(steps)  # [B, T]
-        q, keys, values, gates = self._project(x, positions)
+        q, keys, values, gates = self._project(x, positions, views=True)
         cache.write(positions, backend=self.backend, **_raw(keys, values))
         # every compressed token completed by this step's positions: at most ceil(T / d) of them
         cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v,

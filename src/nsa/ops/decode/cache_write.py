@@ -28,15 +28,21 @@ import triton.language as tl
 from nsa.config import NSAConfig
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, next_power_of_2
 
-#: rows of a compressed block that a gather program copies at once
-_GATHER_ROWS = 8
+#: elements a gather program copies at once (positions of a block times heads times head dims)
+_GATHER_TILE = 4096
 
 
-@triton.jit
+# the sources' strides: runtime values, never specialised (a stride of 1 would become a constant
+# in one branch of the kernel's choice and a tensor in another, which Triton cannot join)
+_SOURCE_STRIDES = [f"s{axis}_{kv}{i}" for i in range(3) for kv in "kv" for axis in "bt"]
+
+
+@triton.jit(do_not_specialize=_SOURCE_STRIDES)
 def cache_write_kernel(
     positions, k_0, v_0, k_1, v_1, k_2, v_2,
     k_0_buf, v_0_buf, k_1_buf, v_1_buf, k_2_buf, v_2_buf,
     T, CAPACITY, stride_pb, stride_pt,
+    sb_k0, st_k0, sb_v0, st_v0, sb_k1, st_k1, sb_v1, st_v1, sb_k2, st_k2, sb_v2, st_v2,
     ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # program (b * T + t, buffer): the buffer's token t of sequence b, H heads of D (one row);
@@ -44,22 +50,24 @@ def cache_write_kernel(
     i_bt, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
     position = tl.load(positions + i_b * stride_pb + i_t * stride_pt).to(tl.int64)
+    # each source with its batch and token strides (its rows of H heads of D are contiguous; the
+    # values of a decode step are views of the layer's one projection)
     if which == 0:
-        src, dst = k_0, k_0_buf
+        src, dst, stride_b, stride_t = k_0, k_0_buf, sb_k0.to(tl.int64), st_k0.to(tl.int64)
     elif which == 1:
-        src, dst = v_0, v_0_buf
+        src, dst, stride_b, stride_t = v_0, v_0_buf, sb_v0.to(tl.int64), st_v0.to(tl.int64)
     elif which == 2:
-        src, dst = k_1, k_1_buf
+        src, dst, stride_b, stride_t = k_1, k_1_buf, sb_k1.to(tl.int64), st_k1.to(tl.int64)
     elif which == 3:
-        src, dst = v_1, v_1_buf
+        src, dst, stride_b, stride_t = v_1, v_1_buf, sb_v1.to(tl.int64), st_v1.to(tl.int64)
     elif which == 4:
-        src, dst = k_2, k_2_buf
+        src, dst, stride_b, stride_t = k_2, k_2_buf, sb_k2.to(tl.int64), st_k2.to(tl.int64)
     else:
-        src, dst = v_2, v_2_buf
+        src, dst, stride_b, stride_t = v_2, v_2_buf, sb_v2.to(tl.int64), st_v2.to(tl.int64)
     row = tl.where(which % 2 == 0, ROW_K, ROW_V)  # keys and values alternate
     o = tl.arange(0, BLOCK)
     m = o < row
-    x = tl.load(src + i_bt * row + o, mask=m)  # sources are contiguous [B, T, H, D]
+    x = tl.load(src + i_b * stride_b + i_t * stride_t + o, mask=m)
     tl.store(dst + (i_b * CAPACITY + position) * row + o, x.to(dst.dtype.element_ty), mask=m)
 
 
@@ -68,19 +76,21 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
     (keys at even ``i``, values at odd; the cache's six raw buffers in
     ``nsa.modules.cache.RAW_BUFFERS`` order, or its two compressed ones): keys ``[B, T, H, Dk]``
     into contiguous ``[B, capacity, H, Dk]`` buffers of one capacity, values likewise with
-    ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. The caller checks the shapes
-    (:meth:`nsa.NSACache.write`)."""
+    ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. A value's rows may lie apart (any
+    batch and token strides; a row's heads that are not contiguous are copied first). The caller
+    checks the shapes (:meth:`nsa.NSACache.write`)."""
     if len(buffers) not in (2, 4, 6) or len(values) != len(buffers):
         raise ValueError(f"write_rows takes 1-3 key/value pairs, got {len(buffers)} buffers and {len(values)} values")
     B, T = positions.shape
     if B * T == 0:
         return
-    values = [v.contiguous() for v in values]
+    values = [v if v[0, 0].is_contiguous() else v.contiguous() for v in values]
     row_k, row_v = values[0][0, 0].numel(), values[1][0, 0].numel()
     unused = 6 - len(buffers)  # pointers the grid never reaches: repeat the first pair
+    values = [*values, *values[:2] * (unused // 2)]
     cache_write_kernel[(B * T, len(buffers))](
-        positions, *values, *values[:2] * (unused // 2), *buffers, *buffers[:2] * (unused // 2),
-        T, buffers[0].shape[1], *positions.stride(),
+        positions, *values, *buffers, *buffers[:2] * (unused // 2),
+        T, buffers[0].shape[1], *positions.stride(), *[s for v in values for s in v.stride()[:2]],
         ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
@@ -88,12 +98,12 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
 @triton.jit
 def gather_cmp_blocks_kernel(
     last, k_raw, v_raw, k_blocks, v_blocks, index,
-    COUNT, CAPACITY, stride_last,
+    COUNT, CAPACITY, stride_last, H,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, ROWS: tl.constexpr,
-    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
 ):
     # program (b * COUNT + c, which): raw block of sequence b's compressed token c of its COUNT
-    # newest, keys (which 0) or values (1)
+    # newest, keys (which 0) or values (1); ROWS positions of every head at a time
     i_bc, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_c = i_bc // COUNT, i_bc % COUNT
     # newest complete token floor((last + 1 - l) / d); one not complete yet clamps to slot 0
@@ -105,15 +115,16 @@ def gather_cmp_blocks_kernel(
         tl.store(index + i_bc, slot)
     else:
         src, dst = v_raw, v_blocks
-    row = tl.where(which == 0, ROW_K, ROW_V)
-    j = tl.arange(0, ROWS)[:, None]
-    o = tl.arange(0, BLOCK)[None, :]
+    D = tl.where(which == 0, DK, DV)
+    j = tl.arange(0, ROWS)[:, None, None]
+    h = tl.arange(0, BH)[None, :, None]
+    d = tl.arange(0, BD)[None, None, :]
     for j0 in range(0, CMP_BLOCK, ROWS):
-        in_block = (j0 + j < CMP_BLOCK) & (o < row)
+        m = (j0 + j < CMP_BLOCK) & (h < H) & (d < D)
         # only a block not complete yet (invisible to every query) reaches past the end
         position = tl.minimum(slot * CMP_STRIDE + j0 + j, CAPACITY - 1)
-        x = tl.load(src + (i_b * CAPACITY + position) * row + o, mask=in_block)
-        tl.store(dst + (i_bc * CMP_BLOCK + j0 + j) * row + o, x, mask=in_block)
+        x = tl.load(src + ((i_b * CAPACITY + position) * H + h) * D + d, mask=m)  # [B, capacity, H, D]
+        tl.store(dst + ((i_bc * H + h) * CMP_BLOCK + j0 + j) * D + d, x, mask=m)  # [B * COUNT, H, l, D]
 
 
 def gather_cmp_blocks(
@@ -121,19 +132,21 @@ def gather_cmp_blocks(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The raw blocks of the ``count`` newest compressed tokens complete at positions ``last [B]``
     of contiguous ``k_raw [B, capacity, H, Dk]`` and ``v_raw [B, capacity, H, Dv]``:
-    ``(k_blocks [B * count, l, H, Dk], v_blocks [B * count, l, H, Dv], slots [B, count])``, the
-    slots being the tokens' indices (0 for one whose block is not complete yet; positions past
+    ``(k_blocks [B * count, l, H, Dk], v_blocks [B * count, l, H, Dv], slots [B, count])`` (the
+    blocks views of heads-first tensors), the slots being the tokens' indices (0 for one whose block is not complete yet; positions past
     the capacity clamp to its last, as :meth:`nsa.NSACache.emit` defines)."""
     B, capacity, H = k_raw.shape[:3]
     l = config.cmp_block
-    k_blocks = k_raw.new_empty(B * count, l, H, k_raw.shape[3])
-    v_blocks = v_raw.new_empty(B * count, l, H, v_raw.shape[3])
+    # stored heads first, [B * count, H, l, D], and returned as [B * count, l, H, D] views: the
+    # learnable compression reads each head's block as one row, with no copy in between
+    k_blocks = k_raw.new_empty(B * count, H, l, k_raw.shape[3]).transpose(1, 2)
+    v_blocks = v_raw.new_empty(B * count, H, l, v_raw.shape[3]).transpose(1, 2)
     slots = torch.empty(B, count, dtype=torch.int64, device=k_raw.device)
     if B * count:
-        row_k, row_v = k_blocks[0, 0].numel(), v_blocks[0, 0].numel()
+        BH, BD = next_power_of_2(H), next_power_of_2(max(k_raw.shape[3], v_raw.shape[3]))
         gather_cmp_blocks_kernel[(B * count, 2)](
-            last, k_raw, v_raw, k_blocks, v_blocks, slots, count, capacity, last.stride(0),
-            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride, ROWS=min(_GATHER_ROWS, next_power_of_2(l)),
-            ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
+            last, k_raw, v_raw, k_blocks, v_blocks, slots, count, capacity, last.stride(0), H,
+            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride, ROWS=max(1, min(next_power_of_2(l), _GATHER_TILE // (BH * BD))),
+            DK=k_raw.shape[3], DV=v_raw.shape[3], BH=BH, BD=BD, num_warps=4, **LAUNCH_OPTIONS,
         )  # fmt: skip
     return k_blocks, v_blocks, slots
