@@ -28,11 +28,15 @@
 #   bash scripts/gpu_session38.sh views REV OLD_SRC  # a decode step's values written from views of the
 #                                             # projection, the gathered blocks laid out heads first (the
 #                                             # compression reads them without a copy): the same as rows
+#   bash scripts/gpu_session38.sh replays OLD_SRC  # reduce-overhead and DecodeGraph steps at 4k, OLD_SRC
+#                                             # (src/ of the session's start) against this tree, three
+#                                             # times in turn, the old first (the new side ran first and
+#                                             # slower under reduce-overhead in rows and views)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC}"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC | replays OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -74,6 +78,16 @@ rows | views)
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         > "$OUT/decode_step_profile.md"
     grep "^###" "$OUT/decode_step_profile.md"
+    ;;
+replays)
+    old="${2:?the folder holding the previous src/ (nsa) for the A/B}"
+    for side in old new old new old new; do
+        src="$PWD/src"
+        [ "$side" = old ] && src="$PWD/$old"
+        echo "== $side after $(( $(date +%s) - start )) s"
+        PYTHONPATH="$src:$PWD/scripts" timeout 45 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+            --ways reduce-overhead,DecodeGraph 2>&1 | grep "^| 4096" | tee -a "$OUT/replays_$side.md"
+    done
     ;;
 kernels)
     rev="${2:?the commit to name the report after}"

@@ -192,7 +192,8 @@ class NSAAttention(nn.Module):
         steps = x.shape[1]
         cache.reserve(steps)  # a static cache never grows: this raises when it is full
         positions = cache.positions(steps)  # [B, T]
-        q, keys, values, gates = self._project(x, positions, views=True)
+        # views: under torch.compile Inductor folds the copies into its own kernels anyway
+        q, keys, values, gates = self._project(x, positions, views=not torch.compiler.is_compiling())
         cache.write(positions, backend=self.backend, **_raw(keys, values))
         # every compressed token completed by this step's positions: at most ceil(T / d) of them
         cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v,
