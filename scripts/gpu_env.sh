@@ -82,6 +82,14 @@ verbose_tests() {
     tail -3 "$OUT/tests_$name.txt"
 }
 
+# One side of an A/B against a copy of an older src/: ab_side SIDE OLD_SRC sets $side_src to this
+# tree's src/ ("new") or to OLD_SRC ("old") and prints the side and the elapsed time.
+ab_side() {
+    side_src="$PWD/src"
+    [ "$1" = old ] && side_src="$PWD/${2:?ab_side needs the folder of the old src/}"
+    echo "== $1 ($side_src) after $(( $(date +%s) - start )) s"
+}
+
 # scripts/gpu_compile.py once per "LENGTH VALUE" pair, VALUE given as --OPTION (dtype, mode):
 # compile_runs LIMIT OPTION PAIR... writes $OUT/compile_LENGTH_VALUE.md and shows its table.
 compile_runs() {

@@ -61,12 +61,10 @@ fused)
     worker_tests 240 "$rev" tests/test_module.py tests/test_compile.py tests/test_cache.py tests/test_decode_graph.py \
         tests/test_varlen.py
     for side in new old new old; do
-        src="$PWD/src"
-        [ "$side" = old ] && src="$PWD/$old"
-        echo "== $side ($src) after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 100 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 100 python "$here/gpu_decode_compiled.py" --contexts 4096 \
             --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/fused_decode_$side.md"
-        PYTHONPATH="$src:$PWD/scripts" timeout 100 python "$here/gpu_host_cost.py" --cases layer,layer_train \
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 100 python "$here/gpu_host_cost.py" --cases layer,layer_train \
             --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/fused_layer_$side.md"
     done
     ;;
@@ -74,12 +72,10 @@ split)
     rev="${2:?the commit to name the report after}"
     old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
     for side in new old; do
-        src="$PWD/src"
-        [ "$side" = old ] && src="$PWD/$old"
-        echo "== $side ($src) after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 50 python "$here/gpu_decode_compiled.py" --contexts 4096 \
             --ways reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/split_decode_$side.md"
-        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_host_cost.py" --cases layer,layer_train \
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 60 python "$here/gpu_host_cost.py" --cases layer,layer_train \
             --lengths 4096,16384 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/split_layer_$side.md"
     done
     worker_tests 80 "$rev" tests/test_module.py tests/test_decode_graph.py

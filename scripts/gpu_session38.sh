@@ -45,10 +45,8 @@ first)
     worker_tests 330 "$rev" tests/ops tests/test_module.py tests/test_compile.py tests/test_decode_graph.py \
         tests/test_cache.py
     for side in new old new old; do
-        src="$PWD/src"
-        [ "$side" = old ] && src="$PWD/$old"
-        echo "== $side ($src) after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" \
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" \
             --ways eager,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/cache_write_decode_$side.md"
     done
     ;;
@@ -67,12 +65,10 @@ rows | views)
     verbose_tests 200 "$rev" "$step" tests/test_cache.py tests/ops/test_rotary_kernel.py tests/test_module.py \
         tests/test_decode_graph.py tests/test_compile.py tests/test_varlen.py
     for side in new old new old; do
-        src="$PWD/src"
-        [ "$side" = old ] && src="$PWD/$old"
-        echo "== $side ($src) after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096 \
             --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
-        PYTHONPATH="$src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
             --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
     done
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
@@ -82,10 +78,8 @@ rows | views)
 replays)
     old="${2:?the folder holding the previous src/ (nsa) for the A/B}"
     for side in old new old new old new; do
-        src="$PWD/src"
-        [ "$side" = old ] && src="$PWD/$old"
-        echo "== $side after $(( $(date +%s) - start )) s"
-        PYTHONPATH="$src:$PWD/scripts" timeout 45 python "$here/gpu_decode_compiled.py" --contexts 4096 \
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 45 python "$here/gpu_decode_compiled.py" --contexts 4096 \
             --ways reduce-overhead,DecodeGraph 2>&1 | grep "^| 4096" | tee -a "$OUT/replays_$side.md"
     done
     ;;

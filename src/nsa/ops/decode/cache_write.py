@@ -132,9 +132,10 @@ def gather_cmp_blocks(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The raw blocks of the ``count`` newest compressed tokens complete at positions ``last [B]``
     of contiguous ``k_raw [B, capacity, H, Dk]`` and ``v_raw [B, capacity, H, Dv]``:
-    ``(k_blocks [B * count, l, H, Dk], v_blocks [B * count, l, H, Dv], slots [B, count])`` (the
-    blocks views of heads-first tensors), the slots being the tokens' indices (0 for one whose block is not complete yet; positions past
-    the capacity clamp to its last, as :meth:`nsa.NSACache.emit` defines)."""
+    ``(k_blocks [B * count, l, H, Dk], v_blocks [B * count, l, H, Dv], slots [B, count])``, the
+    blocks views of heads-first tensors, the slots the tokens' indices: 0 for one whose block is
+    not complete yet, whose positions past the capacity clamp to its last, as
+    :meth:`nsa.NSACache.emit` defines."""
     B, capacity, H = k_raw.shape[:3]
     l = config.cmp_block
     # stored heads first, [B * count, H, l, D], and returned as [B * count, l, H, D] views: the
@@ -146,7 +147,7 @@ def gather_cmp_blocks(
         BH, BD = next_power_of_2(H), next_power_of_2(max(k_raw.shape[3], v_raw.shape[3]))
         gather_cmp_blocks_kernel[(B * count, 2)](
             last, k_raw, v_raw, k_blocks, v_blocks, slots, count, capacity, last.stride(0), H,
-            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride, ROWS=max(1, min(next_power_of_2(l), _GATHER_TILE // (BH * BD))),
-            DK=k_raw.shape[3], DV=v_raw.shape[3], BH=BH, BD=BD, num_warps=4, **LAUNCH_OPTIONS,
+            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride,
+            ROWS=max(1, min(next_power_of_2(l), _GATHER_TILE // (BH * BD))), DK=k_raw.shape[3], DV=v_raw.shape[3], BH=BH, BD=BD, num_warps=4, **LAUNCH_OPTIONS,
         )  # fmt: skip
     return k_blocks, v_blocks, slots
