@@ -32,11 +32,18 @@
 #                                             # (src/ of the session's start) against this tree, three
 #                                             # times in turn, the old first (the new side ran first and
 #                                             # slower under reduce-overhead in rows and views)
+#   bash scripts/gpu_session38.sh pending REV OLD_SRC  # next session's first call: what ran on no GPU
+#                                             # after the device time was spent (a decode step rotates its
+#                                             # queries and keys in one launch, all of them views of the
+#                                             # projection): the module, decode-graph, cache and rotary GPU
+#                                             # tests, then the decode step (eager, DecodeGraph at 4k and
+#                                             # 32k) against OLD_SRC (src/ of 80109a9) three times in turn,
+#                                             # and the step's kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC | replays OLD_SRC}"
+step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC | replays OLD_SRC | pending REV OLD_SRC}"
 device_line
 case "$step" in
 first)
@@ -70,6 +77,20 @@ rows | views)
             --ways eager,reduce-overhead,DecodeGraph 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
         PYTHONPATH="$side_src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
             --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
+    done
+    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
+        > "$OUT/decode_step_profile.md"
+    grep "^###" "$OUT/decode_step_profile.md"
+    ;;
+pending)
+    rev="${2:?the commit to name the report after}"
+    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
+    verbose_tests 240 "$rev" pending tests/test_module.py tests/test_decode_graph.py tests/test_cache.py \
+        tests/ops/test_rotary_kernel.py tests/ops/test_decode_kernel.py
+    for side in old new old new old new; do
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" \
+            --ways eager,DecodeGraph 2>&1 | grep "^| [0-9]" | tee -a "$OUT/pending_$side.md"
     done
     timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
         > "$OUT/decode_step_profile.md"

@@ -112,6 +112,28 @@ def test_a_state_dict_of_separate_projections_loads_into_in_proj() -> None:
         _layer("mlp").load_state_dict({k: v for k, v in old.items() if k != "v_proj.win.weight"})
 
 
+@pytest.mark.parametrize("dims", [(8, 6), (8, 8)], ids=["dk8-dv6", "dk8-dv8"])
+def test_a_decode_steps_views_equal_the_copies_with_one_rotation(dims, monkeypatch) -> None:
+    """A decode step's projection as views (queries and keys rotated as one tensor of
+    ``HQ + 3 H`` heads, values left in the product) gives the queries, keys and values of the
+    copies, bit for bit, with one rotation launch instead of four; batches at different positions."""
+    layer = _layer(heads=(4, 2), dims=dims)
+    x = torch.randn(3, 2, 24, dtype=torch.float64)
+    positions = torch.tensor([[5, 6], [40, 41], [0, 1]])
+    rotations = []
+    real = layer.rotary.rotate
+    monkeypatch.setattr(layer.rotary, "rotate", lambda t, tables: (rotations.append(t.shape[2]), real(t, tables))[1])
+    q, keys, values = layer._queries_keys_values(x, positions, views=True)
+    assert rotations == [4 + 3 * 2]
+    rotations.clear()
+    want_q, want_keys, want_values = layer._queries_keys_values(x, positions)
+    assert rotations == [4, 2, 2, 2]
+    assert torch.equal(q, want_q) and q.shape == (3, 2, 4, 8)
+    for b in ("cmp", "slc", "win"):
+        assert torch.equal(keys[b], want_keys[b]) and torch.equal(values[b], want_values[b]), b
+        assert values[b].shape == (3, 2, 2, dims[1]) and not values[b].is_contiguous()  # in the product
+
+
 def test_gqa_group_sizes_and_dk_ne_dv() -> None:
     for heads in [(4, 4), (4, 2), (4, 1), (16, 1)]:
         layer = _layer(heads=heads, dims=(8, 4))

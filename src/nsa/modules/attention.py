@@ -149,17 +149,26 @@ class NSAAttention(nn.Module):
         writes a new tensor; the values are copied): on views of the product the layer ran 6 %
         (forward) to 13 % (forward+backward) slower, the kernels reading tokens 19-22 KB apart and
         the backward of each slice filling a gradient of the whole product (H200, 4k-16k,
-        docs/perf/compile.md). ``torch.split`` keeps that backward one concatenation. With
-        ``views`` the values stay views of the product: a decode step only writes them into its
-        cache, which reads them where they are (three copies fewer a step)."""
+        docs/perf/compile.md). ``torch.split`` keeps that backward one concatenation.
+
+        With ``views`` (a decode step, no gradient) everything is a view: the queries' and keys'
+        columns, adjacent in the product, are rotated as one tensor of ``HQ + 3 H`` heads (one
+        launch instead of four), and the values stay in the product. The step's consumers read
+        them where they are (the cache's writes, the decode kernels)."""
         HQ, H, Dk, Dv = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
-        q, *kv = torch.split(self.in_proj(x), self._split_sizes, dim=-1)  # q, k per branch, v per branch
-        tables = self.rotary.tables(positions, q.dtype)  # one (cos, sin) for the queries and every key
+        product = self.in_proj(x)
+        tables = self.rotary.tables(positions, product.dtype)  # one (cos, sin) for the queries and every key
+        if views:
+            rotated_heads = HQ + len(BRANCHES) * H
+            rotated = self.rotary.rotate(product[..., : rotated_heads * Dk].unflatten(-1, (rotated_heads, Dk)), tables)
+            q, *kv = torch.split(rotated, [HQ] + [H] * len(BRANCHES), dim=2)
+            keys = dict(zip(BRANCHES, kv))
+            values = product[..., rotated_heads * Dk :].unflatten(-1, (len(BRANCHES) * H, Dv))
+            return q, keys, dict(zip(BRANCHES, torch.split(values, H, dim=2)))
+        q, *kv = torch.split(product, self._split_sizes, dim=-1)  # q, k per branch, v per branch
         q = self.rotary.rotate(q.unflatten(-1, (HQ, Dk)), tables)
         keys = {b: self.rotary.rotate(k.unflatten(-1, (H, Dk)), tables) for b, k in zip(BRANCHES, kv)}
-        values = {b: v.unflatten(-1, (H, Dv)) for b, v in zip(BRANCHES, kv[len(BRANCHES):])}
-        if not views:
-            values = {b: v.contiguous() for b, v in values.items()}
+        values = {b: v.unflatten(-1, (H, Dv)).contiguous() for b, v in zip(BRANCHES, kv[len(BRANCHES):])}
         return q, keys, values
 
     def _prefill_packed(self, x: torch.Tensor, pack: varlen.Layout, cache: NSACache) -> None:
