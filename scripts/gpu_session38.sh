@@ -43,6 +43,25 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
+# The decode step's kernels (gpu_decode_step_profile.py, every kernel) into $OUT/decode_step_profile.md.
+step_profile() {
+    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
+        > "$OUT/decode_step_profile.md"
+    grep "^###" "$OUT/decode_step_profile.md"
+}
+
+# Decode steps (gpu_decode_compiled.py ARGS...) of OLD_SRC and this tree, three times in turn, the
+# old first: decode_rounds OLD_SRC LIMIT NAME ARGS... appends the rows to $OUT/NAME_{old,new}.md.
+decode_rounds() {
+    local old="$1" limit="$2" name="$3"
+    shift 3
+    for side in old new old new old new; do
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout "$limit" python "$here/gpu_decode_compiled.py" "$@" 2>&1 \
+            | grep "^| [0-9]" | tee -a "$OUT/${name}_$side.md"
+    done
+}
+
 step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC | replays OLD_SRC | pending REV OLD_SRC}"
 device_line
 case "$step" in
@@ -63,8 +82,7 @@ second)
         tests/test_cache.py tests/ops/test_launch_options.py tests/ops/test_decode_kernel.py
     timeout 200 python "$here/gpu_host_cost.py" --profile-dir "$OUT" 2>&1 | tee "$OUT/host_cost.md"
     timeout 90 python "$here/gpu_decode_compiled.py" --contexts 4096 2>&1 | grep "^|" | tee "$OUT/decode_compiled.md"
-    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
-        | tee "$OUT/decode_step_profile.md" | grep "^###"
+    step_profile
     ;;
 rows | views)
     rev="${2:?the commit to name the report after}"
@@ -78,31 +96,19 @@ rows | views)
         PYTHONPATH="$side_src:$PWD/scripts" timeout 50 python "$here/gpu_host_cost.py" --cases layer,decode \
             --lengths 4096 --rounds 15 2>&1 | grep "^|" | tee -a "$OUT/${step}_$side.md"
     done
-    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
-        > "$OUT/decode_step_profile.md"
-    grep "^###" "$OUT/decode_step_profile.md"
+    step_profile
     ;;
 pending)
     rev="${2:?the commit to name the report after}"
     old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
     verbose_tests 240 "$rev" pending tests/test_module.py tests/test_decode_graph.py tests/test_cache.py \
         tests/ops/test_rotary_kernel.py tests/ops/test_decode_kernel.py
-    for side in old new old new old new; do
-        ab_side "$side" "$old"
-        PYTHONPATH="$side_src:$PWD/scripts" timeout 60 python "$here/gpu_decode_compiled.py" \
-            --ways eager,DecodeGraph 2>&1 | grep "^| [0-9]" | tee -a "$OUT/pending_$side.md"
-    done
-    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
-        > "$OUT/decode_step_profile.md"
-    grep "^###" "$OUT/decode_step_profile.md"
+    decode_rounds "$old" 60 pending --ways eager,DecodeGraph
+    step_profile
     ;;
 replays)
     old="${2:?the folder holding the previous src/ (nsa) for the A/B}"
-    for side in old new old new old new; do
-        ab_side "$side" "$old"
-        PYTHONPATH="$side_src:$PWD/scripts" timeout 45 python "$here/gpu_decode_compiled.py" --contexts 4096 \
-            --ways reduce-overhead,DecodeGraph 2>&1 | grep "^| 4096" | tee -a "$OUT/replays_$side.md"
-    done
+    decode_rounds "$old" 45 replays --contexts 4096 --ways reduce-overhead,DecodeGraph
     ;;
 kernels)
     rev="${2:?the commit to name the report after}"
