@@ -6,13 +6,42 @@ import pytest
 import torch
 
 from nsa import NSACache, NSAConfig
-from nsa.modules.cache import count_reads
+from nsa.modules.cache import RAW_BUFFERS, count_reads
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
 
 def _raw(B: int, T: int, H: int = 2, D: int = 4):
-    return {name: torch.randn(B, T, H, D) for name in ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}
+    return {name: torch.randn(B, T, H, D) for name in RAW_BUFFERS}
+
+
+def _route_twins(batch: int, capacity: int, device: torch.device):
+    """Two equal static caches, ``{"triton": ..., "reference": ...}``, their buffers filled with the
+    same random values (so that a stray write shows), and their dtype (bf16 on a GPU)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    caches = {route: NSACache(SMALL, batch, 2, 8, 4, capacity=capacity, static=True, device=device, dtype=dtype)
+              for route in ("triton", "reference")}  # fmt: skip
+    for name in caches["triton"]._buf:
+        filler = torch.randn_like(caches["triton"].buffer(name))
+        for cache in caches.values():
+            cache.buffer(name).copy_(filler)
+    return caches, dtype
+
+
+def _launches(monkeypatch, *names: str) -> list:
+    """The names of :mod:`nsa.ops.decode.cache_write`'s functions ``names`` as they are called."""
+    import nsa.ops.decode.cache_write as cache_write
+
+    calls = []
+    for name in names:
+        real = getattr(cache_write, name)
+        monkeypatch.setattr(cache_write, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+    return calls
+
+
+def _assert_same_buffers(caches) -> None:
+    for name in caches["triton"]._buf:
+        assert torch.equal(caches["triton"].buffer(name), caches["reference"].buffer(name)), name
 
 
 def test_grows_by_whole_chunks_and_keeps_data() -> None:
@@ -114,34 +143,23 @@ def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, 
     different positions, keys and values of different widths, contiguous or slices of one wider
     tensor (as a layer's decode step passes its values), buffers filled with random values
     beforehand so that a stray write shows."""
-    import nsa.ops.decode.cache_write as cache_write
-
-    launches = []
-    real = cache_write.write_rows
-    monkeypatch.setattr(cache_write, "write_rows", lambda *a: (launches.append(1), real(*a))[1])
-    dtype = torch.bfloat16 if nsa_device.type == "cuda" else torch.float32
+    launches = _launches(monkeypatch, "write_rows")
     torch.manual_seed(0)
-    caches = {route: NSACache(SMALL, 3, 2, 8, 4, capacity=40, static=True, device=nsa_device, dtype=dtype)
-              for route in ("triton", "reference")}  # fmt: skip
-    for name in caches["triton"]._buf:
-        filler = torch.randn_like(caches["triton"].buffer(name))
-        for cache in caches.values():
-            cache.buffer(name).copy_(filler)
+    caches, dtype = _route_twins(3, 40, nsa_device)
     positions = torch.tensor([[5], [17], [30]], device=nsa_device) + torch.arange(tokens, device=nsa_device)
-    names = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
-    widths = [2 * (4 if name[0] == "v" else 8) for name in names]
+    widths = [2 * (4 if name[0] == "v" else 8) for name in RAW_BUFFERS]
     if views:  # one product [3, tokens, 72 + 5], each tensor a slice of its rows
         product = torch.randn(3, tokens, sum(widths) + 5, device=nsa_device, dtype=dtype)
         parts = torch.split(product[..., 5:], widths, dim=-1)
-        raw = {name: part.unflatten(-1, (2, -1)) for name, part in zip(names, parts)}
+        raw = {name: part.unflatten(-1, (2, -1)) for name, part in zip(RAW_BUFFERS, parts)}
         assert not raw["v_win"].is_contiguous()
     else:
-        raw = {name: torch.randn(3, tokens, 2, w // 2, device=nsa_device, dtype=dtype) for name, w in zip(names, widths)}
+        raw = {name: torch.randn(3, tokens, 2, w // 2, device=nsa_device, dtype=dtype)
+               for name, w in zip(RAW_BUFFERS, widths)}  # fmt: skip
     for route, cache in caches.items():
         cache.write(positions, backend=route, **raw)
-    assert launches == [1]
-    for name in caches["triton"]._buf:
-        assert torch.equal(caches["triton"].buffer(name), caches["reference"].buffer(name)), name
+    assert launches == ["write_rows"]
+    _assert_same_buffers(caches)
     assert torch.equal(caches["triton"].seq_lens, caches["reference"].seq_lens)
     for name in ("k_slc", "v_cmp_raw"):  # and the values did land where asked
         assert torch.equal(caches["triton"].buffer(name)[1, 17 : 17 + tokens], raw[name][1])
@@ -149,8 +167,7 @@ def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, 
 
 def test_write_refuses_a_value_of_another_shape_or_dtype() -> None:
     cache = NSACache(SMALL, 1, 2, 8, 4, capacity=16, static=True)
-    raw = {name: torch.randn(1, 1, 2, 4 if name[0] == "v" else 8) for name in
-           ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")}  # fmt: skip
+    raw = {name: torch.randn(1, 1, 2, 4 if name[0] == "v" else 8) for name in RAW_BUFFERS}
     positions = torch.zeros(1, 1, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"v_win must be torch.float32 \[1, 1, 2, 4\], got torch.float32 \[1, 1, 2, 8\]"):
         cache.write(positions, **{**raw, "v_win": torch.randn(1, 1, 2, 8)})
@@ -167,20 +184,9 @@ def test_two_launch_emission_equals_the_indexing(count, capacity, last, nsa_devi
     whose newest token is complete, not complete yet (slot 0), at the end of the capacity, and in
     a cache shorter than one block (an incomplete block's positions clamped to its end); buffers
     filled with random values so that a stray write shows."""
-    import nsa.ops.decode.cache_write as cache_write
-
-    launches = []
-    for name in ("gather_cmp_blocks", "write_rows"):
-        real = getattr(cache_write, name)
-        monkeypatch.setattr(cache_write, name, lambda *a, _real=real, _name=name: (launches.append(_name), _real(*a))[1])
-    dtype = torch.bfloat16 if nsa_device.type == "cuda" else torch.float32
+    launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
     torch.manual_seed(1)
-    caches = {route: NSACache(SMALL, 4, 2, 8, 4, capacity=capacity, static=True, device=nsa_device, dtype=dtype)
-              for route in ("triton", "reference")}  # fmt: skip
-    for name in caches["triton"]._buf:
-        filler = torch.randn_like(caches["triton"].buffer(name))
-        for cache in caches.values():
-            cache.buffer(name).copy_(filler)
+    caches, dtype = _route_twins(4, capacity, nsa_device)
     weight = torch.randn(SMALL.cmp_block, device=nsa_device, dtype=dtype)
 
     def phi(blocks):  # [N, l, H, D] -> [N, 1, H, D]: position-aware, summed in one order whatever the layout
@@ -190,8 +196,7 @@ def test_two_launch_emission_equals_the_indexing(count, capacity, last, nsa_devi
     for route, cache in caches.items():
         cache.emit(last, count, phi, phi, backend=route)
     assert launches == ["gather_cmp_blocks", "write_rows"]
-    for name in caches["triton"]._buf:
-        assert torch.equal(caches["triton"].buffer(name), caches["reference"].buffer(name)), name
+    _assert_same_buffers(caches)
     if capacity == 40:  # and the newest token is the one its rule names: raw positions 4 * 1 ... 4 * 1 + 7 of row 0
         raw = caches["triton"].buffer("k_cmp_raw")[0, 4:12]
         assert torch.equal(caches["triton"].buffer("k_cmp")[0, 1], phi(raw[None])[0, 0])

@@ -309,8 +309,8 @@ class NSACache:
 
             k_blocks, v_blocks, slots = gather_cmp_blocks(
                 self._buf["k_cmp_raw"], self._buf["v_cmp_raw"], last, count, cfg)
-            tokens = [phi(blocks).reshape(B, count, *blocks.shape[2:-1], -1)
-                      for phi, blocks in ((phi_k, k_blocks), (phi_v, v_blocks))]  # fmt: skip
+            H = k_blocks.shape[2]
+            tokens = [phi(blocks).reshape(B, count, H, -1) for phi, blocks in ((phi_k, k_blocks), (phi_v, v_blocks))]
             write_rows([self._buf[name] for name in CMP_BUFFERS], tokens, slots)
             return
         newest = torch.div(last + 1 - cfg.cmp_block, cfg.cmp_stride, rounding_mode="floor")  # [B]
