@@ -102,3 +102,22 @@ compile_runs() {
         echo "== compile $1 $2 after $(( $(date +%s) - start )) s"
     done
 }
+
+# The decode step's kernels (gpu_decode_step_profile.py, every kernel) into $OUT/decode_step_profile.md.
+step_profile() {
+    timeout 60 python scripts/gpu_decode_step_profile.py 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
+        > "$OUT/decode_step_profile.md"
+    grep "^###" "$OUT/decode_step_profile.md"
+}
+
+# Decode steps (gpu_decode_compiled.py ARGS...) of OLD_SRC and this tree, three times in turn, the
+# old first: decode_rounds OLD_SRC LIMIT NAME ARGS... appends the rows to $OUT/NAME_{old,new}.md.
+decode_rounds() {
+    local old="$1" limit="$2" name="$3"
+    shift 3
+    for side in old new old new old new; do
+        ab_side "$side" "$old"
+        PYTHONPATH="$side_src:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_compiled.py "$@" 2>&1 \
+            | grep "^| [0-9]" | tee -a "$OUT/${name}_$side.md"
+    done
+}

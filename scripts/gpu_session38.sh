@@ -43,25 +43,6 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-# The decode step's kernels (gpu_decode_step_profile.py, every kernel) into $OUT/decode_step_profile.md.
-step_profile() {
-    timeout 60 python "$here/gpu_decode_step_profile.py" 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|_warn_once" \
-        > "$OUT/decode_step_profile.md"
-    grep "^###" "$OUT/decode_step_profile.md"
-}
-
-# Decode steps (gpu_decode_compiled.py ARGS...) of OLD_SRC and this tree, three times in turn, the
-# old first: decode_rounds OLD_SRC LIMIT NAME ARGS... appends the rows to $OUT/NAME_{old,new}.md.
-decode_rounds() {
-    local old="$1" limit="$2" name="$3"
-    shift 3
-    for side in old new old new old new; do
-        ab_side "$side" "$old"
-        PYTHONPATH="$side_src:$PWD/scripts" timeout "$limit" python "$here/gpu_decode_compiled.py" "$@" 2>&1 \
-            | grep "^| [0-9]" | tee -a "$OUT/${name}_$side.md"
-    done
-}
-
 step="${1:?usage: scripts/gpu_session38.sh first REV OLD_SRC | second REV | kernels REV | rows REV OLD_SRC | views REV OLD_SRC | replays OLD_SRC | pending REV OLD_SRC}"
 device_line
 case "$step" in

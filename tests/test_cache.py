@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -208,3 +210,102 @@ def test_write_rows_takes_key_value_pairs_only() -> None:
     buffers = [torch.zeros(1, 4, 2, 8)] * 3
     with pytest.raises(ValueError, match="1-3 key/value pairs, got 3 buffers and 3 values"):
         write_rows(buffers, buffers, torch.zeros(1, 1, dtype=torch.int64))
+
+
+def _mlp_pair(dtype: torch.dtype, device: torch.device):
+    """Learnable compressions for the twins' keys (D 8, hidden 12) and values (D 4, hidden 6):
+    unequal widths, as the two-launch emission's masks must handle."""
+    from nsa.modules import MLPCompression
+
+    torch.manual_seed(2)
+    return [MLPCompression(D, SMALL, hidden=hidden).to(device=device, dtype=dtype) for D, hidden in ((8, 12), (4, 6))]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
+def test_learnable_emission_in_two_launches_equals_the_modules(count, capacity, last, nsa_device, monkeypatch) -> None:
+    """With :class:`nsa.modules.MLPCompression` for keys and values and no gradient wanted,
+    ``NSACache.emit`` on the Triton route makes the tokens in two launches
+    (:mod:`nsa.ops.decode.mlp_emission`) and stores them where the indexing of the reference
+    route, running the modules, does: the same slots and clamped positions as the gather, the
+    same values up to the products' order of summation (float32 on the CPU, bf16 on a GPU), and
+    every other element of every buffer untouched (random values beforehand)."""
+    import nsa.ops.decode.mlp_emission as mlp_emission
+
+    launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
+    real = mlp_emission.emit_mlp_tokens
+    monkeypatch.setattr(mlp_emission, "emit_mlp_tokens", lambda *a: (launches.append("emit_mlp_tokens"), real(*a))[1])
+    torch.manual_seed(1)
+    caches, dtype = _route_twins(4, capacity, nsa_device)
+    phi_k, phi_v = _mlp_pair(dtype, nsa_device)
+    last = torch.tensor(last, device=nsa_device)
+    with torch.no_grad():
+        for route, cache in caches.items():
+            cache.emit(last, count, phi_k, phi_v, backend=route)
+    assert launches == ["emit_mlp_tokens"]
+    for name in caches["triton"]._buf:
+        got, want = caches["triton"].buffer(name), caches["reference"].buffer(name)
+        if name in ("k_cmp", "v_cmp"):
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)
+        else:
+            assert torch.equal(got, want), name
+
+
+def test_learnable_emission_takes_the_modules_where_the_launches_cannot(nsa_device, monkeypatch) -> None:
+    """The two-launch emission stands in for the modules only where it computes what they do:
+    no gradient wanted, the stock MLP (``Linear``, exact GELU, ``Linear``), parameters of the
+    cache's dtype. Elsewhere ``emission_weights`` says no and the emission runs the modules."""
+    phi_k, phi_v = _mlp_pair(torch.float32, torch.device("cpu"))
+    assert phi_k.emission_weights(torch.float32) is None  # parameters that want a gradient
+    with torch.no_grad():
+        weights = phi_k.emission_weights(torch.float32)
+        assert weights is not None and weights.w1 is phi_k.mlp[0].weight and weights.pos_emb is phi_k.pos_emb
+        assert phi_k.emission_weights(torch.bfloat16) is None
+        phi_v.mlp[1] = torch.nn.GELU(approximate="tanh")
+        assert phi_v.emission_weights(torch.float32) is None
+        phi_v.mlp = torch.nn.Sequential(*phi_k.mlp, torch.nn.Identity())
+        assert phi_v.emission_weights(torch.float32) is None
+
+
+def test_emit_mlp_tokens_names_a_bad_weight() -> None:
+    from nsa.ops.decode.mlp_emission import emit_mlp_tokens
+
+    phi_k, phi_v = _mlp_pair(torch.float32, torch.device("cpu"))
+    cache = NSACache(SMALL, 1, 2, 8, 4, capacity=16, static=True)
+    with torch.no_grad():
+        weights = [phi.emission_weights(torch.float32) for phi in (phi_k, phi_v)]
+    bad = weights[1]._replace(w2=weights[1].w2.t().contiguous())
+    buffers = [cache.buffer(name) for name in ("k_cmp_raw", "v_cmp_raw", "k_cmp", "v_cmp")]
+    with pytest.raises(ValueError, match=r"weights\[1\].w2 must be a contiguous torch.float32 \[4, 6\] on cpu, got torch.float32 \[6, 4\]"):
+        emit_mlp_tokens(*buffers, torch.tensor([9]), 1, SMALL, [weights[0], bad])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_learnable_emission_at_the_benchmark_sizes_on_the_gpu(batch, nsa_device) -> None:
+    """bf16, the paper's geometry (l 32, d 16), head dim 128, the default hidden width (256): the
+    tokens made in two launches are as close to the modules run in float64 as the bf16 modules'
+    own (within one more rounding), at sequences' last positions drawn over a 4k cache."""
+    from nsa.modules import MLPCompression
+
+    torch.manual_seed(3)
+    config, H, D, capacity = NSAConfig(), 4, 128, 4096
+    cache = NSACache(config, batch, H, D, capacity=capacity, static=True, device=nsa_device, dtype=torch.bfloat16)
+    for name in cache._buf:
+        cache.buffer(name).normal_()
+    phis = [MLPCompression(D, config).to(nsa_device, torch.bfloat16) for _ in range(2)]
+    last = torch.randint(config.cmp_block - 1, capacity, (batch,), device=nsa_device)
+    with torch.no_grad():
+        cache.emit(last, 1, *phis, backend="triton")
+        slots = torch.div(last + 1 - config.cmp_block, config.cmp_stride, rounding_mode="floor")
+        rows = torch.arange(batch, device=nsa_device)
+        positions = slots[:, None] * config.cmp_stride + torch.arange(config.cmp_block, device=nsa_device)
+        for raw, name, phi in zip(("k_cmp_raw", "v_cmp_raw"), ("k_cmp", "v_cmp"), phis):
+            blocks = cache.buffer(raw)[rows[:, None], positions]  # [B, l, H, D]
+            got = cache.buffer(name)[rows, slots].float()  # [B, H, D]
+            bf16 = phi(blocks)[:, 0].float()
+            exact = copy.deepcopy(phi).double()(blocks.double())[:, 0]
+            err = lambda t: float((t - exact).abs().max() / exact.abs().max())  # noqa: E731
+            assert err(got) <= 1.5 * err(bf16) + 1e-3, (name, err(got), err(bf16))

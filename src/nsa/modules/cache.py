@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 
 from nsa.config import NSAConfig
+from nsa.modules.compression import MLPCompression
 from nsa.ops.compressed.reference import visible_cmp_count
 from nsa.ops.varlen import host_to_device
 
@@ -305,7 +306,15 @@ class NSACache:
         stored in another (:mod:`nsa.ops.decode.cache_write`), else by indexing."""
         cfg, B = self.config, last.shape[0]
         if self._triton_rows(backend):
+            from nsa.ops.decode import mlp_emission
             from nsa.ops.decode.cache_write import gather_cmp_blocks, write_rows
+
+            weights = [phi.emission_weights(self.dtype) if isinstance(phi, MLPCompression) else None
+                       for phi in (phi_k, phi_v)]  # fmt: skip
+            if all(w is not None for w in weights) and B * count * self._shape[1] <= mlp_emission.MAX_ROWS:
+                mlp_emission.emit_mlp_tokens(*(self._buf[name] for name in ("k_cmp_raw", "v_cmp_raw", *CMP_BUFFERS)),
+                                             last, count, cfg, weights)  # fmt: skip
+                return
 
             k_blocks, v_blocks, slots = gather_cmp_blocks(
                 self._buf["k_cmp_raw"], self._buf["v_cmp_raw"], last, count, cfg)

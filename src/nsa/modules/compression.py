@@ -18,6 +18,7 @@ from torch import nn
 
 from nsa.config import NSAConfig
 from nsa.ops import mean_compress
+from nsa.ops.decode.mlp_emission import MLPWeights
 
 
 def _token_span(config: NSAConfig, first: int, count: int) -> slice:
@@ -68,6 +69,26 @@ class MLPCompression(nn.Module):
             nn.GELU(),
             nn.Linear(hidden, head_dim),
         )
+
+    def emission_weights(self, dtype: torch.dtype) -> Optional[MLPWeights]:
+        """The parameters as a decode step's emission in two launches takes them
+        (:mod:`nsa.ops.decode.mlp_emission`), or None where it cannot stand in for
+        :meth:`forward`: an ``mlp`` other than ``Linear``, exact ``GELU``, ``Linear`` with
+        biases, parameters not of ``dtype`` (the cache's; under autocast they are not), or ones
+        that would need a gradient here."""
+        layers = list(self.mlp) if isinstance(self.mlp, nn.Sequential) else []
+        if len(layers) != 3:
+            return None
+        first, act, second = layers
+        if not (isinstance(first, nn.Linear) and isinstance(act, nn.GELU) and act.approximate == "none"
+                and isinstance(second, nn.Linear) and first.bias is not None and second.bias is not None):  # fmt: skip
+            return None
+        params = (self.pos_emb, first.weight, first.bias, second.weight, second.bias)
+        if any(p.dtype != dtype or not p.is_contiguous() for p in params):
+            return None
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return None
+        return MLPWeights(*params)
 
     def forward(self, x: torch.Tensor, first: int = 0, count: Optional[int] = None) -> torch.Tensor:
         """``x [B, T, H, D]`` -> compressed tokens ``[first, first+count)`` as ``[B, count, H, D]``."""

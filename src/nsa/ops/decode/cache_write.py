@@ -96,6 +96,16 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
 
 
 @triton.jit
+def newest_slot(last, i_c, COUNT, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr):
+    """Slot of token ``i_c`` of the ``COUNT`` newest compressed tokens complete at position
+    ``last`` (int64, a scalar or a tensor): ``floor((last + 1 - l) / d) - (COUNT - 1 - i_c)``, and
+    0 for one not complete yet (clamping the numerator first gives the same slots and keeps the
+    division non-negative)."""
+    start = tl.maximum(last + 1 - CMP_BLOCK, 0)
+    return tl.maximum(start // CMP_STRIDE - (COUNT - 1 - i_c), 0)
+
+
+@triton.jit
 def gather_cmp_blocks_kernel(
     last, k_raw, v_raw, k_blocks, v_blocks, index,
     COUNT, CAPACITY, stride_last, H,
@@ -106,10 +116,7 @@ def gather_cmp_blocks_kernel(
     # newest, keys (which 0) or values (1); ROWS positions of every head at a time
     i_bc, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_c = i_bc // COUNT, i_bc % COUNT
-    # newest complete token floor((last + 1 - l) / d); one not complete yet clamps to slot 0
-    # (clamping the numerator first gives the same slots and keeps the division non-negative)
-    start = tl.maximum(tl.load(last + i_b * stride_last).to(tl.int64) + 1 - CMP_BLOCK, 0)
-    slot = tl.maximum(start // CMP_STRIDE - (COUNT - 1 - i_c), 0)
+    slot = newest_slot(tl.load(last + i_b * stride_last).to(tl.int64), i_c, COUNT, CMP_BLOCK, CMP_STRIDE)
     if which == 0:
         src, dst = k_raw, k_blocks
         tl.store(index + i_bc, slot)
