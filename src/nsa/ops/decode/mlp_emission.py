@@ -25,7 +25,7 @@ the tokens differ from the modules' only in the products' order of summation.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import triton
@@ -44,6 +44,11 @@ MAX_ROWS = 1024
 #: positions of a block each program of the first launch multiplies (at most: a divisor of
 #: ``cmp_block``, so that no program's share runs past the block)
 SPLIT_POSITIONS = 4
+
+#: the second launch: hidden units it sums at a time, whether its loop over them is unrolled, its
+#: pipeline stages and warps (8: four warps held every split's partial sums in 255 registers and
+#: spilled, compiled for sm_90)
+SUM_TILE, UNROLL_SUMS, SUM_STAGES, SUM_WARPS = 32, False, 1, 8
 
 
 class MLPWeights(NamedTuple):
@@ -92,7 +97,8 @@ def mlp_hidden_kernel(
         j = i_j * BJ + tl.arange(0, BJ)
         in_j = j < HID
         acc = tl.zeros([BM, BJ], dtype=tl.float32)
-        for p0 in range(SPLIT_POSITIONS):
+        # unrolled: every position's loads are issued before the first product waits on them
+        for p0 in tl.static_range(SPLIT_POSITIONS):
             p = i_s * SPLIT_POSITIONS + p0
             # only a block not complete yet (invisible to every query) reaches past the capacity
             position = tl.minimum(slot * CMP_STRIDE + p, CAPACITY - 1)
@@ -109,11 +115,32 @@ def mlp_hidden_kernel(
 
 
 @triton.jit
+def _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, HID, HID_MAX, ROWS,
+                          BM: tl.constexpr, BH: tl.constexpr, SPLITS: tl.constexpr, PREC: tl.constexpr):
+    """``acc`` plus hidden units ``[k0, k0 + BH)`` of rows ``r`` times their columns of the second
+    weight: the first product's partial sums added in split order (whatever order their programs
+    ran in) and its bias, rounded as ``nn.Linear`` returns them, then exact GELU in float32, rounded
+    again. Units past ``HID`` (the narrower source's surplus) count zero."""
+    k = k0 + tl.arange(0, BH)
+    in_k = k < HID
+    pre = tl.zeros([BM, BH], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        pre += tl.load(partial + ((which * SPLITS + s) * ROWS + r)[:, None] * HID_MAX + k[None, :],
+                       mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
+    dtype = w2.dtype.element_ty
+    pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+    hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dtype)
+    w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
+    return tl.dot(hidden, tl.trans(w), acc, input_precision=PREC)
+
+
+@triton.jit
 def mlp_out_kernel(
     last, stride_last, partial, b1_k, b1_v, w2_k, w2_v, b2_k, b2_v, k_cmp, v_cmp,
-    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX, SPLITS,
+    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, CHUNKS: tl.constexpr, SPLITS: tl.constexpr,
+    UNROLL: tl.constexpr, PREC: tl.constexpr,
 ):
     i_m, which, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if which == 0:
@@ -126,19 +153,14 @@ def mlp_out_kernel(
         n = i_n * BN + tl.arange(0, BN)
         in_n = n < D
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, HID_MAX, BH):  # the narrower source's surplus is masked
-            k = k0 + tl.arange(0, BH)
-            in_k = k < HID
-            pre = tl.zeros([BM, BH], dtype=tl.float32)
-            for s in range(SPLITS):  # in split order, whatever order the programs ran in
-                pre += tl.load(partial + ((which * SPLITS + s) * ROWS + r)[:, None] * HID_MAX + k[None, :],
-                               mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
-            # the first product's output, rounded as nn.Linear returns it, then exact GELU in float32
-            pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dst.dtype.element_ty)
-            pre = pre.to(tl.float32)
-            hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dst.dtype.element_ty)
-            w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
-            acc = tl.dot(hidden, tl.trans(w), acc, input_precision=PREC)
+        if UNROLL:  # every chunk's partial sums read in one round trip, in more registers
+            for chunk in tl.static_range(CHUNKS):
+                acc = _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, chunk * BH, HID, HID_MAX,
+                                            ROWS, BM, BH, SPLITS, PREC)  # fmt: skip
+        else:
+            for chunk in range(CHUNKS):
+                acc = _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, chunk * BH, HID, HID_MAX,
+                                            ROWS, BM, BH, SPLITS, PREC)  # fmt: skip
         token = acc + tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
         tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
                  token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
@@ -159,14 +181,24 @@ def _check_weights(name: str, weights: MLPWeights, raw: torch.Tensor, config: NS
 
 def emit_mlp_tokens(
     k_raw: torch.Tensor, v_raw: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, last: torch.Tensor,
-    count: int, config: NSAConfig, weights: Sequence[MLPWeights],
+    count: int, config: NSAConfig, weights: Sequence[MLPWeights], *, split_positions: Optional[int] = None,
+    hidden_tile: Optional[int] = None, sum_tile: Optional[int] = None, out_tile: Optional[int] = None,
+    unroll: Optional[bool] = None, sum_stages: Optional[int] = None, sum_warps: Optional[int] = None,
 ) -> None:
     """``k_cmp``/``v_cmp [B, cmp capacity, H, D]`` get the ``count`` newest compressed tokens
     complete at positions ``last [B]``, each made by the learnable compression whose parameters
     are ``weights = (keys', values')`` from its raw block of contiguous ``k_raw``/``v_raw
     [B, capacity, H, D]``: the slots and clamped positions of
     :func:`nsa.ops.decode.cache_write.gather_cmp_blocks`, the tokens of
-    :class:`nsa.modules.MLPCompression` (up to the products' order of summation)."""
+    :class:`nsa.modules.MLPCompression` (up to the products' order of summation).
+
+    Overrides of the launches' sizes (for tests and tuning): ``split_positions`` (block positions
+    a program of the first launch multiplies; made a divisor of ``cmp_block``), ``hidden_tile``
+    (its hidden units), ``sum_tile`` (hidden units the second launch sums and multiplies at a
+    time), ``out_tile`` (output units of a second-launch program), ``unroll`` (the second
+    launch's loop over the hidden units unrolled) and ``sum_stages`` (its pipeline stages: past
+    1, Triton stages the partial sums of the next units in shared memory, as many bytes as
+    ``(stages - 1) * splits * 16 * sum_tile * 4``) and ``sum_warps`` (its warps)."""
     B, capacity, H = k_raw.shape[:3]
     rows = B * count * H
     if rows == 0:
@@ -179,23 +211,25 @@ def emit_mlp_tokens(
     min_dot = 16 if on_gpu else 1  # a tl.dot's every side is at least 16 on a GPU
     prec = dot_precision(k_raw.dtype, k_raw.device, max(DK, DV))
     exact = prec == "ieee" and k_raw.dtype == torch.float32  # exact float32 products hold tiles in registers
-    BM = max(min_dot, min(64, next_power_of_2(rows)))
+    BM = max(min_dot, min(64, next_power_of_2(rows)))  # the first launch's rows: each reads its weights once
+    BM_SUM = max(min_dot, min(16, next_power_of_2(rows)))  # the second's: each holds every split in registers
     BD = max(min_dot, next_power_of_2(max(DK, DV)))
-    BJ = max(min_dot, min(32 if exact else 64, next_power_of_2(hid_max)))
-    BN = max(min_dot, min(64, next_power_of_2(max(DK, DV))))
-    BH = max(min_dot, min(64, next_power_of_2(hid_max)))
-    split_positions = math.gcd(config.cmp_block, SPLIT_POSITIONS)
+    BJ = max(min_dot, min(hidden_tile or (32 if exact else 64), next_power_of_2(hid_max)))
+    BN = max(min_dot, min(out_tile or 64, next_power_of_2(max(DK, DV))))
+    BH = max(min_dot, min(sum_tile or SUM_TILE, next_power_of_2(hid_max)))
+    split_positions = math.gcd(config.cmp_block, split_positions or SPLIT_POSITIONS)
     splits = config.cmp_block // split_positions
-    row_tiles = cdiv(rows, BM)
     partial = torch.empty(2, splits, rows, hid_max, dtype=torch.float32, device=k_raw.device)
-    common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, BM=BM, PREC=prec,
-                  num_warps=4, **LAUNCH_OPTIONS)  # fmt: skip
+    common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec, **LAUNCH_OPTIONS)
     (k_w, v_w) = weights
-    mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, row_tiles * 2)](
+    mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
-        rows, count, capacity, H, hid_k, hid_v, hid_max, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions, **common,
+        rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
+        num_warps=4, num_stages=1, **common,
     )  # fmt: skip
-    mlp_out_kernel[(row_tiles, 2, cdiv(max(DK, DV), BN))](
+    mlp_out_kernel[(cdiv(rows, BM_SUM), 2, cdiv(max(DK, DV), BN))](
         last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
-        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BN=BN, BH=BH, **common,
+        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, BN=BN, BH=BH, CHUNKS=cdiv(hid_max, BH), SPLITS=splits,
+        BM=BM_SUM, UNROLL=UNROLL_SUMS if unroll is None else unroll, num_stages=sum_stages or SUM_STAGES,
+        num_warps=sum_warps or SUM_WARPS, **common,
     )  # fmt: skip
