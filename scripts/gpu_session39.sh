@@ -10,7 +10,7 @@
 #                                             # this tree against OLD_SRC (src/ before it, untracked),
 #                                             # three times in turn, and the step's kernels
 #   bash scripts/gpu_session39.sh sweep REV OLD_SRC  # the emission alone in launch variants
-#                                             # (gpu_mlp_emission.py; its first launches took 14 + 5 us
+#                                             # (gpu_mlp_emission.py; the first launches took 14 + 5 us
 #                                             # of the step), the cache GPU tests, then DecodeGraph steps
 #                                             # (4k, 32k) of this tree against OLD_SRC three times in
 #                                             # turn, and the step's kernels

@@ -221,10 +221,17 @@ def _mlp_pair(dtype: torch.dtype, device: torch.device):
     return [MLPCompression(D, SMALL, hidden=hidden).to(device=device, dtype=dtype) for D, hidden in ((8, 12), (4, 6))]
 
 
+#: launch choices of :mod:`nsa.ops.decode.mlp_emission` that take other code: the defaults, and
+#: both loops rolled (the first launch's pipelined) with fewer splits
+EMISSION_LAUNCHES = {"defaults": {}, "rolled": {"SPLIT_POSITIONS": 8, "HIDDEN_STAGES": 2, "UNROLL_SUMS": False}}
+
+
 @pytest.mark.triton
+@pytest.mark.parametrize("launch", EMISSION_LAUNCHES)
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
-def test_learnable_emission_in_two_launches_equals_the_modules(count, capacity, last, nsa_device, monkeypatch) -> None:
+def test_learnable_emission_in_two_launches_equals_the_modules(launch, count, capacity, last, nsa_device,
+                                                               monkeypatch) -> None:  # fmt: skip
     """With :class:`nsa.modules.MLPCompression` for keys and values and no gradient wanted,
     ``NSACache.emit`` on the Triton route makes the tokens in two launches
     (:mod:`nsa.ops.decode.mlp_emission`) and stores them where the indexing of the reference
@@ -232,6 +239,9 @@ def test_learnable_emission_in_two_launches_equals_the_modules(count, capacity, 
     same values up to the products' order of summation (float32 on the CPU, bf16 on a GPU), and
     every other element of every buffer untouched (random values beforehand)."""
     import nsa.ops.decode.mlp_emission as mlp_emission
+
+    for name, value in EMISSION_LAUNCHES[launch].items():
+        monkeypatch.setattr(mlp_emission, name, value)
 
     launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
     real = mlp_emission.emit_mlp_tokens

@@ -45,10 +45,13 @@ MAX_ROWS = 1024
 #: ``cmp_block``, so that no program's share runs past the block)
 SPLIT_POSITIONS = 4
 
+#: pipeline stages of the first launch (1: its loop over the positions unrolled)
+HIDDEN_STAGES = 1
+
 #: the second launch: hidden units it sums at a time, whether its loop over them is unrolled, its
 #: pipeline stages and warps (8: four warps held every split's partial sums in 255 registers and
 #: spilled, compiled for sm_90)
-SUM_TILE, UNROLL_SUMS, SUM_STAGES, SUM_WARPS = 32, False, 1, 8
+SUM_TILE, UNROLL_SUMS, SUM_STAGES, SUM_WARPS = 64, True, 3, 4
 
 
 class MLPWeights(NamedTuple):
@@ -77,11 +80,28 @@ def _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK: tl.conste
 
 
 @triton.jit
+def _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j, p, CAPACITY, H, D,
+                      CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, PREC: tl.constexpr):
+    """``acc`` plus block position ``p`` of the rows' blocks, with its position embedding and
+    rounded as PyTorch's sum is, times its columns of the first weight (units ``j``)."""
+    # only a block not complete yet (invisible to every query) reaches past the capacity
+    position = tl.minimum(slot * CMP_STRIDE + p, CAPACITY - 1)
+    x = tl.load(src + ((b * CAPACITY + position) * H + h)[:, None] * D + d[None, :],
+                mask=in_rows[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+    emb = tl.load(pos_emb + p * D + d, mask=in_d, other=0.0)
+    x = (x.to(tl.float32) + emb.to(tl.float32)[None, :]).to(src.dtype.element_ty)
+    w = tl.load(w1 + j[:, None].to(tl.int64) * (CMP_BLOCK * D) + p * D + d[None, :],
+                mask=in_j[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+    return tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+
+
+@triton.jit
 def mlp_hidden_kernel(
     last, stride_last, k_raw, v_raw, pos_k, pos_v, w1_k, w1_v, partial,
     ROWS, COUNT, CAPACITY, H, HID_K, HID_V, HID_MAX,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr, SPLIT_POSITIONS: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr, SPLIT_POSITIONS: tl.constexpr, UNROLL: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_j, i_s, i_mw = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_m, which = i_mw // 2, i_mw % 2
@@ -97,18 +117,14 @@ def mlp_hidden_kernel(
         j = i_j * BJ + tl.arange(0, BJ)
         in_j = j < HID
         acc = tl.zeros([BM, BJ], dtype=tl.float32)
-        # unrolled: every position's loads are issued before the first product waits on them
-        for p0 in tl.static_range(SPLIT_POSITIONS):
-            p = i_s * SPLIT_POSITIONS + p0
-            # only a block not complete yet (invisible to every query) reaches past the capacity
-            position = tl.minimum(slot * CMP_STRIDE + p, CAPACITY - 1)
-            x = tl.load(src + ((b * CAPACITY + position) * H + h)[:, None] * D + d[None, :],
-                        mask=in_rows[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-            emb = tl.load(pos_emb + p * D + d, mask=in_d, other=0.0)
-            x = (x.to(tl.float32) + emb.to(tl.float32)[None, :]).to(src.dtype.element_ty)  # the block + pos_emb, rounded
-            w = tl.load(w1 + j[:, None].to(tl.int64) * (CMP_BLOCK * D) + p * D + d[None, :],
-                        mask=in_j[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+        if UNROLL:  # every position's loads issued before the first product waits on them
+            for p0 in tl.static_range(SPLIT_POSITIONS):
+                acc = _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j,
+                                        i_s * SPLIT_POSITIONS + p0, CAPACITY, H, D, CMP_BLOCK, CMP_STRIDE, PREC)  # fmt: skip
+        else:  # a loop that Triton pipelines
+            for p0 in range(SPLIT_POSITIONS):
+                acc = _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j,
+                                        i_s * SPLIT_POSITIONS + p0, CAPACITY, H, D, CMP_BLOCK, CMP_STRIDE, PREC)  # fmt: skip
         n_splits = tl.num_programs(1)
         out = partial + ((which * n_splits + i_s) * ROWS + r)[:, None] * HID_MAX + j[None, :]
         tl.store(out, acc, mask=in_rows[:, None] & in_j[None, :])
@@ -184,6 +200,7 @@ def emit_mlp_tokens(
     count: int, config: NSAConfig, weights: Sequence[MLPWeights], *, split_positions: Optional[int] = None,
     hidden_tile: Optional[int] = None, sum_tile: Optional[int] = None, out_tile: Optional[int] = None,
     unroll: Optional[bool] = None, sum_stages: Optional[int] = None, sum_warps: Optional[int] = None,
+    hidden_stages: Optional[int] = None,
 ) -> None:
     """``k_cmp``/``v_cmp [B, cmp capacity, H, D]`` get the ``count`` newest compressed tokens
     complete at positions ``last [B]``, each made by the learnable compression whose parameters
@@ -198,7 +215,9 @@ def emit_mlp_tokens(
     time), ``out_tile`` (output units of a second-launch program), ``unroll`` (the second
     launch's loop over the hidden units unrolled) and ``sum_stages`` (its pipeline stages: past
     1, Triton stages the partial sums of the next units in shared memory, as many bytes as
-    ``(stages - 1) * splits * 16 * sum_tile * 4``) and ``sum_warps`` (its warps)."""
+    ``(stages - 1) * splits * 16 * sum_tile * 4``) and ``sum_warps`` (its warps);
+    ``hidden_stages`` (the first launch's pipeline stages: from 2 on, its loop over the positions is
+    pipelined, else unrolled)."""
     B, capacity, H = k_raw.shape[:3]
     rows = B * count * H
     if rows == 0:
@@ -225,7 +244,7 @@ def emit_mlp_tokens(
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
-        num_warps=4, num_stages=1, **common,
+        UNROLL=(hidden_stages or HIDDEN_STAGES) == 1, num_warps=4, num_stages=hidden_stages or HIDDEN_STAGES, **common,
     )  # fmt: skip
     mlp_out_kernel[(cdiv(rows, BM_SUM), 2, cdiv(max(DK, DV), BN))](
         last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
