@@ -9,17 +9,26 @@
 #                                             # 4k and 32k at batch 1, DecodeGraph at 4k and batch 16) of
 #                                             # this tree against OLD_SRC (src/ before it, untracked),
 #                                             # three times in turn, and the step's kernels
-#   bash scripts/gpu_session39.sh sweep REV OLD_SRC  # the emission alone in launch variants
-#                                             # (gpu_mlp_emission.py; the first launches took 14 + 5 us
-#                                             # of the step), the cache GPU tests, then DecodeGraph steps
-#                                             # (4k, 32k) of this tree against OLD_SRC three times in
-#                                             # turn, and the step's kernels
+#   bash scripts/gpu_session39.sh final REV OLD_SRC LOOP_SRC  # the emission's second launch reading
+#                                             # every split at once: the cache, decode-graph, module and
+#                                             # compile GPU tests, then DecodeGraph steps (4k and 32k at
+#                                             # batch 1, twice; 4k at batch 16, once) of OLD_SRC (src/
+#                                             # before the emission), LOOP_SRC (this src/ with the
+#                                             # split-by-split launch of the first call) and this tree,
+#                                             # in turn; the step's kernels
+#
+# Two more calls ran this script's step "sweep" as it stood at e2dadd0 and 005cf99 (see `git show
+# 005cf99:scripts/gpu_session39.sh`): the emission alone in launch variants
+# (scripts/gpu_mlp_emission.py of those commits, with the launch overrides they had), the cache GPU
+# tests, and DecodeGraph steps against OLD_SRC. No variant beat this launch inside a step, so the
+# overrides and that script went (docs/perf/compile.md, "Session 39").
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
+declare -A sides
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session39.sh emission|sweep REV OLD_SRC}"
+step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC}"
 device_line
 case "$step" in
 emission)
@@ -31,12 +40,20 @@ emission)
     decode_rounds "$old" 60 emission_b16 --ways DecodeGraph --batch 16 --contexts 4096
     step_profile
     ;;
-sweep)
+final)
     rev="${2:?the commit to name the report after}"
-    old="${3:?the folder holding the previous src/ (nsa) for the A/B}"
-    timeout 200 python scripts/gpu_mlp_emission.py 2>&1 | tee "$OUT/mlp_emission.md" | grep -v "^$"
-    verbose_tests 120 "$rev" sweep tests/test_cache.py
-    decode_rounds "$old" 60 sweep --ways DecodeGraph
+    sides=([old]="${3:?the folder of src/ before the emission}" [loop]="${4:?the folder of src/ with the split loop}")
+    verbose_tests 200 "$rev" final tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
+        tests/test_compile.py
+    for args in "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096"; do
+        for side in old loop new; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
+            echo "== $side ($args) after $(( $(date +%s) - start )) s"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
+                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/final_$side.md"
+        done
+    done
     step_profile
     ;;
 *)

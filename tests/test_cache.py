@@ -221,16 +221,11 @@ def _mlp_pair(dtype: torch.dtype, device: torch.device):
     return [MLPCompression(D, SMALL, hidden=hidden).to(device=device, dtype=dtype) for D, hidden in ((8, 12), (4, 6))]
 
 
-#: launch choices of :mod:`nsa.ops.decode.mlp_emission` that take other code: the defaults, and
-#: both loops rolled (the first launch's pipelined) with fewer splits
-EMISSION_LAUNCHES = {"defaults": {}, "rolled": {"SPLIT_POSITIONS": 8, "HIDDEN_STAGES": 2, "UNROLL_SUMS": False}}
-
-
 @pytest.mark.triton
-@pytest.mark.parametrize("launch", EMISSION_LAUNCHES)
+@pytest.mark.parametrize("at_once", [True, False], ids=["splits-at-once", "split-by-split"])
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
-def test_learnable_emission_in_two_launches_equals_the_modules(launch, count, capacity, last, nsa_device,
+def test_learnable_emission_in_two_launches_equals_the_modules(at_once, count, capacity, last, nsa_device,
                                                                monkeypatch) -> None:  # fmt: skip
     """With :class:`nsa.modules.MLPCompression` for keys and values and no gradient wanted,
     ``NSACache.emit`` on the Triton route makes the tokens in two launches
@@ -240,9 +235,7 @@ def test_learnable_emission_in_two_launches_equals_the_modules(launch, count, ca
     every other element of every buffer untouched (random values beforehand)."""
     import nsa.ops.decode.mlp_emission as mlp_emission
 
-    for name, value in EMISSION_LAUNCHES[launch].items():
-        monkeypatch.setattr(mlp_emission, name, value)
-
+    monkeypatch.setattr(mlp_emission, "SUM_SPLITS_AT_ONCE", at_once)  # the second launch's two ways
     launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
     real = mlp_emission.emit_mlp_tokens
     monkeypatch.setattr(mlp_emission, "emit_mlp_tokens", lambda *a: (launches.append("emit_mlp_tokens"), real(*a))[1])
@@ -319,3 +312,20 @@ def test_learnable_emission_at_the_benchmark_sizes_on_the_gpu(batch, nsa_device)
             exact = copy.deepcopy(phi).double()(blocks.double())[:, 0]
             err = lambda t: float((t - exact).abs().max() / exact.abs().max())  # noqa: E731
             assert err(got) <= 1.5 * err(bf16) + 1e-3, (name, err(got), err(bf16))
+
+
+def test_learnable_emission_tiles_rows_by_the_gpus_shared_memory() -> None:
+    """The first launch's programs take 64 rows only where their staged operands fit: 16-bit heads
+    up to 128 wide on Hopper's shared memory (the CPU counts as Hopper); 16 on an RTX 4090, for
+    heads of 192 (256 padded) and for float32."""
+    from nsa.ops._triton.device import sized_as
+    from nsa.ops.decode.mlp_emission import row_tile
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert row_tile(64, 128, torch.bfloat16, cpu) == 64 and row_tile(200, 128, torch.float16, cpu) == 64
+    assert row_tile(4, 128, torch.bfloat16, cpu) == 4
+    assert row_tile(64, 256, torch.bfloat16, cpu) == 16 and row_tile(64, 128, torch.float32, cpu) == 16
+    with sized_as("rtx4090"):
+        assert row_tile(64, 128, torch.bfloat16, gpu) == 16
+    with sized_as("h100"):  # launches sized for a GPU, whatever this machine has
+        assert row_tile(64, 128, torch.bfloat16, gpu) == 64 and row_tile(4, 128, torch.bfloat16, gpu) == 16

@@ -6,7 +6,8 @@ the MLP of :class:`nsa.modules.MLPCompression` (``Linear``, exact GELU, ``Linear
 token. In PyTorch that is twelve launches for keys and values together (the gather, two
 additions, four products, two split-K reductions, two GELUs, the store), about 31 us of the
 104.5-us :class:`nsa.DecodeGraph` step profiled in session 39, each of them far too small to
-fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here:
+fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step: 5.3 and
+14.2 us, the step 0.092 -> 0.080 ms at 4k):
 
 - :func:`mlp_hidden_kernel`: program ``(hidden tile, split, row tile and source)`` gathers
   ``SPLIT_POSITIONS`` positions of its rows' blocks, adds the position embedding and multiplies
@@ -25,7 +26,7 @@ the tokens differ from the modules' only in the products' order of summation.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
@@ -33,6 +34,7 @@ import triton.language as tl
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import dot_precision
+from nsa.ops._triton.device import large_shared_memory
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 from nsa.ops.decode.cache_write import newest_slot
 
@@ -45,13 +47,9 @@ MAX_ROWS = 1024
 #: ``cmp_block``, so that no program's share runs past the block)
 SPLIT_POSITIONS = 4
 
-#: pipeline stages of the first launch (1: its loop over the positions unrolled)
-HIDDEN_STAGES = 1
-
-#: the second launch: hidden units it sums at a time, whether its loop over them is unrolled, its
-#: pipeline stages and warps (8: four warps held every split's partial sums in 255 registers and
-#: spilled, compiled for sm_90)
-SUM_TILE, UNROLL_SUMS, SUM_STAGES, SUM_WARPS = 64, True, 3, 4
+#: whether the second launch reads every split's partial sums of a tile in one load (else one
+#: split after another: in a step on the H200, 14.2 us for the launch)
+SUM_SPLITS_AT_ONCE = True
 
 
 class MLPWeights(NamedTuple):
@@ -80,28 +78,11 @@ def _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK: tl.conste
 
 
 @triton.jit
-def _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j, p, CAPACITY, H, D,
-                      CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, PREC: tl.constexpr):
-    """``acc`` plus block position ``p`` of the rows' blocks, with its position embedding and
-    rounded as PyTorch's sum is, times its columns of the first weight (units ``j``)."""
-    # only a block not complete yet (invisible to every query) reaches past the capacity
-    position = tl.minimum(slot * CMP_STRIDE + p, CAPACITY - 1)
-    x = tl.load(src + ((b * CAPACITY + position) * H + h)[:, None] * D + d[None, :],
-                mask=in_rows[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-    emb = tl.load(pos_emb + p * D + d, mask=in_d, other=0.0)
-    x = (x.to(tl.float32) + emb.to(tl.float32)[None, :]).to(src.dtype.element_ty)
-    w = tl.load(w1 + j[:, None].to(tl.int64) * (CMP_BLOCK * D) + p * D + d[None, :],
-                mask=in_j[:, None] & in_d[None, :], other=0.0)  # fmt: skip
-    return tl.dot(x, tl.trans(w), acc, input_precision=PREC)
-
-
-@triton.jit
 def mlp_hidden_kernel(
     last, stride_last, k_raw, v_raw, pos_k, pos_v, w1_k, w1_v, partial,
     ROWS, COUNT, CAPACITY, H, HID_K, HID_V, HID_MAX,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr, SPLIT_POSITIONS: tl.constexpr, UNROLL: tl.constexpr,
-    PREC: tl.constexpr,
+    BM: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr, SPLIT_POSITIONS: tl.constexpr, PREC: tl.constexpr,
 ):
     i_j, i_s, i_mw = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_m, which = i_mw // 2, i_mw % 2
@@ -117,46 +98,29 @@ def mlp_hidden_kernel(
         j = i_j * BJ + tl.arange(0, BJ)
         in_j = j < HID
         acc = tl.zeros([BM, BJ], dtype=tl.float32)
-        if UNROLL:  # every position's loads issued before the first product waits on them
-            for p0 in tl.static_range(SPLIT_POSITIONS):
-                acc = _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j,
-                                        i_s * SPLIT_POSITIONS + p0, CAPACITY, H, D, CMP_BLOCK, CMP_STRIDE, PREC)  # fmt: skip
-        else:  # a loop that Triton pipelines
-            for p0 in range(SPLIT_POSITIONS):
-                acc = _position_product(acc, src, pos_emb, w1, b, h, slot, in_rows, d, in_d, j, in_j,
-                                        i_s * SPLIT_POSITIONS + p0, CAPACITY, H, D, CMP_BLOCK, CMP_STRIDE, PREC)  # fmt: skip
+        for p0 in range(SPLIT_POSITIONS):
+            p = i_s * SPLIT_POSITIONS + p0
+            # only a block not complete yet (invisible to every query) reaches past the capacity
+            position = tl.minimum(slot * CMP_STRIDE + p, CAPACITY - 1)
+            x = tl.load(src + ((b * CAPACITY + position) * H + h)[:, None] * D + d[None, :],
+                        mask=in_rows[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+            emb = tl.load(pos_emb + p * D + d, mask=in_d, other=0.0)
+            x = (x.to(tl.float32) + emb.to(tl.float32)[None, :]).to(src.dtype.element_ty)  # the block + pos_emb, rounded
+            w = tl.load(w1 + j[:, None].to(tl.int64) * (CMP_BLOCK * D) + p * D + d[None, :],
+                        mask=in_j[:, None] & in_d[None, :], other=0.0)  # fmt: skip
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
         n_splits = tl.num_programs(1)
         out = partial + ((which * n_splits + i_s) * ROWS + r)[:, None] * HID_MAX + j[None, :]
         tl.store(out, acc, mask=in_rows[:, None] & in_j[None, :])
 
 
 @triton.jit
-def _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, HID, HID_MAX, ROWS,
-                          BM: tl.constexpr, BH: tl.constexpr, SPLITS: tl.constexpr, PREC: tl.constexpr):
-    """``acc`` plus hidden units ``[k0, k0 + BH)`` of rows ``r`` times their columns of the second
-    weight: the first product's partial sums added in split order (whatever order their programs
-    ran in) and its bias, rounded as ``nn.Linear`` returns them, then exact GELU in float32, rounded
-    again. Units past ``HID`` (the narrower source's surplus) count zero."""
-    k = k0 + tl.arange(0, BH)
-    in_k = k < HID
-    pre = tl.zeros([BM, BH], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        pre += tl.load(partial + ((which * SPLITS + s) * ROWS + r)[:, None] * HID_MAX + k[None, :],
-                       mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
-    dtype = w2.dtype.element_ty
-    pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
-    hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dtype)
-    w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
-    return tl.dot(hidden, tl.trans(w), acc, input_precision=PREC)
-
-
-@triton.jit
 def mlp_out_kernel(
     last, stride_last, partial, b1_k, b1_v, w2_k, w2_v, b2_k, b2_v, k_cmp, v_cmp,
-    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX,
+    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX, SPLITS,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, CHUNKS: tl.constexpr, SPLITS: tl.constexpr,
-    UNROLL: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_m, which, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if which == 0:
@@ -169,14 +133,28 @@ def mlp_out_kernel(
         n = i_n * BN + tl.arange(0, BN)
         in_n = n < D
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        if UNROLL:  # every chunk's partial sums read in one round trip, in more registers
-            for chunk in tl.static_range(CHUNKS):
-                acc = _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, chunk * BH, HID, HID_MAX,
-                                            ROWS, BM, BH, SPLITS, PREC)  # fmt: skip
-        else:
-            for chunk in range(CHUNKS):
-                acc = _hidden_chunk_product(acc, partial, b1, w2, which, r, in_rows, n, in_n, chunk * BH, HID, HID_MAX,
-                                            ROWS, BM, BH, SPLITS, PREC)  # fmt: skip
+        for k0 in range(0, HID_MAX, BH):  # the narrower source's surplus is masked
+            k = k0 + tl.arange(0, BH)
+            in_k = k < HID
+            # the partial sums added in a fixed order, whatever order their programs ran in
+            if AT_ONCE:  # every split in one load (BS of them padded), then one reduction
+                s = tl.arange(0, BS)[:, None, None]
+                # 32-bit offsets (the partial sums hold fewer than 2**31 elements: MAX_ROWS rows)
+                offsets = ((which * SPLITS + s) * ROWS + r.to(tl.int32)[None, :, None]) * HID_MAX + k[None, None, :]
+                parts = tl.load(partial + offsets,
+                                mask=(s < SPLITS) & in_rows[None, :, None] & in_k[None, None, :], other=0.0)  # fmt: skip
+                pre = tl.sum(parts, axis=0)
+            else:  # one split after another
+                pre = tl.zeros([BM, BH], dtype=tl.float32)
+                for s in range(SPLITS):
+                    pre += tl.load(partial + ((which * SPLITS + s) * ROWS + r)[:, None] * HID_MAX + k[None, :],
+                                   mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
+            # the first product's output, rounded as nn.Linear returns it, then exact GELU in float32
+            pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dst.dtype.element_ty)
+            pre = pre.to(tl.float32)
+            hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dst.dtype.element_ty)
+            w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
+            acc = tl.dot(hidden, tl.trans(w), acc, input_precision=PREC)
         token = acc + tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
         tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
                  token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
@@ -195,29 +173,29 @@ def _check_weights(name: str, weights: MLPWeights, raw: torch.Tensor, config: NS
     return hidden
 
 
+def row_tile(rows: int, head_tile: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows of a program of :func:`emit_mlp_tokens`'s launches, for heads padded to ``head_tile``.
+
+    The first launch stages its operands in shared memory (compiled for sm_90; 4 positions, 3
+    stages): 41 KB at 16 rows and heads of 128, 82 at 64 rows; 83 KB at 16 rows and heads of 256
+    (192 padded), 161 at 64; float32 132-165 KB at 64 rows, spilling. So tiles of 64 rows only where
+    they fit, 16-bit heads up to 128 wide on Hopper's shared memory, else 16 (an RTX 4090 gives a
+    program 99 KB); at least 16 on a GPU, whose ``tl.dot`` needs it."""
+    min_dot = 16 if device.type == "cuda" else 1
+    wide = head_tile <= 128 and dtype.itemsize == 2 and large_shared_memory(device)
+    return max(min_dot, min(64 if wide else 16, next_power_of_2(rows)))
+
+
 def emit_mlp_tokens(
     k_raw: torch.Tensor, v_raw: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, last: torch.Tensor,
-    count: int, config: NSAConfig, weights: Sequence[MLPWeights], *, split_positions: Optional[int] = None,
-    hidden_tile: Optional[int] = None, sum_tile: Optional[int] = None, out_tile: Optional[int] = None,
-    unroll: Optional[bool] = None, sum_stages: Optional[int] = None, sum_warps: Optional[int] = None,
-    hidden_stages: Optional[int] = None,
+    count: int, config: NSAConfig, weights: Sequence[MLPWeights],
 ) -> None:
     """``k_cmp``/``v_cmp [B, cmp capacity, H, D]`` get the ``count`` newest compressed tokens
     complete at positions ``last [B]``, each made by the learnable compression whose parameters
     are ``weights = (keys', values')`` from its raw block of contiguous ``k_raw``/``v_raw
     [B, capacity, H, D]``: the slots and clamped positions of
     :func:`nsa.ops.decode.cache_write.gather_cmp_blocks`, the tokens of
-    :class:`nsa.modules.MLPCompression` (up to the products' order of summation).
-
-    Overrides of the launches' sizes (for tests and tuning): ``split_positions`` (block positions
-    a program of the first launch multiplies; made a divisor of ``cmp_block``), ``hidden_tile``
-    (its hidden units), ``sum_tile`` (hidden units the second launch sums and multiplies at a
-    time), ``out_tile`` (output units of a second-launch program), ``unroll`` (the second
-    launch's loop over the hidden units unrolled) and ``sum_stages`` (its pipeline stages: past
-    1, Triton stages the partial sums of the next units in shared memory, as many bytes as
-    ``(stages - 1) * splits * 16 * sum_tile * 4``) and ``sum_warps`` (its warps);
-    ``hidden_stages`` (the first launch's pipeline stages: from 2 on, its loop over the positions is
-    pipelined, else unrolled)."""
+    :class:`nsa.modules.MLPCompression` (up to the products' order of summation)."""
     B, capacity, H = k_raw.shape[:3]
     rows = B * count * H
     if rows == 0:
@@ -230,25 +208,27 @@ def emit_mlp_tokens(
     min_dot = 16 if on_gpu else 1  # a tl.dot's every side is at least 16 on a GPU
     prec = dot_precision(k_raw.dtype, k_raw.device, max(DK, DV))
     exact = prec == "ieee" and k_raw.dtype == torch.float32  # exact float32 products hold tiles in registers
-    BM = max(min_dot, min(64, next_power_of_2(rows)))  # the first launch's rows: each reads its weights once
-    BM_SUM = max(min_dot, min(16, next_power_of_2(rows)))  # the second's: each holds every split in registers
     BD = max(min_dot, next_power_of_2(max(DK, DV)))
-    BJ = max(min_dot, min(hidden_tile or (32 if exact else 64), next_power_of_2(hid_max)))
-    BN = max(min_dot, min(out_tile or 64, next_power_of_2(max(DK, DV))))
-    BH = max(min_dot, min(sum_tile or SUM_TILE, next_power_of_2(hid_max)))
-    split_positions = math.gcd(config.cmp_block, split_positions or SPLIT_POSITIONS)
+    BM = row_tile(rows, BD, k_raw.dtype, k_raw.device)
+    BJ = max(min_dot, min(32 if exact else 64, next_power_of_2(hid_max)))
+    BN = max(min_dot, min(64, next_power_of_2(max(DK, DV))))
+    BH = max(min_dot, min(64, next_power_of_2(hid_max)))
+    split_positions = math.gcd(config.cmp_block, SPLIT_POSITIONS)
     splits = config.cmp_block // split_positions
     partial = torch.empty(2, splits, rows, hid_max, dtype=torch.float32, device=k_raw.device)
     common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec, **LAUNCH_OPTIONS)
+    # The second launch, every split at once: tiles of 16 rows in 8 warps, no pipelining (compiled
+    # for sm_90: 203 registers and 16 KB of shared memory; in 4 warps 255 registers, in 2 stages
+    # 49 KB), else session 39's first launch
+    sum_rows, sum_launch = (min(BM, 16), dict(num_warps=8, num_stages=1)) if SUM_SPLITS_AT_ONCE else (BM, dict(num_warps=4))
     (k_w, v_w) = weights
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
-        UNROLL=(hidden_stages or HIDDEN_STAGES) == 1, num_warps=4, num_stages=hidden_stages or HIDDEN_STAGES, **common,
+        num_warps=4, **common,
     )  # fmt: skip
-    mlp_out_kernel[(cdiv(rows, BM_SUM), 2, cdiv(max(DK, DV), BN))](
+    mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
         last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
-        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, BN=BN, BH=BH, CHUNKS=cdiv(hid_max, BH), SPLITS=splits,
-        BM=BM_SUM, UNROLL=UNROLL_SUMS if unroll is None else unroll, num_stages=sum_stages or SUM_STAGES,
-        num_warps=sum_warps or SUM_WARPS, **common,
+        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BM=sum_rows, BN=BN, BH=BH,
+        BS=next_power_of_2(splits), AT_ONCE=SUM_SPLITS_AT_ONCE, **sum_launch, **common,
     )  # fmt: skip
