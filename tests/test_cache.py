@@ -235,7 +235,7 @@ def test_learnable_emission_in_two_launches_equals_the_modules(at_once, count, c
     every other element of every buffer untouched (random values beforehand)."""
     import nsa.ops.decode.mlp_emission as mlp_emission
 
-    monkeypatch.setattr(mlp_emission, "SUM_SPLITS_AT_ONCE", at_once)  # the second launch's two ways
+    monkeypatch.setattr(mlp_emission, "SUM_AT_ONCE_MIN_ROWS", 0 if at_once else 10**9)  # the second launch's two ways
     launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
     real = mlp_emission.emit_mlp_tokens
     monkeypatch.setattr(mlp_emission, "emit_mlp_tokens", lambda *a: (launches.append("emit_mlp_tokens"), real(*a))[1])

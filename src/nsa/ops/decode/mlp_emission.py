@@ -6,8 +6,8 @@ the MLP of :class:`nsa.modules.MLPCompression` (``Linear``, exact GELU, ``Linear
 token. In PyTorch that is twelve launches for keys and values together (the gather, two
 additions, four products, two split-K reductions, two GELUs, the store), about 31 us of the
 104.5-us :class:`nsa.DecodeGraph` step profiled in session 39, each of them far too small to
-fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step: 5.3 and
-14.2 us, the step 0.092 -> 0.080 ms at 4k):
+fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step 5.3 and
+14.2 us; the step 0.091-0.092 -> 0.080-0.081 ms at 4k):
 
 - :func:`mlp_hidden_kernel`: program ``(hidden tile, split, row tile and source)`` gathers
   ``SPLIT_POSITIONS`` positions of its rows' blocks, adds the position embedding and multiplies
@@ -16,7 +16,9 @@ fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in th
   (2 MiB a source at head dim 128) at speed.
 - :func:`mlp_out_kernel`: program ``(row tile, source, output tile)`` sums the partials in a
   fixed order (deterministic), adds the bias, applies GELU, multiplies by the second weight, adds
-  its bias and stores the token into the compressed buffer at its slot.
+  its bias and stores the token into the compressed buffer at its slot. It reads the splits one
+  after another for a few rows (a batch-1 step), all at once for more
+  (:data:`SUM_AT_ONCE_MIN_ROWS`).
 
 A row is one head of one new token, ``((b * count + c) * H + h)``. Values are rounded where
 PyTorch's modules round them (the sum with the embedding, each product's output, GELU's), so
@@ -39,17 +41,19 @@ from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 from nsa.ops.decode.cache_write import newest_slot
 
 #: rows (new tokens times KV heads) up to which :meth:`nsa.NSACache.emit` takes these launches:
-#: past it (a packed prefill's emission) the partial sums grow with the rows, and cuBLAS's
-#: products are the better tool
+#: past it (a packed prefill's emission of whole prompts) the partial sums grow with the rows,
+#: and the modules' products, which cuBLAS sizes for such matrices, run instead (not timed)
 MAX_ROWS = 1024
 
 #: positions of a block each program of the first launch multiplies (at most: a divisor of
 #: ``cmp_block``, so that no program's share runs past the block)
 SPLIT_POSITIONS = 4
 
-#: whether the second launch reads every split's partial sums of a tile in one load (else one
-#: split after another: in a step on the H200, 14.2 us for the launch)
-SUM_SPLITS_AT_ONCE = True
+#: rows from which the second launch reads every split's partial sums of a tile in one load, in
+#: tiles of 16 rows; below, one split after another in one tile. A DecodeGraph step on the H200
+#: (session 39), ms: batch 1 (4 rows) 0.080-0.081 against 0.089 at 4k, 0.090 against 0.099 at
+#: 32k (the launch 14.2 against 22.6 us); batch 16 (64 rows) 0.120 against 0.115 at 4k
+SUM_AT_ONCE_MIN_ROWS = 17
 
 
 class MLPWeights(NamedTuple):
@@ -219,8 +223,9 @@ def emit_mlp_tokens(
     common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec, **LAUNCH_OPTIONS)
     # The second launch, every split at once: tiles of 16 rows in 8 warps, no pipelining (compiled
     # for sm_90: 203 registers and 16 KB of shared memory; in 4 warps 255 registers, in 2 stages
-    # 49 KB), else session 39's first launch
-    sum_rows, sum_launch = (min(BM, 16), dict(num_warps=8, num_stages=1)) if SUM_SPLITS_AT_ONCE else (BM, dict(num_warps=4))
+    # 49 KB); else split by split, the first launch's row tiles
+    at_once = rows >= SUM_AT_ONCE_MIN_ROWS
+    sum_rows, sum_launch = (min(BM, 16), dict(num_warps=8, num_stages=1)) if at_once else (BM, dict(num_warps=4))
     (k_w, v_w) = weights
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
@@ -230,5 +235,5 @@ def emit_mlp_tokens(
     mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
         last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
         rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BM=sum_rows, BN=BN, BH=BH,
-        BS=next_power_of_2(splits), AT_ONCE=SUM_SPLITS_AT_ONCE, **sum_launch, **common,
+        BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common,
     )  # fmt: skip
