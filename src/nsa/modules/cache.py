@@ -303,7 +303,9 @@ class NSACache:
         to slot 0, which no query can see until the step that completes it rewrites it.
         ``phi_k``/``phi_v`` map raw blocks ``[N, l, H, D]`` to tokens ``[N, 1, H, D]``.
         Where :meth:`write` takes one launch, the blocks are gathered in one and the tokens
-        stored in another (:mod:`nsa.ops.decode.cache_write`), else by indexing."""
+        stored in another (:mod:`nsa.ops.decode.cache_write`); with learnable compressions
+        whose :meth:`~nsa.modules.MLPCompression.emission_weights` allow it, the tokens are made
+        and stored in two launches (:mod:`nsa.ops.decode.mlp_emission`); else by indexing."""
         cfg, B = self.config, last.shape[0]
         if self._triton_rows(backend):
             from nsa.ops.decode import mlp_emission

@@ -74,8 +74,8 @@ class MLPCompression(nn.Module):
         """The parameters as a decode step's emission in two launches takes them
         (:mod:`nsa.ops.decode.mlp_emission`), or None where it cannot stand in for
         :meth:`forward`: an ``mlp`` other than ``Linear``, exact ``GELU``, ``Linear`` with
-        biases, parameters not of ``dtype`` (the cache's; under autocast they are not), or ones
-        that would need a gradient here."""
+        biases, parameters not of ``dtype`` (the cache's: float32 parameters under a 16-bit
+        autocast run the modules), or ones that would need a gradient here."""
         layers = list(self.mlp) if isinstance(self.mlp, nn.Sequential) else []
         if len(layers) != 3:
             return None

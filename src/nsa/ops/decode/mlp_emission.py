@@ -220,7 +220,7 @@ def emit_mlp_tokens(
     split_positions = math.gcd(config.cmp_block, SPLIT_POSITIONS)
     splits = config.cmp_block // split_positions
     partial = torch.empty(2, splits, rows, hid_max, dtype=torch.float32, device=k_raw.device)
-    common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec, **LAUNCH_OPTIONS)
+    common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec)
     # The second launch, every split at once: tiles of 16 rows in 8 warps, no pipelining (compiled
     # for sm_90: 203 registers and 16 KB of shared memory; in 4 warps 255 registers, in 2 stages
     # 49 KB); else split by split, the first launch's row tiles
@@ -230,10 +230,10 @@ def emit_mlp_tokens(
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
-        num_warps=4, **common,
+        num_warps=4, **common, **LAUNCH_OPTIONS,
     )  # fmt: skip
     mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
         last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
         rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BM=sum_rows, BN=BN, BH=BH,
-        BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common,
+        BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common, **LAUNCH_OPTIONS,
     )  # fmt: skip
