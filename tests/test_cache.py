@@ -332,3 +332,28 @@ def test_learnable_emission_tiles_rows_by_the_gpus_shared_memory() -> None:
         assert row_tile(64, 128, torch.bfloat16, gpu) == 16
     with sized_as("h100"):  # launches sized for a GPU, whatever this machine has
         assert row_tile(64, 128, torch.bfloat16, gpu) == 64 and row_tile(4, 128, torch.bfloat16, gpu) == 16
+
+
+def test_step_positions_are_int64_past_the_int32_lengths() -> None:
+    """``positions(steps)``: each row's next positions from its device length, int64 even where
+    they pass 2**31 - 1 (the int32 lengths promote in the addition), in two ops (an arange and
+    the addition) where a cast first made three."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cache = NSACache(SMALL, 3, 2, 8, 4, capacity=16, static=True)
+    cache.seq_lens.copy_(torch.tensor([0, 7, 2**31 - 2], dtype=torch.int32))
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        got = cache.positions(3)
+    want = torch.tensor([[0, 1, 2], [7, 8, 9], [2**31 - 2, 2**31 - 1, 2**31]], dtype=torch.int64)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert [n for n in ops.names if n not in ("aten.slice", "aten.unsqueeze")] == ["aten.arange", "aten.add"]
