@@ -16,14 +16,16 @@
 #                                             # before the emission), LOOP_SRC (this src/ with the
 #                                             # split-by-split launch of the first call) and this tree,
 #                                             # in turn; the step's kernels
-#   bash scripts/gpu_session39.sh pending REV APART_SRC  # next session's first call (after the device
-#                                             # time was spent): the second product apart by hidden
-#                                             # chunk, three launches (mlp_emission.SECOND_PRODUCT_APART,
-#                                             # off in this tree, on in APART_SRC, a copy of src/ with
-#                                             # it on): the cache (both ways), decode-graph and module
-#                                             # GPU tests, then DecodeGraph steps (4k and 32k at batch 1,
-#                                             # 4k at batch 16) of this tree and APART_SRC three times
-#                                             # in turn, and APART_SRC's step kernels
+#   bash scripts/gpu_session39.sh pending REV OLD_SRC APART_SRC  # next session's first call (after the
+#                                             # device time was spent): step positions in two ops, and
+#                                             # the second product apart by hidden chunk in three
+#                                             # launches (mlp_emission.SECOND_PRODUCT_APART, off in this
+#                                             # tree, on in APART_SRC, a copy of src/ with it on): the
+#                                             # cache (both ways), decode-graph and module GPU tests,
+#                                             # then DecodeGraph steps (4k and 32k at batch 1, three
+#                                             # times; 4k at batch 16) of OLD_SRC (src/ of de6454b,
+#                                             # before both), this tree and APART_SRC in turn, and
+#                                             # APART_SRC's step kernels
 #
 # Two more calls ran this script's step "sweep" as it stood at e2dadd0 and 005cf99 (see `git show
 # 005cf99:scripts/gpu_session39.sh`): the emission alone in launch variants
@@ -36,7 +38,7 @@ here="$(dirname "$0")"
 declare -A sides
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV APART_SRC}"
+step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV OLD_SRC APART_SRC}"
 device_line
 case "$step" in
 emission)
@@ -66,19 +68,19 @@ final)
     ;;
 pending)
     rev="${2:?the commit to name the report after}"
-    apart="${3:?the folder of src/ with SECOND_PRODUCT_APART on}"
+    sides=([old]="${3:?the folder of src/ of de6454b}" [apart]="${4:?the folder of src/ with SECOND_PRODUCT_APART on}")
     verbose_tests 200 "$rev" pending tests/test_cache.py tests/test_decode_graph.py tests/test_module.py
     for args in "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph" \
                 "--ways DecodeGraph --batch 16 --contexts 4096"; do
-        for side in this apart; do
+        for side in old this apart; do
             src_dir="$PWD/src"
-            [ "$side" = apart ] && src_dir="$PWD/$apart"
+            [ "$side" != this ] && src_dir="$PWD/${sides[$side]}"
             echo "== $side ($args) after $(( $(date +%s) - start )) s"
             PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
                 | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/pending_$side.md"
         done
     done
-    PYTHONPATH="$PWD/$apart:$PWD/scripts" step_profile
+    PYTHONPATH="$PWD/${sides[apart]}:$PWD/scripts" step_profile
     ;;
 *)
     echo "unknown step $step" >&2
