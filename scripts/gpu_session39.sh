@@ -24,7 +24,7 @@
 #                                             # cache (both ways), decode-graph and module GPU tests,
 #                                             # then DecodeGraph steps (4k and 32k at batch 1, three
 #                                             # times; 4k at batch 16) of OLD_SRC (src/ of de6454b,
-#                                             # before both), this tree and APART_SRC in turn, and
+#                                             # before both), this tree ("new") and APART_SRC in turn, and
 #                                             # APART_SRC's step kernels
 #
 # Two more calls ran this script's step "sweep" as it stood at e2dadd0 and 005cf99 (see `git show
@@ -35,8 +35,24 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
-declare -A sides
+declare -A sides  # the A/B sides' folders of src/ by name; "new" is this tree's
 . "$here/gpu_env.sh"
+
+# DecodeGraph steps (gpu_decode_compiled.py) of every side in turn, for each argument set:
+# side_rounds NAME "SIDE..." ARGS... appends each side's rows to $OUT/NAME_SIDE.md.
+side_rounds() {
+    local name="$1" side_list="$2" args side src_dir
+    shift 2
+    for args in "$@"; do
+        for side in $side_list; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
+            echo "== $side ($args) after $(( $(date +%s) - start )) s"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
+                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/${name}_$side.md"
+        done
+    done
+}
 
 step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV OLD_SRC APART_SRC}"
 device_line
@@ -55,31 +71,16 @@ final)
     sides=([old]="${3:?the folder of src/ before the emission}" [loop]="${4:?the folder of src/ with the split loop}")
     verbose_tests 200 "$rev" final tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
         tests/test_compile.py
-    for args in "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096"; do
-        for side in old loop new; do
-            src_dir="$PWD/src"
-            [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
-            echo "== $side ($args) after $(( $(date +%s) - start )) s"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
-                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/final_$side.md"
-        done
-    done
+    side_rounds final "old loop new" "--ways DecodeGraph" "--ways DecodeGraph" \
+        "--ways DecodeGraph --batch 16 --contexts 4096"
     step_profile
     ;;
 pending)
     rev="${2:?the commit to name the report after}"
     sides=([old]="${3:?the folder of src/ of de6454b}" [apart]="${4:?the folder of src/ with SECOND_PRODUCT_APART on}")
     verbose_tests 200 "$rev" pending tests/test_cache.py tests/test_decode_graph.py tests/test_module.py
-    for args in "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph" \
-                "--ways DecodeGraph --batch 16 --contexts 4096"; do
-        for side in old this apart; do
-            src_dir="$PWD/src"
-            [ "$side" != this ] && src_dir="$PWD/${sides[$side]}"
-            echo "== $side ($args) after $(( $(date +%s) - start )) s"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
-                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/pending_$side.md"
-        done
-    done
+    side_rounds pending "old new apart" "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph" \
+        "--ways DecodeGraph --batch 16 --contexts 4096"
     PYTHONPATH="$PWD/${sides[apart]}:$PWD/scripts" step_profile
     ;;
 *)
