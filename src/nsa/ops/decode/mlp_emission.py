@@ -57,8 +57,8 @@ SUM_AT_ONCE_MIN_ROWS = 17
 
 #: whether the second product runs apart by hidden chunk (a program per chunk of 64 units and
 #: row tile, each leaving its share of every output unit) with a third launch adding the shares:
-#: more programs, each with a quarter of the work, where 4 programs of the two-launch way took
-#: 14.2 us at batch 1. Not yet timed on a GPU (session 39): off
+#: at batch 1, 8 programs with a quarter of the split sums and half of the products each, where 4
+#: programs of the two-launch way took 14.2 us. Not yet timed on a GPU (session 39): off
 SECOND_PRODUCT_APART = False
 
 
