@@ -16,16 +16,16 @@
 #                                             # before the emission), LOOP_SRC (this src/ with the
 #                                             # split-by-split launch of the first call) and this tree,
 #                                             # in turn; the step's kernels
-#   bash scripts/gpu_session39.sh pending REV OLD_SRC APART_SRC  # next session's first call (after the
-#                                             # device time was spent): step positions in two ops, and
-#                                             # the second product apart by hidden chunk in three
-#                                             # launches (mlp_emission.SECOND_PRODUCT_APART, off in this
-#                                             # tree, on in APART_SRC, a copy of src/ with it on): the
-#                                             # cache (both ways), decode-graph and module GPU tests,
-#                                             # then DecodeGraph steps (4k and 32k at batch 1, three
-#                                             # times; 4k at batch 16) of OLD_SRC (src/ of de6454b,
-#                                             # before both), this tree ("new") and APART_SRC in turn, and
-#                                             # APART_SRC's step kernels
+#   bash scripts/gpu_session39.sh pending REV OLD_SRC  # next session's first call (after the device
+#                                             # time was spent): step positions in two ops, and the
+#                                             # second product apart by hidden chunk in three launches
+#                                             # (docs/perf/attempts/decode_emission_second_product_apart.patch,
+#                                             # applied to a copy of src/ in apart_src/): the cache,
+#                                             # decode-graph and module GPU tests, then the cache and
+#                                             # decode-graph ones on apart_src, then DecodeGraph steps
+#                                             # (4k and 32k at batch 1, three times; 4k at batch 16) of
+#                                             # OLD_SRC (src/ of de6454b, before both), this tree ("new")
+#                                             # and apart_src in turn, and apart_src's step kernels
 #
 # Two more calls ran this script's step "sweep" as it stood at e2dadd0 and 005cf99 (see `git show
 # 005cf99:scripts/gpu_session39.sh`): the emission alone in launch variants
@@ -54,7 +54,7 @@ side_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV OLD_SRC APART_SRC}"
+step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV OLD_SRC}"
 device_line
 case "$step" in
 emission)
@@ -77,11 +77,14 @@ final)
     ;;
 pending)
     rev="${2:?the commit to name the report after}"
-    sides=([old]="${3:?the folder of src/ of de6454b}" [apart]="${4:?the folder of src/ with SECOND_PRODUCT_APART on}")
+    rm -rf apart_src && mkdir apart_src && cp -r src/nsa apart_src/ \
+        && patch -p2 -d apart_src < docs/perf/attempts/decode_emission_second_product_apart.patch || exit 1
+    sides=([old]="${3:?the folder of src/ of de6454b}" [apart]=apart_src)
     verbose_tests 200 "$rev" pending tests/test_cache.py tests/test_decode_graph.py tests/test_module.py
+    PYTHONPATH="$PWD/apart_src:$PWD/scripts" verbose_tests 120 "$rev" apart tests/test_cache.py tests/test_decode_graph.py
     side_rounds pending "old new apart" "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph" \
         "--ways DecodeGraph --batch 16 --contexts 4096"
-    PYTHONPATH="$PWD/${sides[apart]}:$PWD/scripts" step_profile
+    PYTHONPATH="$PWD/apart_src:$PWD/scripts" step_profile
     ;;
 *)
     echo "unknown step $step" >&2

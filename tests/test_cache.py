@@ -224,10 +224,9 @@ def _mlp_pair(dtype: torch.dtype, device: torch.device):
 
 @pytest.mark.triton
 @pytest.mark.parametrize("at_once", [True, False], ids=["splits-at-once", "split-by-split"])
-@pytest.mark.parametrize("apart", [False, True], ids=["two-launches", "second-product-apart"])
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
-def test_learnable_emission_in_two_launches_equals_the_modules(apart, at_once, count, capacity, last, nsa_device,
+def test_learnable_emission_in_two_launches_equals_the_modules(at_once, count, capacity, last, nsa_device,
                                                                monkeypatch) -> None:  # fmt: skip
     """With :class:`nsa.modules.MLPCompression` for keys and values and no gradient wanted,
     ``NSACache.emit`` on the Triton route makes the tokens in two launches
@@ -238,7 +237,6 @@ def test_learnable_emission_in_two_launches_equals_the_modules(apart, at_once, c
     import nsa.ops.decode.mlp_emission as mlp_emission
 
     monkeypatch.setattr(mlp_emission, "SUM_AT_ONCE_MIN_ROWS", 0 if at_once else 10**9)  # the second launch's two ways
-    monkeypatch.setattr(mlp_emission, "SECOND_PRODUCT_APART", apart)  # and the second product by hidden chunk
     launches = _launches(monkeypatch, "gather_cmp_blocks", "write_rows")
     real = mlp_emission.emit_mlp_tokens
     monkeypatch.setattr(mlp_emission, "emit_mlp_tokens", lambda *a: (launches.append("emit_mlp_tokens"), real(*a))[1])

@@ -55,13 +55,6 @@ SPLIT_POSITIONS = 4
 #: 32k (the launch 14.2 against 22.6 us); batch 16 (64 rows) 0.120 against 0.115 at 4k
 SUM_AT_ONCE_MIN_ROWS = 17
 
-#: whether the second product runs apart by hidden chunk (a program per chunk of 64 units and
-#: row tile, each leaving its share of every output unit) with a third launch adding the shares:
-#: at batch 1, 8 programs with a quarter of the split sums and half of the products each, where 4
-#: programs of the two-launch way took 14.2 us. Not yet timed on a GPU (session 39): off
-SECOND_PRODUCT_APART = False
-
-
 class MLPWeights(NamedTuple):
     """One learnable compression's parameters: ``pos_emb [l, D]``, ``w1 [hidden, l * D]``,
     ``b1 [hidden]``, ``w2 [D, hidden]``, ``b2 [D]`` (the two ``nn.Linear`` layers' weights and
@@ -153,40 +146,21 @@ def _second_product_chunk(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, 
 
 
 @triton.jit
-def _store_tokens(dst, b2, token, b, h, slot, in_rows, n, in_n, CMP_CAPACITY, H, D):
-    """``token`` (float32, without the second bias) plus the bias, stored at the rows' slots."""
-    token += tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
-             token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
-
-
-@triton.jit
 def mlp_out_kernel(
-    last, stride_last, partial, b1_k, b1_v, w2_k, w2_v, b2_k, b2_v, k_cmp, v_cmp, out_part,
-    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX, SPLITS, D_MAX,
+    last, stride_last, partial, b1_k, b1_v, w2_k, w2_v, b2_k, b2_v, k_cmp, v_cmp,
+    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX, SPLITS,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
-    APART: tl.constexpr, PREC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    # program (row tile, source, output tile): every hidden unit, then the token stored; APART:
-    # (row tile, source, hidden chunk), every output unit of one chunk's share, left in out_part
-    # [2, chunks, rows, D_MAX] for mlp_store_kernel
+    # program (row tile, source, output tile): every hidden unit, then the token stored
     i_m, which, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if which == 0:
         b1, w2, b2, dst = b1_k, w2_k, b2_k, k_cmp
     else:
         b1, w2, b2, dst = b1_v, w2_v, b2_v, v_cmp
     D, HID = tl.where(which == 0, DK, DV), tl.where(which == 0, HID_K, HID_V)
-    if APART:  # the narrower source's surplus chunks too: they leave zeros for mlp_store_kernel to add
-        r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
-        n = tl.arange(0, BN)
-        in_n = n < D
-        acc = _second_product_chunk(tl.zeros([BM, BN], dtype=tl.float32), partial, b1, w2, which, r, in_rows, n,
-                                    in_n, i_n * BH, HID, HID_MAX, ROWS, SPLITS, BM, BH, BS, AT_ONCE, PREC)  # fmt: skip
-        chunks = tl.num_programs(2)
-        tl.store(out_part + ((which * chunks + i_n) * ROWS + r)[:, None] * D_MAX + n[None, :], acc,
-                 mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
-    elif i_n * BN < D:
+    if i_n * BN < D:
         r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
         n = i_n * BN + tl.arange(0, BN)
         in_n = n < D
@@ -194,32 +168,9 @@ def mlp_out_kernel(
         for k0 in range(0, HID_MAX, BH):  # the narrower source's surplus is masked
             acc = _second_product_chunk(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, HID, HID_MAX, ROWS,
                                         SPLITS, BM, BH, BS, AT_ONCE, PREC)  # fmt: skip
-        _store_tokens(dst, b2, acc, b, h, slot, in_rows, n, in_n, CMP_CAPACITY, H, D)
-
-
-@triton.jit
-def mlp_store_kernel(
-    last, stride_last, out_part, b2_k, b2_v, k_cmp, v_cmp,
-    ROWS, COUNT, CMP_CAPACITY, H, D_MAX, CHUNKS,
-    CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-):
-    # program (row tile, source): the hidden chunks' shares of the tokens added in chunk order,
-    # the second bias, the store (the third launch where mlp_out_kernel runs APART)
-    i_m, which = tl.program_id(0), tl.program_id(1)
-    if which == 0:
-        b2, dst = b2_k, k_cmp
-    else:
-        b2, dst = b2_v, v_cmp
-    D = tl.where(which == 0, DK, DV)
-    r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
-    n = tl.arange(0, BN)
-    in_n = n < D
-    token = tl.zeros([BM, BN], dtype=tl.float32)
-    for c in range(CHUNKS):
-        token += tl.load(out_part + ((which * CHUNKS + c) * ROWS + r)[:, None] * D_MAX + n[None, :],
-                         mask=in_rows[:, None] & in_n[None, :], other=0.0)  # fmt: skip
-    _store_tokens(dst, b2, token, b, h, slot, in_rows, n, in_n, CMP_CAPACITY, H, D)
+        token = acc + tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
+                 token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
 
 
 def _check_weights(name: str, weights: MLPWeights, raw: torch.Tensor, config: NSAConfig) -> int:
@@ -290,25 +241,8 @@ def emit_mlp_tokens(
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
         num_warps=4, **common, **LAUNCH_OPTIONS,
     )  # fmt: skip
-    second = (last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp)
-    sizes = dict(BM=sum_rows, BH=BH, BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common)
-    if not SECOND_PRODUCT_APART:
-        mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
-            *second, partial, rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, 0, BN=BN, APART=False,
-            **sizes, **LAUNCH_OPTIONS,
-        )  # fmt: skip
-        return
-    # a program per hidden chunk, each leaving its share of every output unit; a third launch adds
-    # them. 8 warps: in 4 the split-by-split program spilled 56 bytes (compiled for sm_90)
-    chunks, d_max = cdiv(hid_max, BH), max(DK, DV)
-    sizes.update(num_warps=8)
-    out_part = torch.empty(2, chunks, rows, d_max, dtype=torch.float32, device=k_raw.device)
-    mlp_out_kernel[(cdiv(rows, sum_rows), 2, chunks)](
-        *second, out_part, rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, d_max, BN=BD, APART=True,
-        **sizes, **LAUNCH_OPTIONS,
-    )  # fmt: skip
-    mlp_store_kernel[(cdiv(rows, sum_rows), 2)](
-        last, last.stride(0), out_part, k_w.b2, v_w.b2, k_cmp, v_cmp, rows, count, k_cmp.shape[1], H, d_max, chunks,
-        CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, BM=sum_rows, BN=BD, num_warps=4,
-        **LAUNCH_OPTIONS,
+    mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
+        last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
+        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BM=sum_rows, BN=BN, BH=BH,
+        BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common, **LAUNCH_OPTIONS,
     )  # fmt: skip
