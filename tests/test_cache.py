@@ -214,7 +214,7 @@ def test_write_rows_takes_key_value_pairs_only() -> None:
 
 def _mlp_pair(dtype: torch.dtype, device: torch.device):
     """Learnable compressions for the twins' keys (D 8, hidden 80: two chunks of 64 hidden units,
-    the second partly masked) and values (D 4, hidden 6): unequal widths, as the two-launch
+    the second partly masked) and values (D 4, hidden 6): unequal widths, as the launched
     emission's masks must handle."""
     from nsa.modules import MLPCompression
 
@@ -226,10 +226,10 @@ def _mlp_pair(dtype: torch.dtype, device: torch.device):
 @pytest.mark.parametrize("at_once", [True, False], ids=["splits-at-once", "split-by-split"])
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("capacity, last", [(40, [13, 5, 39, 26]), (6, [3, 5, 0, 2])], ids=["long", "shorter-than-a-block"])
-def test_learnable_emission_in_two_launches_equals_the_modules(at_once, count, capacity, last, nsa_device,
-                                                               monkeypatch) -> None:  # fmt: skip
+def test_learnable_emission_in_launches_equals_the_modules(at_once, count, capacity, last, nsa_device,
+                                                           monkeypatch) -> None:  # fmt: skip
     """With :class:`nsa.modules.MLPCompression` for keys and values and no gradient wanted,
-    ``NSACache.emit`` on the Triton route makes the tokens in two launches
+    ``NSACache.emit`` on the Triton route makes the tokens in three launches
     (:mod:`nsa.ops.decode.mlp_emission`) and stores them where the indexing of the reference
     route, running the modules, does: the same slots and clamped positions as the gather, the
     same values up to the products' order of summation (float32 on the CPU, bf16 on a GPU), and
@@ -258,7 +258,7 @@ def test_learnable_emission_in_two_launches_equals_the_modules(at_once, count, c
 
 
 def test_learnable_emission_takes_the_modules_where_the_launches_cannot(nsa_device, monkeypatch) -> None:
-    """The two-launch emission stands in for the modules only where it computes what they do:
+    """The launched emission stands in for the modules only where it computes what they do:
     no gradient wanted, the stock MLP (``Linear``, exact GELU, ``Linear``), parameters of the
     cache's dtype. Elsewhere ``emission_weights`` says no and the emission runs the modules."""
     phi_k, phi_v = _mlp_pair(torch.float32, torch.device("cpu"))
@@ -290,7 +290,7 @@ def test_emit_mlp_tokens_names_a_bad_weight() -> None:
 @pytest.mark.parametrize("batch", [1, 16])
 def test_learnable_emission_at_the_benchmark_sizes_on_the_gpu(batch, nsa_device) -> None:
     """bf16, the paper's geometry (l 32, d 16), head dim 128, the default hidden width (256): the
-    tokens made in two launches are as close to the modules run in float64 as the bf16 modules'
+    tokens made in three launches are as close to the modules run in float64 as the bf16 modules'
     own (within one more rounding), at sequences' last positions drawn over a 4k cache."""
     from nsa.modules import MLPCompression
 

@@ -273,7 +273,7 @@ def test_fullgraph_layer_on_triton_trains_and_decodes_as_eager(nsa_device, monke
     """``torch.compile(layer, fullgraph=True)`` on the Triton route (float32): the training step
     (output, input and parameter gradients) and prefill plus decode steps through a static cache
     equal the eager layer's, bitwise. Compiled, the decode steps' learnable compression runs as
-    modules, which Inductor fuses; eager, in two launches of its own
+    modules, which Inductor fuses; eager, in three launches of its own
     (:mod:`nsa.ops.decode.mlp_emission`), whose products sum in another order: those steps are
     bitwise the eager layer's with that emission turned off, and close to its own."""
     import nsa.ops.decode.mlp_emission as mlp_emission

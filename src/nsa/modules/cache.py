@@ -307,7 +307,7 @@ class NSACache:
         Where :meth:`write` takes one launch, the blocks are gathered in one and the tokens
         stored in another (:mod:`nsa.ops.decode.cache_write`); with learnable compressions
         whose :meth:`~nsa.modules.MLPCompression.emission_weights` allow it, the tokens are made
-        and stored in two launches (:mod:`nsa.ops.decode.mlp_emission`); else by indexing."""
+        and stored in three launches (:mod:`nsa.ops.decode.mlp_emission`); else by indexing."""
         cfg, B = self.config, last.shape[0]
         if self._triton_rows(backend):
             from nsa.ops.decode import mlp_emission

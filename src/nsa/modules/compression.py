@@ -71,7 +71,7 @@ class MLPCompression(nn.Module):
         )
 
     def emission_weights(self, dtype: torch.dtype) -> Optional[MLPWeights]:
-        """The parameters as a decode step's emission in two launches takes them
+        """The parameters as a decode step's emission in three launches takes them
         (:mod:`nsa.ops.decode.mlp_emission`), or None where it cannot stand in for
         :meth:`forward`: an ``mlp`` other than ``Linear``, exact ``GELU``, ``Linear`` with
         biases, parameters not of ``dtype`` (the cache's: float32 parameters under a 16-bit

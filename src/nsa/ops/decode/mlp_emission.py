@@ -1,4 +1,4 @@
-"""A decode step's compressed-token emission through the learnable compression, in two launches.
+"""A decode step's compressed-token emission through the learnable compression, in three launches.
 
 Every graph-safe step recomputes the newest compressed token of each sequence
 (:meth:`nsa.NSACache.emit`): gather its raw block, add the intra-block position embedding, run
@@ -6,19 +6,25 @@ the MLP of :class:`nsa.modules.MLPCompression` (``Linear``, exact GELU, ``Linear
 token. In PyTorch that is twelve launches for keys and values together (the gather, two
 additions, four products, two split-K reductions, two GELUs, the store), about 31 us of the
 104.5-us :class:`nsa.DecodeGraph` step profiled in session 39, each of them far too small to
-fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step 5.3 and
-14.2 us; the step 0.091-0.092 -> 0.080-0.081 ms at 4k):
+fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step 5.3, 3.2
+and 2.5 us; the step 0.091-0.092 -> 0.071 ms at 4k):
 
 - :func:`mlp_hidden_kernel`: program ``(hidden tile, split, row tile and source)`` gathers
   ``SPLIT_POSITIONS`` positions of its rows' blocks, adds the position embedding and multiplies
   them by its tile of the first weight: float32 partial sums ``[2, splits, rows, hidden]``. The
   split over the block's positions gives the launch enough programs to read the weights
   (2 MiB a source at head dim 128) at speed.
-- :func:`mlp_out_kernel`: program ``(row tile, source, output tile)`` sums the partials in a
-  fixed order (deterministic), adds the bias, applies GELU, multiplies by the second weight, adds
-  its bias and stores the token into the compressed buffer at its slot. It reads the splits one
-  after another for a few rows (a batch-1 step), all at once for more
-  (:data:`SUM_AT_ONCE_MIN_ROWS`).
+- :func:`mlp_share_kernel`: program ``(row tile, source, hidden chunk)`` sums its chunk's
+  partials in a fixed order (deterministic), adds the bias, applies GELU and multiplies by the
+  chunk's columns of the second weight: float32 shares of every output unit
+  ``[2, chunks, rows, D]``. It reads the splits one after another for a few rows (a batch-1
+  step), all at once for more (:data:`SUM_AT_ONCE_MIN_ROWS`).
+- :func:`mlp_store_kernel`: program ``(row tile, source)`` adds the chunks' shares in chunk
+  order and the second bias, and stores the tokens into the compressed buffer at their slots.
+
+One launch doing the second and third launches' work (a program per output tile running every
+chunk) took 14.2 us in the step, against 5.7 for the two: with one program per chunk twice as
+many programs share the split sums and GELUs.
 
 A row is one head of one new token, ``((b * count + c) * H + h)``. Values are rounded where
 PyTorch's modules round them (the sum with the embedding, each product's output, GELU's), so
@@ -49,11 +55,12 @@ MAX_ROWS = 1024
 #: ``cmp_block``, so that no program's share runs past the block)
 SPLIT_POSITIONS = 4
 
-#: rows from which the second launch reads every split's partial sums of a tile in one load, in
-#: tiles of 16 rows; below, one split after another in one tile. A DecodeGraph step on the H200
-#: (session 39), ms: batch 1 (4 rows) 0.080-0.081 against 0.089 at 4k, 0.090 against 0.099 at
-#: 32k (the launch 14.2 against 22.6 us); batch 16 (64 rows) 0.120 against 0.115 at 4k
+#: rows from which :func:`mlp_share_kernel` reads every split's partial sums of a tile in one
+#: load, in tiles of 16 rows; below, one split after another. Measured (session 39, H200) when
+#: one launch summed every chunk: a DecodeGraph step, ms, batch 1 (4 rows) 0.080-0.081 against
+#: 0.089 at 4k, 0.090 against 0.099 at 32k; batch 16 (64 rows) 0.120 against 0.115 at 4k
 SUM_AT_ONCE_MIN_ROWS = 17
+
 
 class MLPWeights(NamedTuple):
     """One learnable compression's parameters: ``pos_emb [l, D]``, ``w1 [hidden, l * D]``,
@@ -118,14 +125,25 @@ def mlp_hidden_kernel(
 
 
 @triton.jit
-def _second_product_chunk(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, HID, HID_MAX, ROWS, SPLITS,
-                          BM: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
-                          PREC: tl.constexpr):
-    """``acc`` plus hidden units ``[k0, k0 + BH)`` of rows ``r`` times their columns ``n`` of the
-    second weight: the first product's partial sums added in a fixed order (whatever order their
-    programs ran in) with its bias, rounded as ``nn.Linear`` returns them, then exact GELU in
-    float32, rounded again. Units past ``HID`` (the narrower source's surplus) count zero."""
-    k = k0 + tl.arange(0, BH)
+def mlp_share_kernel(
+    partial, b1_k, b1_v, w2_k, w2_v, share, ROWS, HID_K, HID_V, HID_MAX, SPLITS, D_MAX,
+    DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # program (row tile, source, hidden chunk): hidden units [chunk * BH, + BH) of its rows, as
+    # the first product's partial sums added in a fixed order (whatever order their programs ran
+    # in) plus the bias, rounded as nn.Linear returns them, then exact GELU in float32, rounded
+    # again; times their columns of the second weight. Units past the source's width (the
+    # narrower source's surplus chunks) count zero, so those programs store zeros.
+    i_m, which, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if which == 0:
+        b1, w2 = b1_k, w2_k
+    else:
+        b1, w2 = b1_v, w2_v
+    D, HID = tl.where(which == 0, DK, DV), tl.where(which == 0, HID_K, HID_V)
+    r = i_m.to(tl.int64) * BM + tl.arange(0, BM)
+    in_rows = r < ROWS
+    k = i_c * BH + tl.arange(0, BH)
     in_k = k < HID
     if AT_ONCE:  # every split in one load (BS of them padded), then one reduction
         s = tl.arange(0, BS)[:, None, None]
@@ -141,36 +159,40 @@ def _second_product_chunk(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, 
     dtype = w2.dtype.element_ty
     pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
     hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dtype)
+    n = tl.arange(0, BN)
+    in_n = n < D
     w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
-    return tl.dot(hidden, tl.trans(w), acc, input_precision=PREC)
+    out = tl.dot(hidden, tl.trans(w), input_precision=PREC)
+    chunks = tl.num_programs(2)
+    tl.store(share + ((which * chunks + i_c) * ROWS + r)[:, None] * D_MAX + n[None, :], out,
+             mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
 
 
 @triton.jit
-def mlp_out_kernel(
-    last, stride_last, partial, b1_k, b1_v, w2_k, w2_v, b2_k, b2_v, k_cmp, v_cmp,
-    ROWS, COUNT, CMP_CAPACITY, H, HID_K, HID_V, HID_MAX, SPLITS,
+def mlp_store_kernel(
+    last, stride_last, share, b2_k, b2_v, k_cmp, v_cmp,
+    ROWS, COUNT, CMP_CAPACITY, H, D_MAX, CHUNKS,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
-    PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
 ):
-    # program (row tile, source, output tile): every hidden unit, then the token stored
-    i_m, which, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # program (row tile, source): the hidden chunks' shares added in chunk order (deterministic),
+    # the second bias, the tokens stored at their slots
+    i_m, which = tl.program_id(0), tl.program_id(1)
     if which == 0:
-        b1, w2, b2, dst = b1_k, w2_k, b2_k, k_cmp
+        b2, dst = b2_k, k_cmp
     else:
-        b1, w2, b2, dst = b1_v, w2_v, b2_v, v_cmp
-    D, HID = tl.where(which == 0, DK, DV), tl.where(which == 0, HID_K, HID_V)
-    if i_n * BN < D:
-        r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
-        n = i_n * BN + tl.arange(0, BN)
-        in_n = n < D
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, HID_MAX, BH):  # the narrower source's surplus is masked
-            acc = _second_product_chunk(acc, partial, b1, w2, which, r, in_rows, n, in_n, k0, HID, HID_MAX, ROWS,
-                                        SPLITS, BM, BH, BS, AT_ONCE, PREC)  # fmt: skip
-        token = acc + tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
-                 token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
+        b2, dst = b2_v, v_cmp
+    D = tl.where(which == 0, DK, DV)
+    r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
+    n = tl.arange(0, BN)
+    in_n = n < D
+    token = tl.zeros([BM, BN], dtype=tl.float32)
+    for c in range(CHUNKS):
+        token += tl.load(share + ((which * CHUNKS + c) * ROWS + r)[:, None] * D_MAX + n[None, :],
+                         mask=in_rows[:, None] & in_n[None, :], other=0.0)  # fmt: skip
+    token += tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
+             token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
 
 
 def _check_weights(name: str, weights: MLPWeights, raw: torch.Tensor, config: NSAConfig) -> int:
@@ -224,25 +246,30 @@ def emit_mlp_tokens(
     BD = max(min_dot, next_power_of_2(max(DK, DV)))
     BM = row_tile(rows, BD, k_raw.dtype, k_raw.device)
     BJ = max(min_dot, min(32 if exact else 64, next_power_of_2(hid_max)))
-    BN = max(min_dot, min(64, next_power_of_2(max(DK, DV))))
     BH = max(min_dot, min(64, next_power_of_2(hid_max)))
     split_positions = math.gcd(config.cmp_block, SPLIT_POSITIONS)
     splits = config.cmp_block // split_positions
     partial = torch.empty(2, splits, rows, hid_max, dtype=torch.float32, device=k_raw.device)
-    common = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV, PREC=prec)
-    # The second launch, every split at once: tiles of 16 rows in 8 warps, no pipelining (compiled
-    # for sm_90: 203 registers and 16 KB of shared memory; in 4 warps 255 registers, in 2 stages
-    # 49 KB); else split by split, the first launch's row tiles
+    chunks, d_max = cdiv(hid_max, BH), max(DK, DV)
+    share = torch.empty(2, chunks, rows, d_max, dtype=torch.float32, device=k_raw.device)
+    geometry = dict(CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, DK=DK, DV=DV)
+    # The second launch, every split at once: tiles of 16 rows, no pipelining; else split by
+    # split, the first launch's row tiles. 8 warps either way (compiled for sm_90: 58 registers,
+    # 18 KB of shared memory split by split; in 4 warps that program spilled 56 bytes)
     at_once = rows >= SUM_AT_ONCE_MIN_ROWS
-    sum_rows, sum_launch = (min(BM, 16), dict(num_warps=8, num_stages=1)) if at_once else (BM, dict(num_warps=4))
+    sum_rows, sum_stages = (min(BM, 16), dict(num_stages=1)) if at_once else (BM, {})
     (k_w, v_w) = weights
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
-        num_warps=4, **common, **LAUNCH_OPTIONS,
+        PREC=prec, num_warps=4, **geometry, **LAUNCH_OPTIONS,
     )  # fmt: skip
-    mlp_out_kernel[(cdiv(rows, sum_rows), 2, cdiv(max(DK, DV), BN))](
-        last, last.stride(0), partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, k_w.b2, v_w.b2, k_cmp, v_cmp,
-        rows, count, k_cmp.shape[1], H, hid_k, hid_v, hid_max, splits, BM=sum_rows, BN=BN, BH=BH,
-        BS=next_power_of_2(splits), AT_ONCE=at_once, **sum_launch, **common, **LAUNCH_OPTIONS,
+    mlp_share_kernel[(cdiv(rows, sum_rows), 2, chunks)](
+        partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, share, rows, hid_k, hid_v, hid_max, splits, d_max, DK=DK, DV=DV,
+        BM=sum_rows, BN=BD, BH=BH, BS=next_power_of_2(splits), AT_ONCE=at_once, PREC=prec, num_warps=8,
+        **sum_stages, **LAUNCH_OPTIONS,
+    )  # fmt: skip
+    mlp_store_kernel[(cdiv(rows, sum_rows), 2)](
+        last, last.stride(0), share, k_w.b2, v_w.b2, k_cmp, v_cmp, rows, count, k_cmp.shape[1], H, d_max, chunks,
+        BM=sum_rows, BN=BD, num_warps=4, **geometry, **LAUNCH_OPTIONS,
     )  # fmt: skip
