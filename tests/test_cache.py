@@ -144,10 +144,13 @@ def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, 
     every buffer bit for bit as the six assignments of the reference route do: rows of a batch at
     different positions, keys and values of different widths, contiguous or slices of one wider
     tensor (as a layer's decode step passes its values), buffers filled with random values
-    beforehand so that a stray write shows."""
+    beforehand so that a stray write shows; and advances each row's ``seq_lens`` by the tokens
+    written, as the reference route's addition does (the launch does it too)."""
     launches = _launches(monkeypatch, "write_rows")
     torch.manual_seed(0)
     caches, dtype = _route_twins(3, 40, nsa_device)
+    for cache in caches.values():
+        cache.seq_lens.copy_(torch.tensor([5, 17, 30]))
     positions = torch.tensor([[5], [17], [30]], device=nsa_device) + torch.arange(tokens, device=nsa_device)
     widths = [2 * (4 if name[0] == "v" else 8) for name in RAW_BUFFERS]
     if views:  # one product [3, tokens, 72 + 5], each tensor a slice of its rows
@@ -162,7 +165,7 @@ def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, 
         cache.write(positions, backend=route, **raw)
     assert launches == ["write_rows"]
     _assert_same_buffers(caches)
-    assert torch.equal(caches["triton"].seq_lens, caches["reference"].seq_lens)
+    assert caches["triton"].seq_lens.tolist() == caches["reference"].seq_lens.tolist() == [5 + tokens, 17 + tokens, 30 + tokens]
     for name in ("k_slc", "v_cmp_raw"):  # and the values did land where asked
         assert torch.equal(caches["triton"].buffer(name)[1, 17 : 17 + tokens], raw[name][1])
 
@@ -334,9 +337,12 @@ def test_learnable_emission_tiles_rows_by_the_gpus_shared_memory() -> None:
 
 def test_step_positions_are_int64_past_the_int32_lengths() -> None:
     """``positions(steps)``: each row's next positions from its device length, int64 even where
-    they pass 2**31 - 1 (the int32 lengths promote in the addition), in two ops (an arange and
-    the addition) where a cast first made three."""
+    they pass 2**31 - 1 (the int32 lengths promote in the addition); for a device step's tokens
+    one op, the addition to offsets the cache made once (an arange and a cast made three), and
+    for longer calls an arange too."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nsa.modules.cache import DEVICE_STEP_MAX_TOKENS
 
     cache = NSACache(SMALL, 3, 2, 8, 4, capacity=16, static=True)
     cache.seq_lens.copy_(torch.tensor([0, 7, 2**31 - 2], dtype=torch.int32))
@@ -350,8 +356,10 @@ def test_step_positions_are_int64_past_the_int32_lengths() -> None:
             self.names.append(str(func.overloadpacket))
             return func(*args, **(kwargs or {}))
 
-    with Ops() as ops:
-        got = cache.positions(3)
-    want = torch.tensor([[0, 1, 2], [7, 8, 9], [2**31 - 2, 2**31 - 1, 2**31]], dtype=torch.int64)
-    assert got.dtype == torch.int64 and torch.equal(got, want)
-    assert [n for n in ops.names if n not in ("aten.slice", "aten.unsqueeze")] == ["aten.arange", "aten.add"]
+    for steps, launched in ((3, ["aten.add"]), (DEVICE_STEP_MAX_TOKENS, ["aten.add"]),
+                            (DEVICE_STEP_MAX_TOKENS + 1, ["aten.arange", "aten.add"])):  # fmt: skip
+        with Ops() as ops:
+            got = cache.positions(steps)
+        want = torch.tensor([0, 7, 2**31 - 2], dtype=torch.int64)[:, None] + torch.arange(steps)
+        assert got.dtype == torch.int64 and torch.equal(got, want), steps
+        assert [n for n in ops.names if n not in ("aten.slice", "aten.unsqueeze")] == launched, steps

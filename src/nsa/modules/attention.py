@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nsa.config import NSAConfig
-from nsa.modules.cache import NSACache
+from nsa.modules.cache import DEVICE_STEP_MAX_TOKENS, NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
 from nsa.modules.rotary import RotaryEmbedding
 from nsa.ops import nsa_attention, varlen
@@ -16,8 +16,6 @@ from nsa.ops.decode import nsa_decode
 
 BRANCHES = ("cmp", "slc", "win")
 RAW_NAME = {"k": {"slc": "k_slc", "win": "k_win", "cmp": "k_cmp_raw"}, "v": {"slc": "v_slc", "win": "v_win", "cmp": "v_cmp_raw"}}
-#: Calls on a static cache with at most this many new tokens take the graph-safe decode path.
-DEVICE_STEP_MAX_TOKENS = 16
 
 
 class NSAAttention(nn.Module):

@@ -29,6 +29,9 @@ from nsa.ops.varlen import host_to_device
 
 RAW_BUFFERS = ("k_slc", "v_slc", "k_win", "v_win", "k_cmp_raw", "v_cmp_raw")
 CMP_BUFFERS = ("k_cmp", "v_cmp")
+#: Calls of :class:`nsa.NSAAttention` on a static cache with at most this many new tokens take
+#: the graph-safe decode path (:meth:`NSACache.write`, :meth:`NSACache.emit`).
+DEVICE_STEP_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -135,11 +138,13 @@ class NSACache:
         self.seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=self._like["device"])
         self._buf: Dict[str, torch.Tensor] = {}
         self._allocate(capacity if static else max(capacity, chunk))
+        # a step's offsets from the lengths, made once: arange took a kernel of every captured step
+        self._offsets = torch.arange(DEVICE_STEP_MAX_TOKENS, device=self.device)
         if static:
             # Addresses that never change, as torch.compile(mode="reduce-overhead") must be told:
             # its CUDA graphs then write the step into these buffers in place, where they would
             # otherwise refuse a graph that mutates its inputs (docs/perf/compile.md).
-            for tensor in (self.seq_lens, *self._buf.values()):
+            for tensor in (self.seq_lens, self._offsets, *self._buf.values()):
                 torch._dynamo.mark_static_address(tensor)
 
     @property
@@ -244,16 +249,18 @@ class NSACache:
 
     def positions(self, steps: int) -> torch.Tensor:
         """int64 ``[B, steps]`` positions of the next ``steps`` tokens, from ``seq_lens`` (no sync).
-        The int32 lengths promote in the addition itself: two kernels, where a cast first made three
-        (1.4 us of a captured step, session 39)."""
-        return self.seq_lens[:, None] + torch.arange(steps, device=self.seq_lens.device, dtype=torch.int64)
+        One kernel for a device step: the int32 lengths promote in the addition with offsets made
+        once (a cast and an ``arange`` took two more kernels of a captured step, 2.4 us, session 39)."""
+        offsets = self._offsets[:steps] if steps <= len(self._offsets) else torch.arange(steps, device=self.device)
+        return self.seq_lens[:, None] + offsets
 
     def write(self, positions: torch.Tensor, *, backend: Optional[str] = None, **raw: torch.Tensor) -> None:
         """Graph-safe append: scatter each raw buffer's ``[B, T, H, D]`` at ``positions [B, T]``
         and advance ``seq_lens`` on the device (the host ``length`` follows in :meth:`advance_host`).
         Where the decode op routes to Triton (``backend`` as for :func:`nsa.ops.nsa_decode`), the
-        six buffers are written in one launch (:mod:`nsa.ops.decode.cache_write`), else by six
-        assignments; under ``torch.compile`` always the latter, which Inductor fuses.
+        six buffers are written and ``seq_lens`` advanced in one launch
+        (:mod:`nsa.ops.decode.cache_write`), else by six assignments and an addition; under
+        ``torch.compile`` always the latter, which Inductor fuses.
 
         The caller keeps ``length + T <= capacity`` (checking device values would sync)."""
         _check_raw("write", raw)
@@ -266,11 +273,11 @@ class NSACache:
         if self._triton_rows(backend):
             from nsa.ops.decode.cache_write import write_rows
 
-            write_rows([self._buf[n] for n in RAW_BUFFERS], [raw[n] for n in RAW_BUFFERS], positions)
-        else:
-            rows = torch.arange(B, device=positions.device)[:, None]
-            for name, value in raw.items():
-                self._buf[name][rows, positions] = value
+            write_rows([self._buf[n] for n in RAW_BUFFERS], [raw[n] for n in RAW_BUFFERS], positions, self.seq_lens)
+            return
+        rows = torch.arange(B, device=positions.device)[:, None]
+        for name, value in raw.items():
+            self._buf[name][rows, positions] = value
         self.seq_lens.add_(T)
 
     def prefill_packed(self, rows: torch.Tensor, positions: torch.Tensor, lengths: List[int], **raw: torch.Tensor) -> None:

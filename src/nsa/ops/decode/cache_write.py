@@ -9,7 +9,8 @@ for the emission's gathers, stores and positions in session 38 (benchmark layer,
 docs/perf/compile.md).
 
 - :func:`write_rows`: one launch copies rows into up to six buffers (keys and values
-  alternating); program ``(row, buffer)`` copies one token's heads of one buffer.
+  alternating); program ``(row, buffer)`` copies one token's heads of one buffer. The same
+  launch can advance the cache's device lengths.
 - :func:`gather_cmp_blocks`: one launch reads the raw key and value blocks of the ``count``
   newest compressed tokens of each sequence, computing their positions from the sequences' last
   positions as the emission rule does.
@@ -19,7 +20,7 @@ Both move values bit for bit as the indexing does (the writes cast to the buffer
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -40,15 +41,17 @@ _SOURCE_STRIDES = [f"s{axis}_{kv}{i}" for i in range(3) for kv in "kv" for axis 
 @triton.jit(do_not_specialize=_SOURCE_STRIDES)
 def cache_write_kernel(
     positions, k_0, v_0, k_1, v_1, k_2, v_2,
-    k_0_buf, v_0_buf, k_1_buf, v_1_buf, k_2_buf, v_2_buf,
+    k_0_buf, v_0_buf, k_1_buf, v_1_buf, k_2_buf, v_2_buf, lengths,
     T, CAPACITY, stride_pb, stride_pt,
     sb_k0, st_k0, sb_v0, st_v0, sb_k1, st_k1, sb_v1, st_v1, sb_k2, st_k2, sb_v2, st_v2,
-    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr,
+    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr, ADVANCE: tl.constexpr,
 ):
     # program (b * T + t, buffer): the buffer's token t of sequence b, H heads of D (one row);
     # the grid's second axis says how many of the pairs are real
     i_bt, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
+    if ADVANCE and i_t == 0 and which == 0:  # one program a sequence; no program reads the lengths
+        tl.store(lengths + i_b, tl.load(lengths + i_b) + T)
     position = tl.load(positions + i_b * stride_pb + i_t * stride_pt).to(tl.int64)
     # each source with its batch and token strides (its rows of H heads of D are contiguous; the
     # values of a decode step are views of the layer's one projection)
@@ -71,14 +74,17 @@ def cache_write_kernel(
     tl.store(dst + (i_b * CAPACITY + position) * row + o, x.to(dst.dtype.element_ty), mask=m)
 
 
-def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor) -> None:
+def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor,
+               lengths: Optional[torch.Tensor] = None) -> None:
     """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for one to three key/value pairs
     (keys at even ``i``, values at odd; the cache's six raw buffers in
     ``nsa.modules.cache.RAW_BUFFERS`` order, or its two compressed ones): keys ``[B, T, H, Dk]``
     into contiguous ``[B, capacity, H, Dk]`` buffers of one capacity, values likewise with
     ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. A value's rows may lie apart (any
-    batch and token strides; a row's heads that are not contiguous are copied first). The caller
-    checks the shapes (:meth:`nsa.NSACache.write`)."""
+    batch and token strides; a row's heads that are not contiguous are copied first). With
+    ``lengths`` (contiguous ``[B]``, the cache's ``seq_lens``) the launch also adds ``T`` to each,
+    which took a kernel of its own in a captured step (1.3 us, session 39). The caller checks the
+    shapes (:meth:`nsa.NSACache.write`)."""
     if len(buffers) not in (2, 4, 6) or len(values) != len(buffers):
         raise ValueError(f"write_rows takes 1-3 key/value pairs, got {len(buffers)} buffers and {len(values)} values")
     B, T = positions.shape
@@ -89,9 +95,10 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
     unused = 6 - len(buffers)  # pointers the grid never reaches: repeat the first pair
     values = [*values, *values[:2] * (unused // 2)]
     cache_write_kernel[(B * T, len(buffers))](
-        positions, *values, *buffers, *buffers[:2] * (unused // 2),
+        positions, *values, *buffers, *buffers[:2] * (unused // 2), positions if lengths is None else lengths,
         T, buffers[0].shape[1], *positions.stride(), *[s for v in values for s in v.stride()[:2]],
-        ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), num_warps=4, **LAUNCH_OPTIONS,
+        ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), ADVANCE=lengths is not None,
+        num_warps=4, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
 
