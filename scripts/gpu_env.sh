@@ -121,3 +121,22 @@ decode_rounds() {
             | grep "^| [0-9]" | tee -a "$OUT/${name}_$side.md"
     done
 }
+
+# DecodeGraph steps (gpu_decode_compiled.py) of every side in turn, for each argument set:
+# side_rounds NAME "SIDE..." ARGS... appends each side's rows to $OUT/NAME_SIDE.md. The sides
+# are the folders of src/ in the array "sides" (set by the calling script), by name; "new" is
+# this tree's.
+declare -A sides
+side_rounds() {
+    local name="$1" side_list="$2" args side src_dir
+    shift 2
+    for args in "$@"; do
+        for side in $side_list; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
+            echo "== $side ($args) after $(( $(date +%s) - start )) s"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
+                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/${name}_$side.md"
+        done
+    done
+}

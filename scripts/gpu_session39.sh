@@ -35,24 +35,7 @@
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
-declare -A sides  # the A/B sides' folders of src/ by name; "new" is this tree's
 . "$here/gpu_env.sh"
-
-# DecodeGraph steps (gpu_decode_compiled.py) of every side in turn, for each argument set:
-# side_rounds NAME "SIDE..." ARGS... appends each side's rows to $OUT/NAME_SIDE.md.
-side_rounds() {
-    local name="$1" side_list="$2" args side src_dir
-    shift 2
-    for args in "$@"; do
-        for side in $side_list; do
-            src_dir="$PWD/src"
-            [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
-            echo "== $side ($args) after $(( $(date +%s) - start )) s"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
-                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/${name}_$side.md"
-        done
-    done
-}
 
 step="${1:?usage: scripts/gpu_session39.sh emission REV OLD_SRC | final REV OLD_SRC LOOP_SRC | pending REV OLD_SRC}"
 device_line
@@ -81,6 +64,8 @@ pending)
         && patch -p2 -d apart_src < docs/perf/attempts/decode_emission_second_product_apart.patch || exit 1
     sides=([old]="${3:?the folder of src/ of de6454b}" [apart]=apart_src)
     verbose_tests 200 "$rev" pending tests/test_cache.py tests/test_decode_graph.py tests/test_module.py
+    # as run (session 40's first call) this found no pytest_nsa (src/ not on the path) and ran no
+    # test; session 40's second call ran the GPU tests on the tree with the change adopted
     PYTHONPATH="$PWD/apart_src:$PWD/scripts" verbose_tests 120 "$rev" apart tests/test_cache.py tests/test_decode_graph.py
     side_rounds pending "old new apart" "--ways DecodeGraph" "--ways DecodeGraph" "--ways DecodeGraph" \
         "--ways DecodeGraph --batch 16 --contexts 4096"

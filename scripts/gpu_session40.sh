@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU calls of session 40 (its first call was `gpu_session39.sh pending`: the emission's
+# second product apart by hidden chunk, three launches, 8 us shorter DecodeGraph steps; adopted).
+#
+#   bash scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC  # the cache, decode-graph, module and
+#                                             # compile GPU tests of this tree (report named after
+#                                             # REV), then DecodeGraph steps (4k and 32k at batch 1,
+#                                             # twice; 4k at batch 16) of TWO_SRC (src/ of 529a88f:
+#                                             # the emission in two launches), THREE_SRC (src/ of
+#                                             # e85ed8c: in three) and this tree (also: the cache
+#                                             # write advances seq_lens, step positions from offsets
+#                                             # made once) in turn; this tree's step kernels
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC}"
+device_line
+case "$step" in
+trims)
+    rev="${2:?the commit to name the report after}"
+    sides=([two]="${3:?the folder of src/ of 529a88f}" [three]="${4:?the folder of src/ of e85ed8c}")
+    verbose_tests 200 "$rev" trims tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
+        tests/test_compile.py
+    side_rounds trims "two three new" "--ways DecodeGraph" "--ways DecodeGraph" \
+        "--ways DecodeGraph --batch 16 --contexts 4096"
+    step_profile
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
