@@ -128,7 +128,7 @@ def pdl_or_fallback() -> str:
         torch.cuda.synchronize()
         return "on"
     except Exception as err:  # noqa: BLE001 - any launch failure means: measure without PDL
-        decode_kernel._pdl_supported = lambda device: False
+        decode_kernel.pdl_supported = lambda device: False
         return f"off (failed: {type(err).__name__}: {str(err).splitlines()[0][:120]})"
 
 

@@ -318,6 +318,49 @@ def test_learnable_emission_at_the_benchmark_sizes_on_the_gpu(batch, nsa_device)
             assert err(got) <= 1.5 * err(bf16) + 1e-3, (name, err(got), err(bf16))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_learnable_emission_pdl_changes_nothing_but_timing(batch, nsa_device) -> None:
+    """Launches that start early (programmatic dependent launch) and load their parameters while
+    the launch before runs store the very tokens of launches that start in turn, bit for bit, at
+    the benchmark sizes, right after a cache write (as a decode step runs them)."""
+    from nsa.modules import MLPCompression
+    from nsa.ops._triton.device import pdl_supported
+    from nsa.ops.decode.mlp_emission import emit_mlp_tokens
+
+    if not pdl_supported(nsa_device):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
+    torch.manual_seed(4)
+    config, H, D = NSAConfig(), 4, 128
+    cache = NSACache(config, batch, H, D, capacity=4096, static=True, device=nsa_device, dtype=torch.bfloat16)
+    for name in cache._buf:
+        cache.buffer(name).normal_()
+    phis = [MLPCompression(D, config).to(nsa_device, torch.bfloat16) for _ in range(2)]
+    cache.seq_lens.copy_(torch.randint(config.cmp_block, 4096 - 2, (batch,)))
+    buffers = [cache.buffer(name) for name in ("k_cmp_raw", "v_cmp_raw", "k_cmp", "v_cmp")]
+    positions = cache.positions(1)
+    rows = torch.arange(batch, device=nsa_device)
+    got = {}
+    with torch.no_grad():
+        weights = [phi.emission_weights(torch.bfloat16) for phi in phis]
+        for pdl in (False, True, False):
+            torch.manual_seed(5)  # the same new rows each time, over zeros: an emission that read early would differ
+            raw = {name: torch.randn(batch, 1, H, D, device=nsa_device, dtype=torch.bfloat16) for name in RAW_BUFFERS}
+            for name in ("k_cmp", "v_cmp"):
+                cache.buffer(name).fill_(float("nan"))  # poisoned: every token must be stored again
+            for name in ("k_cmp_raw", "v_cmp_raw"):
+                cache.buffer(name)[rows, positions[:, -1]] = 0
+            cache.write(positions, backend="triton", **raw)
+            emit_mlp_tokens(*buffers, positions[:, -1], 1, config, weights, pdl=pdl)
+            cache.seq_lens.sub_(1)
+            got.setdefault(pdl, []).append([cache.buffer(n).clone() for n in ("k_cmp", "v_cmp")])
+    slots = (positions[:, -1] + 1 - config.cmp_block) // config.cmp_stride
+    for k_cmp, v_cmp in (*got[True], got[False][1]):
+        for buffer, want in zip((k_cmp, v_cmp), got[False][0]):
+            assert not torch.isnan(buffer[rows, slots]).any()
+            assert torch.equal(buffer.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
 def test_learnable_emission_tiles_rows_by_the_gpus_shared_memory() -> None:
     """The first launch's programs take 64 rows only where their staged operands fit: 16-bit heads
     up to 128 wide on Hopper's shared memory (the CPU counts as Hopper); 16 on an RTX 4090, for

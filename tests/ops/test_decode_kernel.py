@@ -320,9 +320,10 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(S, nsa_device):
     """Which of the score, selected and combine launches start early (programmatic dependent
     launch) changes when they start, never what they compute: every combination is bitwise
     equal to PDL on all three and off on all three (batch 1, bf16, paper geometry)."""
-    from nsa.ops.decode.kernel import _pdl_supported, decode_fwd
+    from nsa.ops._triton.device import pdl_supported
+    from nsa.ops.decode.kernel import decode_fwd
 
-    if not _pdl_supported(torch.device(nsa_device)):
+    if not pdl_supported(torch.device(nsa_device)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
     config = NSAConfig()
     q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs([S], 64, 4, 128, 128, config, nsa_device)

@@ -144,6 +144,13 @@ def bulk_copies_supported(device: torch.device) -> bool:
     return capability_major(device) >= 9
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Whether launches on ``device`` can start while the one before them runs (programmatic
+    dependent launch, ``launch_pdl`` and ``gdc_wait``): Hopper (compute capability 9.0) or later.
+    Callers pass ``launch_pdl`` only on a GPU; the interpreter knows neither."""
+    return capability_major(device) >= 9
+
+
 def device_memory(device: torch.device) -> int:
     """Bytes of memory of ``device``; the CPU counts as 32 GiB."""
     return gpu_facts(device).memory

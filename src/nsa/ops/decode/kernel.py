@@ -64,7 +64,7 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
-from nsa.ops._triton.device import bulk_copies_supported, capability_major, sm_count
+from nsa.ops._triton.device import bulk_copies_supported, pdl_supported, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
@@ -908,12 +908,6 @@ def _batch_fills_gpu(rows_groups: int, config: NSAConfig, device: torch.device) 
     return rows_groups * config.sel_count > 4 * _sm_count(device)
 
 
-def _pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch needs Hopper (compute capability 9.0) or later
-    (``scripts/gpu_decode.py`` turns it off here where the driver cannot)."""
-    return capability_major(device) >= 9
-
-
 def decode_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1027,7 +1021,7 @@ def decode_fwd(
     on_gpu = q.device.type == "cuda"
     fills = _batch_fills_gpu(rows * H, config, q.device)
     if pdl is None:
-        pdl = on_gpu and _pdl_supported(q.device) and not fills
+        pdl = on_gpu and pdl_supported(q.device) and not fills
     early = tuple(bool(e) for e in pdl) if isinstance(pdl, (tuple, list)) else (bool(pdl),) * 3
     if len(early) != 3:
         raise ValueError(f"pdl must be a bool or three flags (score, selected, combine launches), got {pdl!r}")

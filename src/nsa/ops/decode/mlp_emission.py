@@ -34,15 +34,16 @@ the tokens differ from the modules' only in the products' order of summation.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import dot_precision
-from nsa.ops._triton.device import large_shared_memory
+from nsa.ops._triton.device import large_shared_memory, pdl_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 from nsa.ops.decode.cache_write import newest_slot
 
@@ -93,7 +94,11 @@ def mlp_hidden_kernel(
     ROWS, COUNT, CAPACITY, H, HID_K, HID_V, HID_MAX,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BJ: tl.constexpr, BD: tl.constexpr, SPLIT_POSITIONS: tl.constexpr, PREC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the next launch may start; the cache write before this one must have ended
+        gdc_launch_dependents()
+        gdc_wait()
     i_j, i_s, i_mw = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_m, which = i_mw // 2, i_mw % 2
     if which == 0:
@@ -127,8 +132,8 @@ def mlp_hidden_kernel(
 @triton.jit
 def mlp_share_kernel(
     partial, b1_k, b1_v, w2_k, w2_v, share, ROWS, HID_K, HID_V, HID_MAX, SPLITS, D_MAX,
-    DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, AT_ONCE: tl.constexpr,
-    PREC: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr,
+    AT_ONCE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     # program (row tile, source, hidden chunk): hidden units [chunk * BH, + BH) of its rows, as
     # the first product's partial sums added in a fixed order (whatever order their programs ran
@@ -145,6 +150,14 @@ def mlp_share_kernel(
     in_rows = r < ROWS
     k = i_c * BH + tl.arange(0, BH)
     in_k = k < HID
+    n = tl.arange(0, BN)
+    in_n = n < D
+    # the parameters first: with PDL they load while the first launch runs
+    bias = tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)
+    w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     if AT_ONCE:  # every split in one load (BS of them padded), then one reduction
         s = tl.arange(0, BS)[:, None, None]
         # 32-bit offsets (the partial sums hold fewer than 2**31 elements: MAX_ROWS rows)
@@ -157,11 +170,8 @@ def mlp_share_kernel(
             pre += tl.load(partial + ((which * SPLITS + s) * ROWS + r)[:, None] * HID_MAX + k[None, :],
                            mask=in_rows[:, None] & in_k[None, :], other=0.0)  # fmt: skip
     dtype = w2.dtype.element_ty
-    pre = (pre + tl.load(b1 + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+    pre = (pre + bias[None, :]).to(dtype).to(tl.float32)
     hidden = (0.5 * pre * (1.0 + tl.math.erf(pre * 0.7071067811865476))).to(dtype)
-    n = tl.arange(0, BN)
-    in_n = n < D
-    w = tl.load(w2 + n[:, None] * HID + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0.0)
     out = tl.dot(hidden, tl.trans(w), input_precision=PREC)
     chunks = tl.num_programs(2)
     tl.store(share + ((which * chunks + i_c) * ROWS + r)[:, None] * D_MAX + n[None, :], out,
@@ -173,7 +183,7 @@ def mlp_store_kernel(
     last, stride_last, share, b2_k, b2_v, k_cmp, v_cmp,
     ROWS, COUNT, CMP_CAPACITY, H, D_MAX, CHUNKS,
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr,
 ):
     # program (row tile, source): the hidden chunks' shares added in chunk order (deterministic),
     # the second bias, the tokens stored at their slots
@@ -183,14 +193,17 @@ def mlp_store_kernel(
     else:
         b2, dst = b2_v, v_cmp
     D = tl.where(which == 0, DK, DV)
-    r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
     n = tl.arange(0, BN)
     in_n = n < D
+    bias = tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)
+    if PDL:  # even the positions: with PDL all three launches may start before they are written
+        gdc_wait()
+    r, in_rows, b, h, slot = _rows_and_slots(last, stride_last, i_m, ROWS, COUNT, H, CMP_BLOCK, CMP_STRIDE, BM)
     token = tl.zeros([BM, BN], dtype=tl.float32)
     for c in range(CHUNKS):
         token += tl.load(share + ((which * CHUNKS + c) * ROWS + r)[:, None] * D_MAX + n[None, :],
                          mask=in_rows[:, None] & in_n[None, :], other=0.0)  # fmt: skip
-    token += tl.load(b2 + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+    token += bias[None, :]
     tl.store(dst + ((b * CMP_CAPACITY + slot) * H + h)[:, None] * D + n[None, :],
              token.to(dst.dtype.element_ty), mask=in_rows[:, None] & in_n[None, :])  # fmt: skip
 
@@ -223,14 +236,18 @@ def row_tile(rows: int, head_tile: int, dtype: torch.dtype, device: torch.device
 
 def emit_mlp_tokens(
     k_raw: torch.Tensor, v_raw: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, last: torch.Tensor,
-    count: int, config: NSAConfig, weights: Sequence[MLPWeights],
+    count: int, config: NSAConfig, weights: Sequence[MLPWeights], *, pdl: Optional[bool] = None,
 ) -> None:
     """``k_cmp``/``v_cmp [B, cmp capacity, H, D]`` get the ``count`` newest compressed tokens
     complete at positions ``last [B]``, each made by the learnable compression whose parameters
     are ``weights = (keys', values')`` from its raw block of contiguous ``k_raw``/``v_raw
     [B, capacity, H, D]``: the slots and clamped positions of
     :func:`nsa.ops.decode.cache_write.gather_cmp_blocks`, the tokens of
-    :class:`nsa.modules.MLPCompression` (up to the products' order of summation)."""
+    :class:`nsa.modules.MLPCompression` (up to the products' order of summation).
+
+    ``pdl``: whether each launch may start while the one before it runs (programmatic dependent
+    launch; default: on a GPU that has it), loading its parameters meanwhile. It changes when
+    the launches run, never what they compute."""
     B, capacity, H = k_raw.shape[:3]
     rows = B * count * H
     if rows == 0:
@@ -258,18 +275,21 @@ def emit_mlp_tokens(
     # 18 KB of shared memory split by split; in 4 warps that program spilled 56 bytes)
     at_once = rows >= SUM_AT_ONCE_MIN_ROWS
     sum_rows, sum_stages = (min(BM, 16), dict(num_stages=1)) if at_once else (BM, {})
+    if pdl is None:
+        pdl = on_gpu and pdl_supported(k_raw.device)
+    early = dict(launch_pdl=True) if pdl else {}  # only when on: the interpreter does not know it
     (k_w, v_w) = weights
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
         rows, count, capacity, H, hid_k, hid_v, hid_max, BM=BM, BJ=BJ, BD=BD, SPLIT_POSITIONS=split_positions,
-        PREC=prec, num_warps=4, **geometry, **LAUNCH_OPTIONS,
+        PREC=prec, PDL=pdl, num_warps=4, **geometry, **early, **LAUNCH_OPTIONS,
     )  # fmt: skip
     mlp_share_kernel[(cdiv(rows, sum_rows), 2, chunks)](
         partial, k_w.b1, v_w.b1, k_w.w2, v_w.w2, share, rows, hid_k, hid_v, hid_max, splits, d_max, DK=DK, DV=DV,
-        BM=sum_rows, BN=BD, BH=BH, BS=next_power_of_2(splits), AT_ONCE=at_once, PREC=prec, num_warps=8,
-        **sum_stages, **LAUNCH_OPTIONS,
+        BM=sum_rows, BN=BD, BH=BH, BS=next_power_of_2(splits), AT_ONCE=at_once, PREC=prec, PDL=pdl, num_warps=8,
+        **sum_stages, **early, **LAUNCH_OPTIONS,
     )  # fmt: skip
     mlp_store_kernel[(cdiv(rows, sum_rows), 2)](
         last, last.stride(0), share, k_w.b2, v_w.b2, k_cmp, v_cmp, rows, count, k_cmp.shape[1], H, d_max, chunks,
-        BM=sum_rows, BN=BD, num_warps=4, **geometry, **LAUNCH_OPTIONS,
+        BM=sum_rows, BN=BD, PDL=pdl, num_warps=4, **geometry, **early, **LAUNCH_OPTIONS,
     )  # fmt: skip
