@@ -10,12 +10,19 @@
 #                                             # e85ed8c: in three) and this tree (also: the cache
 #                                             # write advances seq_lens, step positions from offsets
 #                                             # made once) in turn; this tree's step kernels
+#   bash scripts/gpu_session40.sh pdl REV TRIMS_SRC PDL_SRC  # programmatic dependent launch in the
+#                                             # step's emission and cache write: the cache,
+#                                             # decode-graph, module, compile and decode-kernel GPU
+#                                             # tests, then DecodeGraph steps as above of TRIMS_SRC
+#                                             # (src/ of 97c78e8, no PDL there), PDL_SRC (src/ of
+#                                             # 16c8185: the emission's launches) and this tree (the
+#                                             # cache write's too) in turn; this tree's step kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC}"
+step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC}"
 device_line
 case "$step" in
 trims)
@@ -24,6 +31,15 @@ trims)
     verbose_tests 200 "$rev" trims tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
         tests/test_compile.py
     side_rounds trims "two three new" "--ways DecodeGraph" "--ways DecodeGraph" \
+        "--ways DecodeGraph --batch 16 --contexts 4096"
+    step_profile
+    ;;
+pdl)
+    rev="${2:?the commit to name the report after}"
+    sides=([trims]="${3:?the folder of src/ of 97c78e8}" [pdl]="${4:?the folder of src/ of 16c8185}")
+    verbose_tests 240 "$rev" pdl tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
+        tests/test_compile.py tests/ops/test_decode_kernel.py
+    side_rounds pdl "trims pdl new" "--ways DecodeGraph" "--ways DecodeGraph" \
         "--ways DecodeGraph --batch 16 --contexts 4096"
     step_profile
     ;;
