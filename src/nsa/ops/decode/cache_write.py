@@ -25,10 +25,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
-from nsa.ops._triton.device import pdl_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, next_power_of_2
 
 #: elements a gather program copies at once (positions of a block times heads times head dims)
@@ -46,13 +44,10 @@ def cache_write_kernel(
     k_0_buf, v_0_buf, k_1_buf, v_1_buf, k_2_buf, v_2_buf, lengths,
     T, CAPACITY, stride_pb, stride_pt,
     sb_k0, st_k0, sb_v0, st_v0, sb_k1, st_k1, sb_v1, st_v1, sb_k2, st_k2, sb_v2, st_v2,
-    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr,
+    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK: tl.constexpr, ADVANCE: tl.constexpr,
 ):
     # program (b * T + t, buffer): the buffer's token t of sequence b, H heads of D (one row);
     # the grid's second axis says how many of the pairs are real
-    if PDL:  # everything it reads comes from the launches before
-        gdc_launch_dependents()
-        gdc_wait()
     i_bt, which = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
     if ADVANCE and i_t == 0 and which == 0:  # one program a sequence; no program reads the lengths
@@ -80,7 +75,7 @@ def cache_write_kernel(
 
 
 def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor,
-               lengths: Optional[torch.Tensor] = None, *, pdl: Optional[bool] = None) -> None:
+               lengths: Optional[torch.Tensor] = None) -> None:
     """``buffers[i][b, positions[b, t]] = values[i][b, t]`` for one to three key/value pairs
     (keys at even ``i``, values at odd; the cache's six raw buffers in
     ``nsa.modules.cache.RAW_BUFFERS`` order, or its two compressed ones): keys ``[B, T, H, Dk]``
@@ -88,9 +83,8 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
     ``Dv``; ``positions`` ``[B, T]``, on the buffers' device. A value's rows may lie apart (any
     batch and token strides; a row's heads that are not contiguous are copied first). With
     ``lengths`` (contiguous ``[B]``, the cache's ``seq_lens``) the launch also adds ``T`` to each,
-    which took a kernel of its own in a captured step (1.3 us, session 39). ``pdl``: whether the
-    launch may start while the one before it runs (default: on a GPU that has it; it then waits
-    for it before reading anything). The caller checks the shapes (:meth:`nsa.NSACache.write`)."""
+    which took a kernel of its own in a captured step (1.3 us, session 39). The caller checks the
+    shapes (:meth:`nsa.NSACache.write`)."""
     if len(buffers) not in (2, 4, 6) or len(values) != len(buffers):
         raise ValueError(f"write_rows takes 1-3 key/value pairs, got {len(buffers)} buffers and {len(values)} values")
     B, T = positions.shape
@@ -100,14 +94,11 @@ def write_rows(buffers: Sequence[torch.Tensor], values: Sequence[torch.Tensor], 
     row_k, row_v = values[0][0, 0].numel(), values[1][0, 0].numel()
     unused = 6 - len(buffers)  # pointers the grid never reaches: repeat the first pair
     values = [*values, *values[:2] * (unused // 2)]
-    if pdl is None:
-        pdl = positions.is_cuda and pdl_supported(positions.device)
-    early = dict(launch_pdl=True) if pdl else {}  # only when on: the interpreter does not know it
     cache_write_kernel[(B * T, len(buffers))](
         positions, *values, *buffers, *buffers[:2] * (unused // 2), positions if lengths is None else lengths,
         T, buffers[0].shape[1], *positions.stride(), *[s for v in values for s in v.stride()[:2]],
         ROW_K=row_k, ROW_V=row_v, BLOCK=next_power_of_2(max(row_k, row_v)), ADVANCE=lengths is not None,
-        PDL=pdl, num_warps=4, **early, **LAUNCH_OPTIONS,
+        num_warps=4, **LAUNCH_OPTIONS,
     )  # fmt: skip
 
 
