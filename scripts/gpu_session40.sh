@@ -17,12 +17,16 @@
 #                                             # (src/ of 97c78e8, no PDL there), PDL_SRC (src/ of
 #                                             # 16c8185: the emission's launches) and this tree (the
 #                                             # cache write's too) in turn; this tree's step kernels
+#   bash scripts/gpu_session40.sh final REV TRIMS_SRC  # the tree as it ends (the emission's PDL, the
+#                                             # cache write's dropped): the GPU tests of "pdl", then
+#                                             # DecodeGraph steps as above of TRIMS_SRC and this tree
+#                                             # in turn, twice; this tree's step kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC}"
+step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC}"
 device_line
 case "$step" in
 trims)
@@ -41,6 +45,15 @@ pdl)
         tests/test_compile.py tests/ops/test_decode_kernel.py
     side_rounds pdl "trims pdl new" "--ways DecodeGraph" "--ways DecodeGraph" \
         "--ways DecodeGraph --batch 16 --contexts 4096"
+    step_profile
+    ;;
+final)
+    rev="${2:?the commit to name the report after}"
+    sides=([trims]="${3:?the folder of src/ of 97c78e8}")
+    verbose_tests 240 "$rev" final tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
+        tests/test_compile.py tests/ops/test_decode_kernel.py
+    side_rounds final "trims new" "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096" \
+        "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096"
     step_profile
     ;;
 *)
