@@ -6,8 +6,9 @@ the MLP of :class:`nsa.modules.MLPCompression` (``Linear``, exact GELU, ``Linear
 token. In PyTorch that is twelve launches for keys and values together (the gather, two
 additions, four products, two split-K reductions, two GELUs, the store), about 31 us of the
 104.5-us :class:`nsa.DecodeGraph` step profiled in session 39, each of them far too small to
-fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here (in that step 5.3, 3.2
-and 2.5 us; the step 0.091-0.092 -> 0.071 ms at 4k):
+fill the GPU (benchmark layer, batch 1, H200; docs/perf/compile.md). Here three launches (in
+that step 5.3, 3.2 and 2.5 us; the step 0.091-0.092 -> 0.071 ms at 4k, then 0.067-0.068 with
+the launches started early, session 40):
 
 - :func:`mlp_hidden_kernel`: program ``(hidden tile, split, row tile and source)`` gathers
   ``SPLIT_POSITIONS`` positions of its rows' blocks, adds the position embedding and multiplies
@@ -25,6 +26,11 @@ and 2.5 us; the step 0.091-0.092 -> 0.071 ms at 4k):
 One launch doing the second and third launches' work (a program per output tile running every
 chunk) took 14.2 us in the step, against 5.7 for the two: with one program per chunk twice as
 many programs share the split sums and GELUs.
+
+On Hopper and later each launch may start while the one before it runs (programmatic dependent
+launch, ``pdl``): the first waits before reading anything (the cache write before it wrote the
+rows it gathers), the second and third load their parameters first, then wait. Every program
+waits, so the third launch's end implies the first's.
 
 A row is one head of one new token, ``((b * count + c) * H + h)``. Values are rounded where
 PyTorch's modules round them (the sum with the embedding, each product's output, GELU's), so
