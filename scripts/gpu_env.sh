@@ -140,3 +140,13 @@ side_rounds() {
         done
     done
 }
+
+# GPU tests (verbose_tests), then DecodeGraph steps of the sides in turn (side_rounds), then the
+# step's kernels (step_profile): tests_and_steps LIMIT REV NAME "TEST..." "SIDE..." ARGS...
+tests_and_steps() {
+    local limit="$1" rev="$2" name="$3" tests="$4" side_list="$5"
+    shift 5
+    verbose_tests "$limit" "$rev" "$name" $tests
+    side_rounds "$name" "$side_list" "$@"
+    step_profile
+}

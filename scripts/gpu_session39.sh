@@ -52,11 +52,9 @@ emission)
 final)
     rev="${2:?the commit to name the report after}"
     sides=([old]="${3:?the folder of src/ before the emission}" [loop]="${4:?the folder of src/ with the split loop}")
-    verbose_tests 200 "$rev" final tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
-        tests/test_compile.py
-    side_rounds final "old loop new" "--ways DecodeGraph" "--ways DecodeGraph" \
+    tests_and_steps 200 "$rev" final "tests/test_cache.py tests/test_decode_graph.py tests/test_module.py
+        tests/test_compile.py" "old loop new" "--ways DecodeGraph" "--ways DecodeGraph" \
         "--ways DecodeGraph --batch 16 --contexts 4096"
-    step_profile
     ;;
 pending)
     rev="${2:?the commit to name the report after}"

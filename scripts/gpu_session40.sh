@@ -28,33 +28,22 @@ here="$(dirname "$0")"
 
 step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC}"
 device_line
+# the GPU test files of each step (the decode kernels' too from "pdl" on, for pdl_supported's move)
+step_tests="tests/test_cache.py tests/test_decode_graph.py tests/test_module.py tests/test_compile.py"
+rev="${2:?the commit to name the report after}"
+one="--ways DecodeGraph" b16="--ways DecodeGraph --batch 16 --contexts 4096"
 case "$step" in
 trims)
-    rev="${2:?the commit to name the report after}"
     sides=([two]="${3:?the folder of src/ of 529a88f}" [three]="${4:?the folder of src/ of e85ed8c}")
-    verbose_tests 200 "$rev" trims tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
-        tests/test_compile.py
-    side_rounds trims "two three new" "--ways DecodeGraph" "--ways DecodeGraph" \
-        "--ways DecodeGraph --batch 16 --contexts 4096"
-    step_profile
+    tests_and_steps 200 "$rev" trims "$step_tests" "two three new" "$one" "$one" "$b16"
     ;;
 pdl)
-    rev="${2:?the commit to name the report after}"
     sides=([trims]="${3:?the folder of src/ of 97c78e8}" [pdl]="${4:?the folder of src/ of 16c8185}")
-    verbose_tests 240 "$rev" pdl tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
-        tests/test_compile.py tests/ops/test_decode_kernel.py
-    side_rounds pdl "trims pdl new" "--ways DecodeGraph" "--ways DecodeGraph" \
-        "--ways DecodeGraph --batch 16 --contexts 4096"
-    step_profile
+    tests_and_steps 240 "$rev" pdl "$step_tests tests/ops/test_decode_kernel.py" "trims pdl new" "$one" "$one" "$b16"
     ;;
 final)
-    rev="${2:?the commit to name the report after}"
     sides=([trims]="${3:?the folder of src/ of 97c78e8}")
-    verbose_tests 240 "$rev" final tests/test_cache.py tests/test_decode_graph.py tests/test_module.py \
-        tests/test_compile.py tests/ops/test_decode_kernel.py
-    side_rounds final "trims new" "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096" \
-        "--ways DecodeGraph" "--ways DecodeGraph --batch 16 --contexts 4096"
-    step_profile
+    tests_and_steps 240 "$rev" final "$step_tests tests/ops/test_decode_kernel.py" "trims new" "$one" "$b16" "$one" "$b16"
     ;;
 *)
     echo "unknown step $step" >&2
