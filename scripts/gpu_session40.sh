@@ -21,12 +21,17 @@
 #                                             # cache write's dropped): the GPU tests of "pdl", then
 #                                             # DecodeGraph steps as above of TRIMS_SRC and this tree
 #                                             # in turn, twice; this tree's step kernels
+#   bash scripts/gpu_session40.sh gates REV BEFORE_SRC  # a decode step's gates in one launch
+#                                             # (nsa.ops.decode.gate_projection), started during the
+#                                             # rotation: the GPU tests of "final" and the gate and
+#                                             # rotary kernels', then DecodeGraph steps as in "final"
+#                                             # of BEFORE_SRC (src/ of 79f2f17) and this tree
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC}"
+step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC | gates REV BEFORE_SRC}"
 device_line
 # the GPU test files of each step (the decode kernels' too from "pdl" on, for pdl_supported's move)
 step_tests="tests/test_cache.py tests/test_decode_graph.py tests/test_module.py tests/test_compile.py"
@@ -44,6 +49,11 @@ pdl)
 final)
     sides=([trims]="${3:?the folder of src/ of 97c78e8}")
     tests_and_steps 240 "$rev" final "$step_tests tests/ops/test_decode_kernel.py" "trims new" "$one" "$b16" "$one" "$b16"
+    ;;
+gates)
+    sides=([before]="${3:?the folder of src/ of 79f2f17}")
+    tests_and_steps 240 "$rev" gates "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py
+        tests/ops/test_rotary_kernel.py" "before new" "$one" "$b16" "$one" "$b16"
     ;;
 *)
     echo "unknown step $step" >&2
