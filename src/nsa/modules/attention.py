@@ -137,29 +137,8 @@ class NSAAttention(nn.Module):
     def _project(self, x: torch.Tensor, positions: torch.Tensor, *, views: bool = False):
         q, keys, values = self._queries_keys_values(x, positions, views=views)
         B, T, _ = x.shape
-        if views and self._gates_in_one_launch(x):
-            from nsa.ops.decode.gate_projection import project_gates
-
-            gates = project_gates(x, self.gate_proj.weight, self.gate_proj.bias)
-        else:
-            gates = torch.sigmoid(self.gate_proj(x))
-        return q, keys, values, gates.view(B, T, self.num_heads, 3)
-
-    def _gates_in_one_launch(self, x: torch.Tensor) -> bool:
-        """Whether a decode step's gates take one Triton launch
-        (:mod:`nsa.ops.decode.gate_projection`) instead of the product and the sigmoid: where the
-        decode op routes to Triton, not under ``torch.compile`` (which fuses them its own way) or
-        autocast, for a plain ``nn.Linear`` with a bias, of ``x``'s dtype, when no gradient is
-        wanted."""
-        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
-
-        proj = self.gate_proj
-        return (not torch.compiler.is_compiling() and type(proj) is nn.Linear and proj.bias is not None
-                and proj.weight.is_contiguous() and proj.bias.is_contiguous()
-                and proj.weight.dtype == proj.bias.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type)
-                and not (torch.is_grad_enabled() and (proj.weight.requires_grad or proj.bias.requires_grad
-                                                      or x.requires_grad))
-                and routing.all_triton(("decode",), x.device, x.dtype, self.backend))  # fmt: skip
+        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
+        return q, keys, values, gates
 
     def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor, *,
                              views: bool = False) -> Tuple[torch.Tensor, dict, dict]:

@@ -23,10 +23,8 @@ from typing import Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from nsa.ops._triton.attention import last_dim_contiguous
-from nsa.ops._triton.device import pdl_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
@@ -34,10 +32,8 @@ from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 def rotary_kernel(
     x, cos, sin, y, T, HEADS,
     stride_xb, stride_xt, stride_xh, stride_cb, stride_ct, stride_yb, stride_yt, stride_yh,
-    HALF: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, INVERSE: tl.constexpr, TRIGGER: tl.constexpr,
+    HALF: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, INVERSE: tl.constexpr,
 ):
-    if TRIGGER:  # a launch that follows with PDL may start now (a decode step's gates); none else does
-        gdc_launch_dependents()
     i_bt, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i_b, i_t = i_bt // T, i_bt % T
     o_d = tl.arange(0, BD)
@@ -73,7 +69,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool 
     BH = min(next_power_of_2(heads), max(1, 4096 // BD))  # at most 4096 elements a half
     rotary_kernel[(B * T, cdiv(heads, BH))](
         x, cos, sin, y, T, heads, *x.stride()[:3], stride_cb, stride_ct, *y.stride()[:3],
-        HALF=half, BD=BD, BH=BH, INVERSE=inverse, TRIGGER=x.is_cuda and pdl_supported(x.device), **LAUNCH_OPTIONS,
+        HALF=half, BD=BD, BH=BH, INVERSE=inverse, **LAUNCH_OPTIONS,
     )
     return y
 
