@@ -31,7 +31,9 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC | gates REV BEFORE_SRC}"
+usage="scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC
+    | gates REV BEFORE_SRC"
+step="${1:?usage: $usage}"
 device_line
 # the GPU test files of each step (the decode kernels' too from "pdl" on, for pdl_supported's move)
 step_tests="tests/test_cache.py tests/test_decode_graph.py tests/test_module.py tests/test_compile.py"
@@ -48,7 +50,8 @@ pdl)
     ;;
 final)
     sides=([trims]="${3:?the folder of src/ of 97c78e8}")
-    tests_and_steps 240 "$rev" final "$step_tests tests/ops/test_decode_kernel.py" "trims new" "$one" "$b16" "$one" "$b16"
+    tests_and_steps 240 "$rev" final "$step_tests tests/ops/test_decode_kernel.py" "trims new" \
+        "$one" "$b16" "$one" "$b16"
     ;;
 gates)
     sides=([before]="${3:?the folder of src/ of 79f2f17}")

@@ -165,7 +165,8 @@ def test_one_launch_write_equals_the_six_assignments(tokens, views, nsa_device, 
         cache.write(positions, backend=route, **raw)
     assert launches == ["write_rows"]
     _assert_same_buffers(caches)
-    assert caches["triton"].seq_lens.tolist() == caches["reference"].seq_lens.tolist() == [5 + tokens, 17 + tokens, 30 + tokens]
+    want_lens = [5 + tokens, 17 + tokens, 30 + tokens]
+    assert caches["triton"].seq_lens.tolist() == caches["reference"].seq_lens.tolist() == want_lens
     for name in ("k_slc", "v_cmp_raw"):  # and the values did land where asked
         assert torch.equal(caches["triton"].buffer(name)[1, 17 : 17 + tokens], raw[name][1])
 
