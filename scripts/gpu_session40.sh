@@ -26,13 +26,21 @@
 #                                             # rotation: the GPU tests of "final" and the gate and
 #                                             # rotary kernels', then DecodeGraph steps as in "final"
 #                                             # of BEFORE_SRC (src/ of 79f2f17) and this tree
+#   bash scripts/gpu_session40.sh pending REV  # next session's first call (prepared after the device
+#                                             # time was spent): the gates computed in the decode
+#                                             # op's combine launch
+#                                             # (docs/perf/attempts/decode_gates_in_combine.patch,
+#                                             # applied here on the GPU machine after src/ is copied
+#                                             # to before_src/): the GPU tests of "final" and the gate
+#                                             # projection's, then DecodeGraph steps as in "final" of
+#                                             # before_src and the patched tree; its step kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
 usage="scripts/gpu_session40.sh trims REV TWO_SRC THREE_SRC | pdl REV TRIMS_SRC PDL_SRC | final REV TRIMS_SRC
-    | gates REV BEFORE_SRC"
+    | gates REV BEFORE_SRC | pending REV"
 step="${1:?usage: $usage}"
 device_line
 # the GPU test files of each step (the decode kernels' too from "pdl" on, for pdl_supported's move)
@@ -57,6 +65,13 @@ gates)
     sides=([before]="${3:?the folder of src/ of 79f2f17}")
     tests_and_steps 240 "$rev" gates "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py
         tests/ops/test_rotary_kernel.py" "before new" "$one" "$b16" "$one" "$b16"
+    ;;
+pending)
+    rm -rf before_src && mkdir before_src && cp -r src/nsa before_src/ \
+        && patch -p1 < docs/perf/attempts/decode_gates_in_combine.patch > /dev/null || exit 1
+    sides=([before]=before_src)
+    tests_and_steps 300 "$rev" pending "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py" \
+        "before new" "$one" "$b16" "$one" "$b16"
     ;;
 *)
     echo "unknown step $step" >&2
