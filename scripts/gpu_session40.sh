@@ -27,13 +27,16 @@
 #                                             # rotary kernels', then DecodeGraph steps as in "final"
 #                                             # of BEFORE_SRC (src/ of 79f2f17) and this tree
 #   bash scripts/gpu_session40.sh pending REV  # next session's first call (prepared after the device
-#                                             # time was spent): the gates computed in the decode
-#                                             # op's combine launch
-#                                             # (docs/perf/attempts/decode_gates_in_combine.patch,
-#                                             # applied here on the GPU machine after src/ is copied
-#                                             # to before_src/): the GPU tests of "final" and the gate
-#                                             # projection's, then DecodeGraph steps as in "final" of
-#                                             # before_src and the patched tree; its step kernels
+#                                             # time was spent), two patches of docs/perf/attempts
+#                                             # applied in turn here on the GPU machine: the gates
+#                                             # computed in the decode op's combine launch
+#                                             # (decode_gates_in_combine.patch), then the step's two
+#                                             # projections in launches that read each weight once
+#                                             # (decode_projections_row_product.patch). src/ is copied
+#                                             # to before_src/ and, after the first, to combine_src/.
+#                                             # The GPU tests of "final" and the two patches' on the
+#                                             # patched tree, then DecodeGraph steps as in "final" of
+#                                             # before_src, combine_src and the tree; its step kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -67,11 +70,13 @@ gates)
         tests/ops/test_rotary_kernel.py" "before new" "$one" "$b16" "$one" "$b16"
     ;;
 pending)
-    rm -rf before_src && mkdir before_src && cp -r src/nsa before_src/ \
-        && patch -p1 < docs/perf/attempts/decode_gates_in_combine.patch > /dev/null || exit 1
-    sides=([before]=before_src)
-    tests_and_steps 300 "$rev" pending "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py" \
-        "before new" "$one" "$b16" "$one" "$b16"
+    attempts=docs/perf/attempts
+    rm -rf before_src combine_src && mkdir before_src combine_src && cp -r src/nsa before_src/ \
+        && patch -p1 < "$attempts/decode_gates_in_combine.patch" > /dev/null && cp -r src/nsa combine_src/ \
+        && patch -p1 < "$attempts/decode_projections_row_product.patch" > /dev/null || exit 1
+    sides=([before]=before_src [combine]=combine_src)
+    tests_and_steps 300 "$rev" pending "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py
+        tests/ops/test_row_product.py" "before combine new" "$one" "$b16" "$one" "$b16"
     ;;
 *)
     echo "unknown step $step" >&2
