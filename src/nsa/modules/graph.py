@@ -31,8 +31,8 @@ from typing import Optional
 
 import torch
 
-from nsa.modules.attention import DEVICE_STEP_MAX_TOKENS, NSAAttention
-from nsa.modules.cache import NSACache
+from nsa.modules.attention import NSAAttention
+from nsa.modules.cache import DEVICE_STEP_MAX_TOKENS, NSACache
 
 
 class DecodeGraph:
