@@ -27,16 +27,18 @@
 #                                             # rotary kernels', then DecodeGraph steps as in "final"
 #                                             # of BEFORE_SRC (src/ of 79f2f17) and this tree
 #   bash scripts/gpu_session40.sh pending REV  # next session's first call (prepared after the device
-#                                             # time was spent), two patches of docs/perf/attempts
+#                                             # time was spent), three patches of docs/perf/attempts
 #                                             # applied in turn here on the GPU machine: the gates
 #                                             # computed in the decode op's combine launch
-#                                             # (decode_gates_in_combine.patch), then the step's two
+#                                             # (decode_gates_in_combine.patch), the step's two
 #                                             # projections in launches that read each weight once
-#                                             # (decode_projections_row_product.patch). src/ is copied
-#                                             # to before_src/ and, after the first, to combine_src/.
-#                                             # The GPU tests of "final" and the two patches' on the
+#                                             # (decode_projections_row_product.patch), the rotation
+#                                             # at the cache's lengths in one launch
+#                                             # (decode_rotation_at_lengths.patch). src/ is copied
+#                                             # before each (before_src/, combine_src/, rowprod_src/).
+#                                             # The GPU tests of "final" and the patches' on the
 #                                             # patched tree, then DecodeGraph steps as in "final" of
-#                                             # before_src, combine_src and the tree; its step kernels
+#                                             # the four trees in turn; the last one's step kernels
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -71,12 +73,15 @@ gates)
     ;;
 pending)
     attempts=docs/perf/attempts
-    rm -rf before_src combine_src && mkdir before_src combine_src && cp -r src/nsa before_src/ \
-        && patch -p1 < "$attempts/decode_gates_in_combine.patch" > /dev/null && cp -r src/nsa combine_src/ \
-        && patch -p1 < "$attempts/decode_projections_row_product.patch" > /dev/null || exit 1
-    sides=([before]=before_src [combine]=combine_src)
+    rm -rf before_src combine_src rowprod_src && mkdir before_src combine_src rowprod_src \
+        && cp -r src/nsa before_src/ && patch -p1 < "$attempts/decode_gates_in_combine.patch" > /dev/null \
+        && cp -r src/nsa combine_src/ && patch -p1 < "$attempts/decode_projections_row_product.patch" > /dev/null \
+        && cp -r src/nsa rowprod_src/ && patch -p1 < "$attempts/decode_rotation_at_lengths.patch" > /dev/null \
+        || exit 1
+    sides=([before]=before_src [combine]=combine_src [rowprod]=rowprod_src)
     tests_and_steps 300 "$rev" pending "$step_tests tests/ops/test_decode_kernel.py tests/ops/test_gate_projection.py
-        tests/ops/test_row_product.py" "before combine new" "$one" "$b16" "$one" "$b16"
+        tests/ops/test_row_product.py tests/ops/test_rotary_kernel.py" "before combine rowprod new" \
+        "$one" "$b16" "$one" "$b16"
     ;;
 *)
     echo "unknown step $step" >&2
