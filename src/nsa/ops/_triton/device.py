@@ -151,6 +151,12 @@ def pdl_supported(device: torch.device) -> bool:
     return capability_major(device) >= 9
 
 
+def min_dot_side(device: torch.device) -> int:
+    """The smallest side of a ``tl.dot`` operand that launches on ``device`` may use: 16 on a GPU,
+    1 under the interpreter (whose small CPU tests take smaller tiles)."""
+    return 16 if device.type == "cuda" else 1
+
+
 def device_memory(device: torch.device) -> int:
     """Bytes of memory of ``device``; the CPU counts as 32 GiB."""
     return gpu_facts(device).memory

@@ -24,6 +24,12 @@ LAUNCH_OPTIONS: Mapping[str, bool] = MappingProxyType({"enable_fp_fusion": True}
 # calls (docs/perf/compile.md, session 37).
 
 
+def pdl_launch(on: bool) -> Mapping[str, bool]:
+    """The launch options of programmatic dependent launch: ``launch_pdl`` only when ``on``, since
+    the interpreter knows neither it nor ``gdc_wait``."""
+    return {"launch_pdl": True} if on else {}
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ``b``, on the host."""
     return -(-a // b)

@@ -161,7 +161,7 @@ def gather_cmp_blocks(
         BH, BD = next_power_of_2(H), next_power_of_2(max(k_raw.shape[3], v_raw.shape[3]))
         gather_cmp_blocks_kernel[(B * count, 2)](
             last, k_raw, v_raw, k_blocks, v_blocks, slots, count, capacity, last.stride(0), H,
-            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride,
-            ROWS=max(1, min(next_power_of_2(l), _GATHER_TILE // (BH * BD))), DK=k_raw.shape[3], DV=v_raw.shape[3], BH=BH, BD=BD, num_warps=4, **LAUNCH_OPTIONS,
+            CMP_BLOCK=l, CMP_STRIDE=config.cmp_stride, ROWS=max(1, min(next_power_of_2(l), _GATHER_TILE // (BH * BD))),
+            DK=k_raw.shape[3], DV=v_raw.shape[3], BH=BH, BD=BD, num_warps=4, **LAUNCH_OPTIONS,
         )  # fmt: skip
     return k_blocks, v_blocks, slots

@@ -64,8 +64,8 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
-from nsa.ops._triton.device import bulk_copies_supported, pdl_supported, sm_count
-from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, sm_count
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
@@ -1031,11 +1031,10 @@ def decode_fwd(
         cmp_tile = cmp_tile or (32 if cmp_desc else None)
     # a descriptor tile is the K of a whole tl.dot, which needs K >= 16 on a GPU (the
     # interpreter has no such limit, so CPU tests use smaller tiles)
-    min_dot = 16 if on_gpu else 1
+    min_dot = min_dot_side(q.device)
     if cmp_tile is not None:
         cmp_tile = max(cmp_tile, min_dot)
-    # launch_pdl is only passed when on: the interpreter knows neither it nor gdc_wait
-    after_score, after_selected, after_combine = (dict(launch_pdl=True) if e else {} for e in early)
+    after_score, after_selected, after_combine = (pdl_launch(e) for e in early)
     f32 = dict(device=q.device, dtype=torch.float32)
     # what the compressed pass leaves for scoring: each tile's block masses where the
     # geometry allows (blocks of R = l'/d whole tokens, a power of two; a token reaching at

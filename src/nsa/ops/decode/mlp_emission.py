@@ -49,8 +49,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import dot_precision
-from nsa.ops._triton.device import large_shared_memory, pdl_supported
-from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops._triton.device import large_shared_memory, min_dot_side, pdl_supported
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
 from nsa.ops.decode.cache_write import newest_slot
 
 #: rows (new tokens times KV heads) up to which :meth:`nsa.NSACache.emit` takes these launches:
@@ -235,7 +235,7 @@ def row_tile(rows: int, head_tile: int, dtype: torch.dtype, device: torch.device
     (192 padded), 161 at 64; float32 132-165 KB at 64 rows, spilling. So tiles of 64 rows only where
     they fit, 16-bit heads up to 128 wide on Hopper's shared memory, else 16 (an RTX 4090 gives a
     program 99 KB); at least 16 on a GPU, whose ``tl.dot`` needs it."""
-    min_dot = 16 if device.type == "cuda" else 1
+    min_dot = min_dot_side(device)
     wide = head_tile <= 128 and dtype.itemsize == 2 and large_shared_memory(device)
     return max(min_dot, min(64 if wide else 16, next_power_of_2(rows)))
 
@@ -263,7 +263,7 @@ def emit_mlp_tokens(
     hid_v = _check_weights("weights[1]", weights[1], v_raw, config)
     hid_max = max(hid_k, hid_v)
     on_gpu = k_raw.device.type == "cuda"
-    min_dot = 16 if on_gpu else 1  # a tl.dot's every side is at least 16 on a GPU
+    min_dot = min_dot_side(k_raw.device)
     prec = dot_precision(k_raw.dtype, k_raw.device, max(DK, DV))
     exact = prec == "ieee" and k_raw.dtype == torch.float32  # exact float32 products hold tiles in registers
     BD = max(min_dot, next_power_of_2(max(DK, DV)))
@@ -283,7 +283,7 @@ def emit_mlp_tokens(
     sum_rows, sum_stages = (min(BM, 16), dict(num_stages=1)) if at_once else (BM, {})
     if pdl is None:
         pdl = on_gpu and pdl_supported(k_raw.device)
-    early = dict(launch_pdl=True) if pdl else {}  # only when on: the interpreter does not know it
+    early = pdl_launch(pdl)
     (k_w, v_w) = weights
     mlp_hidden_kernel[(cdiv(hid_max, BJ), splits, cdiv(rows, BM) * 2)](
         last, last.stride(0), k_raw, v_raw, k_w.pos_emb, v_w.pos_emb, k_w.w1, v_w.w1, partial,
