@@ -123,9 +123,9 @@ decode_rounds() {
 }
 
 # DecodeGraph steps (gpu_decode_compiled.py) of every side in turn, for each argument set:
-# side_rounds NAME "SIDE..." ARGS... appends each side's rows to $OUT/NAME_SIDE.md. The sides
-# are the folders of src/ in the array "sides" (set by the calling script), by name; "new" is
-# this tree's.
+# side_rounds NAME "SIDE..." ARGS... appends the rows to $OUT/NAME_steps.md, each led by its side
+# and arguments (one file: the device tool brings back eight). The sides are the folders of src/
+# in the array "sides" (set by the calling script), by name; "new" is this tree's.
 declare -A sides
 side_rounds() {
     local name="$1" side_list="$2" args side src_dir
@@ -136,7 +136,7 @@ side_rounds() {
             [ "$side" != new ] && src_dir="$PWD/${sides[$side]}"
             echo "== $side ($args) after $(( $(date +%s) - start )) s"
             PYTHONPATH="$src_dir:$PWD/scripts" timeout 60 python scripts/gpu_decode_compiled.py $args 2>&1 \
-                | grep "^| [0-9]" | sed "s/^/$args /" | tee -a "$OUT/${name}_$side.md"
+                | grep "^| [0-9]" | sed "s/^/| $side | $args /" | tee -a "$OUT/${name}_steps.md"
         done
     done
 }

@@ -273,20 +273,23 @@ def test_fullgraph_layer_on_triton_trains_and_decodes_as_eager(nsa_device, monke
     """``torch.compile(layer, fullgraph=True)`` on the Triton route (float32): the training step
     (output, input and parameter gradients) and prefill plus decode steps through a static cache
     equal the eager layer's, bitwise. Compiled, the decode steps' learnable compression runs as
-    modules, which Inductor fuses; eager, in three launches of its own
-    (:mod:`nsa.ops.decode.mlp_emission`), whose products sum in another order: those steps are
-    bitwise the eager layer's with that emission turned off, and close to its own."""
+    modules, which Inductor fuses, and so do the gates; eager, in three launches of its own
+    (:mod:`nsa.ops.decode.mlp_emission`), and the gates in the decode op's last launch
+    (:mod:`nsa.ops.gates.projection`), whose products sum in another order: those steps are
+    bitwise the eager layer's with both turned off, and close to its own."""
     import nsa.ops.decode.mlp_emission as mlp_emission
 
     layer = _layer(device=nsa_device, dtype=torch.float32, backend="triton")
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     x = torch.randn(1, 70, 64, device=nsa_device, requires_grad=True)
     assert all(torch.equal(a, b) for a, b in zip(_train(compiled, x), _train(layer, x)))
+    max_rows, step_gates = mlp_emission.MAX_ROWS, NSAAttention._step_gates
     with torch.no_grad():
         steps = {}
-        for name, model, rows in (("eager", layer, mlp_emission.MAX_ROWS), ("eager, modules", layer, 0),
-                                  ("compiled", compiled, mlp_emission.MAX_ROWS)):  # fmt: skip
-            monkeypatch.setattr(mlp_emission, "MAX_ROWS", rows)
+        for name, model, launches in (("eager", layer, True), ("eager, modules", layer, False),
+                                      ("compiled", compiled, True)):  # fmt: skip
+            monkeypatch.setattr(mlp_emission, "MAX_ROWS", max_rows if launches else 0)
+            monkeypatch.setattr(NSAAttention, "_step_gates", step_gates if launches else NSAAttention._gates)
             cache = layer.new_cache(batch_size=1, capacity=96, static=True)
             steps[name] = [model(x[:, :64], cache)] + [model(x[:, t : t + 1], cache) for t in (64, 65)]
     assert all(torch.equal(a, b) for a, b in zip(steps["compiled"], steps["eager, modules"]))

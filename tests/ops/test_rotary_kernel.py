@@ -105,3 +105,70 @@ def test_rope_tables_name_a_bad_argument():
         rope_tables(torch.zeros(4, dtype=torch.int64), inv_freq.float(), torch.float32)
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype, got torch.int32"):
         rope_tables(torch.zeros(4, dtype=torch.int64), inv_freq, torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rotation_at_lengths_equals_the_tables_then_the_rotation(dtype, nsa_device):
+    """A decode step's rotation in one launch (``rotate_at_lengths``): positions ``lengths + t``
+    written out, and the rotated heads bit for bit those of ``rope_tables`` at those positions and
+    ``rotary`` (both Triton), for sequences at different lengths (one past 2**16), strided rows
+    (views of a wider product) and heads over two programs."""
+    from nsa.modules.rotary import RotaryEmbedding
+    from nsa.ops.rotary.kernel import rotate_at_lengths
+
+    torch.manual_seed(3)
+    B, T, heads, D = 3, 2, 70, 64
+    product = torch.randn(B, T, heads * D + 40, device=nsa_device, dtype=dtype)
+    x = product[..., : heads * D].unflatten(-1, (heads, D))
+    lengths = torch.tensor([0, 17, 70001], device=nsa_device, dtype=torch.int32)
+    inv_freq = RotaryEmbedding(D).inv_freq(nsa_device)
+    positions = torch.full((B, T), -1, device=nsa_device, dtype=torch.int64)  # poisoned
+    got = rotate_at_lengths(x, lengths, inv_freq, positions)
+    want_positions = lengths[:, None].long() + torch.arange(T, device=nsa_device)
+    assert torch.equal(positions, want_positions)
+    tables = rope_tables(want_positions, inv_freq, dtype, backend="triton")
+    assert torch.equal(got, apply_rotary(x, *tables, backend="triton"))
+
+
+def test_rotation_at_lengths_names_a_bad_argument():
+    from nsa.ops.rotary.kernel import rotate_at_lengths
+
+    x, lengths, inv_freq = torch.randn(2, 1, 3, 8), torch.zeros(2, dtype=torch.int32), torch.ones(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"positions must be a contiguous int64 \[B, T\] = \[2, 1\] tensor, got torch.int32"):
+        rotate_at_lengths(x, lengths, inv_freq, torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"lengths must be int32 \[B\] = \[2\], got torch.int64"):
+        rotate_at_lengths(x, lengths.long(), inv_freq, torch.zeros(2, 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"inv_freq must be float64 \[D/2\] = \[4\], got torch.float32"):
+        rotate_at_lengths(x, lengths, inv_freq.float(), torch.zeros(2, 1, dtype=torch.int64))
+
+
+def test_decode_step_rotates_at_the_lengths_in_one_launch(monkeypatch, nsa_device):
+    """Where RoPE runs on Triton a layer's device step rotates at the cache's lengths in one launch
+    (``rotate_at_lengths``) and takes its positions from it: two steps of two sequences of
+    different lengths give outputs, selections and caches bit for bit those of the step that
+    computes the positions, the tables and the rotation apart (float32, the interpreter)."""
+    if nsa_device.type == "cuda":
+        pytest.skip("float32 layers on the CPU, through the interpreter; the GPU's steps are test_decode_graph's")
+    import nsa.ops.rotary.kernel as rotary_kernel
+    from nsa import NSAAttention, NSAConfig
+
+    monkeypatch.setenv("NSA_BACKEND_ROTARY", "triton")
+    calls = []
+    real = rotary_kernel.rotate_at_lengths
+    monkeypatch.setattr(rotary_kernel, "rotate_at_lengths", lambda *a: (calls.append(1), real(*a))[1])
+    config = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=3, window=8)
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(NSAAttention, "_rotation_on_triton", lambda self, x: fused)
+        torch.manual_seed(1)
+        layer = NSAAttention(32, 4, 2, 8, config=config, backend="triton")
+        cache = layer.new_cache(2, capacity=40, static=True)
+        with torch.no_grad():
+            layer(torch.randn(2, 20, 32), cache)  # a prefill (past DEVICE_STEP_MAX_TOKENS)
+            cache.seq_lens.sub_(torch.tensor([0, 5], dtype=torch.int32))  # rows at different lengths
+            steps = [layer(torch.randn(2, 2, 32), cache) for _ in range(2)]
+        results[fused] = (steps, cache.last_block_idx, {n: cache.buffer(n) for n in cache._buf}, cache.seq_lens)
+    assert len(calls) == 2
+    (steps, idx, bufs, lens), (want_steps, want_idx, want_bufs, want_lens) = results[True], results[False]
+    assert all(torch.equal(a, b) for a, b in zip(steps, want_steps)) and torch.equal(idx, want_idx)
+    assert all(torch.equal(bufs[n], want_bufs[n]) for n in bufs) and torch.equal(lens, want_lens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -12,7 +12,9 @@ from nsa.modules.cache import DEVICE_STEP_MAX_TOKENS, NSACache
 from nsa.modules.compression import MeanCompression, MLPCompression
 from nsa.modules.rotary import RotaryEmbedding
 from nsa.ops import nsa_attention, varlen
+from nsa.ops._dispatch import needs_grad
 from nsa.ops.decode import nsa_decode
+from nsa.ops.gates.projection import GateProjection
 
 BRANCHES = ("cmp", "slc", "win")
 RAW_NAME = {"k": {"slc": "k_slc", "win": "k_win", "cmp": "k_cmp_raw"}, "v": {"slc": "v_slc", "win": "v_win", "cmp": "v_cmp_raw"}}
@@ -134,14 +136,39 @@ class NSAAttention(nn.Module):
                 f"where the calls run (new_cache follows autocast) or pass new_cache(dtype={computed})"
             )
 
-    def _project(self, x: torch.Tensor, positions: torch.Tensor, *, views: bool = False):
-        q, keys, values = self._queries_keys_values(x, positions, views=views)
-        B, T, _ = x.shape
-        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
-        return q, keys, values, gates
+    def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        q, keys, values = self._queries_keys_values(x, positions)
+        return q, keys, values, self._gates(x)
 
-    def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor, *,
-                             views: bool = False) -> Tuple[torch.Tensor, dict, dict]:
+    def _gates(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return torch.sigmoid(self.gate_proj(x)).view(B, T, self.num_heads, 3)
+
+    def _step_gates(self, x: torch.Tensor) -> Union[torch.Tensor, GateProjection]:
+        """A device step's gates: as their projection where the decode op's last Triton launch
+        computes them (:mod:`nsa.ops.gates.projection`; a product, a sigmoid and their launches
+        fewer), else computed here. Only where that computes what the modules do: a plain
+        ``nn.Linear`` of ``x``'s dtype, no autocast, no gradient wanted, and not under
+        ``torch.compile`` (which fuses the modules its own way)."""
+        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
+
+        proj = self.gate_proj
+        params = [t for t in (proj.weight, proj.bias) if t is not None]
+        fused = (not torch.compiler.is_compiling() and type(proj) is nn.Linear and x.is_contiguous()
+                 and all(t.dtype == x.dtype and t.is_contiguous() for t in params)
+                 and not torch.is_autocast_enabled(x.device.type) and not needs_grad(x, *params)
+                 and routing.all_triton(("decode",), x.device, x.dtype, self.backend))  # fmt: skip
+        return GateProjection(x, proj.weight, proj.bias) if fused else self._gates(x)
+
+    def _rotation_on_triton(self, x: torch.Tensor) -> bool:
+        """Whether RoPE routes to its Triton kernels for this layer's keys (a device step then
+        rotates at the cache's lengths in one launch)."""
+        from nsa import routing  # lazily: importing nsa must not load the router (see nsa.ops._dispatch)
+
+        return routing.all_triton(("rotary",), x.device, x.dtype, None, self.head_dim)
+
+    def _queries_keys_values(self, x: torch.Tensor, positions: torch.Tensor, *, views: bool = False,
+                             lengths: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, dict, dict]:
         """Queries ``[B, T, HQ, Dk]`` and each branch's keys and values ``[B, T, H, D]``, from one
         product, queries and keys rotated to ``positions``. Each comes out contiguous (the rotation
         writes a new tensor; the values are copied): on views of the product the layer ran 6 %
@@ -152,17 +179,26 @@ class NSAAttention(nn.Module):
         With ``views`` (a decode step, no gradient) everything is a view: the queries' and keys'
         columns, adjacent in the product, are rotated as one tensor of ``HQ + 3 H`` heads (one
         launch instead of four), and the values stay in the product. The step's consumers read
-        them where they are (the cache's writes, the decode kernels)."""
+        them where they are (the cache's writes, the decode kernels). With ``lengths`` too (a
+        device step on the Triton route) the rotation computes the positions ``lengths + t``
+        itself and writes them into ``positions`` (:func:`nsa.ops.rotary.kernel.rotate_at_lengths`:
+        one launch where the positions, the tables and the rotation took three)."""
         HQ, H, Dk, Dv = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
         product = self.in_proj(x)
-        tables = self.rotary.tables(positions, product.dtype)  # one (cos, sin) for the queries and every key
         if views:
             rotated_heads = HQ + len(BRANCHES) * H
-            rotated = self.rotary.rotate(product[..., : rotated_heads * Dk].unflatten(-1, (rotated_heads, Dk)), tables)
+            heads = product[..., : rotated_heads * Dk].unflatten(-1, (rotated_heads, Dk))
+            if lengths is not None:
+                from nsa.ops.rotary.kernel import rotate_at_lengths
+
+                rotated = rotate_at_lengths(heads, lengths, self.rotary.inv_freq(x.device), positions)
+            else:  # one (cos, sin) for the queries and every key
+                rotated = self.rotary.rotate(heads, self.rotary.tables(positions, product.dtype))
             q, *kv = torch.split(rotated, [HQ] + [H] * len(BRANCHES), dim=2)
             keys = dict(zip(BRANCHES, kv))
             values = product[..., rotated_heads * Dk :].unflatten(-1, (len(BRANCHES) * H, Dv))
             return q, keys, dict(zip(BRANCHES, torch.split(values, H, dim=2)))
+        tables = self.rotary.tables(positions, product.dtype)  # one (cos, sin) for the queries and every key
         q, *kv = torch.split(product, self._split_sizes, dim=-1)  # q, k per branch, v per branch
         q = self.rotary.rotate(q.unflatten(-1, (HQ, Dk)), tables)
         keys = {b: self.rotary.rotate(k.unflatten(-1, (H, Dk)), tables) for b, k in zip(BRANCHES, kv)}
@@ -198,9 +234,15 @@ class NSAAttention(nn.Module):
         the device lengths ``cache.seq_lens``; then :func:`nsa.ops.decode.nsa_decode`."""
         steps = x.shape[1]
         cache.reserve(steps)  # a static cache never grows: this raises when it is full
-        positions = cache.positions(steps)  # [B, T]
         # views: under torch.compile Inductor folds the copies into its own kernels anyway
-        q, keys, values, gates = self._project(x, positions, views=not torch.compiler.is_compiling())
+        views = not torch.compiler.is_compiling()
+        if views and self._rotation_on_triton(x):  # the rotation writes the positions [B, T]
+            positions = torch.empty(x.shape[0], steps, dtype=torch.int64, device=x.device)
+            q, keys, values = self._queries_keys_values(x, positions, views=True, lengths=cache.seq_lens)
+        else:
+            positions = cache.positions(steps)  # [B, T]
+            q, keys, values = self._queries_keys_values(x, positions, views=views)
+        gates = self._step_gates(x)
         cache.write(positions, backend=self.backend, **_raw(keys, values))
         # every compressed token completed by this step's positions: at most ceil(T / d) of them
         cache.emit(positions[:, -1], -(-steps // self.config.cmp_stride), self.compress_k, self.compress_v,

@@ -92,6 +92,25 @@ def check_gates(gates: object, q: torch.Tensor) -> torch.Tensor:
     return g
 
 
+def check_gate_projection(gates: object, q: torch.Tensor) -> None:
+    """``gates``, a :class:`nsa.ops.gates.projection.GateProjection`: ``x [B, T, hidden]`` of q's
+    B and T, ``weight [3 * HQ, hidden]``, ``bias [3 * HQ]`` or None, contiguous, of one floating
+    dtype, on q's device."""
+    x, weight, bias = gates
+    check_tensor("gates.x", x, rank=3)
+    B, T, HQ = q.shape[:3]
+    want = {"gates.x": (x, (B, T, x.shape[2])), "gates.weight": (weight, (3 * HQ, x.shape[2])),
+            "gates.bias": (bias, (3 * HQ,))}  # fmt: skip
+    for name, (t, shape) in want.items():
+        if t is None and name == "gates.bias":
+            continue
+        check_tensor(name, t, rank=len(shape))
+        if tuple(t.shape) != shape or t.dtype != x.dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {x.dtype} tensor of shape {list(shape)}, "
+                             f"got {t.dtype} {_shape(t)}")  # fmt: skip
+        check_same(("q", name), (q, t), dtype=False)
+
+
 def check_block_idx(block_idx: object, q: torch.Tensor, k: torch.Tensor, config: NSAConfig) -> torch.Tensor:
     """block_idx ``[B, Tq, H, m]`` of int32/int64 with values in ``[-1, ceil(Tk / sel_block))``.
 

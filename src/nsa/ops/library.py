@@ -301,7 +301,12 @@ def mean_compress(x, config, *, backend=None):
 
 
 def nsa_decode(q, k, v, gates, seq_lens, config, *, kv_cmp, kv_win=None, backend=None, return_block_idx=False):
-    """:func:`nsa.ops.nsa_decode` traced: one custom op."""
+    """:func:`nsa.ops.nsa_decode` traced: one custom op (gates given as their projection are
+    computed first, by ops that Inductor fuses)."""
+    from nsa.ops.gates.projection import GateProjection
+
+    if isinstance(gates, GateProjection):
+        gates = gates.evaluate(q.shape[2])
     k_win, v_win = kv_win if kv_win is not None else (None, None)
     o, block_idx = _decode(q, k, v, gates, seq_lens, *kv_cmp, k_win, v_win, _geometry(config), config.scale, backend)
     return (o, block_idx) if return_block_idx else o

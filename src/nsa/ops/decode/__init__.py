@@ -10,6 +10,7 @@ from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops import _guards
 from nsa.ops._dispatch import implementation, needs_grad, public_op
+from nsa.ops.gates.projection import GateProjection
 
 KVPair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -45,7 +46,7 @@ def nsa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gates: torch.Tensor,
+    gates: Union[torch.Tensor, GateProjection],
     seq_lens: torch.Tensor,
     config: NSAConfig,
     *,
@@ -79,7 +80,10 @@ def nsa_decode(
         q: ``[B, Tq, HQ, Dk]`` new queries (RoPE applied), float16/bfloat16/float32.
         k: ``[B, capacity, H, Dk]`` raw keys of the selected branch, ``H | HQ``.
         v: ``[B, capacity, H, Dv]``.
-        gates: ``[B, Tq, HQ, 3]`` in ``[0, 1]``, order (cmp, slc, win).
+        gates: ``[B, Tq, HQ, 3]`` in ``[0, 1]``, order (cmp, slc, win); or a
+            :class:`~nsa.ops.gates.projection.GateProjection` ``(x, weight, bias)`` that makes
+            them, ``sigmoid(x @ weight.T + bias)`` viewed ``[B, Tq, HQ, 3]``, which the Triton
+            path computes in its last launch instead of reading them.
         seq_lens: int32 ``[B]`` on q's device, ``Tq <= seq_lens[b] <= capacity``
             (checked on CPU; on CUDA only with ``NSA_CHECK_INDICES=on``, which syncs).
         config: block geometry and scale (default ``1/sqrt(Dk)``).
@@ -118,9 +122,13 @@ def nsa_decode(
             f"k_cmp {list(k_cmp.shape)}/v_cmp {list(v_cmp.shape)} and k_win {list(k_win.shape)}/v_win "
             f"{list(v_win.shape)} need matching capacities, the window's at least k's {k.shape[1]}"
         )
-    _guards.check_gates(gates, q)
+    if isinstance(gates, GateProjection):
+        _guards.check_gate_projection(gates, q)
+        gate_tensors = gates.tensors()
+    else:
+        gate_tensors = (_guards.check_gates(gates, q),)
     _check_seq_lens(seq_lens, q, k, k_cmp, config)
-    if needs_grad(q, k, v, gates, k_cmp, v_cmp, k_win, v_win):
+    if needs_grad(q, k, v, *gate_tensors, k_cmp, v_cmp, k_win, v_win):
         raise RuntimeError("nsa_decode has no backward; call it under torch.no_grad() or torch.inference_mode()")
     scale = config.softmax_scale(Dk)
     fn = implementation("decode", "nsa_decode", q, backend, max(Dk, Dv))

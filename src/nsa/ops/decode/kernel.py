@@ -31,7 +31,8 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    slower on an H200: 34 us against 29 us at batch 1, 64k; rounds of 4 maxima, the
    default until session 21, 25.6 us against 23.6-23.8 for the top-k on an H100.)
 4. ``decode_combine_kernel``: grid ``(rows * HQ,)``. Merges the partials of each
-   branch, a chunk of splits at a time, and applies the gates.
+   branch, a chunk of splits at a time, and applies the gates (or computes them first from the
+   hidden state, given a :class:`~nsa.ops.gates.projection.GateProjection`).
 
 On Hopper and later, while the batch does not fill the GPU, launches 2-4 use
 programmatic dependent launch (PDL): each starts while the one before it runs, does
@@ -66,6 +67,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
+from nsa.ops.gates.projection import GateProjection
 
 # Block keys pack (score bits, reversed index) into one int64: the bits of a
 # non-negative float32 order like the floats, and the reversed index makes the
@@ -808,14 +810,35 @@ def _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_s
 
 
 @triton.jit
+def _projected_gate(x_row, w, b, w_rows, HIDDEN, HB: tl.constexpr, BKG: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """``sigmoid(x_row . w[w_rows] + b[w_rows])`` ``[HB]`` in float32: the logits rounded to the
+    inputs' dtype as ``nn.Linear`` returns them, the sigmoid in float32 rounded again, as
+    ``torch.sigmoid`` does on 16-bit tensors (see :mod:`nsa.ops.gates.projection`)."""
+    acc = tl.zeros([HB], dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BKG):
+        o_k = k0 + tl.arange(0, BKG)
+        m_k = o_k < HIDDEN
+        b_x = tl.load(x_row + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_w = tl.load(w + w_rows[:, None] * HIDDEN + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(b_w * b_x[None, :], 1)
+    dtype = x_row.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b + w_rows).to(tl.float32)
+    return tl.sigmoid(acc.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def decode_combine_kernel(
-    o_part, m_part, l_part, gates, o,  #
-    S_CMP, S_WIN, S,  #
+    o_part, m_part, l_part, gates, o, gate_w, gate_b,  #
+    S_CMP, S_WIN, S, HQ, HIDDEN, stride_gx,  #
     V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
-    DROP: tl.constexpr,
+    DROP: tl.constexpr, GATE_PROJ: tl.constexpr, BKG: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
-    splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``.
+    splits and apply the gates. ``gates [rows*HQ, 3]``, ``o [rows*HQ, V]``; with
+    ``GATE_PROJ``, ``gates`` is the hidden state ``x`` (rows ``stride_gx`` apart, ``HIDDEN``
+    wide) and each gate ``sigmoid(x . gate_w[3 * head + branch] + gate_b[...])``, computed
+    before the wait for the launch before (nothing of it comes from there).
 
     Slots: compressed ``[0, S_CMP)``, window ``[S_CMP, S_CMP + S_WIN)``, selected after;
     gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
@@ -825,9 +848,16 @@ def decode_combine_kernel(
     read with the L2 eviction policy ``DROP``: nothing reads them again."""
     o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     o_v = tl.arange(0, BV)
-    b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
-    b_g_slc = tl.load(gates + o_h * 3 + 1).to(tl.float32)
-    b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
+    if GATE_PROJ:  # a program's heads share a row: HB divides HQ
+        x_row = gates + (tl.program_id(0).to(tl.int64) * HB // HQ) * stride_gx
+        w_rows = (o_h % HQ) * 3
+        b_g_cmp = _projected_gate(x_row, gate_w, gate_b, w_rows, HIDDEN, HB, BKG, HAS_BIAS)
+        b_g_slc = _projected_gate(x_row, gate_w, gate_b, w_rows + 1, HIDDEN, HB, BKG, HAS_BIAS)
+        b_g_win = _projected_gate(x_row, gate_w, gate_b, w_rows + 2, HIDDEN, HB, BKG, HAS_BIAS)
+    else:
+        b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
+        b_g_slc = tl.load(gates + o_h * 3 + 1).to(tl.float32)
+        b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
     if PDL:
         gdc_wait()
     o_s = tl.arange(0, BS)
@@ -912,7 +942,7 @@ def decode_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gates: torch.Tensor,
+    gates: Union[torch.Tensor, GateProjection],
     seq_lens: torch.Tensor,
     k_cmp: torch.Tensor,
     v_cmp: torch.Tensor,
@@ -1009,7 +1039,12 @@ def decode_fwd(
     H, V = k.shape[2], v.shape[3]
     G, rows = HQ // H, B * TQ
     q = last_dim_contiguous(q).reshape(rows, HQ, K)
-    gates = gates.reshape(rows, HQ, 3).contiguous()
+    gate_proj = isinstance(gates, GateProjection)
+    if gate_proj:  # the combine launch computes them: x [rows, hidden], weight [3 * HQ, hidden], bias
+        gate_x, gate_w, gate_b = gates.x.reshape(rows, -1), gates.weight, gates.bias
+        hidden = gate_x.shape[1]
+    else:
+        gate_x, gate_w, gate_b, hidden = gates.reshape(rows, HQ, 3).contiguous(), None, None, 0
     k, v, k_cmp, v_cmp, k_win, v_win = (last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
     nc_cap, nblk_cap, n = max(k_cmp.shape[1], 1), config.num_sel_blocks(k.shape[1]), config.sel_count
     s_cmp, s_win, sb = splits if splits is not None else default_splits(rows * H, nc_cap, config, q.device)
@@ -1152,9 +1187,10 @@ def decode_fwd(
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
     decode_combine_kernel[(rows * HQ // hb,)](
-        o_part, m_part, l_part, gates, o,  #
-        s_cmp, s_win, S,  #
+        o_part, m_part, l_part, gate_x, o, gate_w if gate_proj else gate_x, gate_b if gate_b is not None else gate_x,  #
+        s_cmp, s_win, S, HQ, hidden, gate_x.stride(0),  #
         V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
+        GATE_PROJ=gate_proj, BKG=min(512, next_power_of_2(max(hidden, 1))), HAS_BIAS=gate_b is not None,
         **after_combine, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return o, block_idx
@@ -1164,7 +1200,7 @@ def nsa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gates: torch.Tensor,
+    gates: Union[torch.Tensor, GateProjection],
     seq_lens: torch.Tensor,
     k_cmp: torch.Tensor,
     v_cmp: torch.Tensor,

@@ -9,11 +9,12 @@ graph-capturable one.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 
 from nsa.config import NSAConfig
+from nsa.ops.gates.projection import GateProjection
 from nsa.ops.gates.reference import combine_branches
 from nsa.ops.compressed.reference import compressed_attention
 from nsa.ops.select.reference import select_blocks
@@ -25,7 +26,7 @@ def nsa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gates: torch.Tensor,
+    gates: Union[torch.Tensor, GateProjection],
     seq_lens: torch.Tensor,
     k_cmp: torch.Tensor,
     v_cmp: torch.Tensor,
@@ -34,8 +35,11 @@ def nsa_decode(
     config: NSAConfig,
     scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(o [B, Tq, HQ, Dv], block_idx [B, Tq, H, sel_count] int32)`` of the last ``Tq`` queries."""
+    """``(o [B, Tq, HQ, Dv], block_idx [B, Tq, H, sel_count] int32)`` of the last ``Tq`` queries.
+    ``gates`` may be a :class:`~nsa.ops.gates.projection.GateProjection`: evaluated first."""
     B, Tq, HQ, _ = q.shape
+    if isinstance(gates, GateProjection):
+        gates = gates.evaluate(HQ)
     H = k.shape[2]
     o = q.new_zeros(B, Tq, HQ, v.shape[-1])
     block_idx = torch.full((B, Tq, H, config.sel_count), -1, dtype=torch.int32, device=q.device)

@@ -43,14 +43,55 @@ def rotary_kernel(
     b_sin = tl.load(sin + p_c, mask=m_d, other=0.0).to(tl.float32)[None, :]
     if INVERSE:  # the backward: rotation by the opposite angle
         b_sin = -b_sin
+    _rotate_heads(x + i_b * stride_xb + i_t * stride_xt, y + i_b * stride_yb + i_t * stride_yt, b_cos, b_sin,
+                  i_h, HEADS, stride_xh, stride_yh, HALF, BD, BH)  # fmt: skip
+
+
+@triton.jit
+def _rotate_heads(x_row, y_row, b_cos, b_sin, i_h, HEADS, stride_xh, stride_yh,
+                  HALF: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr):
+    """Heads ``[i_h * BH, + BH)`` of one position: ``x_row`` rotated by ``(b_cos, b_sin)``
+    (float32 ``[1, BD]``) into ``y_row``, in float32 with one rounding."""
+    o_d = tl.arange(0, BD)
     o_h = i_h * BH + tl.arange(0, BH)
-    m_x = (o_h < HEADS)[:, None] & m_d[None, :]
-    p_x = x + i_b * stride_xb + i_t * stride_xt + o_h[:, None] * stride_xh + o_d[None, :]
+    m_x = (o_h < HEADS)[:, None] & (o_d < HALF)[None, :]
+    p_x = x_row + o_h[:, None] * stride_xh + o_d[None, :]
     b_x1 = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
     b_x2 = tl.load(p_x + HALF, mask=m_x, other=0.0).to(tl.float32)
-    p_y = y + i_b * stride_yb + i_t * stride_yt + o_h[:, None] * stride_yh + o_d[None, :]
-    tl.store(p_y, (b_x1 * b_cos - b_x2 * b_sin).to(y.dtype.element_ty), mask=m_x)
-    tl.store(p_y + HALF, (b_x1 * b_sin + b_x2 * b_cos).to(y.dtype.element_ty), mask=m_x)
+    p_y = y_row + o_h[:, None] * stride_yh + o_d[None, :]
+    tl.store(p_y, (b_x1 * b_cos - b_x2 * b_sin).to(y_row.dtype.element_ty), mask=m_x)
+    tl.store(p_y + HALF, (b_x1 * b_sin + b_x2 * b_cos).to(y_row.dtype.element_ty), mask=m_x)
+
+
+@triton.jit
+def _table_entries(position, inv_freq, HALF: tl.constexpr, BD: tl.constexpr, dtype: tl.constexpr):
+    """``(cos, sin)`` of ``position * inv_freq`` (float64, as :func:`rope_tables_kernel`),
+    rounded through float32 to ``dtype`` as the tables are, then widened to float32 ``[1, BD]``."""
+    o_d = tl.arange(0, BD)
+    b_angle = position.to(tl.float64) * tl.load(inv_freq + o_d, mask=o_d < HALF, other=0.0)
+    b_cos = tl.cos(b_angle).to(tl.float32).to(dtype).to(tl.float32)
+    b_sin = tl.sin(b_angle).to(tl.float32).to(dtype).to(tl.float32)
+    return b_cos[None, :], b_sin[None, :]
+
+
+@triton.jit
+def rotary_at_lengths_kernel(
+    x, lengths, inv_freq, y, positions, T, HEADS,
+    stride_xb, stride_xt, stride_xh, stride_yb, stride_yt, stride_yh,
+    HALF: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr,
+):
+    # program (b * T + t, head tile): token t of sequence b sits at lengths[b] + t; the program
+    # of the first head tile writes that position out. Its table entries are computed here as
+    # rope_tables_kernel computes them (the same float64 angle, the same roundings): bit for bit
+    # the rotation by the tables, without their launch
+    i_bt, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i_b, i_t = i_bt // T, i_bt % T
+    position = tl.load(lengths + i_b).to(tl.int64) + i_t
+    if i_h == 0:
+        tl.store(positions + i_bt, position)
+    b_cos, b_sin = _table_entries(position, inv_freq, HALF, BD, y.dtype.element_ty)
+    _rotate_heads(x + i_b * stride_xb + i_t * stride_xt, y + i_b * stride_yb + i_t * stride_yt, b_cos, b_sin,
+                  i_h, HEADS, stride_xh, stride_yh, HALF, BD, BH)  # fmt: skip
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -71,6 +112,35 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool 
         x, cos, sin, y, T, heads, *x.stride()[:3], stride_cb, stride_ct, *y.stride()[:3],
         HALF=half, BD=BD, BH=BH, INVERSE=inverse, **LAUNCH_OPTIONS,
     )
+    return y
+
+
+def rotate_at_lengths(x: torch.Tensor, lengths: torch.Tensor, inv_freq: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """A decode step's rotation in one launch: ``x [B, T, heads, D]`` (rows of any stride, each
+    head contiguous) rotated to positions ``lengths[b] + t`` (int32 ``[B]``), which are written
+    into ``positions`` (int64 ``[B, T]``, contiguous). Bit for bit :func:`rope_tables` at those
+    positions then :func:`rotary`, whose three launches (the positions' addition too) this
+    replaces."""
+    B, T, heads, D = x.shape
+    half = D // 2
+    if tuple(positions.shape) != (B, T) or positions.dtype != torch.int64 or not positions.is_contiguous():
+        raise ValueError(f"positions must be a contiguous int64 [B, T] = [{B}, {T}] tensor, got {positions.dtype} "
+                         f"{list(positions.shape)}")  # fmt: skip
+    if tuple(lengths.shape) != (B,) or lengths.dtype != torch.int32:
+        raise ValueError(f"lengths must be int32 [B] = [{B}], got {lengths.dtype} {list(lengths.shape)}")
+    if tuple(inv_freq.shape) != (half,) or inv_freq.dtype != torch.float64:
+        raise ValueError(f"inv_freq must be float64 [D/2] = [{half}], got {inv_freq.dtype} {list(inv_freq.shape)}")
+    y = torch.empty(B, T, heads, D, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    x = last_dim_contiguous(x)
+    BD = next_power_of_2(half)
+    BH = min(next_power_of_2(heads), max(1, 4096 // BD))  # at most 4096 elements a half
+    rotary_at_lengths_kernel[(B * T, cdiv(heads, BH))](
+        x, lengths, inv_freq, y, positions, T, heads, *x.stride()[:3], *y.stride()[:3], HALF=half, BD=BD, BH=BH,
+        **LAUNCH_OPTIONS,
+    )  # fmt: skip
     return y
 
 
