@@ -38,7 +38,10 @@
 #                                             # before each (before_src/, combine_src/, rowprod_src/).
 #                                             # The GPU tests of "final" and the patches' on the
 #                                             # patched tree, then DecodeGraph steps as in "final" of
-#                                             # the four trees in turn; the last one's step kernels
+#                                             # the four trees in turn; the last one's step kernels.
+#                                             # Ran in session 41; two of the patches landed (60f23d4)
+#                                             # and left attempts/, so it runs in a checkout of
+#                                             # 55853e9 only.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
