@@ -64,14 +64,21 @@ def _rotate_heads(x_row, y_row, b_cos, b_sin, i_h, HEADS, stride_xh, stride_yh,
 
 
 @triton.jit
+def _table_values(b_angle, dtype: tl.constexpr):
+    """RoPE's table values of float64 angles: ``(cos, sin)`` rounded through float32 to ``dtype``,
+    as PyTorch rounds a float64 to a 16-bit type. The tables' kernel and the rotation at the
+    lengths both round here, so the two agree bit for bit."""
+    return tl.cos(b_angle).to(tl.float32).to(dtype), tl.sin(b_angle).to(tl.float32).to(dtype)
+
+
+@triton.jit
 def _table_entries(position, inv_freq, HALF: tl.constexpr, BD: tl.constexpr, dtype: tl.constexpr):
-    """``(cos, sin)`` of ``position * inv_freq`` (float64, as :func:`rope_tables_kernel`),
-    rounded through float32 to ``dtype`` as the tables are, then widened to float32 ``[1, BD]``."""
+    """``(cos, sin)`` of ``position * inv_freq`` (a float64 angle, as :func:`rope_tables_kernel`),
+    the tables' values widened to float32 ``[1, BD]``."""
     o_d = tl.arange(0, BD)
     b_angle = position.to(tl.float64) * tl.load(inv_freq + o_d, mask=o_d < HALF, other=0.0)
-    b_cos = tl.cos(b_angle).to(tl.float32).to(dtype).to(tl.float32)
-    b_sin = tl.sin(b_angle).to(tl.float32).to(dtype).to(tl.float32)
-    return b_cos[None, :], b_sin[None, :]
+    b_cos, b_sin = _table_values(b_angle, dtype)
+    return b_cos.to(tl.float32)[None, :], b_sin.to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -177,9 +184,9 @@ def rope_tables_kernel(
     b_angle = b_pos[:, None] * b_freq[None, :]  # float64, as the reference
     m = m_p[:, None] & m_d[None, :]
     p = o_p[:, None] * HALF + o_d[None, :]
-    # through float32 to the tables' dtype, as PyTorch rounds a float64 to a 16-bit type
-    tl.store(cos + p, tl.cos(b_angle).to(tl.float32).to(cos.dtype.element_ty), mask=m)
-    tl.store(sin + p, tl.sin(b_angle).to(tl.float32).to(sin.dtype.element_ty), mask=m)
+    b_cos, b_sin = _table_values(b_angle, cos.dtype.element_ty)  # cos and sin share a dtype
+    tl.store(cos + p, b_cos, mask=m)
+    tl.store(sin + p, b_sin, mask=m)
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
