@@ -34,14 +34,14 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    branch, a chunk of splits at a time, and applies the gates (or computes them first from the
    hidden state, given a :class:`~nsa.ops.gates.projection.GateProjection`).
 
-On Hopper and later, while the batch does not fill the GPU, launches 2-4 use
-programmatic dependent launch (PDL): each starts while the one before it runs, does
-the work that needs nothing from it (positions, query, gates), then waits for it with
-``gdc_wait``. Every program of every PDL launch waits, so a launch's end implies the end
-of all launches before it. Once the batch fills the GPU, PDL is off, and launches 1 and
-3 read the compressed keys and values and the selected blocks through tensor
-descriptors: bulk copies into shared memory that the compiler issues stages ahead (see
-:func:`decode_fwd` for the timings). Logits and partials, written by one launch and read
+On Hopper and later, launches 2-4 use programmatic dependent launch (PDL): each starts
+while the one before it runs, does the work that needs nothing from it (positions, query,
+gates), then waits for it with ``gdc_wait``; the window's programs of launch 3 need nothing
+and do not wait. Every other program of every PDL launch waits, so a launch's end implies
+the end of all launches before it. Once the batch fills the GPU, launches 1 and 3 read the
+compressed keys and values and the selected blocks through tensor descriptors: bulk copies
+into shared memory that the compiler issues stages ahead (see :func:`decode_fwd` for the
+timings). Logits and partials, written by one launch and read
 by the next, carry L2 eviction hints (stored evict-last, read once evict-first).
 """
 
@@ -1004,10 +1004,17 @@ def decode_fwd(
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
     compressed pass (descriptors: 26.1 us with contiguous scoring, against 25.4). Once it
-    does (batch 16), PDL off (108.2 against 118.5 us: programs that start early and wait
-    hold SM slots the running launch needs), and compressed tiles of 32 tokens through
-    descriptors (the kernel 49.0 against 54.4 us; 101.1 against 105.2 us for the step,
-    with PDL on). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
+    does (batch 16), compressed tiles of 32 tokens through descriptors (the kernel 49.0
+    against 54.4 us; 101.1 against 105.2 us for the step, with PDL on). PDL stays on there
+    too since session 42 (off from session 4, when it measured 118.5 against 108.2 us at
+    batch 16, 64k: programs that started early held SM slots the running launch needed).
+    With the one-wave compressed launch, one-warp score programs and the window's programs
+    in the selected launch (which then start during the compressed pass), on an H200, us,
+    on against off: batch 16 at 8k 40.1 against 42.8-43.0, 16k 46.5-46.8 against 49.1, 32k
+    61.0 against 59.3-59.6 (the one loss), 64k 81.4-81.5 against 81.1-81.6; batch 32
+    60.3 against 64.5 (8k) to 137.4-137.7 against 142.3 (64k); batch 64 98.1-98.4 against
+    101.7-102.0 (8k) to 251.7-252.1 against 256.4-256.5 (64k). At 8k, batch 16, the gain
+    needs the score and selected launches both early (40.4 us; either alone 42.6-43.4). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
     against 118.5 at batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
     at batch 1, 64k; since session 21 one bitonic top-k instead (H100, graph replay: batch 1
     at 64k 23.6-23.8 against 25.6 us, the selected kernel 5.2-5.3 against 6.9-7.0 us eager; 8k
@@ -1056,7 +1063,7 @@ def decode_fwd(
     on_gpu = q.device.type == "cuda"
     fills = _batch_fills_gpu(rows * H, config, q.device)
     if pdl is None:
-        pdl = on_gpu and pdl_supported(q.device) and not fills
+        pdl = on_gpu and pdl_supported(q.device)
     early = tuple(bool(e) for e in pdl) if isinstance(pdl, (tuple, list)) else (bool(pdl),) * 3
     if len(early) != 3:
         raise ValueError(f"pdl must be a bool or three flags (score, selected, combine launches), got {pdl!r}")

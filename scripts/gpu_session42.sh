@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU calls of session 42: the decode op's launches on the H200, at the two points of the
+# decode issue it misses there (batch 16 at 64k, 6.07x against 7x; batch 1 at 64k, 2.35x against
+# 2.5x). Which launches start early (programmatic dependent launch, per launch) was timed at batch
+# 1 only (H100, session 23); at batch 16 PDL has been all off since session 4, when all on measured
+# slower. The batch-1 splits were last swept on an H100 (session 21).
+#
+#   bash scripts/gpu_session42.sh sweep   # scripts/gpu_decode.py at batch 16 (8k, 64k) with PDL per
+#                                         # launch, then at batch 1 (8k, 64k) with compressed and window
+#                                         # splits; every variant checked against the float32 reference
+#                                         # at 64k (batch 1, and batch 16 of unequal lengths)
+#   bash scripts/gpu_session42.sh pdl     # batch 16, 32 and 64 at 8k-64k: PDL all on against all off
+#                                         # (the default once the batch fills the GPU), in turn, twice
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session42.sh sweep | pdl}"
+device_line
+case "$step" in
+sweep)
+    b16=()
+    for early in '[true, false, false]' '[false, true, false]' '[false, false, true]' '[true, false, true]' \
+        '[false, true, true]' '[true, true, false]' 'true'; do
+        b16+=(--launch "{\"pdl\": $early}")
+    done
+    b16+=(--launch '{"splits": [6, 2, 8], "cmp_stages": 3, "pdl": [true, false, false]}')
+    timeout 280 python "$here/gpu_decode.py" --contexts 8192 65536 --batches 16 --check-contexts 65536 \
+        --variants 8192 65536 --check-variants "${b16[@]}" --out "$OUT/decode_b16_pdl_h200.md" > "$OUT/b16.log" 2>&1
+    echo "== batch 16: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^\| (8192|65536) |^- B=" "$OUT/decode_b16_pdl_h200.md"
+    b1=()
+    for launch in '{"splits": [24, 4, 1]}' '{"splits": [32, 4, 1]}' '{"splits": [12, 4, 1]}' \
+        '{"splits": [16, 2, 1]}' '{"splits": [16, 8, 1]}' '{"combine_heads": 1}' '{"cmp_warps": 8}'; do
+        b1+=(--launch "$launch")
+    done
+    timeout 240 python "$here/gpu_decode.py" --contexts 8192 65536 --batches 1 --check-contexts 65536 \
+        --variants 8192 65536 --check-variants "${b1[@]}" --out "$OUT/decode_b1_splits_h200.md" > "$OUT/b1.log" 2>&1
+    echo "== batch 1: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^\| (8192|65536) |^- B=" "$OUT/decode_b1_splits_h200.md"
+    ;;
+pdl)
+    timeout 500 python "$here/gpu_decode.py" --contexts 8192 --batches 16 32 64 --check-contexts 8192 \
+        --variants 8192 16384 32768 65536 --check-variants --launch '{"pdl": true}' --launch '{"pdl": false}' \
+        --launch '{"pdl": true}' --out "$OUT/decode_fill_pdl_h200.md" > "$OUT/pdl.log" 2>&1
+    echo "== pdl: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^\| 8192 |^- B=|^Launch" "$OUT/decode_fill_pdl_h200.md"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
