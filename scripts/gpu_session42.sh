@@ -11,12 +11,15 @@
 #                                         # at 64k (batch 1, and batch 16 of unequal lengths)
 #   bash scripts/gpu_session42.sh pdl     # batch 16, 32 and 64 at 8k-64k: PDL all on against all off
 #                                         # (the default once the batch fills the GPU), in turn, twice
+#   bash scripts/gpu_session42.sh table REV   # PDL at every batch (1baefdd): the decode-kernel, decode-graph
+#                                         # and cache GPU tests (report named after REV), then the decode
+#                                         # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session42.sh sweep | pdl}"
+step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | table REV}"
 device_line
 case "$step" in
 sweep)
@@ -46,6 +49,17 @@ pdl)
         --launch '{"pdl": true}' --out "$OUT/decode_fill_pdl_h200.md" > "$OUT/pdl.log" 2>&1
     echo "== pdl: rc $? after $(( $(date +%s) - start )) s"
     grep -E "^\| 8192 |^- B=|^Launch" "$OUT/decode_fill_pdl_h200.md"
+    ;;
+table)
+    rev="${2:?the commit to name the report after}"
+    timeout 330 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py tests/test_cache.py > "$OUT/tests.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "FAILED|ERROR" "$OUT/tests.txt" | head -20
+    tail -3 "$OUT/tests.txt"
+    timeout 240 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
+        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -30
     ;;
 *)
     echo "unknown step $step" >&2
