@@ -11,6 +11,10 @@
 #                                         # at 64k (batch 1, and batch 16 of unequal lengths)
 #   bash scripts/gpu_session42.sh pdl     # batch 16, 32 and 64 at 8k-64k: PDL all on against all off
 #                                         # (the default once the batch fills the GPU), in turn, twice
+#   bash scripts/gpu_session42.sh stages  # the compressed launch at batch 16, 32, 64 (8k-64k), PDL on: one
+#                                         # wave of 4 programs an SM in 2 stages (the default) against 3
+#                                         # programs in 3 stages, in turn, twice; the GPU's memory clock
+#                                         # and bus width as torch reports them
 #   bash scripts/gpu_session42.sh table REV   # PDL at every batch (1baefdd): the decode-kernel, decode-graph
 #                                         # and cache GPU tests (report named after REV), then the decode
 #                                         # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay)
@@ -19,7 +23,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | table REV}"
+step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | table REV}"
 device_line
 case "$step" in
 sweep)
@@ -49,6 +53,20 @@ pdl)
         --launch '{"pdl": true}' --out "$OUT/decode_fill_pdl_h200.md" > "$OUT/pdl.log" 2>&1
     echo "== pdl: rc $? after $(( $(date +%s) - start )) s"
     grep -E "^\| 8192 |^- B=|^Launch" "$OUT/decode_fill_pdl_h200.md"
+    ;;
+stages)
+    python -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs,',
+        getattr(p, 'memory_clock_rate', '?'), 'kHz memory clock,', getattr(p, 'memory_bus_width', '?'), 'bit bus,',
+        getattr(p, 'L2_cache_size', '?'), 'B L2')" | tee "$OUT/memory.txt"
+    for case in "16 6" "32 3" "64 2" "64 1"; do
+        set -- $case
+        deep="{\"splits\": [$2, 2, 8], \"cmp_stages\": 3}"
+        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$1" --check-contexts 4096 \
+            --variants 8192 16384 32768 65536 --check-variants --launch "$deep" --launch '{}' --launch "$deep" \
+            --out "$OUT/decode_stages_b$1_s$2_h200.md" > "$OUT/stages_b$1_s$2.log" 2>&1
+        echo "== batch $1, $2 splits in 3 stages: rc $? after $(( $(date +%s) - start )) s"
+        grep -E "^\| 4096 |^- B=|^Launch|variant" "$OUT/decode_stages_b$1_s$2_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+    done
     ;;
 table)
     rev="${2:?the commit to name the report after}"

@@ -488,14 +488,19 @@ def test_score_warps_by_launch_size(monkeypatch):
 def test_default_splits_by_batch(monkeypatch):
     """132 SMs, paper defaults, 64k: batch 1 hides latency with many short compressed splits
     and one block per selected program; batch 16 fills the GPU, so the compressed launch is
-    one wave of 4 programs per SM, the window (2 splits) joins the selected launch and each
-    selected program takes 8 blocks (the H100 measurements in ``default_splits``)."""
+    one wave of 3 programs per SM in 3 stages, the window (2 splits) joins the selected launch
+    and each selected program takes 8 blocks (the measurements in ``default_splits`` and
+    ``fill_cmp_wave``). Past 3 * 132 (row, group) pairs one split each no longer fits that wave,
+    and the launch takes 4 programs an SM in 2 stages."""
     from nsa.ops.decode import kernel
 
     monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)
     config, cpu = NSAConfig(), torch.device("cpu")
     nc_cap = config.num_cmp(65536)
     assert kernel.default_splits(1 * 4, nc_cap, config, cpu) == (16, 4, 1)
-    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (8, 2, 8)
-    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (4, 2, 8)
+    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 8)
+    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 2, 8)
+    assert kernel.default_splits(64 * 4, nc_cap, config, cpu) == (1, 2, 8)
+    assert kernel.default_splits(128 * 4, nc_cap, config, cpu) == (1, 2, 8)
+    assert [kernel.fill_cmp_wave(rg, cpu) for rg in (64, 256, 396, 397, 528, 1024)] == [(3, 3)] * 3 + [(4, 2)] * 3
     assert not kernel._batch_fills_gpu(1 * 4, config, cpu) and kernel._batch_fills_gpu(16 * 4, config, cpu)

@@ -881,10 +881,26 @@ def decode_combine_kernel(
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)
 
 
-# Once the batch fills the GPU the compressed launch is one wave of this many programs per
-# SM, each pipelining its tiles through FILL_CMP_STAGES stages (their shared memory is what
-# bounds the programs per SM).
-FILL_CMP_PROGRAMS_PER_SM, FILL_CMP_STAGES = 4, 2
+# Once the batch fills the GPU the compressed launch is one wave: (programs per SM, pipeline
+# stages of each), the deeper first wherever its wave holds a split of every row-group. Shared
+# memory and registers bound the programs per SM: 3 in 3 stages (a quarter of the registers
+# left for the programs that programmatic dependent launch starts early), or 4 in 2.
+FILL_CMP_WAVES = ((3, 3), (4, 2))
+
+
+def fill_cmp_wave(rows_groups: int, device: torch.device) -> Tuple[int, int]:
+    """``(programs per SM, pipeline stages)`` of the compressed launch once the batch fills the
+    GPU: 3 programs in 3 stages while one wave of them holds a split of every (row, KV group),
+    else 4 in 2 stages (whose wave is a third larger). On an H200, PDL on, us (session 42;
+    ``docs/perf/decode.md``): batch 32, (3, 2, 8) in 3 stages against (4, 2, 8) in 2, 56.7-56.9
+    against 60.5-60.6 at 8k to 131.2-131.5 against 137.4-138.6 at 64k; batch 64, (1, 2, 8) against
+    (2, 2, 8), 96.0 against 98.5-99.0 at 8k to 248.1-248.2 against 252.5-253.6 at 64k; batch 16,
+    (6, 2, 8) against (8, 2, 8), 79.9-80.1 against 81.1-81.3 at 64k, 61.2-61.4 against 61.0-61.1
+    at 32k, but 48.5-48.6 against 46.6-46.7 at 16k and 41.1-41.2 against 40.0-40.1 at 8k. Two waves
+    lose far more: (2, 2, 8) in 3 stages at batch 64, 287.2-287.5 us at 64k."""
+    sms = _sm_count(device)
+    return next(((per_sm, stages) for per_sm, stages in FILL_CMP_WAVES if rows_groups <= per_sm * sms),
+                FILL_CMP_WAVES[-1])
 
 
 def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
@@ -900,16 +916,18 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
 
     Once the batch alone fills the GPU, the window runs in the selected launch
     (``window_in_selected``) and the compressed launch is one wave: as many splits as
-    four programs per SM allow (the shared memory of its 32-token tiles in 2 pipeline
-    stages admits four; see :func:`decode_fwd`), with 256-token window splits and 8
-    selected blocks a program. At batch 16, 64k on an H100 (132 SMs) that is (8, 2, 8):
-    106.0-106.4 us against 107.3-107.6 for three programs per SM in 3 stages, (6, 2, 8);
-    that one took 106.6-107.2 us against 113.8-114.5 for the earlier (9, 4, 4) with the
-    window in the compressed launch; 7 compressed splits of 3 stages (two waves) took
-    119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
+    :func:`fill_cmp_wave`'s programs per SM allow (3 in 3 pipeline stages, or 4 in 2), with
+    256-token window splits and 8 selected blocks a program. On 132 SMs at 64k that is (6, 2,
+    8) at batch 16, (3, 2, 8) at 32 and (1, 2, 8) at 64. Before session 42 it was 4 programs
+    in 2 stages at every such batch: at batch 16, 64k on an H100, (8, 2, 8) took 106.0-106.4
+    us against 107.3-107.6 for (6, 2, 8) in 3 stages (PDL off at the time); that one took
+    106.6-107.2 us against 113.8-114.5 for the earlier (9, 4, 4) with the window in the
+    compressed launch; 7 compressed splits of 3 stages (two waves) took 119.9 us, and (6, 4,
+    4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
     sms = _sm_count(device)
     if _batch_fills_gpu(rows_groups, config, device):
-        return max(1, FILL_CMP_PROGRAMS_PER_SM * sms // rows_groups), max(1, cdiv(config.window, 256)), 8
+        per_sm, _ = fill_cmp_wave(rows_groups, device)
+        return max(1, per_sm * sms // rows_groups), max(1, cdiv(config.window, 256)), 8
     s_cmp = max(1, min(cdiv(4 * sms, rows_groups), max(cdiv(nc_cap, 256), 8)))
     return s_cmp, max(1, cdiv(config.window, 128)), 1
 
@@ -1036,11 +1054,12 @@ def decode_fwd(
     they lengthen it.
     ``l2_hints`` on (H100, graph replay): batch 16 at 8k 50.5-50.6 against 51.7-52.1 us, 16k
     58.6-58.9 against 60.9-61.4, 64k 106.6-107.1 against 107.1-107.2; batch 1 within 0.4 us.
-    The compressed launch at batch 16 keeps its tiles in 2 stages (``FILL_CMP_STAGES``), which
-    lets 4 programs share an SM: 105.8-106.0 against 106.1-106.5 us for 3 programs of 3
-    stages at 64k, 50.3-50.7 against 50.8-51.0 at 8k (H100). On the H200 the two are within
-    1.3 us of each other the other way at 64k (88.0-88.1 against 86.8-87.3 us) and the
-    same way at 8k (42.7-42.8 against 43.1-43.3); the H100's choice stands.
+    The compressed launch once the batch fills the GPU takes 3 programs an SM in 3 stages, or 4
+    in 2 where the first would need two waves (:func:`fill_cmp_wave`, session 42, H200, PDL on).
+    With PDL off, in session 5, 4 programs in 2 stages measured 105.8-106.0 against 106.1-106.5
+    us at batch 16, 64k, 50.3-50.7 against 50.8-51.0 at 8k (H100), and on the H200 the other
+    way at 64k (88.0-88.1 against 86.8-87.3 us) and the same way at 8k (42.7-42.8 against
+    43.1-43.3).
     """
     B, TQ, HQ, K = q.shape
     H, V = k.shape[2], v.shape[3]
@@ -1111,7 +1130,7 @@ def decode_fwd(
         k_win, v_win = descriptor_ready(k_win), descriptor_ready(v_win)
         k_win_arg, v_win_arg = token_tile_descriptor(k_win, cmp_attend["BC"], BK), token_tile_descriptor(v_win, cmp_attend["BC"], BV)
     if cmp_stages is None and fills:
-        cmp_stages = FILL_CMP_STAGES
+        _, cmp_stages = fill_cmp_wave(rows * H, q.device)
     cmp_stages = pipeline_stages(cmp_stages, q.dtype, q.device, max(K, V))
     exact = exact_float32(q.dtype, q.device, max(K, V))
     if cmp_stages is None and exact:
