@@ -152,3 +152,22 @@ def test_packed_names_a_bad_kind(capsys):
     with pytest.raises(SystemExit) as done:
         main(["packed", "--packs", "lognormal,short", *TINY])
     assert done.value.code == 2 and "--packs takes kinds of lognormal, long, uniform, one_long" in capsys.readouterr().err
+
+
+def test_decode_plot_draws_each_batch_apart_with_its_ratio(tmp_path, monkeypatch):
+    """Every batch size of a decode plot has its own line style and marker (NSA and dense of one
+    batch share them), and its dense / NSA at the longest context is written beside the NSA line."""
+    from nsa.bench import plot
+
+    drawn = []
+    monkeypatch.setattr(plot, "_save", lambda fig, ax, path: drawn.append(ax))
+    rows = [{"batch": b, "context": c, "nsa_ms": 0.01 * b * (1 + c / 65536), "dense_ms": 0.05 * b * c / 8192, "status": "ok"}
+            for b in (1, 16, 32, 64) for c in (8192, 65536)]  # fmt: skip
+    plot.decode_plot(rows, None, tmp_path / "d.png", "t")
+    (ax,) = drawn
+    style = {line.get_label(): (line.get_linestyle(), line.get_marker()) for line in ax.lines}
+    assert len({style[f"NSA B={b}"] for b in (1, 16, 32, 64)}) == 4
+    assert all(style[f"NSA B={b}"] == style[f"dense SDPA B={b}"] for b in (1, 16, 32, 64))
+    ratios = sorted(t.get_text() for t in ax.texts)
+    want = sorted(f"{(0.05 * b * 8) / (0.01 * b * 2):.2f}x" for b in (1, 16, 32, 64))
+    assert ratios == want

@@ -1,7 +1,8 @@
 """PNG plots of the ``nsa-bench`` tables (matplotlib, Agg backend: no display needed).
 
-- decode: latency per step against context, NSA and dense per batch size, log-log,
-  with the stored baseline's points drawn in (dotted, hollow markers);
+- decode: latency per step against context, NSA and dense per batch size, log-log, each
+  batch in its own line style and marker, dense / NSA written at its longest context, with
+  the stored baseline's points drawn in (dotted, hollow markers);
 - prefill: speedup of NSA over dense against length, forward and forward+backward,
   with the baseline's speedups drawn in the same way;
 - packed: NSA and dense milliseconds per kind of pack, forward and forward+backward side by
@@ -75,19 +76,38 @@ def _draw_baseline(ax, baseline: Optional[Series], colors: Dict[str, str]) -> No
                 label=f"{label} (baseline)")  # fmt: skip
 
 
+#: Line styles and markers of the batch sizes of a decode plot, in ascending batch order (dotted
+#: lines are the baseline's).
+BATCH_LINES = ("-", "--", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (8, 3)))
+BATCH_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def batch_styles(batches: Sequence[int]) -> Dict[int, tuple]:
+    """``{batch: (line style, marker)}``, distinct for up to ``len(BATCH_LINES)`` batch sizes
+    (then repeating), so that NSA and dense of one batch share a style and batches differ."""
+    ordered = sorted(set(batches))
+    return {b: (BATCH_LINES[i % len(BATCH_LINES)], BATCH_MARKERS[i % len(BATCH_MARKERS)]) for i, b in enumerate(ordered)}
+
+
 def decode_plot(rows: Sequence[Mapping[str, object]], baseline: Optional[Series], path: Path, title: str) -> None:
     """Latency (ms) against context from decode ``rows`` (``batch``, ``context``, ``nsa_ms``,
-    ``dense_ms``); ``baseline`` keys look like ``"NSA B=1"``/``"dense B=1"``."""
+    ``dense_ms``); ``baseline`` keys look like ``"NSA B=1"``/``"dense B=1"``. Each batch's
+    dense / NSA at its longest context is written beside its NSA point."""
     fig, ax = _axes(title, "context (tokens)", "ms per decode step")
     _log_y(ax)
     colors: Dict[str, str] = {"NSA": "tab:blue", "dense": "tab:orange"}
-    for batch in sorted({int(r["batch"]) for r in rows}):
+    styles = batch_styles([int(r["batch"]) for r in rows])
+    for batch, (line, marker) in styles.items():
         mine = [r for r in rows if int(r["batch"]) == batch and r.get("status") == "ok"]
+        if not mine:
+            continue
         xs = [int(r["context"]) for r in mine]
-        style = "-" if batch == min(int(r["batch"]) for r in rows) else "--"
-        ax.plot(xs, [float(r["nsa_ms"]) for r in mine], style, marker="o", color=colors["NSA"], label=f"NSA B={batch}")
-        ax.plot(xs, [float(r["dense_ms"]) for r in mine], style, marker="s", color=colors["dense"],
+        nsa, dense = [float(r["nsa_ms"]) for r in mine], [float(r["dense_ms"]) for r in mine]
+        ax.plot(xs, nsa, linestyle=line, marker=marker, color=colors["NSA"], label=f"NSA B={batch}")
+        ax.plot(xs, dense, linestyle=line, marker=marker, mfc="white", color=colors["dense"],
                 label=f"dense SDPA B={batch}")  # fmt: skip
+        ax.annotate(f"{dense[-1] / nsa[-1]:.2f}x", (xs[-1], nsa[-1]), xytext=(6, -3), textcoords="offset points",
+                    fontsize=7, color=colors["NSA"])  # fmt: skip
     _draw_baseline(ax, baseline, colors)
     _finish(fig, ax, [int(r["context"]) for r in rows], path)
 
