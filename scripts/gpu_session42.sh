@@ -15,6 +15,10 @@
 #                                         # wave of 4 programs an SM in 2 stages (the default) against 3
 #                                         # programs in 3 stages, in turn, twice; the GPU's memory clock
 #                                         # and bus width as torch reports them
+#   bash scripts/gpu_session42.sh more    # batch 1 (16k-64k): the window's splits in the selected launch
+#                                         # (which start early under PDL and wait for nothing) against the
+#                                         # compressed launch, and 2 window splits; batch 16 and 32 (8k,
+#                                         # 64k): selected blocks a program and window splits; twice each
 #   bash scripts/gpu_session42.sh table REV   # PDL at every batch (1baefdd): the decode-kernel, decode-graph
 #                                         # and cache GPU tests (report named after REV), then the decode
 #                                         # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay)
@@ -23,7 +27,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | table REV}"
+step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | more | table REV}"
 device_line
 case "$step" in
 sweep)
@@ -66,6 +70,27 @@ stages)
             --out "$OUT/decode_stages_b$1_s$2_h200.md" > "$OUT/stages_b$1_s$2.log" 2>&1
         echo "== batch $1, $2 splits in 3 stages: rc $? after $(( $(date +%s) - start )) s"
         grep -E "^\| 4096 |^- B=|^Launch|variant" "$OUT/decode_stages_b$1_s$2_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+    done
+    ;;
+more)
+    b1=(--launch '{"window_in_selected": true}' --launch '{"splits": [16, 2, 1]}'
+        --launch '{"splits": [16, 2, 1], "window_in_selected": true}')
+    timeout 200 python "$here/gpu_decode.py" --contexts 4096 --batches 1 --check-contexts 65536 \
+        --variants 16384 32768 65536 --check-variants "${b1[@]}" --launch '{}' "${b1[@]}" \
+        --out "$OUT/decode_more_b1_h200.md" > "$OUT/more_b1.log" 2>&1
+    echo "== batch 1: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^- B=|^Launch|variant" "$OUT/decode_more_b1_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+    for case in "16 6" "32 3"; do
+        set -- $case
+        fill=()
+        for rest in "2, 4" "4, 8" "4, 4" "1, 8"; do
+            fill+=(--launch "{\"splits\": [$2, $rest]}")
+        done
+        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$1" --check-contexts 65536 \
+            --variants 8192 65536 --check-variants "${fill[@]}" --launch '{}' "${fill[@]}" \
+            --out "$OUT/decode_more_b$1_h200.md" > "$OUT/more_b$1.log" 2>&1
+        echo "== batch $1: rc $? after $(( $(date +%s) - start )) s"
+        grep -E "^- B=|^Launch" "$OUT/decode_more_b$1_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
     done
     ;;
 table)
