@@ -19,6 +19,8 @@
 #                                         # (which start early under PDL and wait for nothing) against the
 #                                         # compressed launch, and 2 window splits; batch 16 and 32 (8k,
 #                                         # 64k): selected blocks a program and window splits; twice each
+#   bash scripts/gpu_session42.sh final   # batch 16, 32, 64 (8k, 64k): one window split of 512 tokens and
+#                                         # 4 selected blocks a program, against the defaults; twice each
 #   bash scripts/gpu_session42.sh table REV   # PDL at every batch (1baefdd): the decode-kernel, decode-graph
 #                                         # and cache GPU tests (report named after REV), then the decode
 #                                         # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay)
@@ -27,7 +29,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | more | table REV}"
+step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | more | final | table REV}"
 device_line
 case "$step" in
 sweep)
@@ -91,6 +93,22 @@ more)
             --out "$OUT/decode_more_b$1_h200.md" > "$OUT/more_b$1.log" 2>&1
         echo "== batch $1: rc $? after $(( $(date +%s) - start )) s"
         grep -E "^- B=|^Launch" "$OUT/decode_more_b$1_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+    done
+    ;;
+final)
+    for case in "16 6:2,4 6:1,4 6:1,8" "32 3:1,8 3:1,4" "64 1:1,8"; do
+        set -- $case
+        batch=$1
+        shift
+        fill=()
+        for split in "$@"; do
+            fill+=(--launch "{\"splits\": [${split%%:*}, ${split#*:}]}")
+        done
+        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$batch" --check-contexts 8192 \
+            --variants 8192 65536 --check-variants "${fill[@]}" --launch '{}' "${fill[@]}" \
+            --out "$OUT/decode_final_b${batch}_h200.md" > "$OUT/final_b$batch.log" 2>&1
+        echo "== batch $batch: rc $? after $(( $(date +%s) - start )) s"
+        grep -E "^- B=|^Launch" "$OUT/decode_final_b${batch}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
     done
     ;;
 table)
