@@ -488,19 +488,25 @@ def test_score_warps_by_launch_size(monkeypatch):
 def test_default_splits_by_batch(monkeypatch):
     """132 SMs, paper defaults, 64k: batch 1 hides latency with many short compressed splits
     and one block per selected program; batch 16 fills the GPU, so the compressed launch is
-    one wave of 3 programs per SM in 3 stages, the window (2 splits) joins the selected launch
-    and each selected program takes 8 blocks (the measurements in ``default_splits`` and
-    ``fill_cmp_wave``). Past 3 * 132 (row, group) pairs one split each no longer fits that wave,
-    and the launch takes 4 programs an SM in 2 stages."""
+    one wave of 3 programs per SM in 3 stages and the window joins the selected launch (the
+    measurements in ``default_splits``, ``fill_cmp_wave`` and ``fill_selected_split``). Past 3 *
+    132 (row, group) pairs one split each no longer fits that wave, and the launch takes 4
+    programs an SM in 2 stages. The selected launch (3 programs an SM) takes 4 blocks a program
+    while that keeps it one wave (batch 16: 64 * (4 + 2) programs), else 8, and one window split
+    where that saves it a wave (batch 32: 128 * (2 + 1) programs, one wave instead of two)."""
     from nsa.ops.decode import kernel
 
     monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)
     config, cpu = NSAConfig(), torch.device("cpu")
     nc_cap = config.num_cmp(65536)
     assert kernel.default_splits(1 * 4, nc_cap, config, cpu) == (16, 4, 1)
-    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 8)
-    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 2, 8)
-    assert kernel.default_splits(64 * 4, nc_cap, config, cpu) == (1, 2, 8)
-    assert kernel.default_splits(128 * 4, nc_cap, config, cpu) == (1, 2, 8)
+    assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 4)
+    assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 1, 8)
+    assert kernel.default_splits(64 * 4, nc_cap, config, cpu) == (1, 1, 8)
+    assert kernel.default_splits(128 * 4, nc_cap, config, cpu) == (1, 1, 8)
+    # the edges: 66 row-groups still fit one wave of 4-block programs (396 slots), 67 do not; 100
+    # take one window split only once it saves a wave (3 * 100 <= 396 < 4 * 100)
+    assert kernel.fill_selected_split(66, config, cpu) == (2, 4) and kernel.fill_selected_split(67, config, cpu) == (2, 8)
+    assert kernel.fill_selected_split(99, config, cpu) == (2, 8) and kernel.fill_selected_split(100, config, cpu) == (1, 8)
     assert [kernel.fill_cmp_wave(rg, cpu) for rg in (64, 256, 396, 397, 528, 1024)] == [(3, 3)] * 3 + [(4, 2)] * 3
     assert not kernel._batch_fills_gpu(1 * 4, config, cpu) and kernel._batch_fills_gpu(16 * 4, config, cpu)

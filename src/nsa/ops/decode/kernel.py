@@ -903,6 +903,33 @@ def fill_cmp_wave(rows_groups: int, device: torch.device) -> Tuple[int, int]:
                 FILL_CMP_WAVES[-1])
 
 
+# Once the batch fills the GPU the selected launch holds at most this many programs an SM: each
+# bf16 program of head dim 128 takes 70 KiB of shared memory (3 pipeline stages of a block).
+FILL_SELECTED_PROGRAMS_PER_SM = 3
+
+
+def fill_selected_split(rows_groups: int, config: NSAConfig, device: torch.device) -> Tuple[int, int]:
+    """``(window splits, selected blocks per program)`` once the batch fills the GPU, by the waves
+    of the selected launch (``FILL_SELECTED_PROGRAMS_PER_SM`` programs an SM, the window's splits
+    among them): 4 blocks a program where that launch stays one wave, else 8; and one window split
+    instead of 256-token ones where that saves the launch a wave. On 132 SMs (paper defaults,
+    H = 4): (2, 4) at batch 16, (1, 8) at 32 and 64. On an H200, PDL on, us, twice each (session
+    42, ``docs/perf/decode.md``): batch 16, (6, 2, 4) against (6, 2, 8), 39.3-39.6 against
+    41.0-41.7 at 8k and 79.0-79.7 against 80.4-80.9 at 64k (8 blocks and one window split, 39.9-40.3
+    and 80.3-81.2; (6, 1, 4), 39.6 and 80.6-80.7); batch 32, (3, 1, 8) against (3, 2, 8),
+    56.8-57.1 against 56.5-56.9 at 8k and 129.7-130.0 against 131.5-132.2 at 64k ((3, 2, 4), a
+    second wave, 61.9-62.0 and 134.6-134.9); batch 64, (1, 1, 8) against (1, 2, 8), 91.0 against
+    95.2 at 8k and 244.0-244.3 against 246.8-247.1 at 64k."""
+    slots = FILL_SELECTED_PROGRAMS_PER_SM * _sm_count(device)
+    win = max(1, cdiv(config.window, 256))
+
+    def waves(blocks: int, window_splits: int) -> int:
+        return cdiv(rows_groups * (cdiv(config.sel_count, blocks) + window_splits), slots)
+
+    blocks = 4 if waves(4, win) == 1 else 8
+    return (1 if waves(blocks, 1) < waves(blocks, win) else win), blocks
+
+
 def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: torch.device) -> Tuple[int, int, int]:
     """``(compressed splits, window splits, selected blocks per program)``.
 
@@ -917,9 +944,10 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     Once the batch alone fills the GPU, the window runs in the selected launch
     (``window_in_selected``) and the compressed launch is one wave: as many splits as
     :func:`fill_cmp_wave`'s programs per SM allow (3 in 3 pipeline stages, or 4 in 2), with
-    256-token window splits and 8 selected blocks a program. On 132 SMs at 64k that is (6, 2,
-    8) at batch 16, (3, 2, 8) at 32 and (1, 2, 8) at 64. Before session 42 it was 4 programs
-    in 2 stages at every such batch: at batch 16, 64k on an H100, (8, 2, 8) took 106.0-106.4
+    window splits and selected blocks a program from :func:`fill_selected_split`. On 132 SMs at
+    64k that is (6, 2, 4) at batch 16, (3, 1, 8) at 32 and (1, 1, 8) at 64. Before session 42 it
+    was 4 programs in 2 stages, 256-token window splits and 8 blocks a program at every such
+    batch: at batch 16, 64k on an H100, (8, 2, 8) took 106.0-106.4
     us against 107.3-107.6 for (6, 2, 8) in 3 stages (PDL off at the time); that one took
     106.6-107.2 us against 113.8-114.5 for the earlier (9, 4, 4) with the window in the
     compressed launch; 7 compressed splits of 3 stages (two waves) took 119.9 us, and (6, 4,
@@ -927,7 +955,7 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     sms = _sm_count(device)
     if _batch_fills_gpu(rows_groups, config, device):
         per_sm, _ = fill_cmp_wave(rows_groups, device)
-        return max(1, per_sm * sms // rows_groups), max(1, cdiv(config.window, 256)), 8
+        return (max(1, per_sm * sms // rows_groups),) + fill_selected_split(rows_groups, config, device)
     s_cmp = max(1, min(cdiv(4 * sms, rows_groups), max(cdiv(nc_cap, 256), 8)))
     return s_cmp, max(1, cdiv(config.window, 128)), 1
 
