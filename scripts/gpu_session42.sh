@@ -29,6 +29,25 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
+# gpu_decode.py at one batch: the default and each launch variant (JSON) in turn, twice, every
+# variant checked against the float32 reference at context CHECK; the report goes to
+# $OUT/decode_NAME_h200.md and its variant lines are shown.
+#   variant_rounds NAME BATCH CHECK "CONTEXTS" LIMIT_S LAUNCH...
+variant_rounds() {
+    local name="$1" batch="$2" check="$3" contexts="$4" limit="$5" launch
+    shift 5
+    local launches=()
+    for launch in "$@"; do
+        launches+=(--launch "$launch")
+    done
+    # shellcheck disable=SC2086 # the contexts are several arguments
+    timeout "$limit" python "$here/gpu_decode.py" --contexts 4096 --batches "$batch" --check-contexts "$check" \
+        --variants $contexts --check-variants "${launches[@]}" --launch '{}' "${launches[@]}" \
+        --out "$OUT/decode_${name}_h200.md" > "$OUT/$name.log" 2>&1
+    echo "== $name: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^- B=|^Launch|variant" "$OUT/decode_${name}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+}
+
 step="${1:?usage: scripts/gpu_session42.sh sweep | pdl | stages | more | final | table REV}"
 device_line
 case "$step" in
@@ -66,50 +85,22 @@ stages)
         getattr(p, 'L2_cache_size', '?'), 'B L2')" | tee "$OUT/memory.txt"
     for case in "16 6" "32 3" "64 2" "64 1"; do
         set -- $case
-        deep="{\"splits\": [$2, 2, 8], \"cmp_stages\": 3}"
-        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$1" --check-contexts 4096 \
-            --variants 8192 16384 32768 65536 --check-variants --launch "$deep" --launch '{}' --launch "$deep" \
-            --out "$OUT/decode_stages_b$1_s$2_h200.md" > "$OUT/stages_b$1_s$2.log" 2>&1
-        echo "== batch $1, $2 splits in 3 stages: rc $? after $(( $(date +%s) - start )) s"
-        grep -E "^\| 4096 |^- B=|^Launch|variant" "$OUT/decode_stages_b$1_s$2_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+        variant_rounds "stages_b$1_s$2" "$1" 4096 "8192 16384 32768 65536" 150 "{\"splits\": [$2, 2, 8], \"cmp_stages\": 3}"
     done
     ;;
 more)
-    b1=(--launch '{"window_in_selected": true}' --launch '{"splits": [16, 2, 1]}'
-        --launch '{"splits": [16, 2, 1], "window_in_selected": true}')
-    timeout 200 python "$here/gpu_decode.py" --contexts 4096 --batches 1 --check-contexts 65536 \
-        --variants 16384 32768 65536 --check-variants "${b1[@]}" --launch '{}' "${b1[@]}" \
-        --out "$OUT/decode_more_b1_h200.md" > "$OUT/more_b1.log" 2>&1
-    echo "== batch 1: rc $? after $(( $(date +%s) - start )) s"
-    grep -E "^- B=|^Launch|variant" "$OUT/decode_more_b1_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+    variant_rounds more_b1 1 65536 "16384 32768 65536" 200 '{"window_in_selected": true}' '{"splits": [16, 2, 1]}' \
+        '{"splits": [16, 2, 1], "window_in_selected": true}'
     for case in "16 6" "32 3"; do
         set -- $case
-        fill=()
-        for rest in "2, 4" "4, 8" "4, 4" "1, 8"; do
-            fill+=(--launch "{\"splits\": [$2, $rest]}")
-        done
-        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$1" --check-contexts 65536 \
-            --variants 8192 65536 --check-variants "${fill[@]}" --launch '{}' "${fill[@]}" \
-            --out "$OUT/decode_more_b$1_h200.md" > "$OUT/more_b$1.log" 2>&1
-        echo "== batch $1: rc $? after $(( $(date +%s) - start )) s"
-        grep -E "^- B=|^Launch" "$OUT/decode_more_b$1_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+        variant_rounds "more_b$1" "$1" 65536 "8192 65536" 150 "{\"splits\": [$2, 2, 4]}" "{\"splits\": [$2, 4, 8]}" \
+            "{\"splits\": [$2, 4, 4]}" "{\"splits\": [$2, 1, 8]}"
     done
     ;;
 final)
-    for case in "16 6:2,4 6:1,4 6:1,8" "32 3:1,8 3:1,4" "64 1:1,8"; do
-        set -- $case
-        batch=$1
-        shift
-        fill=()
-        for split in "$@"; do
-            fill+=(--launch "{\"splits\": [${split%%:*}, ${split#*:}]}")
-        done
-        timeout 150 python "$here/gpu_decode.py" --contexts 4096 --batches "$batch" --check-contexts 8192 \
-            --variants 8192 65536 --check-variants "${fill[@]}" --launch '{}' "${fill[@]}" \
-            --out "$OUT/decode_final_b${batch}_h200.md" > "$OUT/final_b$batch.log" 2>&1
-        echo "== batch $batch: rc $? after $(( $(date +%s) - start )) s"
-        grep -E "^- B=|^Launch" "$OUT/decode_final_b${batch}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
-    done
+    variant_rounds final_b16 16 8192 "8192 65536" 150 '{"splits": [6, 2, 4]}' '{"splits": [6, 1, 4]}' '{"splits": [6, 1, 8]}'
+    variant_rounds final_b32 32 8192 "8192 65536" 150 '{"splits": [3, 1, 8]}' '{"splits": [3, 1, 4]}'
+    variant_rounds final_b64 64 8192 "8192 65536" 150 '{"splits": [1, 1, 8]}'
     ;;
 table)
     rev="${2:?the commit to name the report after}"
