@@ -44,8 +44,9 @@ HQ, H, D = 64, 4, 128
 CONFIG = NSAConfig()
 DEVICE = "cuda"
 # launch overrides timed with --variants (each default turned back, and candidates): {batch 1?: [...]},
-# and those of one context alone: {(batch 1?, context): [...]}; (8, 2, 8) are the default
-# compressed, window and selected splits at B = 16, 64k on 132 SMs, (16, 4, 1) at B = 1, 64k.
+# and those of one context alone: {(batch 1?, context): [...]}; (6, 2, 4) are the default
+# compressed, window and selected splits at B = 16, 64k on 132 SMs since session 42 ((8, 2, 8)
+# before), (16, 4, 1) at B = 1, 64k.
 # A launch may carry "head_major": True, which times the same caches stored head-major.
 # Session 23's list (which of the score, selected and combine launches start early at batch 1:
 # programmatic dependent launch per launch) is in docs/perf/raw/session23_decode_pdl_per_launch_h100.md;
