@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pytest_nsa.report_data import OUTCOMES
+from pytest_nsa.report_md import table as markdown_table
+
 BEGIN = "<!-- report-index: begin (python -m pytest_nsa.report_index) -->"
 END = "<!-- report-index: end -->"
 ENV, RESULTS = "env.json", "results.json"
@@ -72,7 +75,7 @@ def _test_paths(args: Sequence[str]) -> str:
 
 def _result(results: Dict[str, Any]) -> str:
     totals, run = results.get("totals", {}), results.get("run", {})
-    counts = [f"{totals[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed", "xpassed") if totals.get(k)]
+    counts = [f"{totals[k]} {k}" for k in OUTCOMES if totals.get(k)]
     status = run.get("exit_status")
     head = "exit 0" if status == 0 else f"**exit {status}**"
     partial = ", partial" if run.get("partial") else ""
@@ -81,7 +84,8 @@ def _result(results: Dict[str, Any]) -> str:
 
 def _from_report_md(text: str) -> Tuple[str, str]:
     """``(result, tests)`` from the header of a ``report.md`` whose ``results.json`` was not kept:
-    its ``- exit status ...`` line and the files of its ``- command: `...``` line."""
+    its ``- exit status ...`` line and the files of its ``- command: `...``` line (the lines that
+    :mod:`pytest_nsa.report_md` writes)."""
     result, tests = "", ""
     for line in text.splitlines():
         if line.startswith("- exit status ") and not result:
@@ -133,9 +137,7 @@ def index_rows(root: Path) -> List[IndexRow]:
 
 def render(rows: Sequence[IndexRow]) -> str:
     """The markdown table of ``rows`` (a line each, header first), ending in a newline."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row.cells()) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(markdown_table(COLUMNS, [row.cells() for row in rows])) + "\n"
 
 
 def replace_block(text: str, table: str, where: str = "the file") -> str:

@@ -41,8 +41,8 @@ and do not wait. Every other program of every PDL launch waits, so a launch's en
 the end of all launches before it. Once the batch fills the GPU, launches 1 and 3 read the
 compressed keys and values and the selected blocks through tensor descriptors: bulk copies
 into shared memory that the compiler issues stages ahead (see :func:`decode_fwd` for the
-timings). Logits and partials, written by one launch and read
-by the next, carry L2 eviction hints (stored evict-last, read once evict-first).
+timings). Logits and partials, written by one launch and read by the next, carry L2
+eviction hints (stored evict-last, read once evict-first).
 """
 
 from __future__ import annotations
@@ -947,11 +947,11 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     window splits and selected blocks a program from :func:`fill_selected_split`. On 132 SMs at
     64k that is (6, 2, 4) at batch 16, (3, 1, 8) at 32 and (1, 1, 8) at 64. Before session 42 it
     was 4 programs in 2 stages, 256-token window splits and 8 blocks a program at every such
-    batch: at batch 16, 64k on an H100, (8, 2, 8) took 106.0-106.4
-    us against 107.3-107.6 for (6, 2, 8) in 3 stages (PDL off at the time); that one took
-    106.6-107.2 us against 113.8-114.5 for the earlier (9, 4, 4) with the window in the
-    compressed launch; 7 compressed splits of 3 stages (two waves) took 119.9 us, and (6, 4,
-    4), (6, 4, 8), (6, 1, 8), (6, 2, 16) 108.7-112.1."""
+    batch: at batch 16, 64k on an H100, (8, 2, 8) took 106.0-106.4 us against 107.3-107.6 for
+    (6, 2, 8) in 3 stages (PDL off at the time); that one took 106.6-107.2 us against
+    113.8-114.5 for the earlier (9, 4, 4) with the window in the compressed launch; 7
+    compressed splits of 3 stages (two waves) took 119.9 us, and (6, 4, 4), (6, 4, 8), (6, 1,
+    8), (6, 2, 16) 108.7-112.1."""
     sms = _sm_count(device)
     if _batch_fills_gpu(rows_groups, config, device):
         per_sm, _ = fill_cmp_wave(rows_groups, device)
@@ -1060,8 +1060,9 @@ def decode_fwd(
     61.0 against 59.3-59.6 (the one loss), 64k 81.4-81.5 against 81.1-81.6; batch 32
     60.3 against 64.5 (8k) to 137.4-137.7 against 142.3 (64k); batch 64 98.1-98.4 against
     101.7-102.0 (8k) to 251.7-252.1 against 256.4-256.5 (64k). At 8k, batch 16, the gain
-    needs the score and selected launches both early (40.4 us; either alone 42.6-43.4). Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2
-    against 118.5 at batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
+    needs the score and selected launches both early (40.4 us; either alone 42.6-43.4).
+    Contiguous scoring always: 25.4 against 26.7 us at batch 1, 105.2 against 118.5 at
+    batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
     at batch 1, 64k; since session 21 one bitonic top-k instead (H100, graph replay: batch 1
     at 64k 23.6-23.8 against 25.6 us, the selected kernel 5.2-5.3 against 6.9-7.0 us eager; 8k
     16.6-17.4 against 17.5-18.2; batch 16 within 0.3 us either way). Selected blocks through
