@@ -150,3 +150,22 @@ tests_and_steps() {
     side_rounds "$name" "$side_list" "$@"
     step_profile
 }
+
+# scripts/gpu_decode.py at one batch: the default and each launch variant (JSON) in turn, twice, every
+# variant checked against the float32 reference at context CHECK; the report goes to
+# $OUT/decode_NAME_h200.md and its variant lines are shown (sessions 42, 43).
+#   variant_rounds NAME BATCH CHECK "CONTEXTS" LIMIT_S LAUNCH...
+variant_rounds() {
+    local name="$1" batch="$2" check="$3" contexts="$4" limit="$5" launch
+    shift 5
+    local launches=()
+    for launch in "$@"; do
+        launches+=(--launch "$launch")
+    done
+    # shellcheck disable=SC2086 # the contexts are several arguments
+    timeout "$limit" python scripts/gpu_decode.py --contexts 4096 --batches "$batch" --check-contexts "$check" \
+        --variants $contexts --check-variants "${launches[@]}" --launch '{}' "${launches[@]}" \
+        --out "$OUT/decode_${name}_h200.md" > "$OUT/$name.log" 2>&1
+    echo "== $name: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "^- B=|^Launch|variant" "$OUT/decode_${name}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU calls of session 43 (H200). Batch 16 at 64k misses the decode issue's 7x there (6.2x):
+# after the compressed pass (39 us of the step's 79), the score, selected and combine launches run
+# while the DRAM moves little. Does splitting the batch into parts, each a whole decode step on its
+# own stream (the later parts at lower priority), let a later part's compressed pass fill that gap?
+#
+#   bash scripts/gpu_session43.sh chains      # scripts/gpu_decode_chains.py: batch 16, 32, 64 at 8k and
+#                                             # 64k as one chain, 2 or 4 parts in turn, on streams of equal
+#                                             # or falling priority; the batch-16 step's kernels in a replay
+#   bash scripts/gpu_session43.sh variants    # batch 16 and 32 (8k, 64k): score tiles of 64 blocks (half the
+#                                             # candidates each selection program ranks), 2 selected blocks a
+#                                             # program, both, against the defaults; twice each
+#   bash scripts/gpu_session43.sh table REV   # the decode GPU tests (report named after REV), the decode
+#                                             # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay),
+#                                             # the decode points of the H200's pytest-benchmark baseline
+#                                             # saved again, and DecodeGraph steps (the module) at batch 16
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session43.sh chains | variants | table REV}"
+device_line
+case "$step" in
+chains)
+    timeout 330 python "$here/gpu_decode_chains.py" --contexts 65536 8192 --batches 16 32 64 --chains 2 4 \
+        2>&1 | tee "$OUT/decode_chains_h200.md" | grep -v "^$"
+    echo "== chains: rc $? after $(( $(date +%s) - start )) s"
+    timeout 90 python "$here/gpu_decode_timeline.py" --contexts 65536 --batches 16 2>&1 \
+        | tee "$OUT/decode_timeline_b16_h200.md" | tail -25
+    echo "== timeline: rc $? after $(( $(date +%s) - start )) s"
+    ;;
+variants)
+    variant_rounds variants_b16 16 8192 "8192 65536" 200 '{"score_blocks": 64}' '{"splits": [6, 2, 2]}' \
+        '{"score_blocks": 64, "splits": [6, 2, 2]}' '{"score_blocks": 64, "score_warps": 2}'
+    variant_rounds variants_b32 32 8192 "8192 65536" 150 '{"score_blocks": 64}' '{"score_blocks": 64, "score_warps": 2}'
+    ;;
+table)
+    rev="${2:?the commit to name the report after}"
+    worker_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py
+    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
+        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
+    echo "== table: rc $? after $(( $(date +%s) - start )) s"
+    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile h200 --nsa-baseline=save \
+        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
+    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
+    tail -6 "$OUT/baseline_decode.log"
+    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096,65536 --batch 16 --ways DecodeGraph 2>&1 \
+        | tee "$OUT/decode_graph_b16_h200.md" | grep "^|"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
