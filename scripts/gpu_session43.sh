@@ -14,12 +14,14 @@
 #                                             # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay),
 #                                             # the decode points of the H200's pytest-benchmark baseline
 #                                             # saved again, and DecodeGraph steps (the module) at batch 16
+#   bash scripts/gpu_session43.sh tests REV   # the decode GPU tests alone, their report folder as one tar (the
+#                                             # device tool brings back eight files; the table's call had nine)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session43.sh chains | variants | table REV}"
+step="${1:?usage: scripts/gpu_session43.sh chains | variants | table REV | tests REV}"
 device_line
 case "$step" in
 chains)
@@ -48,6 +50,11 @@ table)
     cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
     timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096,65536 --batch 16 --ways DecodeGraph 2>&1 \
         | tee "$OUT/decode_graph_b16_h200.md" | grep "^|"
+    ;;
+tests)
+    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py tests/test_cache.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
     ;;
 *)
     echo "unknown step $step" >&2
