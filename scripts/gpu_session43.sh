@@ -10,6 +10,13 @@
 #   bash scripts/gpu_session43.sh variants    # batch 16 and 32 (8k, 64k): score tiles of 64 blocks (half the
 #                                             # candidates each selection program ranks), 2 selected blocks a
 #                                             # program, both, against the defaults; twice each
+#   bash scripts/gpu_session43.sh ab          # the decode GPU tests on this tree, then decode steps of ab_base/src
+#                                             # (git archive of the tree before: old) and this one (new) in turn,
+#                                             # three rounds (scripts/gpu_decode_ab.py, each point checked)
+#   bash scripts/gpu_session43.sh fix REV     # the score launch without FMA fusion: the new candidates test on
+#                                             # ab_base/src (before: expected to fail), the decode GPU tests on
+#                                             # this tree (report named after REV, as one tar), then decode steps
+#                                             # of both trees in turn, twice
 #   bash scripts/gpu_session43.sh table REV   # the decode GPU tests (report named after REV), the decode
 #                                             # table at batch 1, 16, 32 and 64 (nsa-bench, graph replay),
 #                                             # the decode points of the H200's pytest-benchmark baseline
@@ -21,7 +28,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session43.sh chains | variants | table REV | tests REV}"
+step="${1:?usage: scripts/gpu_session43.sh chains | variants | ab | fix REV | table REV | tests REV}"
 device_line
 case "$step" in
 chains)
@@ -36,6 +43,32 @@ variants)
     variant_rounds variants_b16 16 8192 "8192 65536" 200 '{"score_blocks": 64}' '{"splits": [6, 2, 2]}' \
         '{"score_blocks": 64, "splits": [6, 2, 2]}' '{"score_blocks": 64, "score_warps": 2}'
     variant_rounds variants_b32 32 8192 "8192 65536" 150 '{"score_blocks": 64}' '{"score_blocks": 64, "score_warps": 2}'
+    ;;
+ab)
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src: git archive the tree before there" >&2; exit 2; }
+    timeout 240 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
+        -rfE --tb=short tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py 2>&1 | tail -4
+    echo "== tests: after $(( $(date +%s) - start )) s"
+    for side in old new old new old new; do
+        ab_side "$side" ab_base/src
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 150 python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+            | grep "^| " | tee -a "$OUT/decode_ab_h200.md"
+    done
+    ;;
+fix)
+    rev="${2:?the commit to name the report after}"
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src: git archive the tree before there" >&2; exit 2; }
+    PYTHONPATH="$PWD/ab_base/src:$PWD/scripts" timeout 120 python -m pytest -q -p no:cacheprovider --gpu-profile auto \
+        -rfE --tb=line tests/ops/test_decode_kernel.py -k keep_n_candidates 2>&1 | grep -E "passed|failed|assert" | tail -3
+    echo "== the new test on the tree before: after $(( $(date +%s) - start )) s"
+    worker_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
+        tests/ops/test_launch_options.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    for side in old new old new; do
+        ab_side "$side" ab_base/src
+        PYTHONPATH="$side_src:$PWD/scripts" timeout 100 python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+            | grep "^| " | tee -a "$OUT/decode_fix_ab_h200.md"
+    done
     ;;
 table)
     rev="${2:?the commit to name the report after}"

@@ -35,7 +35,7 @@ import inspect
 import os
 import re
 import subprocess
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 SCALARS = ("i32", "i64", "fp32")
 
@@ -49,9 +49,11 @@ def _constexpr(value: str):
 
 
 def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int, num_stages: int,
-                   maxnreg: int = 0, capability: int = 90) -> int:
+                   maxnreg: int = 0, capability: int = 90, fp_fusion: Optional[bool] = None) -> int:
     """Compile ``module:kernel`` with the given parameter values for compute ``capability``
-    (``maxnreg`` > 0 caps the registers a thread as the launch option of that name does); returns
+    (``maxnreg`` > 0 caps the registers a thread as the launch option of that name does;
+    ``fp_fusion`` overrides the library's ``enable_fp_fusion``, as the launches that pass
+    ``UNFUSED_LAUNCH_OPTIONS`` do); returns
     its shared memory."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -84,6 +86,8 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
     from nsa.ops._triton.launch import LAUNCH_OPTIONS
 
     options = dict(LAUNCH_OPTIONS, num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    if fp_fusion is not None:
+        options["enable_fp_fusion"] = fp_fusion
     kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     with open(out + ".ttgir", "w") as f:
         f.write(kernel.asm["ttgir"])
@@ -124,12 +128,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel", help="module:kernel, e.g. nsa.ops.compressed.kernel:compressed_bwd_dq_kernel")
     parser.add_argument("out", help="path prefix of the .ttgir, .cubin and .sass files")
-    parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=, maxnreg= (optional)")
+    parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=, maxnreg=, "
+                        "enable_fp_fusion= (optional)")
     args = parser.parse_args()
     values = dict(v.split("=", 1) for v in args.values)
     num_warps, num_stages = int(values.pop("num_warps", 4)), int(values.pop("num_stages", 3))
     maxnreg = int(values.pop("maxnreg", 0))
-    shared = compile_kernel(args.kernel, args.out, values, num_warps, num_stages, maxnreg)
+    fusion = values.pop("enable_fp_fusion", None)
+    shared = compile_kernel(args.kernel, args.out, values, num_warps, num_stages, maxnreg,
+                            fp_fusion=None if fusion is None else fusion == "True")
     print(f"shared memory {shared} B; {resource_usage(args.out + '.cubin')}")
     with open(args.out + ".sass") as f:
         for start, end, ops in loops(f.read()):

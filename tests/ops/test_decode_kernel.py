@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _kernel_inputs import decode_row_reference, spy_launches
+from _kernel_inputs import decode_row_reference, every_launch, spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops._triton.device import sized_as
@@ -382,6 +382,28 @@ def test_decode_starts_every_launch_early_by_default(batch, nsa_device, monkeypa
 def test_decode_bf16_real_sizes(lens, HQ, H, DK, DV, nsa_device):
     """bf16 kernel vs the float32 reference at paper geometry (``_check_bf16_real_size``)."""
     _check_bf16_real_size(lens, HQ, H, DK, DV, nsa_device)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_score_tiles_keep_n_candidates_once_the_batch_fills_the_gpu(nsa_device):
+    """Every score tile of 32 visible blocks keeps its n best keys as candidates (batch 16, 64k:
+    block masses, one-warp score programs). Each key is ranked against its tile's keys as other
+    lanes hold them; with multiplies fused into the sums across lanes, a key's copies could differ
+    in the last bit and a key outrank itself. On an H200, 6 of the 6144 tiles of three such steps
+    kept 15 (session 43), until the score launch compiled without fusion."""
+    from nsa.ops.decode.kernel import decode_fwd
+
+    config = NSAConfig()
+    short = []
+    for _ in range(3):
+        args = _real_size_inputs([65536] * 16, 64, 4, 128, 128, config, nsa_device)
+        with every_launch() as launches:
+            decode_fwd(*args, config, config.softmax_scale(128))
+        cand = next(kw["args"][4] for name, kw in launches if name == "decode_score_kernel")
+        kept = (cand.view(cand.shape[0], -1, config.sel_count) >= 0).sum(-1)
+        short.append(int((kept < config.sel_count).sum()))
+    assert short == [0, 0, 0], f"score tiles with fewer than n candidates, per step: {short}"
 
 
 @pytest.mark.gpu

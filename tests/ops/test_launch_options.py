@@ -1,10 +1,11 @@
 """Every kernel launch passes the library's launch options (:mod:`nsa.ops._triton.launch`).
 
 ``enable_fp_fusion=True`` keeps the kernels compiled as they were tuned whatever Triton's default
-(3.9 warns when a launch leaves it unset; 3.10 turns it off). Two checks: each ``*_kernel[grid](...)``
-call in the source passes ``**LAUNCH_OPTIONS`` and each kernel has such a call (so a new kernel or
-launch site cannot miss it), and a prefill's forward and backward and a decode step, run for real,
-hand the option to Triton at every launch.
+(3.9 warns when a launch leaves it unset; 3.10 turns it off); the decode score launch alone passes
+``UNFUSED_LAUNCH_OPTIONS`` (fusion off: it ranks keys against their copies in other lanes). Two
+checks: each ``*_kernel[grid](...)`` call in the source passes one of the two and each kernel has
+such a call (so a new kernel or launch site cannot miss it), and a prefill's forward and backward
+and a decode step, run for real, hand the option to Triton at every launch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from nsa.ops._triton.launch import LAUNCH_OPTIONS
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, UNFUSED_LAUNCH_OPTIONS
 
 from _kernel_inputs import prefill_and_decode_launches
 
@@ -26,11 +27,16 @@ def _kernel_name(node: ast.expr) -> str:
     return getattr(node, "id", None) or getattr(node, "attr", "")
 
 
+# the kernels whose launches pass UNFUSED_LAUNCH_OPTIONS
+UNFUSED = {"decode_score_kernel"}
+
+
 def _source_kernels() -> Dict[str, List[str]]:
-    """``{"defined": [...], "launched": [...], "missing_options": [...]}`` over ``src/nsa``: the
-    ``@triton.jit`` functions named ``*_kernel``, the ``*_kernel[grid](...)`` calls, and those calls
-    (``path:line``) without ``**LAUNCH_OPTIONS``."""
-    found: Dict[str, List[str]] = {"defined": [], "launched": [], "missing_options": []}
+    """``{"defined": [...], "launched": [...], "missing_options": [...], "unfused": [...]}`` over
+    ``src/nsa``: the ``@triton.jit`` functions named ``*_kernel``, the ``*_kernel[grid](...)`` calls,
+    those calls (``path:line``) without ``**LAUNCH_OPTIONS`` or ``**UNFUSED_LAUNCH_OPTIONS``, and
+    the kernels launched with the latter."""
+    found: Dict[str, List[str]] = {"defined": [], "launched": [], "missing_options": [], "unfused": []}
     for path in sorted(SOURCE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
@@ -39,7 +45,10 @@ def _source_kernels() -> Dict[str, List[str]]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
                     _kernel_name(node.func.value).endswith("_kernel"):
                 found["launched"].append(_kernel_name(node.func.value))
-                if not any(kw.arg is None and _kernel_name(kw.value) == "LAUNCH_OPTIONS" for kw in node.keywords):
+                options = [_kernel_name(kw.value) for kw in node.keywords if kw.arg is None]
+                if "UNFUSED_LAUNCH_OPTIONS" in options:
+                    found["unfused"].append(_kernel_name(node.func.value))
+                elif "LAUNCH_OPTIONS" not in options:
                     found["missing_options"].append(f"{path.relative_to(SOURCE)}:{node.lineno}")
     return found
 
@@ -49,22 +58,26 @@ def test_every_launch_site_passes_the_launch_options():
     assert len(found["defined"]) >= 20, found  # the scan sees the kernels
     assert sorted(set(found["defined"])) == sorted(set(found["launched"])), "a kernel without a launch site here"
     assert found["missing_options"] == [], "launches without **LAUNCH_OPTIONS"
+    assert set(found["unfused"]) == UNFUSED
 
 
 def test_launch_options_keep_fp_fusion_on():
     assert dict(LAUNCH_OPTIONS) == {"enable_fp_fusion": True}
+    assert dict(UNFUSED_LAUNCH_OPTIONS) == {"enable_fp_fusion": False}
     with pytest.raises(TypeError):
         LAUNCH_OPTIONS["enable_fp_fusion"] = False  # type: ignore[index]
 
 
 @pytest.mark.triton
 def test_every_launch_hands_fp_fusion_to_triton(nsa_device):
-    """A real prefill (forward and backward) and decode step: every launch, whichever kernel,
-    carries ``enable_fp_fusion=True``, and most of the library's kernels were launched."""
+    """A real prefill (forward and backward) and decode step: every launch carries
+    ``enable_fp_fusion``, ``True`` but for the decode score launch, and most of the library's
+    kernels were launched."""
     launches = prefill_and_decode_launches(nsa_device, 16, 16)
     kernels = {name for name, _ in launches}
     assert len(kernels) >= 12, kernels
-    assert [name for name, kwargs in launches if kwargs.get("enable_fp_fusion") is not True] == []
+    assert UNFUSED <= kernels
+    assert [name for name, kwargs in launches if kwargs.get("enable_fp_fusion") is not (name not in UNFUSED)] == []
 
 
 def test_launch_sizes_are_host_arithmetic_equal_to_tritons():

@@ -6,6 +6,13 @@ every kernel here was written, tuned and tested with. Triton up to 3.8 fuses unl
 fusion off as 3.10's default. Left to Triton, the prefill would lose about 2 % on the H100 (session 33: Triton
 3.9 with ``TRITON_DEFAULT_FP_FUSION=0``, docs/perf/triton_versions.md). Triton's own
 ``TRITON_FORCE_DISABLE_FP_FUSION=1`` still turns fusion off for every launch.
+
+``UNFUSED_LAUNCH_OPTIONS``: fusion off, for a kernel that compares a value summed across lanes with
+itself. A butterfly reduction leaves the sum in every lane of the group; fused, each lane adds its
+partner's rounded product to its own unrounded one, so the lanes' copies of one sum can differ in
+the last bit. The decode score launch ranks each block's key against all of its tile's keys, copies
+that come from different lanes: fused, a key could outrank itself (at batch 16, 64k on an H200, 6
+of 6144 score tiles of three steps lost a candidate, session 43).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from typing import Mapping
 #: Keyword options of every ``kernel[grid](...)`` call in :mod:`nsa.ops` (``**LAUNCH_OPTIONS``).
 #: The CPU interpreter ignores them.
 LAUNCH_OPTIONS: Mapping[str, bool] = MappingProxyType({"enable_fp_fusion": True})
+#: The same with fusion off, where a kernel's sums must be equal in every lane (see above).
+UNFUSED_LAUNCH_OPTIONS: Mapping[str, bool] = MappingProxyType({"enable_fp_fusion": False})
 
 
 # Host-side sizes of launches. Triton's ``cdiv`` and ``next_power_of_2`` are constexpr functions,
