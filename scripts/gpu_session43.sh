@@ -28,6 +28,25 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
+# Decode steps (scripts/gpu_decode_ab.py) of ab_base/src, the tree before ("old"), and this tree
+# ("new") in turn, ROUNDS times each, the rows appended to $OUT/decode_NAME_h200.md:
+#   decode_ab_rounds NAME ROUNDS LIMIT_S
+decode_ab_rounds() {
+    local name="$1" rounds="$2" limit="$3" side
+    for _ in $(seq "$rounds"); do
+        for side in old new; do
+            ab_side "$side" ab_base/src
+            PYTHONPATH="$side_src:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+                | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
+        done
+    done
+}
+
+# The report folders in $OUT as one tar (the device tool brings back eight files).
+tar_reports() {
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+}
+
 step="${1:?usage: scripts/gpu_session43.sh chains | variants | ab | fix REV | table REV | tests REV}"
 device_line
 case "$step" in
@@ -49,11 +68,7 @@ ab)
     timeout 240 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
         -rfE --tb=short tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py 2>&1 | tail -4
     echo "== tests: after $(( $(date +%s) - start )) s"
-    for side in old new old new old new; do
-        ab_side "$side" ab_base/src
-        PYTHONPATH="$side_src:$PWD/scripts" timeout 150 python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
-            | grep "^| " | tee -a "$OUT/decode_ab_h200.md"
-    done
+    decode_ab_rounds ab 3 150
     ;;
 fix)
     rev="${2:?the commit to name the report after}"
@@ -63,12 +78,8 @@ fix)
     echo "== the new test on the tree before: after $(( $(date +%s) - start )) s"
     worker_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
         tests/ops/test_launch_options.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
-    for side in old new old new; do
-        ab_side "$side" ab_base/src
-        PYTHONPATH="$side_src:$PWD/scripts" timeout 100 python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
-            | grep "^| " | tee -a "$OUT/decode_fix_ab_h200.md"
-    done
+    tar_reports
+    decode_ab_rounds fix_ab 2 100
     ;;
 table)
     rev="${2:?the commit to name the report after}"
@@ -87,7 +98,7 @@ table)
 tests)
     worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/test_decode_graph.py tests/test_cache.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    tar_reports
     ;;
 *)
     echo "unknown step $step" >&2

@@ -19,6 +19,9 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    only rescales and sums them. Each program keeps
    its tile's scores in registers and writes only the tile's ``n`` best block
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
+   It compiles without FMA fusion (``UNFUSED_LAUNCH_OPTIONS``): the rank compares each key
+   with its tile's keys as other lanes hold them, and fused sums across lanes could leave a
+   key's copies a bit apart, so that it outranked itself.
 3. ``decode_selected_fwd_kernel``: grid ``(S_SLC, rows * H)``, or ``(S_SLC + S_WIN,
    rows * H)`` with the window's splits (which wait for nothing). Every selection program
    finds the n largest keys among the candidates (forced blocks first, ties to
