@@ -2,7 +2,8 @@
 
 Every float tensor made by ``torch.empty``/``torch.empty_like``/``Tensor.new_empty``
 during a test is filled with NaN, so an output element that a kernel forgets to
-write fails the comparison loudly instead of passing with stale memory. Triton's CPU
+write fails the comparison loudly instead of passing with stale memory; every integer
+one with its dtype's largest value, far from any index, length or key a kernel writes. Triton's CPU
 interpreter stops re-patching its language at every ``@triton.jit`` helper call
 (:mod:`_interpreter`), which takes about 40 % off the suite's time on a CPU.
 """
@@ -36,6 +37,8 @@ def _poisoned(factory):
             # may be filled too
             with torch.no_grad():
                 out.fill_(float("nan"))
+        elif out.dtype != torch.bool and not out.is_complex():
+            out.fill_(torch.iinfo(out.dtype).max)
         return out
 
     return make
