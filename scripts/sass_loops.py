@@ -24,6 +24,10 @@ integer or a string).
 Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
 take the compressed forward's scoring step from 616 to 457 instructions (docs/perf/prefill.md).
+``--by-line N`` also prints the whole kernel's instruction count and the ``N`` source lines with
+the most instructions (``nvdisasm``'s line table: a helper's lines count where they are written,
+``triton/language/standard.py`` lines are Triton's reductions and sorts); session 43 read the
+decode score and selection programs' instructions with it (docs/perf/decode.md).
 """
 
 from __future__ import annotations
@@ -109,6 +113,30 @@ def resource_usage(cubin: str) -> str:
     return found.group(0) if found else usage.strip()
 
 
+def by_line(cubin: str) -> collections.Counter:
+    """Instructions of the ``cubin`` by ``(file, line)`` of the source that they compile, from
+    ``nvdisasm``'s line-info listing."""
+    nvdisasm = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "nvdisasm")
+    listing = subprocess.run([nvdisasm, "-gi", "-c", cubin], capture_output=True, text=True, check=True).stdout
+    counts: collections.Counter = collections.Counter()
+    where = None
+    for line in listing.splitlines():
+        found = re.search(r'//## File "(.*?)", line (\d+)', line)
+        if found:
+            where = (found.group(1), int(found.group(2)))
+        elif where and re.match(r"\s*/\*[0-9a-f]{4,}\*/", line):
+            counts[where] += 1
+    return counts
+
+
+def source_line(path: str, line: int) -> str:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        return ""
+
+
 def loops(sass: str) -> List[Tuple[int, int, collections.Counter]]:
     """``(start, end, opcode counts)`` of every backward branch's body in a SASS listing."""
     code = [(int(m.group(1), 16), m.group(2).strip())
@@ -130,6 +158,8 @@ def main() -> None:
     parser.add_argument("out", help="path prefix of the .ttgir, .cubin and .sass files")
     parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=, maxnreg=, "
                         "enable_fp_fusion= (optional)")
+    parser.add_argument("--by-line", type=int, default=0, metavar="N",
+                        help="also the kernel's instruction count and its N source lines with the most instructions")
     args = parser.parse_args()
     values = dict(v.split("=", 1) for v in args.values)
     num_warps, num_stages = int(values.pop("num_warps", 4)), int(values.pop("num_stages", 3))
@@ -142,6 +172,11 @@ def main() -> None:
         for start, end, ops in loops(f.read()):
             print(f"loop {start:#x}-{end:#x}: {sum(ops.values())} instructions; "
                   + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
+    if args.by_line:
+        counts = by_line(args.out + ".cubin")
+        print(f"{sum(counts.values())} instructions; by source line:")
+        for (path, line), n in counts.most_common(args.by_line):
+            print(f"{n:6d}  {os.path.basename(path)}:{line}  {source_line(path, line)[:100]}")
 
 
 if __name__ == "__main__":
