@@ -73,11 +73,15 @@ def _test_paths(args: Sequence[str]) -> str:
     return ", ".join(short) if short else "all"
 
 
+def _exit(status: object) -> str:
+    """A run's exit status as the index shows it: bold unless 0."""
+    return "exit 0" if str(status) == "0" else f"**exit {status}**"
+
+
 def _result(results: Dict[str, Any]) -> str:
     totals, run = results.get("totals", {}), results.get("run", {})
     counts = [f"{totals[k]} {k}" for k in OUTCOMES if totals.get(k)]
-    status = run.get("exit_status")
-    head = "exit 0" if status == 0 else f"**exit {status}**"
+    head = _exit(run.get("exit_status"))
     partial = ", partial" if run.get("partial") else ""
     return f"{head}{partial}: {', '.join(counts) or 'no tests'}"
 
@@ -90,8 +94,7 @@ def _from_report_md(text: str) -> Tuple[str, str]:
     for line in text.splitlines():
         if line.startswith("- exit status ") and not result:
             status, _, rest = line[len("- exit status "):].partition(" ")
-            head = "exit 0" if status == "0" else f"**exit {status}**"
-            result = f"{head} {rest.strip()} (report.md only)"
+            result = f"{_exit(status)} {rest.strip()} (report.md only)"
         elif line.startswith("- command: `") and not tests:
             tests = _test_paths(line[len("- command: `"):].rstrip("`").split())
     return result or "report.md only, no exit status", tests
