@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from _kernel_inputs import decode_row_reference, every_launch, spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops._triton.device import sized_as
 from nsa.ops.decode import nsa_decode
+from nsa.ops.decode.kernel import _top_of_sorted_runs
 from nsa.testing import assert_close
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
@@ -463,12 +466,36 @@ def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
     assert_close("o", o, torch.cat(ref_o), 1e-2)
 
 
+@triton.jit
+def _top_of_runs_probe(keys, out, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
+    b_key = tl.load(keys + tl.arange(0, 1 << (RUN_LEVELS + NP_BITS)))
+    tl.store(out + tl.arange(0, 1 << NP_BITS), _top_of_sorted_runs(b_key, RUN_LEVELS, NP_BITS))
+
+
 @pytest.mark.triton
-def test_topn_is_one_bitonic_top_k_where_the_candidates_fit_one_tile(monkeypatch, nsa_device):
-    """The selection programs rank by ``tl.topk`` wherever their candidates fit one tile and
-    something is left to rank: not when one score tile holds the whole row (its candidates are
-    the top-n), not when the candidates span several tiles, not when asked for the rounds. Each
-    launch's result still equals the reference's."""
+@pytest.mark.parametrize("run_levels, np_bits", [(0, 2), (1, 1), (2, 4), (3, 2), (5, 4)])
+def test_top_of_sorted_runs_is_the_top_k(run_levels, np_bits, nsa_device):
+    """The merge of sorted runs (largest first in even runs, last in odd ones: what the score
+    launch writes for the selection programs) gives the largest keys, largest first, as
+    ``torch.topk``; distinct keys with -1 padding, as the candidates are."""
+    gen = torch.Generator().manual_seed(run_levels * 10 + np_bits)
+    runs, width = 1 << run_levels, 1 << np_bits
+    keys = torch.randperm(10 * runs * width, generator=gen)[: runs * width].view(runs, width)
+    keys[torch.rand(runs, width, generator=gen) < 0.2] = -1  # unused slots
+    keys = keys.sort(dim=1, descending=True).values
+    keys[1::2] = keys[1::2].flip(1)
+    keys = keys.reshape(-1).to(nsa_device)
+    out = torch.full((width,), -7, device=nsa_device, dtype=torch.int64)
+    _top_of_runs_probe[(1,)](keys, out, RUN_LEVELS=run_levels, NP_BITS=np_bits)
+    assert torch.equal(out.cpu(), keys.cpu().topk(width).values)
+
+
+@pytest.mark.triton
+def test_topn_is_one_bitonic_merge_where_the_candidates_fit_one_tile(monkeypatch, nsa_device):
+    """The selection programs rank by one bitonic merge of the score tiles' sorted candidates
+    wherever those fit one tile and something is left to rank: not when one score tile holds the
+    whole row (its candidates are the top-n), not when the candidates span several tiles, not
+    when asked for the rounds. Each launch's result still equals the reference's."""
     from nsa.ops.decode import kernel
 
     launched = spy_launches(monkeypatch, kernel, "decode_selected_fwd_kernel", "BITONIC", "RANKED", "ONE_TILE")

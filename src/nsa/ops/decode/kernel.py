@@ -18,7 +18,9 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    with the mass-conserving overlap weights (spec Eqs. 8-10); from block masses it
    only rescales and sums them. Each program keeps
    its tile's scores in registers and writes only the tile's ``n`` best block
-   keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds).
+   keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds); where
+   launch 3 merges them, at their ranks: a sorted run, largest first in even tiles and last
+   in odd ones. On a GPU each head's log-sum-exp takes the special-function unit's log2.
    It compiles without FMA fusion (``UNFUSED_LAUNCH_OPTIONS``): the rank compares each key
    with its tile's keys as other lanes hold them, and fused sums across lanes could leave a
    key's copies a bit apart, so that it outranked itself.
@@ -27,7 +29,9 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    finds the n largest keys among the candidates (forced blocks first, ties to
    the lower index: spec Eq. 11), attends over its share of the selected blocks,
    and the first one writes ``block_idx``. Where the candidates fit one tile, one
-   bitonic top-k (``tl.topk``) finds them; otherwise rounds find the n-th largest
+   bitonic merge of the tiles' sorted runs finds them (:func:`_top_of_sorted_runs`; 1720
+   against 2272 SASS instructions a batch-1 program with ``tl.topk`` over the unsorted
+   candidates); otherwise rounds find the n-th largest
    key (each round the largest keys below the last round's smallest). When one
    score tile holds a whole row, its candidates are the top-n and nothing is ranked.
    (Counting, for each candidate, the larger ones instead of rounds of maxima measured
@@ -55,7 +59,7 @@ from typing import Optional, Tuple, Union
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
@@ -443,22 +447,57 @@ def _top_n_of_keys(b_key, N: tl.constexpr, PER_ROUND: tl.constexpr):
 
 
 @triton.jit
-def _top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr):
+def _exchange(h, o_pos, bit: tl.constexpr, dims: tl.constexpr, up):
+    """One compare-exchange stage of a bitonic network over the hypercube ``h`` (shape
+    ``[2] * dims``, element positions ``o_pos``): the keys ``2**bit`` apart swap so that the
+    larger one comes first where ``up`` is 0 and last where it is 1. The partner of each key
+    is the key xor the pair's xor, a reduction over the pair's axis."""
+    axis: tl.constexpr = dims - 1 - bit
+    partner = h ^ tl.xor_sum(h, axis, keep_dims=True)
+    keep_larger = ((o_pos >> bit) & 1) == up  # the first of a pair where up is 0, the second where 1
+    return tl.where((h > partner) == keep_larger, h, partner)
+
+
+@triton.jit
+def _top_of_sorted_runs(b_key, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
+    """The ``2**NP_BITS`` largest of the keys ``b_key`` (``2**(RUN_LEVELS + NP_BITS)`` of them), largest
+    first, where consecutive runs of ``2**NP_BITS`` keys are sorted, largest first and last in
+    turn. Each level pairs the runs: the larger of the first one's ``i``-th key and the
+    second one's is a bitonic run that holds the pair's largest keys, and ``NP_BITS`` exchange
+    stages sort it, again largest first and last in turn. Against ``tl.topk`` over unsorted
+    keys this skips its first ``NP_BITS * (NP_BITS + 1) / 2`` stages over every key: at 512
+    candidates and n = 16, about a third of its compare-exchanges."""
+    h = tl.reshape(b_key, [2] * (RUN_LEVELS + NP_BITS))
+    for level in tl.static_range(RUN_LEVELS):
+        # run 2i against run 2i + 1, key by key: the hypercube loses the axis of bit NP_BITS
+        h = tl.max(h, axis=RUN_LEVELS - level - 1)
+        o_pos = tl.reshape(tl.arange(0, 1 << (RUN_LEVELS + NP_BITS - level - 1)), [2] * (RUN_LEVELS + NP_BITS - level - 1))
+        up = (o_pos >> NP_BITS) & 1
+        for stage in tl.static_range(NP_BITS):
+            h = _exchange(h, o_pos, NP_BITS - 1 - stage, RUN_LEVELS + NP_BITS - level - 1, up)
+    return tl.reshape(h, [1 << NP_BITS])
+
+
+@triton.jit
+def _top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr, RUN_LEVELS: tl.constexpr,
+                  NP_BITS: tl.constexpr):
     """The blocks of the ``N`` largest keys of ``b_key`` (a 1-D tile in registers, -1 where
-    unused) in ascending order, by one bitonic top-k (``tl.topk``, sorted largest first) and
-    a sort of its ``NP`` entries. Returns this program's blocks ``b_j [SB]`` (ranks ``o_sb``,
-    -1 past the last); program 0 writes the row of ``block_idx``, -1 in unused slots. Its
-    compare-exchanges take each key through every stage at once, where the rounds of
-    :func:`_top_n_of_keys` reduce across the warps once per round."""
-    b_top = tl.topk(b_key, NP)
+    unused; sorted runs of ``NP`` keys, :func:`_top_of_sorted_runs`) in ascending order, by one
+    bitonic merge of the runs and each block's place among the ``N``. Returns this program's
+    blocks ``b_j [SB]`` (ranks ``o_sb``, -1 past the last); program 0 writes the row of
+    ``block_idx``, -1 in unused slots. Its compare-exchanges take each key through every stage
+    at once, where the rounds of :func:`_top_n_of_keys` reduce across the warps once per round."""
+    b_top = _top_of_sorted_runs(b_key, RUN_LEVELS, NP_BITS)
     o_n = tl.arange(0, NP)
-    b_blk = tl.where((b_top >= 0) & (o_n < N), (b_top & KEY_INDEX_MAX) ^ KEY_INDEX_MAX, INT64_MAX)
-    b_blk = tl.sort(b_blk)  # ascending block order, unused slots last
-    b_blk = tl.where(b_blk == INT64_MAX, -1, b_blk)
-    b_j = tl.max(tl.where(o_n[None, :] == o_sb[:, None], b_blk[None, :], -1), 1)
+    used = (b_top >= 0) & (o_n < N)
+    b_blk = ((b_top & KEY_INDEX_MAX) ^ KEY_INDEX_MAX).to(tl.int32)
+    # each block's place in ascending order: the used blocks below it (distinct blocks)
+    b_place = tl.sum(((b_blk[None, :] < b_blk[:, None]) & used[None, :]).to(tl.int32), 1)
+    b_j = tl.max(tl.where((b_place[None, :] == o_sb[:, None]) & used[None, :], b_blk[None, :], -1), 1)
     if i_s == 0:
-        tl.store(p_idx + o_n, b_blk.to(tl.int32), mask=o_n < N)
-    return b_j
+        tl.store(p_idx + b_place, b_blk, mask=used)
+        tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= tl.sum(used.to(tl.int32), 0)) & (o_n < N))
+    return b_j.to(tl.int64)
 
 
 @triton.jit
@@ -488,7 +527,8 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
                 H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
                 BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr,
-                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr):
+                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
+                FAST_LOG2: tl.constexpr):
     """Keys ``[BJ]`` of blocks ``o_j = [j0, j0 + BJ)`` (-1 past the query's own block) from
     their group scores: each head's log-sum-exp over the compressed splits turns its
     logits into probabilities, summed over the group and mapped onto selection blocks
@@ -521,7 +561,14 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     b_mx = tl.max(b_ms, 1)
     b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
     b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
-    b_lse = b_mx + tl.log2(tl.where(b_sum > 0, b_sum, 1.0))  # [BG]
+    b_sum = tl.where(b_sum > 0, b_sum, 1.0)  # [BG]
+    if FAST_LOG2:
+        # the special-function unit's log2 (lg2.approx, relative error 2**-22) where Triton's
+        # log2 is a ten-term polynomial: 104 of a one-warp program's 1216 instructions at
+        # batch 16, 64k; the interpreter cannot run it
+        b_lse = b_mx + libdevice.fast_log2f(b_sum)
+    else:
+        b_lse = b_mx + tl.log2(b_sum)
     # -- each block gathers the NCOVER compressed tokens that can overlap it: the
     # first is the one whose [i*d, i*d + l) ends just past the block's start --
     o_j = j0 + tl.arange(0, BJ)
@@ -586,11 +633,15 @@ def decode_score_kernel(
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
+    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
-    program writes only its tile's ``N`` best keys (the candidates), in ascending block
-    order, padded with -1. The global top-n lies among the candidates of all tiles, and
-    tile-major slots keep the candidates of a row in ascending block order."""
+    program writes only its tile's ``N`` best keys (the candidates) into the tile's ``NP``
+    slots, padded with -1. The global top-n lies among the candidates of all tiles. Tile-major
+    slots in ascending block order keep a row's candidates in ascending block order (what
+    the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
+    keys sorted, largest first in even tiles and last in odd ones (what one bitonic merge of
+    runs takes, :func:`_top_of_sorted_runs`)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -602,16 +653,23 @@ def decode_score_kernel(
     if j0 <= pos // SEL_BLOCK:
         o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,
                                  H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP,
-                                 MASS, CMP_TILE)  # fmt: skip
+                                 MASS, CMP_TILE, FAST_LOG2)  # fmt: skip
         # -- this tile's candidates: keys with fewer than N larger keys in the tile --
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
         b_cand = (b_rank < N) & (b_key >= 0)
-        b_slot = tl.cumsum(b_cand.to(tl.int32), 0) - 1
-        p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * N
-        tl.store(p_c + b_slot, b_key, mask=b_cand)
-        o_n = tl.arange(0, NP)
         n_found = tl.sum(b_cand.to(tl.int32), 0)
-        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=(o_n >= n_found) & (o_n < N))
+        o_n = tl.arange(0, NP)
+        p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * NP
+        if SORTED:
+            # the candidates are the keys ranked 0 .. n_found - 1: a sorted run for
+            # _top_of_sorted_runs, descending in even tiles and ascending in odd ones
+            up = i_j % 2
+            tl.store(p_c + tl.where(up == 1, NP - 1 - b_rank, b_rank), b_key, mask=b_cand)
+            pad = tl.where(up == 1, o_n < NP - n_found, o_n >= n_found)
+        else:
+            tl.store(p_c + tl.cumsum(b_cand.to(tl.int32), 0) - 1, b_key, mask=b_cand)
+            pad = o_n >= n_found
+        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)
 
 
 @triton.jit
@@ -654,7 +712,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -685,7 +743,7 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, RUN_LEVELS, NP_BITS)  # fmt: skip
 
 
 @triton.jit
@@ -712,7 +770,7 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
-    RANKED: tl.constexpr, BITONIC: tl.constexpr,
+    RANKED: tl.constexpr, BITONIC: tl.constexpr, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -726,10 +784,10 @@ def _selected_program(
     p_idx = block_idx + i_rh.to(tl.int64) * N
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
-    n_cand = (own // BJ + 1) * N
+    n_cand = (own // BJ + 1) * NP
     if BITONIC:
         o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
-        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
+        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP, RUN_LEVELS, NP_BITS)
     else:
         b_j = tl.full([SB], -1, tl.int64)
         count = tl.full([], 0, tl.int32)
@@ -1051,7 +1109,8 @@ def decode_fwd(
     once, with evict-first), ``score_mass`` (the compressed pass leaves each tile's block
     masses instead of its logits, where the geometry allows), ``score_warps`` (warps of a score
     program; :func:`default_score_warps`) and ``topn_bitonic`` (the selection programs rank the
-    candidates by one bitonic top-k where they fit one tile, instead of rounds).
+    candidates by one bitonic merge of the score tiles' sorted runs where they fit one tile,
+    instead of rounds).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -1202,27 +1261,28 @@ def decode_fwd(
         score_blocks = 64 if not fills and nblk_cap <= 128 else 32
     BJ = next_pow2(score_blocks, 2)
     score_tiles = cdiv(nblk_cap, BJ)
-    n_cand = score_tiles * n  # n candidate slots per score tile
+    NP = next_pow2(n, 2)
+    n_cand = score_tiles * NP  # NP candidate slots per score tile
     cand = torch.empty(rows * H, n_cand, device=q.device, dtype=torch.int64)
+    tj = block_tile or min(1024, next_pow2(n_cand))
+    one_tile, ranked = n_cand <= tj, score_tiles == 1
+    # one bitonic merge of sorted runs needs every candidate in registers
+    topn_bitonic = topn_bitonic and one_tile and not ranked
     decode_score_kernel[(score_tiles, rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
-        N=n, NP=next_pow2(n, 2), INIT=config.init_blocks, LOCAL=config.local_blocks,
+        N=n, NP=NP, INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
-        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc,
+        CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
+        FAST_LOG2=on_gpu,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
-    tj = block_tile or min(1024, next_pow2(n_cand))
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
     sel_desc = sel_desc and sel_block == next_power_of_2(sel_block) and sel_block >= min_dot
-    one_tile, ranked = n_cand <= tj, n_cand == n
-    # one bitonic top-k needs every candidate in registers (a power of two of them, at least n
-    # rounded up to one: tl.topk's k)
-    topn_bitonic = topn_bitonic and one_tile and not ranked and tj >= next_pow2(n, 2)
     per_round = topn_per_round or 4
     per_round = per_round if per_round in (1, 2, 4, 8) and n % per_round == 0 else 1
     d_k = d_v = k  # unused without SEL_DESC
@@ -1235,10 +1295,11 @@ def decode_fwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, n_cand, s_cmp + s_win, S, s_slc, s_win, s_cmp,  #
-        SEL_BLOCK=sel_block, N=n, NP=next_pow2(n, 2), SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
+        SEL_BLOCK=sel_block, N=n, NP=NP, SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
+        RANKED=ranked, BITONIC=topn_bitonic, RUN_LEVELS=(tj // NP).bit_length() - 1, NP_BITS=NP.bit_length() - 1,
+        num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
         **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
