@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU calls of session 44 (H200). Two cuts to the decode step's selection chain, in the
+# instructions of the score and selection programs (both issue about one instruction in ten
+# cycles a warp at batch 16, session 43): the selection programs merge the score tiles' sorted
+# candidate runs instead of a bitonic top-k over all of them (the batch-1 program 2272 -> 1720
+# SASS instructions, batch 16 3472 -> 2952), and the score programs take the GPU's fast log2
+# for each head's log-sum-exp (the one-warp program 1216 -> 1112).
+#
+#   bash scripts/gpu_session44.sh ab REV      # the decode GPU tests on this tree (report named after REV,
+#                                             # as one tar), then decode steps of three trees in turn, twice:
+#                                             # ab_base/src (old: before both), ab_sorted/src (sorted runs
+#                                             # alone) and this one (new); scripts/gpu_decode_ab.py, each
+#                                             # point checked against the float32 reference
+#   bash scripts/gpu_session44.sh table       # the decode table at batch 1, 16, 32 and 64 (nsa-bench, graph
+#                                             # replay), the decode points of the H200's pytest-benchmark
+#                                             # baseline saved again, then score tiles of 64 blocks at batch 16
+#                                             # against the default (gpu_decode.py variants, twice)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+# Decode steps (scripts/gpu_decode_ab.py) of each side in turn, ROUNDS times, the rows appended to
+# $OUT/decode_NAME_h200.md: side "new" is this tree, any other the folder ab_SIDE/src.
+#   ab_rounds NAME ROUNDS LIMIT_S SIDE...
+ab_rounds() {
+    local name="$1" rounds="$2" limit="$3" side src_dir
+    shift 3
+    for _ in $(seq "$rounds"); do
+        for side in "$@"; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
+            echo "== $side ($src_dir) after $(( $(date +%s) - start )) s"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+                | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
+        done
+    done
+}
+
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table}"
+device_line
+case "$step" in
+ab)
+    for side in base sorted; do
+        [ -d "ab_$side/src/nsa" ] || { echo "no ab_$side/src (git archive of that tree)" >&2; exit 2; }
+    done
+    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
+        tests/ops/test_launch_options.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    ab_rounds ab 2 100 base sorted new
+    ;;
+table)
+    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
+        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
+    echo "== table: rc $? after $(( $(date +%s) - start )) s"
+    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile h200 --nsa-baseline=save \
+        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
+    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
+    tail -4 "$OUT/baseline_decode.log"
+    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    variant_rounds variants_b16 16 8192 "8192 65536" 150 '{"score_blocks": 64}'
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
+echo "done after $(( $(date +%s) - start )) s"
