@@ -15,6 +15,10 @@
 #                                             # replay), the decode points of the H200's pytest-benchmark
 #                                             # baseline saved again, then score tiles of 64 blocks at batch 16
 #                                             # against the default (gpu_decode.py variants, twice)
+#   bash scripts/gpu_session44.sh b1          # batch 1 (8k, 64k), 0.7 us short of 2.5x at 64k after the two cuts:
+#                                             # score tiles of 64 and 128 blocks (256 and 128 candidates, one and
+#                                             # two levels less to merge), 2 selected blocks a program, selected
+#                                             # blocks through descriptors; against the default, twice
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -37,7 +41,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1}"
 device_line
 case "$step" in
 ab)
@@ -59,6 +63,10 @@ table)
     tail -4 "$OUT/baseline_decode.log"
     cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
     variant_rounds variants_b16 16 8192 "8192 65536" 150 '{"score_blocks": 64}'
+    ;;
+b1)
+    variant_rounds variants_b1 1 65536 "8192 65536" 300 '{"score_blocks": 64}' '{"score_blocks": 128}' \
+        '{"splits": [16, 4, 2]}' '{"sel_desc": true}'
     ;;
 *)
     echo "unknown step $step" >&2
