@@ -19,6 +19,10 @@
 #                                             # score tiles of 64 and 128 blocks (256 and 128 candidates, one and
 #                                             # two levels less to merge), 2 selected blocks a program, selected
 #                                             # blocks through descriptors; against the default, twice
+#   bash scripts/gpu_session44.sh cmp         # batch 16 (8k, 64k): the compressed pass (39 of the step's 78 us at
+#                                             # 64k, 134 MB at about 3.4 TB/s) in one-warp programs, 4 an SM in
+#                                             # 3 stages or 6 in 2, and two-warp ones, 4 an SM (no barriers in a
+#                                             # one-warp tile step); against the default, twice
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -41,7 +45,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp}"
 device_line
 case "$step" in
 ab)
@@ -67,6 +71,10 @@ table)
 b1)
     variant_rounds variants_b1 1 65536 "8192 65536" 300 '{"score_blocks": 64}' '{"score_blocks": 128}' \
         '{"splits": [16, 4, 2]}' '{"sel_desc": true}'
+    ;;
+cmp)
+    variant_rounds variants_cmp_b16 16 65536 "8192 65536" 300 '{"cmp_warps": 1, "splits": [8, 2, 4]}' \
+        '{"cmp_warps": 1, "splits": [12, 2, 4], "cmp_stages": 2}' '{"cmp_warps": 2, "splits": [8, 2, 4]}'
     ;;
 *)
     echo "unknown step $step" >&2
