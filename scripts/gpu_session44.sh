@@ -20,9 +20,9 @@
 #                                             # two levels less to merge), 2 selected blocks a program, selected
 #                                             # blocks through descriptors; against the default, twice
 #   bash scripts/gpu_session44.sh cmp         # batch 16 (8k, 64k): the compressed pass (39 of the step's 78 us at
-#                                             # 64k, 134 MB at about 3.4 TB/s) in one-warp programs, 4 an SM in
-#                                             # 3 stages or 6 in 2, and two-warp ones, 4 an SM (no barriers in a
-#                                             # one-warp tile step); against the default, twice
+#                                             # 64k, 134 MB at about 3.4 TB/s) in one- and two-warp programs, 3 an
+#                                             # SM in 3 stages, and one-warp ones in 2 stages, 6 or 4 an SM (no
+#                                             # barriers in a one-warp tile step); against the default, twice
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -73,8 +73,10 @@ b1)
         '{"splits": [16, 4, 2]}' '{"sel_desc": true}'
     ;;
 cmp)
-    variant_rounds variants_cmp_b16 16 65536 "8192 65536" 300 '{"cmp_warps": 1, "splits": [8, 2, 4]}' \
-        '{"cmp_warps": 1, "splits": [12, 2, 4], "cmp_stages": 2}' '{"cmp_warps": 2, "splits": [8, 2, 4]}'
+    # 3 stages take 68 KiB of shared memory at any warp count (3 programs an SM, as the default's 6
+    # splits), 2 stages 36 KiB (6 an SM: 12 splits, or 8)
+    variant_rounds variants_cmp_b16 16 65536 "8192 65536" 300 '{"cmp_warps": 1}' '{"cmp_warps": 2}' \
+        '{"cmp_warps": 1, "splits": [12, 2, 4], "cmp_stages": 2}' '{"cmp_warps": 1, "splits": [8, 2, 4], "cmp_stages": 2}'
     ;;
 *)
     echo "unknown step $step" >&2
