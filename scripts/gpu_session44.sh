@@ -23,6 +23,9 @@
 #                                             # 64k, 134 MB at about 3.4 TB/s) in one- and two-warp programs, 3 an
 #                                             # SM in 3 stages, and one-warp ones in 2 stages, 6 or 4 an SM (no
 #                                             # barriers in a one-warp tile step); against the default, twice
+#   bash scripts/gpu_session44.sh noflush     # the decode table (batch 1, 16, 32) without the L2 flush, its inputs
+#                                             # rotated over sets past twice the L2: no dirty lines of a zeroing
+#                                             # flush written back during the step (the issue's "dense about 41 us")
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -45,7 +48,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp | noflush}"
 device_line
 case "$step" in
 ab)
@@ -77,6 +80,11 @@ cmp)
     # splits), 2 stages 36 KiB (6 an SM: 12 splits, or 8)
     variant_rounds variants_cmp_b16 16 65536 "8192 65536" 300 '{"cmp_warps": 1}' '{"cmp_warps": 2}' \
         '{"cmp_warps": 1, "splits": [12, 2, 4], "cmp_stages": 2}' '{"cmp_warps": 1, "splits": [8, 2, 4], "cmp_stages": 2}'
+    ;;
+noflush)
+    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32 --graph --budget 4 --no-flush \
+        --baseline none --csv "$OUT/decode_noflush_h200.csv" 2>&1 | tail -18
+    echo "== table without the flush: rc $? after $(( $(date +%s) - start )) s"
     ;;
 *)
     echo "unknown step $step" >&2
