@@ -38,6 +38,22 @@ h200_decode() {
     timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
 }
 
+# The decode table at batch 1, 16, 32 and 64 (nsa-bench, graph replay, L2 flushed;
+# $OUT/decode_PROFILE.{csv,png}), then the decode points of the profile's pytest-benchmark baseline
+# saved again (the log in $OUT/baseline_decode.log, the baseline JSON copied to $OUT):
+#   decode_table_and_baseline PROFILE
+decode_table_and_baseline() {
+    local profile="${1:?decode_table_and_baseline needs the GPU profile}"
+    timeout 200 python -m nsa.bench decode --profile "$profile" --batch 1,16,32,64 --graph --budget 4 \
+        --csv "$OUT/decode_$profile.csv" --plot "$OUT/decode_$profile.png" 2>&1 | tail -24
+    echo "== table: rc $? after $(( $(date +%s) - start )) s"
+    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile "$profile" --nsa-baseline=save \
+        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
+    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
+    tail -4 "$OUT/baseline_decode.log"
+    cp "gpu_profiles/baselines/$profile/benchmarks.json" "$OUT/"
+}
+
 # On an H200 only (returns 3 elsewhere): the prefill table (nsa-bench, 8k-64k).
 h200_prefill() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }

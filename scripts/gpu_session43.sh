@@ -84,14 +84,7 @@ fix)
 table)
     rev="${2:?the commit to name the report after}"
     worker_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py
-    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
-        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
-    echo "== table: rc $? after $(( $(date +%s) - start )) s"
-    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile h200 --nsa-baseline=save \
-        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
-    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
-    tail -6 "$OUT/baseline_decode.log"
-    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    decode_table_and_baseline h200
     timeout 60 python "$here/gpu_decode_compiled.py" --contexts 4096,65536 --batch 16 --ways DecodeGraph 2>&1 \
         | tee "$OUT/decode_graph_b16_h200.md" | grep "^|"
     ;;

@@ -61,14 +61,7 @@ ab)
     ab_rounds ab 2 100 base sorted new
     ;;
 table)
-    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
-        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
-    echo "== table: rc $? after $(( $(date +%s) - start )) s"
-    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile h200 --nsa-baseline=save \
-        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
-    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
-    tail -4 "$OUT/baseline_decode.log"
-    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    decode_table_and_baseline h200
     variant_rounds variants_b16 16 8192 "8192 65536" 150 '{"score_blocks": 64}'
     ;;
 b1)
