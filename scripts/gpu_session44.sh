@@ -26,6 +26,8 @@
 #   bash scripts/gpu_session44.sh noflush     # the decode table (batch 1, 16, 32) without the L2 flush, its inputs
 #                                             # rotated over sets past twice the L2: no dirty lines of a zeroing
 #                                             # flush written back during the step (the issue's "dense about 41 us")
+#   bash scripts/gpu_session44.sh module REV  # the GPU tests of the layer, its compiled forms and its captured
+#                                             # decode step on this tree (report named after REV, as one tar)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
@@ -48,7 +50,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp | noflush}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp | noflush | module REV}"
 device_line
 case "$step" in
 ab)
@@ -78,6 +80,11 @@ noflush)
     timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32 --graph --budget 4 --no-flush \
         --baseline none --csv "$OUT/decode_noflush_h200.csv" 2>&1 | tail -18
     echo "== table without the flush: rc $? after $(( $(date +%s) - start )) s"
+    ;;
+module)
+    worker_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
+        tests/test_decode_graph.py tests/test_cache.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
     ;;
 *)
     echo "unknown step $step" >&2
