@@ -54,6 +54,11 @@ decode_table_and_baseline() {
     cp "gpu_profiles/baselines/$profile/benchmarks.json" "$OUT/"
 }
 
+# The report folders in $OUT as one tar, $OUT/report.tar (the device tool brings back eight files).
+tar_reports() {
+    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+}
+
 # On an H200 only (returns 3 elsewhere): the prefill table (nsa-bench, 8k-64k).
 h200_prefill() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }

@@ -42,11 +42,6 @@ decode_ab_rounds() {
     done
 }
 
-# The report folders in $OUT as one tar (the device tool brings back eight files).
-tar_reports() {
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
-}
-
 step="${1:?usage: scripts/gpu_session43.sh chains | variants | ab | fix REV | table REV | tests REV}"
 device_line
 case "$step" in

@@ -59,7 +59,7 @@ ab)
     done
     worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
         tests/ops/test_launch_options.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    tar_reports
     ab_rounds ab 2 100 base sorted new
     ;;
 table)
@@ -84,7 +84,7 @@ noflush)
 module)
     worker_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
         tests/test_decode_graph.py tests/test_cache.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    tar_reports
     ;;
 *)
     echo "unknown step $step" >&2
