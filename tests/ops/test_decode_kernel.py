@@ -516,6 +516,43 @@ def test_topn_is_one_bitonic_merge_where_the_candidates_fit_one_tile(monkeypatch
         assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1]), launch
 
 
+@pytest.mark.triton
+def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
+    """Where the selection programs merge runs, each score tile stores the same candidates as the
+    rounds take (the tile's n best keys), but at their ranks: largest first in even tiles, largest
+    last in odd ones, the unused slots after the run or before it (what `_top_of_sorted_runs`
+    needs). Rows of 10 and 7 blocks in score tiles of 8, n = 4: the full tiles keep 4, the second
+    tile of the first row its 2 blocks; the second row has no second tile to write."""
+    config = SMALL
+    q, gates, kv = _sequence(80, 4, 2, 16, 16, config, nsa_device)
+    lens = torch.tensor([80, 53], device=nsa_device, dtype=torch.int32)
+    tile_blocks, H = 8, kv["k"].shape[2]
+
+    def candidates(**launch):
+        with every_launch() as launches:
+            _rows_of_one_sequence(q, gates, kv, lens, config, splits=(1, 1, 2), score_blocks=tile_blocks, **launch)
+        score = next(kw for name, kw in launches if name == "decode_score_kernel")
+        return score["args"][4].cpu(), score["SORTED"]
+
+    runs, sorted_runs = candidates()
+    plain, plain_sorted = candidates(topn_bitonic=False)
+    assert sorted_runs and not plain_sorted
+    n = config.sel_count
+    blocks = [(int(length) - 1) // config.sel_block + 1 for length in lens]  # visible blocks of each row
+    checked = []
+    for row_group in range(runs.shape[0]):
+        for tile in range(-(-blocks[row_group // H] // tile_blocks)):
+            run = runs[row_group, tile * n:(tile + 1) * n]
+            kept = plain[row_group, tile * n:(tile + 1) * n]
+            found = min(n, blocks[row_group // H] - tile * tile_blocks)
+            assert int((kept >= 0).sum()) == found and int((run >= 0).sum()) == found
+            largest_first = run if tile % 2 == 0 else run.flip(0)
+            assert torch.equal(largest_first[:found], kept[kept >= 0].sort(descending=True).values)
+            assert bool((largest_first[found:] == -1).all())
+            checked.append(found)
+    assert checked == [4, 2, 4, 2, 4, 4]
+
+
 def test_score_warps_by_launch_size(monkeypatch):
     """132 SMs, paper defaults: the score launch keeps 4-warp programs up to four per SM
     (batch 1 at 64k, batch 16 up to 16k) and takes one warp beyond (batch 16 at 32k, 64k)."""
