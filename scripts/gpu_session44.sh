@@ -19,6 +19,7 @@
 #                                             # score tiles of 64 and 128 blocks (256 and 128 candidates, one and
 #                                             # two levels less to merge), 2 selected blocks a program, selected
 #                                             # blocks through descriptors; against the default, twice
+#   bash scripts/gpu_session44.sh b1warps     # batch 1: 2-warp score programs, 8- or 2-warp selection programs
 #   bash scripts/gpu_session44.sh cmp         # batch 16 (8k, 64k): the compressed pass (39 of the step's 78 us at
 #                                             # 64k, 134 MB at about 3.4 TB/s) in one- and two-warp programs, 3 an
 #                                             # SM in 3 stages, and one-warp ones in 2 stages, 6 or 4 an SM (no
@@ -50,7 +51,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | cmp | noflush | module REV}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | cmp | noflush | module REV}"
 device_line
 case "$step" in
 ab)
@@ -69,6 +70,10 @@ table)
 b1)
     variant_rounds variants_b1 1 65536 "8192 65536" 300 '{"score_blocks": 64}' '{"score_blocks": 128}' \
         '{"splits": [16, 4, 2]}' '{"sel_desc": true}'
+    ;;
+b1warps)
+    variant_rounds variants_b1_warps 1 65536 "8192 65536" 300 '{"score_warps": 2}' \
+        '{"num_warps": 8, "cmp_warps": 4}' '{"num_warps": 2, "cmp_warps": 4}'
     ;;
 cmp)
     # 3 stages take 68 KiB of shared memory at any warp count (3 programs an SM, as the default's 6
