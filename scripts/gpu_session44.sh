@@ -20,6 +20,10 @@
 #                                             # two levels less to merge), 2 selected blocks a program, selected
 #                                             # blocks through descriptors; against the default, twice
 #   bash scripts/gpu_session44.sh b1warps     # batch 1: 2-warp score programs, 8- or 2-warp selection programs
+#   bash scripts/gpu_session44.sh parts       # batch 16 at 64k as 2 parts of 8 rows on streams (session 43's
+#                                             # gpu_decode_chains.py), each part with the launches of a batch that
+#                                             # fills the GPU (8 rows fall just short: session 43's parts took the
+#                                             # batch-1 launches), with and without PDL (early programs hold slots)
 #   bash scripts/gpu_session44.sh cmp         # batch 16 (8k, 64k): the compressed pass (39 of the step's 78 us at
 #                                             # 64k, 134 MB at about 3.4 TB/s) in one- and two-warp programs, 3 an
 #                                             # SM in 3 stages, and one-warp ones in 2 stages, 6 or 4 an SM (no
@@ -51,7 +55,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | cmp | noflush | module REV}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | parts | cmp | noflush | module REV}"
 device_line
 case "$step" in
 ab)
@@ -74,6 +78,14 @@ b1)
 b1warps)
     variant_rounds variants_b1_warps 1 65536 "8192 65536" 300 '{"score_warps": 2}' \
         '{"num_warps": 8, "cmp_warps": 4}' '{"num_warps": 2, "cmp_warps": 4}'
+    ;;
+parts)
+    fill='"cmp_desc": true, "score_mass": true, "window_in_selected": true, "sel_desc": true, "cmp_stages": 3'
+    for launch in "{$fill, \"splits\": [12, 2, 4]}" "{$fill, \"splits\": [12, 2, 4], \"pdl\": false}"; do
+        timeout 150 python "$here/gpu_decode_chains.py" --contexts 65536 --batches 16 --chains 2 --launch "$launch" \
+            2>&1 | tee -a "$OUT/decode_parts_h200.md" | grep -v "^$"
+        echo "== parts: rc $? after $(( $(date +%s) - start )) s"
+    done
     ;;
 cmp)
     # 3 stages take 68 KiB of shared memory at any warp count (3 programs an SM, as the default's 6
