@@ -31,6 +31,8 @@
 #   bash scripts/gpu_session44.sh noflush     # the decode table (batch 1, 16, 32) without the L2 flush, its inputs
 #                                             # rotated over sets past twice the L2: no dirty lines of a zeroing
 #                                             # flush written back during the step (the issue's "dense about 41 us")
+#   bash scripts/gpu_session44.sh tests REV   # the decode kernels' GPU tests on this tree (report named after REV,
+#                                             # as one tar): the session's last call, after its new CPU test
 #   bash scripts/gpu_session44.sh module REV  # the GPU tests of the layer, its compiled forms and its captured
 #                                             # decode step on this tree (report named after REV, as one tar)
 #
@@ -55,7 +57,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | parts | cmp | noflush | module REV}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | parts | cmp | noflush | module REV | tests REV}"
 device_line
 case "$step" in
 ab)
@@ -97,6 +99,11 @@ noflush)
     timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32 --graph --budget 4 --no-flush \
         --baseline none --csv "$OUT/decode_noflush_h200.csv" 2>&1 | tail -18
     echo "== table without the flush: rc $? after $(( $(date +%s) - start )) s"
+    ;;
+tests)
+    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/ops/test_launch_options.py
+    tar_reports
     ;;
 module)
     worker_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
