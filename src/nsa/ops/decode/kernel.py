@@ -224,10 +224,11 @@ def _attend_range(
     ``STORE_S`` 1 or 2 every tile leaves its logits or its block masses in ``p_s`` (head
     stride ``s_sg``, L2 eviction policy ``KEEP``; :func:`_store_scores`, geometry ``R``,
     ``CMP_*``, ``SEL_BLOCK``).
-    Keys and values of a tile are requested together, before the math on either: the
-    compiler does not pipeline this loop (its loads go straight to registers), so this is
-    what overlaps the two round trips. (Requesting the next tile a whole iteration ahead
-    measured slower: it spills at 4 warps.)
+    Keys and values of a tile are requested together, before the math on either. Triton 3.6
+    pipelines the loop on sm_90: in ``num_stages`` 3 its ``cp.async`` copies run two tiles
+    ahead (the batch-1 compressed kernel: 135 KiB of shared memory, ``scripts/sass_decode.sh
+    cmp b1``); in one stage the loads go straight to registers. (Requesting the next tile an
+    iteration ahead by hand measured slower: it spilled at 4 warps.)
     """
     for i0 in range(lo, hi, BC):
         o_t = i0 + tl.arange(0, BC)
