@@ -252,9 +252,9 @@ def _attend_full_tiles_desc(
 ):
     """:func:`_attend_range` over the whole tiles ``[lo, hi)`` (``hi - lo`` a multiple of
     ``BC``), keys and values read through the tensor descriptors ``d_k``/``d_v`` of a
-    ``[B, T, H, D]`` cache: bulk copies into shared memory that the compiler can issue
-    stages ahead, instead of loads into registers that this loop cannot pipeline. Every
-    tile is whole, so nothing is masked."""
+    ``[B, T, H, D]`` cache: one bulk copy (TMA) a tile, issued stages ahead, where
+    :func:`_attend_range`'s pipelined copies are per thread, with their address arithmetic
+    and masks. Every tile is whole, so nothing is masked."""
     i_b, i_h = i_b.to(tl.int32), i_h.to(tl.int32)  # descriptor offsets are 32-bit
     for i0 in range(lo.to(tl.int32), hi.to(tl.int32), BC):
         o_t = i0 + tl.arange(0, BC)
