@@ -1131,7 +1131,9 @@ def decode_fwd(
     batch 16. Top-n rounds of 4 keys: 23.7 against 25.5 us (rounds of 1)
     at batch 1, 64k; since session 21 one bitonic top-k instead (H100, graph replay: batch 1
     at 64k 23.6-23.8 against 25.6 us, the selected kernel 5.2-5.3 against 6.9-7.0 us eager; 8k
-    16.6-17.4 against 17.5-18.2; batch 16 within 0.3 us either way). Selected blocks through
+    16.6-17.4 against 17.5-18.2; batch 16 within 0.3 us either way); since session 44 a merge
+    of the score tiles' sorted runs (with the score launch's fast log2, H200: batch 1 at 64k
+    21.25-21.47 against 21.92-22.08 us, batch 16 78.94-79.04 against 79.30-79.87). Selected blocks through
     descriptors once the batch fills the GPU:
     97.6 against 100.1 us at batch 16, 64k (the selected kernel 17.8 against 20.6 us).
     ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
