@@ -315,6 +315,17 @@ def test_decode_rejects_bad_pdl_flags():
             _every_step(q, gates, kv, config, launch={"pdl": bad}, lens=torch.tensor([T], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("name", ["block_tile", "token_tile", "cmp_tile", "win_tile"])
+@pytest.mark.parametrize("tile", [0, 48])
+def test_decode_rejects_tiles_that_are_not_powers_of_two(name, tile):
+    """A tile override is the length of a ``tl.arange``: a clear error names it before any
+    launch, instead of Triton's failure inside a compile."""
+    config, T = SMALL, 12
+    q, gates, kv = _sequence(T, 4, 2, 8, 8, config, torch.device("cpu"))
+    with pytest.raises(ValueError, match=f"{name} must be a power of two, got {tile}"):
+        _every_step(q, gates, kv, config, launch={name: tile}, lens=torch.tensor([T], dtype=torch.int32))
+
+
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.parity

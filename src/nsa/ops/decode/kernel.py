@@ -1170,6 +1170,10 @@ def decode_fwd(
         gate_x, gate_w, gate_b, hidden = gates.reshape(rows, HQ, 3).contiguous(), None, None, 0
     k, v, k_cmp, v_cmp, k_win, v_win = (last_dim_contiguous(t) for t in (k, v, k_cmp, v_cmp, k_win, v_win))
     nc_cap, nblk_cap, n = max(k_cmp.shape[1], 1), config.num_sel_blocks(k.shape[1]), config.sel_count
+    for name, tile in (("block_tile", block_tile), ("token_tile", token_tile), ("cmp_tile", cmp_tile),
+                       ("win_tile", win_tile)):
+        if tile is not None and (tile < 1 or tile & (tile - 1)):  # each is a tl.arange's length
+            raise ValueError(f"{name} must be a power of two, got {tile}")
     s_cmp, s_win, sb = splits if splits is not None else default_splits(rows * H, nc_cap, config, q.device)
     s_slc = cdiv(n, sb)
     S = s_cmp + s_win + s_slc
