@@ -23,6 +23,8 @@
 #   bash scripts/gpu_session44.sh b1tiles     # batch 1: the compressed pass in 128-token tiles (2 a split instead of 4
 #                                             # of 64: half the serial round trips), 4 or 8 warps, 1 or 2 stages (3
 #                                             # stages of such tiles ask 260 KiB of shared memory)
+#   bash scripts/gpu_session44.sh b16tiles    # batch 16 and 32: score tiles of 16 blocks (every block a candidate:
+#                                             # twice the programs at half the work, one merge level more)
 #   bash scripts/gpu_session44.sh parts       # batch 16 at 64k as 2 parts of 8 rows on streams (session 43's
 #                                             # gpu_decode_chains.py), each part with the launches of a batch that
 #                                             # fills the GPU (8 rows fall just short: session 43's parts took the
@@ -60,7 +62,7 @@ ab_rounds() {
     done
 }
 
-step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | b1tiles | parts | cmp | noflush | module REV | tests REV}"
+step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | b1tiles | b16tiles | parts | cmp | noflush | module REV | tests REV}"
 device_line
 case "$step" in
 ab)
@@ -87,6 +89,10 @@ b1warps)
 b1tiles)
     variant_rounds variants_b1_tiles 1 65536 "8192 65536" 300 '{"cmp_tile": 128, "cmp_warps": 8, "cmp_stages": 1}' \
         '{"cmp_tile": 128, "cmp_warps": 8, "cmp_stages": 2}' '{"cmp_tile": 128, "cmp_stages": 1}'
+    ;;
+b16tiles)
+    variant_rounds variants_b16_tiles 16 65536 "8192 65536" 200 '{"score_blocks": 16}'
+    variant_rounds variants_b32_tiles 32 65536 "65536" 200 '{"score_blocks": 16}'
     ;;
 parts)
     fill='"cmp_desc": true, "score_mass": true, "window_in_selected": true, "sel_desc": true, "cmp_stages": 3'
