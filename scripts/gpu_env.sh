@@ -59,6 +59,12 @@ tar_reports() {
     (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
 }
 
+# worker_tests, then the report folder as one tar: reported_tests LIMIT REV TEST...
+reported_tests() {
+    worker_tests "$@"
+    tar_reports
+}
+
 # On an H200 only (returns 3 elsewhere): the prefill table (nsa-bench, 8k-64k).
 h200_prefill() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }
@@ -189,4 +195,22 @@ variant_rounds() {
         --out "$OUT/decode_${name}_h200.md" > "$OUT/$name.log" 2>&1
     echo "== $name: rc $? after $(( $(date +%s) - start )) s"
     grep -E "^- B=|^Launch|variant" "$OUT/decode_${name}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
+}
+
+# Decode steps (scripts/gpu_decode_ab.py) of each side in turn, ROUNDS times, the rows appended to
+# $OUT/decode_NAME_h200.md: side "new" is this tree, any other the folder ab_SIDE/src (a git archive
+# of that tree's src/; sessions 43 and 44).
+#   ab_rounds NAME ROUNDS LIMIT_S SIDE...
+ab_rounds() {
+    local name="$1" rounds="$2" limit="$3" side src_dir
+    shift 3
+    for _ in $(seq "$rounds"); do
+        for side in "$@"; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
+            echo "== $side ($src_dir) after $(( $(date +%s) - start )) s"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+                | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
+        done
+    done
 }

@@ -11,8 +11,8 @@
 #                                             # candidates each selection program ranks), 2 selected blocks a
 #                                             # program, both, against the defaults; twice each
 #   bash scripts/gpu_session43.sh ab          # the decode GPU tests on this tree, then decode steps of ab_base/src
-#                                             # (git archive of the tree before: old) and this one (new) in turn,
-#                                             # three rounds (scripts/gpu_decode_ab.py, each point checked)
+#                                             # (git archive of the tree before: "base", "old" in its raw files)
+#                                             # and this one ("new") in turn, three rounds (gpu_env.sh's ab_rounds)
 #   bash scripts/gpu_session43.sh fix REV     # the score launch without FMA fusion: the new candidates test on
 #                                             # ab_base/src (before: expected to fail), the decode GPU tests on
 #                                             # this tree (report named after REV, as one tar), then decode steps
@@ -27,20 +27,6 @@
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
-
-# Decode steps (scripts/gpu_decode_ab.py) of ab_base/src, the tree before ("old"), and this tree
-# ("new") in turn, ROUNDS times each, the rows appended to $OUT/decode_NAME_h200.md:
-#   decode_ab_rounds NAME ROUNDS LIMIT_S
-decode_ab_rounds() {
-    local name="$1" rounds="$2" limit="$3" side
-    for _ in $(seq "$rounds"); do
-        for side in old new; do
-            ab_side "$side" ab_base/src
-            PYTHONPATH="$side_src:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
-                | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
-        done
-    done
-}
 
 step="${1:?usage: scripts/gpu_session43.sh chains | variants | ab | fix REV | table REV | tests REV}"
 device_line
@@ -63,7 +49,7 @@ ab)
     timeout 240 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m "not benchmark" --gpu-profile auto \
         -rfE --tb=short tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py 2>&1 | tail -4
     echo "== tests: after $(( $(date +%s) - start )) s"
-    decode_ab_rounds ab 3 150
+    ab_rounds ab 3 150 base new
     ;;
 fix)
     rev="${2:?the commit to name the report after}"
@@ -71,10 +57,9 @@ fix)
     PYTHONPATH="$PWD/ab_base/src:$PWD/scripts" timeout 120 python -m pytest -q -p no:cacheprovider --gpu-profile auto \
         -rfE --tb=line tests/ops/test_decode_kernel.py -k keep_n_candidates 2>&1 | grep -E "passed|failed|assert" | tail -3
     echo "== the new test on the tree before: after $(( $(date +%s) - start )) s"
-    worker_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
+    reported_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
         tests/ops/test_launch_options.py
-    tar_reports
-    decode_ab_rounds fix_ab 2 100
+    ab_rounds fix_ab 2 100 base new
     ;;
 table)
     rev="${2:?the commit to name the report after}"
@@ -84,9 +69,8 @@ table)
         | tee "$OUT/decode_graph_b16_h200.md" | grep "^|"
     ;;
 tests)
-    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+    reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/test_decode_graph.py tests/test_cache.py
-    tar_reports
     ;;
 *)
     echo "unknown step $step" >&2

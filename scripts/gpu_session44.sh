@@ -45,23 +45,6 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-# Decode steps (scripts/gpu_decode_ab.py) of each side in turn, ROUNDS times, the rows appended to
-# $OUT/decode_NAME_h200.md: side "new" is this tree, any other the folder ab_SIDE/src.
-#   ab_rounds NAME ROUNDS LIMIT_S SIDE...
-ab_rounds() {
-    local name="$1" rounds="$2" limit="$3" side src_dir
-    shift 3
-    for _ in $(seq "$rounds"); do
-        for side in "$@"; do
-            src_dir="$PWD/src"
-            [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
-            echo "== $side ($src_dir) after $(( $(date +%s) - start )) s"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
-                | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
-        done
-    done
-}
-
 step="${1:?usage: scripts/gpu_session44.sh ab REV | table | b1 | b1warps | b1tiles | b16tiles | parts | cmp | noflush | module REV | tests REV}"
 device_line
 case "$step" in
@@ -69,9 +52,8 @@ ab)
     for side in base sorted; do
         [ -d "ab_$side/src/nsa" ] || { echo "no ab_$side/src (git archive of that tree)" >&2; exit 2; }
     done
-    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
+    reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py \
         tests/ops/test_launch_options.py
-    tar_reports
     ab_rounds ab 2 100 base sorted new
     ;;
 table)
@@ -114,14 +96,12 @@ noflush)
     echo "== table without the flush: rc $? after $(( $(date +%s) - start )) s"
     ;;
 tests)
-    worker_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+    reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
-    tar_reports
     ;;
 module)
-    worker_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
+    reported_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
         tests/test_decode_graph.py tests/test_cache.py
-    tar_reports
     ;;
 *)
     echo "unknown step $step" >&2
