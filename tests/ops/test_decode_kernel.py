@@ -480,7 +480,7 @@ def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
 @triton.jit
 def _top_of_runs_probe(keys, out, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
     b_key = tl.load(keys + tl.arange(0, 1 << (RUN_LEVELS + NP_BITS)))
-    tl.store(out + tl.arange(0, 1 << NP_BITS), _top_of_sorted_runs(b_key, RUN_LEVELS, NP_BITS))
+    tl.store(out + tl.arange(0, 1 << NP_BITS), _top_of_sorted_runs(b_key, 1 << NP_BITS))
 
 
 @pytest.mark.triton

@@ -60,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
+from triton.runtime.jit import constexpr_function
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
@@ -360,11 +361,17 @@ def _pack_keys(b_sc, o_j, own, INIT: tl.constexpr, LOCAL: tl.constexpr):
 
 
 @triton.jit
+def _key_block(b_key):
+    """The block of each key of :func:`_pack_keys` (its low half holds ``KEY_INDEX_MAX - block``)."""
+    return (b_key & KEY_INDEX_MAX) ^ KEY_INDEX_MAX
+
+
+@triton.jit
 def _candidate_keys(p_cand, c0, n_cand, TJ: tl.constexpr):
     """Candidate keys ``[c0, c0 + TJ)`` and their blocks (key -1 past ``n_cand`` or in an unused slot)."""
     o_c = c0 + tl.arange(0, TJ)
     b_key = tl.load(p_cand + o_c, mask=o_c < n_cand, other=-1)
-    return (b_key & KEY_INDEX_MAX) ^ KEY_INDEX_MAX, b_key  # the low half holds KEY_INDEX_MAX - block
+    return _key_block(b_key), b_key
 
 
 @triton.jit
@@ -459,15 +466,23 @@ def _exchange(h, o_pos, bit: tl.constexpr, dims: tl.constexpr, up):
     return tl.where((h > partner) == keep_larger, h, partner)
 
 
+@constexpr_function
+def _log2(n: int) -> int:
+    """``log2`` of a power of two, at compile time."""
+    return n.bit_length() - 1
+
+
 @triton.jit
-def _top_of_sorted_runs(b_key, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
-    """The ``2**NP_BITS`` largest of the keys ``b_key`` (``2**(RUN_LEVELS + NP_BITS)`` of them), largest
-    first, where consecutive runs of ``2**NP_BITS`` keys are sorted, largest first and last in
+def _top_of_sorted_runs(b_key, RUN: tl.constexpr):
+    """The ``RUN`` largest of the keys ``b_key`` (a power of two of them), largest first, where
+    consecutive runs of ``RUN`` keys (a power of two) are sorted, largest first and last in
     turn. Each level pairs the runs: the larger of the first one's ``i``-th key and the
-    second one's is a bitonic run that holds the pair's largest keys, and ``NP_BITS`` exchange
+    second one's is a bitonic run that holds the pair's largest keys, and ``log2(RUN)`` exchange
     stages sort it, again largest first and last in turn. Against ``tl.topk`` over unsorted
-    keys this skips its first ``NP_BITS * (NP_BITS + 1) / 2`` stages over every key: at 512
+    keys this skips its first ``log2(RUN) * (log2(RUN) + 1) / 2`` stages over every key: at 512
     candidates and n = 16, about a third of its compare-exchanges."""
+    NP_BITS: tl.constexpr = _log2(RUN)
+    RUN_LEVELS: tl.constexpr = _log2(b_key.numel) - NP_BITS
     h = tl.reshape(b_key, [2] * (RUN_LEVELS + NP_BITS))
     for level in tl.static_range(RUN_LEVELS):
         # run 2i against run 2i + 1, key by key: the hypercube loses the axis of bit NP_BITS
@@ -480,18 +495,17 @@ def _top_of_sorted_runs(b_key, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
 
 
 @triton.jit
-def _top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr, RUN_LEVELS: tl.constexpr,
-                  NP_BITS: tl.constexpr):
+def _top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr):
     """The blocks of the ``N`` largest keys of ``b_key`` (a 1-D tile in registers, -1 where
     unused; sorted runs of ``NP`` keys, :func:`_top_of_sorted_runs`) in ascending order, by one
     bitonic merge of the runs and each block's place among the ``N``. Returns this program's
     blocks ``b_j [SB]`` (ranks ``o_sb``, -1 past the last); program 0 writes the row of
     ``block_idx``, -1 in unused slots. Its compare-exchanges take each key through every stage
     at once, where the rounds of :func:`_top_n_of_keys` reduce across the warps once per round."""
-    b_top = _top_of_sorted_runs(b_key, RUN_LEVELS, NP_BITS)
+    b_top = _top_of_sorted_runs(b_key, NP)
     o_n = tl.arange(0, NP)
     used = (b_top >= 0) & (o_n < N)
-    b_blk = ((b_top & KEY_INDEX_MAX) ^ KEY_INDEX_MAX).to(tl.int32)
+    b_blk = _key_block(b_top).to(tl.int32)
     # each block's place in ascending order: the used blocks below it (distinct blocks)
     b_place = tl.sum(((b_blk[None, :] < b_blk[:, None]) & used[None, :]).to(tl.int32), 1)
     b_j = tl.max(tl.where((b_place[None, :] == o_sb[:, None]) & used[None, :], b_blk[None, :], -1), 1)
@@ -713,7 +727,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -744,7 +758,7 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, RUN_LEVELS, NP_BITS)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC)  # fmt: skip
 
 
 @triton.jit
@@ -771,7 +785,7 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
-    RANKED: tl.constexpr, BITONIC: tl.constexpr, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr,
+    RANKED: tl.constexpr, BITONIC: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -788,7 +802,7 @@ def _selected_program(
     n_cand = (own // BJ + 1) * NP
     if BITONIC:
         o_unused, b_key = _candidate_keys(p_cand, 0, n_cand, TJ)
-        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP, RUN_LEVELS, NP_BITS)
+        b_j = _top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
     else:
         b_j = tl.full([SB], -1, tl.int64)
         count = tl.full([], 0, tl.int32)
@@ -1305,8 +1319,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=NP, SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, RUN_LEVELS=(tj // NP).bit_length() - 1, NP_BITS=NP.bit_length() - 1,
-        num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
+        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
         **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
