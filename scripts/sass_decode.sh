@@ -11,7 +11,7 @@
 #
 # NAME=VALUE pairs override a parameter (e.g. num_warps=2). Use the GPU machine's Triton:
 #   pip install --no-deps --target /tmp/t36 triton==3.6.0; TRITON_PATH=/tmp/t36 (the default)
-# Writes /tmp/sass_decode_KERNEL_BATCH.{ttgir,cubin,sass}.
+# Writes /tmp/sass_decode_KERNEL_BATCH.{ttgir,ptx,cubin,sass}.
 set -euo pipefail
 kernel="${1:?usage: scripts/sass_decode.sh score|selected|cmp b1|b16 [NAME=VALUE ...]}"
 batch="${2:?usage: scripts/sass_decode.sh score|selected|cmp b1|b16 [NAME=VALUE ...]}"

@@ -95,6 +95,8 @@ def compile_kernel(target: str, out: str, values: Dict[str, str], num_warps: int
     kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     with open(out + ".ttgir", "w") as f:
         f.write(kernel.asm["ttgir"])
+    with open(out + ".ptx", "w") as f:
+        f.write(kernel.asm["ptx"])
     with open(out + ".cubin", "wb") as f:
         f.write(kernel.asm["cubin"])
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -155,7 +157,7 @@ def loops(sass: str) -> List[Tuple[int, int, collections.Counter]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel", help="module:kernel, e.g. nsa.ops.compressed.kernel:compressed_bwd_dq_kernel")
-    parser.add_argument("out", help="path prefix of the .ttgir, .cubin and .sass files")
+    parser.add_argument("out", help="path prefix of the .ttgir, .ptx, .cubin and .sass files")
     parser.add_argument("values", nargs="+", help="NAME=VALUE for every parameter, and num_warps=, num_stages=, maxnreg=, "
                         "enable_fp_fusion= (optional)")
     parser.add_argument("--by-line", type=int, default=0, metavar="N",
