@@ -10,6 +10,13 @@
 #                                             # (git archive of the tree before) and of this one in turn,
 #                                             # three times; scripts/gpu_decode_ab.py, each point checked
 #                                             # against the float32 reference
+#   bash scripts/gpu_session45.sh b1score     # batch 1 (8k, 64k): score programs of 8 warps over 32- or 64-block
+#                                             # tiles, 16 warps over 128-block tiles (SASS: 496, 792 and 1040
+#                                             # instructions against the default's 728 for 32 blocks in 4 warps;
+#                                             # the selection programs' merge of 512, 256 or 128 candidates
+#                                             # 1720, 1456 and 1272), then the batch-1 floor at 64k
+#                                             # (gpu_decode_floor.py: the step's bytes and dependencies
+#                                             # without the attention math), the H200's first
 #   bash scripts/gpu_session45.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #   bash scripts/gpu_session45.sh module REV  # the GPU tests of the layer, its compiled forms and its
@@ -19,7 +26,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session45.sh ab REV | table | module REV}"
+step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | table | module REV}"
 device_line
 case "$step" in
 ab)
@@ -27,6 +34,11 @@ ab)
     reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
     ab_rounds ab 3 100 base new
+    ;;
+b1score)
+    variant_rounds variants_b1_score 1 65536 "8192 65536" 300 '{"score_warps": 8}' \
+        '{"score_blocks": 64, "score_warps": 8}' '{"score_blocks": 128, "score_warps": 16}'
+    timeout 170 python "$here/gpu_decode_floor.py" --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -24
     ;;
 table)
     decode_table_and_baseline h200

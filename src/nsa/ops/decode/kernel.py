@@ -538,41 +538,6 @@ def _top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE
 
 
 @triton.jit
-def _log2_sum_exp(b_ms, b_ls, FAST_LOG2: tl.constexpr):
-    """Each head's log2-sum-exp ``[BG]`` over its compressed splits' maxima ``b_ms`` and sums
-    ``b_ls`` (``[BG, BSC]``, log2-scaled; 0 for a head with nothing visible)."""
-    b_mx = tl.max(b_ms, 1)
-    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
-    b_sum = tl.where(b_sum > 0, b_sum, 1.0)  # [BG]
-    if FAST_LOG2:
-        # the special-function unit's log2 (lg2.approx, relative error 2**-22) where Triton's
-        # log2 is a ten-term polynomial: 104 of a one-warp program's 1216 instructions at
-        # batch 16, 64k; the interpreter cannot run it
-        return b_mx + libdevice.fast_log2f(b_sum)
-    else:
-        return b_mx + tl.log2(b_sum)
-
-
-@triton.jit
-def _token_before(o_j, u: tl.constexpr, R: tl.constexpr, nc, own):
-    """The compressed token ``u`` before each block ``o_j`` (blocks of ``R`` tokens) and where
-    it counts: visible, and its block at most the query's own."""
-    o_i = o_j * R - u
-    return o_i, (o_i >= 0) & (o_i < nc) & (o_j <= own)
-
-
-@triton.jit
-def _before_block_score(b_s, m_i, b_lse, u: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
-                        SEL_BLOCK: tl.constexpr):
-    """What the token ``u`` before each block adds to its score: its group probability (logits
-    ``b_s [BG, BJ]``, Eq. 10) times its overlap with the block, ``min(l - u*d, l') / l``."""
-    b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
-    b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
-    return tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
-
-
-@triton.jit
 def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,  #
                 H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
@@ -594,15 +559,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     With ``MASS`` the compressed pass left each tile of ``CMP_TILE`` tokens' block masses
     instead (:func:`_store_block_mass`): a block's score is then its tile's mass, and for a
     tile's first block the previous tile's tail, each scaled by its tile's max against
-    the head's log-sum-exp.
-
-    With ``MASS`` or ``CONTIG`` the tile's loads all precede the log-sum-exp, so the program
-    waits on L2 twice (the splits' partials, then the tile), where it waited three times with
-    each load beside its use: the tails of a tile's first blocks (or the tokens before its
-    blocks) were issued only once the masses (logits) had arrived (SASS for sm_90a, whose
-    scheduler still puts the splits' first reduction before the tile's loads; with the
-    partials loaded last it did not, but the layouts changed: 1264 against 728 instructions
-    for the batch-1 program)."""
+    the head's log-sum-exp."""
     # positions and block indices in 32 bits: in 64 the masks and keys of the [BG, BJ] tile took
     # 112 of a one-warp program's 1304 instructions (SASS for sm_90a, batch 16, 64k)
     pos = pos.to(tl.int32)
@@ -611,61 +568,64 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     o_g = tl.arange(0, BG)
     m_g = o_g < G
     i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
-    p_row = logits + i_rq[:, None] * SINK_STRIDE  # [BG, 1]
-    # -- loads: each head's compressed splits (for its log2-sum-exp), then the tile's logits
-    # or masses --
+    # -- log2-sum-exp of each head over all compressed splits --
     o_sp = tl.arange(0, BSC)
     m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
     b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
     b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
+    b_mx = tl.max(b_ms, 1)
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
+    b_sum = tl.where(b_sum > 0, b_sum, 1.0)  # [BG]
+    if FAST_LOG2:
+        # the special-function unit's log2 (lg2.approx, relative error 2**-22) where Triton's
+        # log2 is a ten-term polynomial: 104 of a one-warp program's 1216 instructions at
+        # batch 16, 64k; the interpreter cannot run it
+        b_lse = b_mx + libdevice.fast_log2f(b_sum)
+    else:
+        b_lse = b_mx + tl.log2(b_sum)
+    # -- each block gathers the NCOVER compressed tokens that can overlap it: the
+    # first is the one whose [i*d, i*d + l) ends just past the block's start --
     o_j = j0 + tl.arange(0, BJ)
     j_lo = o_j * SEL_BLOCK
+    b_score = tl.zeros([BJ], tl.float32)
     if MASS:
         # block j's tokens lie in compressed tile j // NBT; a tile exists where its first
         # token is visible
         NBT: tl.constexpr = CMP_TILE // R
         at_max, at_tail = _mass_row_sections(SINK_STRIDE, NBT)
+        p_row = logits + i_rq[:, None] * SINK_STRIDE  # [BG, 1]
         t_j = o_j // NBT
         m_own = m_g[:, None] & ((t_j * CMP_TILE < nc) & (o_j <= own))[None, :]
         b_ref = tl.load(p_row + at_max + t_j[None, :], mask=m_own, other=float("-inf"))
         b_mass = tl.load(p_row + o_j[None, :], mask=m_own, other=0.0, eviction_policy=DROP)
+        b_score = tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_mass, 0)
         first = (o_j % NBT == 0) & (o_j > 0) & (t_j * CMP_TILE <= nc) & (o_j <= own)
         m_tail = m_g[:, None] & first[None, :]
-        b_tail_ref = tl.load(p_row + at_max + t_j[None, :] - 1, mask=m_tail, other=float("-inf"))
+        b_ref = tl.load(p_row + at_max + t_j[None, :] - 1, mask=m_tail, other=float("-inf"))
         b_tail = tl.load(p_row + at_tail + t_j[None, :] - 1, mask=m_tail, other=0.0)
+        b_score += tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_tail, 0)
     elif CONTIG:
         # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
         # tile's one contiguous range [j0*R, (j0 + BJ)*R), read once and folded [BJ, R]
         # with weights min(l, (R - r)*d)/l; the C - 1 tokens j*R - u before it (C = l/d)
-        # reach into the block by min(l - u*d, l') and are gathered, one load each; at the
-        # paper's l = 2d (C = 2) that one load is issued here with the others
+        # reach into the block by min(l - u*d, l') and are gathered, one load each.
         o_c = j0 * R + tl.arange(0, BJ * R)
         m_c = (o_c < nc) & (o_c // R <= own)
-        b_s = tl.load(p_row + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"),
+        b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_c[None, :], mask=m_g[:, None] & m_c[None, :], other=float("-inf"),
                       eviction_policy=DROP)  # fmt: skip
-        if CMP_BLOCK // CMP_STRIDE == 2:
-            o_i1, m_i1 = _token_before(o_j, 1, R, nc, own)
-            b_s1 = tl.load(p_row + o_i1[None, :], mask=m_g[:, None] & m_i1[None, :], other=float("-inf"))
-    b_lse = _log2_sum_exp(b_ms, b_ls, FAST_LOG2)
-    b_score = tl.zeros([BJ], tl.float32)
-    if MASS:
-        b_score = tl.sum(tl.exp2(b_ref - b_lse[:, None]) * b_mass, 0)
-        b_score += tl.sum(tl.exp2(b_tail_ref - b_lse[:, None]) * b_tail, 0)
-    elif CONTIG:
         b_pc = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ*R] group probability (Eq. 10)
         o_r = tl.arange(0, R)
         b_wr = tl.minimum(CMP_BLOCK, (R - o_r) * CMP_STRIDE).to(tl.float32) / CMP_BLOCK  # [R]
         b_score = tl.sum(tl.reshape(b_pc, (BJ, R)) * b_wr[None, :], 1)
-        if CMP_BLOCK // CMP_STRIDE == 2:
-            b_score += _before_block_score(b_s1, m_i1, b_lse, 1, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
-        else:
-            for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
-                o_i, m_i = _token_before(o_j, u, R, nc, own)
-                b_s = tl.load(p_row + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
-                b_score += _before_block_score(b_s, m_i, b_lse, u, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
+        for u in tl.static_range(1, CMP_BLOCK // CMP_STRIDE):
+            o_i = o_j * R - u
+            m_i = (o_i >= 0) & (o_i < nc) & (o_j <= own)
+            b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)
+            b_w = tl.minimum(tl.full([], CMP_BLOCK - u * CMP_STRIDE, tl.int32), SEL_BLOCK).to(tl.float32)
+            b_score += tl.where(m_i, b_pg * (b_w / CMP_BLOCK), 0.0)
     else:
-        # each block gathers the NCOVER compressed tokens that can overlap it: the first is
-        # the one whose [i*d, i*d + l) ends just past the block's start
         i_first = tl.maximum(j_lo - CMP_BLOCK + CMP_STRIDE, 0) // CMP_STRIDE  # [BJ]
         for u in tl.static_range(NCOVER):
             o_i = i_first + u
@@ -673,7 +633,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
             # overlap of [i*d, i*d + l) with [j*l', (j+1)*l'), divided by l (Eq. 9)
             b_w = tl.minimum(c_lo + CMP_BLOCK, j_lo + SEL_BLOCK) - tl.maximum(c_lo, j_lo)
             m_i = (o_i < nc) & (b_w > 0) & (o_j <= own)
-            b_s = tl.load(p_row + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
+            b_s = tl.load(logits + i_rq[:, None] * SINK_STRIDE + o_i[None, :], mask=m_g[:, None] & m_i[None, :], other=float("-inf"))
             b_pg = tl.sum(tl.exp2(b_s - b_lse[:, None]), 0)  # [BJ] group probability (Eq. 10)
             b_score += tl.where(m_i, b_pg * (b_w.to(tl.float32) / CMP_BLOCK), 0.0)
     return o_j, _pack_keys(b_score, o_j, own, INIT, LOCAL)
