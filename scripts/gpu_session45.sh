@@ -17,6 +17,9 @@
 #                                             # 1720, 1456 and 1272), then the batch-1 floor at 64k
 #                                             # (gpu_decode_floor.py: the step's bytes and dependencies
 #                                             # without the attention math), the H200's first
+#   bash scripts/gpu_session45.sh b1pdl       # batch 1 (8k, 64k): programmatic dependent launch off, and off for
+#                                             # one launch at a time (the floor above: a synthetic chain of three
+#                                             # launches took 16.8 us without it, 19.1 with it)
 #   bash scripts/gpu_session45.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #   bash scripts/gpu_session45.sh module REV  # the GPU tests of the layer, its compiled forms and its
@@ -26,7 +29,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | table | module REV}"
+step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | table | module REV}"
 device_line
 case "$step" in
 ab)
@@ -39,6 +42,10 @@ b1score)
     variant_rounds variants_b1_score 1 65536 "8192 65536" 300 '{"score_warps": 8}' \
         '{"score_blocks": 64, "score_warps": 8}' '{"score_blocks": 128, "score_warps": 16}'
     timeout 170 python "$here/gpu_decode_floor.py" --context 65536 2>&1 | tee "$OUT/decode_floor_64k_h200.md" | tail -24
+    ;;
+b1pdl)
+    variant_rounds variants_b1_pdl 1 65536 "8192 65536" 300 '{"pdl": false}' '{"pdl": [false, true, true]}' \
+        '{"pdl": [true, false, true]}' '{"pdl": [true, true, false]}'
     ;;
 table)
     decode_table_and_baseline h200
