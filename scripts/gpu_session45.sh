@@ -20,6 +20,8 @@
 #   bash scripts/gpu_session45.sh b1pdl       # batch 1 (8k, 64k): programmatic dependent launch off, and off for
 #                                             # one launch at a time (the floor above: a synthetic chain of three
 #                                             # launches took 16.8 us without it, 19.1 with it)
+#   bash scripts/gpu_session45.sh combine     # heads a combine program: 1 or 4 at batch 1 (default 2: its 36 slots
+#                                             # pad to 64), 1, 2 or 8 at batch 16 (default 4: 12 slots pad to 16)
 #   bash scripts/gpu_session45.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #   bash scripts/gpu_session45.sh module REV  # the GPU tests of the layer, its compiled forms and its
@@ -29,7 +31,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | table | module REV}"
+step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | combine | table | module REV}"
 device_line
 case "$step" in
 ab)
@@ -46,6 +48,11 @@ b1score)
 b1pdl)
     variant_rounds variants_b1_pdl 1 65536 "8192 65536" 300 '{"pdl": false}' '{"pdl": [false, true, true]}' \
         '{"pdl": [true, false, true]}' '{"pdl": [true, true, false]}'
+    ;;
+combine)
+    variant_rounds variants_b1_combine 1 65536 "8192 65536" 200 '{"combine_heads": 1}' '{"combine_heads": 4}'
+    variant_rounds variants_b16_combine 16 8192 "8192 65536" 250 '{"combine_heads": 1}' '{"combine_heads": 2}' \
+        '{"combine_heads": 8}'
     ;;
 table)
     decode_table_and_baseline h200
