@@ -1153,8 +1153,9 @@ def decode_fwd(
     ``combine_heads`` 4 once the batch fills the GPU: 93.2 against 98.1 us at batch 16,
     64k (50.1 against 54.7 at 8k). At batch 1 (H200): 4 at 8k, 18.7 against 19.6-19.8 us for 1,
     but 27.6 against 24.4 at 64k, whose 36 slots make the tile of 4 heads too large; 2 there,
-    23.9 us. Hence as many heads (4, 2 or 1) as keep heads x slots (rounded up to a power of
-    two) within 128.
+    23.9 us. Hence as many heads (8, 4, 2 or 1; 8 since session 45, batch 16 at 8k 38.6-38.8
+    against 39.0-39.1 us on an H200) as keep heads x slots (rounded up to a power of two)
+    within 128.
     ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`), and at
     batch 1 for caches of at most 128 blocks (8k), whose compressed splits are a few tiles
     each: there the compressed launch shrinks (3.2 against 4.2 us) and the window's programs
@@ -1323,8 +1324,9 @@ def decode_fwd(
         **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
-        # up to 4 heads a program while its (head, slot) tile stays within 128 rows
-        combine_heads = next(hb for hb in (4, 2, 1) if (HQ % hb == 0 and hb * next_pow2(S, 2) <= 128) or hb == 1)
+        # up to 8 heads a program while its (head, slot) tile stays within 128 rows (see above):
+        # batch 1 (36 slots, padded to 64) takes 2, batch 16 (12 slots) 8
+        combine_heads = next(hb for hb in (8, 4, 2, 1) if (HQ % hb == 0 and hb * next_pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
