@@ -22,6 +22,11 @@
 #                                             # launches took 16.8 us without it, 19.1 with it)
 #   bash scripts/gpu_session45.sh combine     # heads a combine program: 1 or 4 at batch 1 (default 2: its 36 slots
 #                                             # pad to 64), 1, 2 or 8 at batch 16 (default 4: 12 slots pad to 16)
+#   bash scripts/gpu_session45.sh heads REV   # the decode kernels' GPU tests on this tree (report named after REV,
+#                                             # as one tar); decode steps of ab_base/src (the tree before: 4
+#                                             # heads a combine program at batch 16-64) and of this one (8) in
+#                                             # turn, twice, at batch 16, 32 and 64; the kernels' spans inside a
+#                                             # replay at batch 1 and 16, 64k (gpu_decode_timeline.py)
 #   bash scripts/gpu_session45.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #   bash scripts/gpu_session45.sh module REV  # the GPU tests of the layer, its compiled forms and its
@@ -31,7 +36,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | combine | table | module REV}"
+step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | combine | heads REV | table | module REV}"
 device_line
 case "$step" in
 ab)
@@ -53,6 +58,21 @@ combine)
     variant_rounds variants_b1_combine 1 65536 "8192 65536" 200 '{"combine_heads": 1}' '{"combine_heads": 4}'
     variant_rounds variants_b16_combine 16 8192 "8192 65536" 250 '{"combine_heads": 1}' '{"combine_heads": 2}' \
         '{"combine_heads": 8}'
+    ;;
+heads)
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
+    reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/ops/test_launch_options.py
+    for _ in 1 2; do
+        for side in base new; do
+            src_dir="$PWD/src"
+            [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout 100 python scripts/gpu_decode_ab.py --name "$side" \
+                --points 16:8192 16:65536 32:65536 64:65536 2>&1 | grep "^| " | tee -a "$OUT/decode_heads_ab_h200.md"
+        done
+    done
+    timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 2>&1 \
+        | tee "$OUT/decode_timeline_h200.md" | tail -12
     ;;
 table)
     decode_table_and_baseline h200
