@@ -199,7 +199,8 @@ variant_rounds() {
 
 # Decode steps (scripts/gpu_decode_ab.py) of each side in turn, ROUNDS times, the rows appended to
 # $OUT/decode_NAME_h200.md: side "new" is this tree, any other the folder ab_SIDE/src (a git archive
-# of that tree's src/; sessions 43 and 44).
+# of that tree's src/; sessions 43 and 44). $AB_POINTS, where set, replaces the script's points
+# (batch:context pairs).
 #   ab_rounds NAME ROUNDS LIMIT_S SIDE...
 ab_rounds() {
     local name="$1" rounds="$2" limit="$3" side src_dir
@@ -209,7 +210,9 @@ ab_rounds() {
             src_dir="$PWD/src"
             [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
             echo "== $side ($src_dir) after $(( $(date +%s) - start )) s"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" 2>&1 \
+            # shellcheck disable=SC2086 # the points are several arguments
+            PYTHONPATH="$src_dir:$PWD/scripts" timeout "$limit" python scripts/gpu_decode_ab.py --name "$side" \
+                ${AB_POINTS:+--points $AB_POINTS} 2>&1 \
                 | grep "^| " | tee -a "$OUT/decode_${name}_h200.md"
         done
     done

@@ -63,14 +63,7 @@ heads)
     [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
     reported_tests 200 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
-    for _ in 1 2; do
-        for side in base new; do
-            src_dir="$PWD/src"
-            [ "$side" != new ] && src_dir="$PWD/ab_$side/src"
-            PYTHONPATH="$src_dir:$PWD/scripts" timeout 100 python scripts/gpu_decode_ab.py --name "$side" \
-                --points 16:8192 16:65536 32:65536 64:65536 2>&1 | grep "^| " | tee -a "$OUT/decode_heads_ab_h200.md"
-        done
-    done
+    AB_POINTS="16:8192 16:65536 32:65536 64:65536" ab_rounds heads_ab 2 100 base new
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 2>&1 \
         | tee "$OUT/decode_timeline_h200.md" | tail -12
     ;;
