@@ -40,7 +40,8 @@ from nsa.ops.decode import nsa_decode
 CONFIG = NSAConfig(sel_count=4)
 MODULES = ["nsa.ops.compressed.kernel", "nsa.ops._triton.compressed_fwd", "nsa.ops._triton.block_topn",
            "nsa.ops.selected.kernel", "nsa.ops.selected.inversion", "nsa.ops.window.kernel", "nsa.ops.gates.kernel",
-           "nsa.ops.compress.kernel", "nsa.ops.decode.kernel"]
+           "nsa.ops.compress.kernel", "nsa.ops.decode.compressed_pass", "nsa.ops.decode.score", "nsa.ops.decode.selected",
+           "nsa.ops.decode.combine"]
 
 
 def compiled_kernels() -> Dict[Tuple[str, int], str]:

@@ -59,7 +59,8 @@ cmp)
     ;;
 *) echo "kernel: score, selected or cmp, got $kernel" >&2; exit 2 ;;
 esac
-declare -A target=([score]=decode_score_kernel [selected]=decode_selected_fwd_kernel [cmp]=decode_cmp_win_fwd_kernel)
+declare -A target=([score]=score:decode_score_kernel [selected]=selected:decode_selected_fwd_kernel
+                   [cmp]=compressed_pass:decode_cmp_win_fwd_kernel)
 # shellcheck disable=SC2086 # the parameters are separate words; later NAME=VALUE pairs override earlier ones
 PYTHONPATH="${TRITON_PATH:-/tmp/t36}:src" "${PYTHON:-python}" scripts/sass_loops.py \
-    "nsa.ops.decode.kernel:${target[$kernel]}" "/tmp/sass_decode_${kernel}_$batch" $params "$@" --by-line 12
+    "nsa.ops.decode.${target[$kernel]}" "/tmp/sass_decode_${kernel}_$batch" $params "$@" --by-line 12

@@ -23,7 +23,7 @@ from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops._triton.device import sized_as
 from nsa.ops.decode import nsa_decode
-from nsa.ops.decode.kernel import _top_of_sorted_runs
+from nsa.ops.decode.topn import top_of_sorted_runs
 from nsa.testing import assert_close
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
@@ -480,7 +480,7 @@ def _check_bf16_real_size(lens, HQ, H, DK, DV, device):
 @triton.jit
 def _top_of_runs_probe(keys, out, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexpr):
     b_key = tl.load(keys + tl.arange(0, 1 << (RUN_LEVELS + NP_BITS)))
-    tl.store(out + tl.arange(0, 1 << NP_BITS), _top_of_sorted_runs(b_key, 1 << NP_BITS))
+    tl.store(out + tl.arange(0, 1 << NP_BITS), top_of_sorted_runs(b_key, 1 << NP_BITS))
 
 
 @pytest.mark.triton
@@ -531,7 +531,7 @@ def test_topn_is_one_bitonic_merge_where_the_candidates_fit_one_tile(monkeypatch
 def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
     """Where the selection programs merge runs, each score tile stores the same candidates as the
     rounds take (the tile's n best keys), but at their ranks: largest first in even tiles, largest
-    last in odd ones, the unused slots after the run or before it (what `_top_of_sorted_runs`
+    last in odd ones, the unused slots after the run or before it (what `top_of_sorted_runs`
     needs). Rows of 10 and 7 blocks in score tiles of 8, n = 4: the full tiles keep 4, the second
     tile of the first row its 2 blocks; the second row has no second tile to write."""
     config = SMALL

@@ -1,0 +1,86 @@
+"""Launch 1 of a decode step: split-K attention over the visible compressed tokens (the split size
+follows the length at run time) and, unless launch 3 takes them, over the window; every split
+writes its partial, and the compressed splits what scoring needs (:mod:`.sink`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from nsa.ops.decode.tiles import (
+    attend_full_tiles_desc,
+    attend_range,
+    load_group_q,
+    row_position,
+    store_partial,
+    visible_cmp,
+    window_split,
+)
+
+
+@triton.jit
+def decode_cmp_win_fwd_kernel(
+    q, k_cmp, v_cmp, k_win, v_win, seq_lens, k_cmp_ptr, v_cmp_ptr, k_win_ptr, v_win_ptr,  #
+    logits, o_part, m_part, l_part,  #
+    s_qr, s_qh,  #
+    s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
+    s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
+    qk_scale, SINK_STRIDE, S_CMP, S_WIN, S,  #
+    TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
+    CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
+    BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+    CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
+    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
+):
+    """The compressed splits leave, per head, either every logit (``logits`` rows of
+    ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses (:func:`store_block_mass`,
+    same rows). With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
+    and the whole tiles of a compressed split go through them; the masked last tile, if
+    any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
+    for the window. Logits and partials are stored with the L2 eviction policy ``KEEP``."""
+    if PDL:
+        gdc_launch_dependents()
+    i_s, i_rh = tl.program_id(0), tl.program_id(1)
+    i_r, i_h = i_rh // H, i_rh % H
+    i_b, pos = row_position(seq_lens, i_r, TQ)
+    b_q = load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    b_m = tl.full([BG], float("-inf"), tl.float32)
+    b_l = tl.zeros([BG], tl.float32)
+    b_acc = tl.zeros([BG, BV], tl.float32)
+    if i_s < S_CMP:
+        # -- compressed tokens 0 .. nc-1, split evenly at run time --
+        nc = visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
+        chunk = tl.cdiv(tl.cdiv(nc, S_CMP), BC) * BC
+        lo = i_s * chunk
+        hi = tl.minimum(lo + chunk, nc)
+        p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * SINK_STRIDE
+        STORE: tl.constexpr = 2 if MASS else 1
+        if CMP_DESC:
+            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
+            b_m, b_l, b_acc = attend_full_tiles_desc(b_q, k_cmp, v_cmp, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
+                                                     p_s, SINK_STRIDE, G, BG, BK, BV, BC, STORE, PREC, KEEP,
+                                                     R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
+            lo = whole
+            p_k = k_cmp_ptr + i_b * s_kcb + i_h * s_kch
+            p_v = v_cmp_ptr + i_b * s_vcb + i_h * s_vch
+        else:
+            p_k = k_cmp + i_b * s_kcb + i_h * s_kch
+            p_v = v_cmp + i_b * s_vcb + i_h * s_vch
+        b_m, b_l, b_acc = attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, SINK_STRIDE,
+                                       G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
+    else:
+        lo, hi = window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
+        if WIN_DESC:
+            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
+            b_m, b_l, b_acc = attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
+                                                     logits, 0, G, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
+            lo = whole
+            p_k = k_win_ptr + i_b * s_kwb + i_h * s_kwh
+            p_v = v_win_ptr + i_b * s_vwb + i_h * s_vwh
+        else:
+            p_k = k_win + i_b * s_kwb + i_h * s_kwh
+            p_v = v_win + i_b * s_vwb + i_h * s_vwh
+        b_m, b_l, b_acc = attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
+                                       G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
+    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
