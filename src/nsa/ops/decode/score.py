@@ -33,7 +33,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
     (10.3 against 15.1 us at batch 16, 64k, H200), read with the L2 eviction policy ``DROP``.
     With ``MASS`` the compressed pass left each tile of ``CMP_TILE`` tokens' block masses
-    instead (:func:`store_block_mass`): a block's score is then its tile's mass, and for a
+    instead (:func:`~nsa.ops.decode.sink.store_block_mass`): a block's score is then its tile's mass, and for a
     tile's first block the previous tile's tail, each scaled by its tile's max against
     the head's log-sum-exp."""
     # positions and block indices in 32 bits: in 64 the masks and keys of the [BG, BJ] tile took
@@ -132,7 +132,7 @@ def decode_score_kernel(
     slots in ascending block order keep a row's candidates in ascending block order (what
     the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
     keys sorted, largest first in even tiles and last in odd ones (what one bitonic merge of
-    runs takes, :func:`top_of_sorted_runs`)."""
+    runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)

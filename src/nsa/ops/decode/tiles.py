@@ -83,7 +83,7 @@ def attend_range(
 
     ``b_m [BG]`` running max, ``b_l [BG]`` running sum, ``b_acc [BG, BV]``; with
     ``STORE_S`` 1 or 2 every tile leaves its logits or its block masses in ``p_s`` (head
-    stride ``s_sg``, L2 eviction policy ``KEEP``; :func:`store_scores`, geometry ``R``,
+    stride ``s_sg``, L2 eviction policy ``KEEP``; :func:`~nsa.ops.decode.sink.store_scores`, geometry ``R``,
     ``CMP_*``, ``SEL_BLOCK``).
     Keys and values of a tile are requested together, before the math on either. Triton 3.6
     pipelines the loop on sm_90: in ``num_stages`` 3 its ``cp.async`` copies run two tiles
