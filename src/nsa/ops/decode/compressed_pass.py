@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from nsa.ops.decode.tiles import (
     attend_full_tiles_desc,
     attend_range,
-    load_group_q,
-    row_position,
+    row_group_program,
     store_partial,
     visible_cmp,
     window_split,
@@ -39,12 +37,7 @@ def decode_cmp_win_fwd_kernel(
     and the whole tiles of a compressed split go through them; the masked last tile, if
     any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
     for the window. Logits and partials are stored with the L2 eviction policy ``KEEP``."""
-    if PDL:
-        gdc_launch_dependents()
-    i_s, i_rh = tl.program_id(0), tl.program_id(1)
-    i_r, i_h = i_rh // H, i_rh % H
-    i_b, pos = row_position(seq_lens, i_r, TQ)
-    b_q = load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from nsa.ops.decode.tiles import (
     attend_range,
-    load_group_q,
     online_softmax_step,
-    row_position,
+    row_group_program,
     store_partial,
     window_split,
 )
@@ -68,12 +67,8 @@ def decode_selected_fwd_kernel(
     With ``WIN``, programs ``S_SLC .. S_SLC + S_WIN - 1`` of a row-group are the window's
     splits instead (slots from ``WIN_SLOT0``): they need nothing from the launches before,
     so they do not wait for them, and their reads overlap the selection programs' top-n."""
-    if PDL:
-        gdc_launch_dependents()
-    i_s, i_rh = tl.program_id(0), tl.program_id(1)
-    i_r, i_h = i_rh // H, i_rh % H
-    i_b, pos = row_position(seq_lens, i_r, TQ)
-    b_q = load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
+    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
+    i_rh = tl.program_id(1)
     # a window split only where WIN; without it the window path is not compiled at all
     is_window = i_s >= S_SLC if WIN else False
     if is_window:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from nsa.ops.decode.sink import store_scores
 
@@ -17,6 +18,20 @@ def row_position(seq_lens, i_r, TQ: tl.constexpr):
     i_b = i_r // TQ
     pos = tl.load(seq_lens + i_b).to(tl.int64) - TQ + i_r % TQ
     return i_b.to(tl.int64), pos
+
+
+@triton.jit
+def row_group_program(q, seq_lens, s_qr, s_qh, TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+                      BG: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+    """The start of a program of the compressed or selected launch (grid ``(splits, rows * H)``):
+    with ``PDL`` it first lets the next launch start; returns its split ``i_s``, row ``i_r``, KV
+    head ``i_h``, sequence ``i_b``, position ``pos`` and the group's queries ``[BG, BK]``."""
+    if PDL:
+        gdc_launch_dependents()
+    i_s, i_rh = tl.program_id(0), tl.program_id(1)
+    i_r, i_h = i_rh // H, i_rh % H
+    i_b, pos = row_position(seq_lens, i_r, TQ)
+    return i_s, i_r, i_h, i_b, pos, _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
 
 
 @triton.jit
@@ -34,7 +49,7 @@ def window_split(pos, i_w, S_WIN, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr):
+def _load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr):
     o_g = tl.arange(0, BG)
     o_k = tl.arange(0, BK)
     p_q = q + i_r.to(tl.int64) * s_qr + (i_h * G + o_g[:, None]).to(tl.int64) * s_qh + o_k[None, :]
