@@ -49,31 +49,35 @@ def decode_cmp_win_fwd_kernel(
         hi = tl.minimum(lo + chunk, nc)
         p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * SINK_STRIDE
         STORE: tl.constexpr = 2 if MASS else 1
-        if CMP_DESC:
-            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
-            b_m, b_l, b_acc = attend_full_tiles_desc(b_q, k_cmp, v_cmp, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                     p_s, SINK_STRIDE, G, BG, BK, BV, BC, STORE, PREC, KEEP,
-                                                     R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
-            lo = whole
-            p_k = k_cmp_ptr + i_b * s_kcb + i_h * s_kch
-            p_v = v_cmp_ptr + i_b * s_vcb + i_h * s_vch
-        else:
-            p_k = k_cmp + i_b * s_kcb + i_h * s_kch
-            p_v = v_cmp + i_b * s_vcb + i_h * s_vch
-        b_m, b_l, b_acc = attend_range(b_q, p_k, p_v, s_kct, s_vct, lo, hi, b_m, b_l, b_acc, qk_scale, p_s, SINK_STRIDE,
-                                       G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)  # fmt: skip
+        b_m, b_l, b_acc = _attend_split(b_q, k_cmp, v_cmp, k_cmp_ptr if CMP_DESC else k_cmp, v_cmp_ptr if CMP_DESC else v_cmp,
+                                        s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
+                                        p_s, SINK_STRIDE, G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP,
+                                        R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, CMP_DESC)  # fmt: skip
     else:
         lo, hi = window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
-        if WIN_DESC:
-            whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
-            b_m, b_l, b_acc = attend_full_tiles_desc(b_q, k_win, v_win, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale,
-                                                     logits, 0, G, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
-            lo = whole
-            p_k = k_win_ptr + i_b * s_kwb + i_h * s_kwh
-            p_v = v_win_ptr + i_b * s_vwb + i_h * s_vwh
-        else:
-            p_k = k_win + i_b * s_kwb + i_h * s_kwh
-            p_v = v_win + i_b * s_vwb + i_h * s_vwh
-        b_m, b_l, b_acc = attend_range(b_q, p_k, p_v, s_kwt, s_vwt, lo, hi, b_m, b_l, b_acc, qk_scale, logits, 0,
-                                       G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
+        b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr if WIN_DESC else k_win, v_win_ptr if WIN_DESC else v_win,
+                                        s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
+                                        logits, 0, G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1, WIN_DESC)  # fmt: skip
     store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
+
+
+@triton.jit
+def _attend_split(b_q, d_k, d_v, k, v, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,  #
+                  p_s, s_sg, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, BC: tl.constexpr, STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
+                  R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
+                  DESC: tl.constexpr):
+    """:func:`~nsa.ops.decode.tiles.attend_range` over one split's tokens ``[lo, hi)`` of KV head
+    ``i_h`` of sequence ``i_b`` in a ``[B, T, H, D]`` cache ``k``/``v``; with ``DESC`` the whole
+    tiles go through the tensor descriptors ``d_k``/``d_v`` first
+    (:func:`~nsa.ops.decode.tiles.attend_full_tiles_desc`) and only a masked last tile, if any,
+    through plain loads."""
+    if DESC:
+        whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
+        b_m, b_l, b_acc = attend_full_tiles_desc(b_q, d_k, d_v, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale, p_s, s_sg,
+                                                 G, BG, BK, BV, BC, STORE_S, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE,
+                                                 SEL_BLOCK)  # fmt: skip
+        lo = whole
+    return attend_range(b_q, k + i_b * s_kb + i_h * s_kh, v + i_b * s_vb + i_h * s_vh, s_kt, s_vt, lo, hi, b_m, b_l, b_acc,
+                        qk_scale, p_s, s_sg, G, K, V, BG, BK, BV, BC, STORE_S, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE,
+                        SEL_BLOCK)  # fmt: skip
