@@ -65,6 +65,13 @@ reported_tests() {
     tar_reports
 }
 
+# The GPU tests of the layer, its compiled forms, its captured decode step and the cache, as one
+# reported tar: layer_gpu_tests REV (sessions 44-45's "module" step).
+layer_gpu_tests() {
+    reported_tests 420 "${1:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
+        tests/test_decode_graph.py tests/test_cache.py
+}
+
 # On an H200 only (returns 3 elsewhere): the prefill table (nsa-bench, 8k-64k).
 h200_prefill() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; return 3; }

@@ -71,8 +71,7 @@ table)
     decode_table_and_baseline h200
     ;;
 module)
-    reported_tests 420 "${2:?the commit to name the report after}" tests/test_module.py tests/test_compile.py \
-        tests/test_decode_graph.py tests/test_cache.py
+    layer_gpu_tests "${2:?the commit to name the report after}"
     ;;
 *)
     echo "unknown step $step" >&2
