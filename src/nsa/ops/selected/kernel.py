@@ -1,5 +1,8 @@
 """Selected-block attention in Triton: group-centric forward and deterministic backward.
 
+This module launches the kernels (tiles, launch choices, the autograd function); the kernels are
+in :mod:`.forward` and :mod:`.backward`, over the device helpers of :mod:`.tiles`.
+
 Query ``i`` (position ``t = q_offset + i``) of KV group ``h`` attends to every
 position ``s <= t`` of the blocks ``block_idx[b, i, h, :]`` (spec: "Selected
 branch"); entries -1, blocks past ``t`` and repeats of an earlier entry are
@@ -33,23 +36,14 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton
-import triton.language as tl
 
 from nsa import flags
 from nsa.config import NSAConfig
 from nsa.ops._dispatch import needs_grad
-from nsa.ops.gates.kernel import gated_sum
-from nsa.ops.selected.inversion import invert_selection
 from nsa.ops._triton.attention import (
     EXACT_FLOAT32_TILES,
     LOG2E,
     attn_bwd_delta,
-    attn_bwd_dkdv_ds_step,
-    attn_bwd_dkdv_step,
-    attn_bwd_dq_step,
-    attn_fwd_finish,
-    attn_fwd_step,
     check_gate,
     describable,
     descriptor_ready,
@@ -58,516 +52,22 @@ from nsa.ops._triton.attention import (
     exact_float32,
     hopper_tiles_fit,
     last_dim_contiguous,
-    load_bwd_rows,
-    load_gate,
     next_pow2,
     pipeline_stages,
-    row_offsets,
-    store_scaled,
     token_tile_descriptor,
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
-
-
-@triton.jit
-def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr,
-               INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """The blocks that the ``n_q <= BQ`` queries at positions ``t0, t0 + 1, ..`` (lists of
-    ``N`` entries, ``stride_q`` apart from ``p_idx``) attend to, each block once: ``[BQ * NP]``
-    int32, with -1 in place of every entry that does not count (negative, past its query's
-    position, a repeat in its query's list, the forced blocks of its query (the ``INIT`` first
-    and the ``LOCAL`` last), which the forced-block kernels handle for a whole tile of queries)
-    and of every later entry of a block that an earlier query of the tile already holds.
-
-    Returns ``(b_rank, b_blk, b_who, count)``: the entries that count are ranked ``0 .. count - 1``
-    (the rest -1), so the entry loop runs ``count`` times and skips the others instead
-    of running masked steps for them (with the paper's 3 forced blocks of 16, the forward
-    took 2.01 against 2.19 ms and the dQ 2.12 against 2.51 at 8k on an H100); ``b_who`` has
-    bit ``j`` set where query ``j`` of the tile counts the entry's block."""
-    E: tl.constexpr = BQ * NP
-    o_e = tl.arange(0, E)
-    o_j, o_n = o_e // NP, o_e % NP  # query of the tile, entry of its list
-    t = t0 + o_j
-    b_idx = tl.load(p_idx + o_j.to(tl.int64) * stride_q + o_n, mask=(o_n < N) & (o_j < n_q), other=-1).to(tl.int32)
-    same = b_idx[:, None] == b_idx[None, :]  # [E, E]
-    earlier = o_e[None, :] < o_e[:, None]
-    b_rep = tl.max((same & earlier & (o_j[:, None] == o_j[None, :])).to(tl.int32), 1)  # [E]
-    b_ok = (b_idx >= 0) & (b_idx.to(tl.int64) * BS <= t) & (b_rep == 0)
-    if INIT + LOCAL > 0:
-        j_t = t // BS
-        b_ok = b_ok & (b_idx >= INIT) & ((b_idx <= j_t - LOCAL) | (b_idx > j_t))
-    if BQ > 1:
-        # each query holds a block once, so the sum of its choosers' bits is their union
-        b_who = tl.sum(tl.where(same & b_ok[None, :], 1 << o_j[None, :], 0), 1)
-        b_ok = b_ok & (tl.max((same & earlier & b_ok[None, :]).to(tl.int32), 1) == 0)
-    else:
-        b_who = b_ok.to(tl.int32)
-    b_rank = tl.where(b_ok, tl.cumsum(b_ok.to(tl.int32), 0) - 1, -1)
-    return b_rank, tl.where(b_ok, b_idx, -1), b_who, tl.sum(b_ok.to(tl.int32), 0)
-
-
-@triton.jit
-def _entry_keys(b_rank, b_blk, i, t_last, BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr):
-    """The block of the entry of rank ``i`` in ``b_blk``, its key positions ``o_s [BSP]`` and
-    which of them to read: with ``LOCAL > 0`` each query's own block is forced, so every entry
-    lies wholly before its queries and only the padding past ``BS`` is masked; else also the
-    keys past ``t_last``."""
-    o_c = tl.arange(0, BSP)
-    blk = tl.sum(tl.where(b_rank == i, b_blk, 0), 0)
-    o_s = blk.to(tl.int64) * BS + o_c
-    if LOCAL > 0:
-        m_s = o_c < BS
-    else:
-        m_s = (o_c < BS) & (o_s <= t_last)
-    return blk, o_s, m_s
-
-
-@triton.jit
-def _block_rows(p, stride_t, d, blk, o_s, m_s, o_d, m_d, i_b, i_h, BS: tl.constexpr, BSP: tl.constexpr,
-                LOCAL: tl.constexpr, DESC: tl.constexpr):
-    """``[BSP, BD]`` rows ``o_s`` of K or V (``p`` at the batch and head, or the descriptor ``d``
-    with ``DESC``: one bulk copy), zero where ``m_s`` is false."""
-    if DESC:
-        b_x = d.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_d.shape[0])
-        if (LOCAL == 0) or (BS != BSP):
-            # masked keys leave the scores, but unwritten cache entries (NaN) would reach P V and dS K
-            b_x = tl.where(m_s[:, None], b_x, 0.0)
-    else:
-        b_x = tl.load(p + o_s[:, None] * stride_t + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
-    return b_x
-
-
-@triton.jit
-def _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
-              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr,
-              d_k, d_v, i_b, i_h, DESC: tl.constexpr):
-    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the entry of rank ``i`` in ``b_blk`` and its
-    visibility: ``[1, BSP]`` (the keys :func:`_entry_keys` reads) for one query, ``[BQ * GP, BSP]``
-    for a tile (rows ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``DESC``
-    the block comes by one bulk copy through the tensor descriptors ``d_k``/``d_v`` (blocks
-    ``[1, BSP, 1, BK|BV]``) instead of ``p_k``/``p_v``."""
-    blk, o_s, m_s = _entry_keys(b_rank, b_blk, i, t_last, BS, BSP, LOCAL)
-    b_k = _block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, DESC)
-    b_v = _block_rows(p_v, svt, d_v, blk, o_s, m_s, o_dv, m_dv, i_b, i_h, BS, BSP, LOCAL, DESC)
-    if BQ > 1:
-        who = tl.sum(tl.where(b_rank == i, b_who, 0), 0)
-        m_qk = (((who >> o_rq) & 1) != 0)[:, None] & m_s[None, :]
-        if LOCAL == 0:
-            m_qk = m_qk & (o_s[None, :] <= o_pos[:, None])
-    else:
-        m_qk = m_s[None, :]
-    return b_k, b_v, m_qk
-
-
-@triton.jit
-def _query_tile(i_t, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr):
-    """Rows of tile ``i_t``, ``BQ`` query positions x ``GP`` heads: query index, query head,
-    real rows, position, and query within the tile."""
-    o_r = tl.arange(0, BQ * GP)
-    o_rq = o_r // GP
-    o_i = i_t * BQ + o_rq
-    return o_i, i_h * G + o_r % GP, (o_r % GP < G) & (o_i < T), q_offset + o_i, o_rq
-
-
-@triton.jit
-def _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-                    BQ: tl.constexpr, BS: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """:func:`_selection` of the queries of tile ``i_t`` in KV head ``i_h``."""
-    i0 = i_t * BQ
-    p_idx = block_idx + ((i_b.to(tl.int64) * T + i0) * H + i_h) * N
-    return _selection(p_idx, q_offset + i0, T - i0, H * N, N, NP, BQ, BS, INIT, LOCAL)
-
-
-@triton.jit
-def _forced_kv(
-    p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
-    BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,
-):
-    """K ``[BSP, BK]``, V ``[BSP, BV]`` of the tile's ``i``-th forced block ``i_f`` (the
-    initial ones, then the local ones from ``l_lo``: :func:`_forced_range`) and its
-    ``[BM, BSP]`` visibility for rows whose selection lists are ``b_list [BM, NP]``.
-
-    A row counts the block only if its list holds it and it is forced for the row's
-    own block ``o_j`` (always for an initial block, ``i_f < INIT``; for the ``LOCAL``
-    last ones else)."""
-    i_f = tl.where(i < INIT, i, l_lo + i - INIT)
-    m_rows = (tl.max((b_list == i_f).to(tl.int32), 1) > 0) & m_r  # [BM]
-    m_rows = m_rows & ((i_f < INIT) | ((o_j - LOCAL < i_f) & (i_f <= o_j)))
-    o_c = tl.arange(0, BSP)
-    o_s = o_c.to(tl.int64) + i_f * BS  # i_f * BS is a position: int32 is enough
-    t_use = tl.max(tl.where(m_rows, o_pos, -1), 0)  # last position that needs the block, -1 if none
-    m_s = (o_c < BS) & (o_s <= t_use)
-    b_k = tl.load(p_k + o_s[:, None] * skt + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)
-    b_v = tl.load(p_v + o_s[:, None] * svt + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)
-    m_qk = m_rows[:, None] & (o_s[None, :] <= o_pos[:, None]) & m_s[None, :]
-    return b_k, b_v, m_qk
-
-
-@triton.jit
-def _forced_range(j_lo, j_hi, INIT: tl.constexpr, LOCAL: tl.constexpr):
-    """The forced blocks of a tile whose queries' own blocks are ``j_lo .. j_hi``: the ``INIT``
-    initial ones, then the local ones from ``l_lo`` that are not initial. Returns ``(l_lo,
-    count)``; one loop walks them all, so that the pipeline fetches each block while the one
-    before is in use (two loops, initial then local: H100 8k forward 0.275 against 0.259 ms,
-    dQ 0.308 against 0.295; 64k 2.07 against 1.99 and 2.32 against 2.26)."""
-    l_lo = tl.maximum(j_lo - LOCAL + 1, INIT)
-    return l_lo, INIT + tl.maximum(j_hi + 1 - l_lo, 0)
-
-
-@triton.jit
-def _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                 BT: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr):
-    """Rows of a forced-block tile (``BT`` positions x ``GP`` heads, :func:`_query_tile`):
-    query index, query head, validity, position, own block, and the rows' lists ``[BM, NP]``."""
-    o_i, o_hq, m_r, o_pos, _ = _query_tile(i_t, i_h, T, q_offset, G, GP, BT)
-    o_n = tl.arange(0, NP)
-    p_list = block_idx + ((i_b.to(tl.int64) * T + o_i) * H + i_h)[:, None] * N + o_n[None, :]
-    b_list = tl.load(p_list, mask=m_r[:, None] & (o_n < N)[None, :], other=-1)  # [BM, NP]
-    return o_i, o_hq, m_r, o_pos, o_pos // BS, b_list
-
-
-@triton.jit(do_not_specialize=["T", "q_offset"])
-def selected_fwd_kernel(
-    q, k, v, block_idx, o, lse,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
-    T, q_offset, qk_scale,  #
-    gates, o_cmp, o_win, o_sum,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
-    SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
-):
-    """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
-
-    With forced blocks (``INIT + LOCAL > 0``), ``o``/``lse`` already hold the result
-    over them (:func:`selected_forced_fwd_kernel`, or the window kernel's): it is the
-    starting state. With ``SUMMED``, ``o_sum`` receives the gated sum of the three branches
-    (``gates [B, T, HQ, 3]``, ``o_cmp``/``o_win`` contiguous like ``o``), and ``o``/``lse``
-    are written only with ``KEEP`` (training keeps them for the backward).
-    """
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    HQ: tl.constexpr = H * G
-    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
-
-    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [BQ * GP, BK]
-    # keys need a mask only without a local block (the own block is in the list) or past BS;
-    # rows of a tile, for the blocks that their query does not hold
-    MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
-    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
-                                                      INIT, LOCAL)
-    t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
-
-    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
-    p_lse = lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-    if INIT + LOCAL > 0:
-        # normalised (o, lse) is the online-softmax state (acc = o, m = lse, l = 1)
-        b_acc = tl.load(p_o, mask=m_g[:, None] & m_dv[None, :], other=0.0).to(tl.float32)
-        b_m = tl.load(p_lse, mask=m_g, other=float("-inf"))
-        b_l = tl.where(b_m == float("-inf"), 0.0, 1.0)
-    else:
-        b_acc = tl.zeros([BQ * GP, BV], dtype=tl.float32)
-        b_m = tl.full([BQ * GP], float("-inf"), dtype=tl.float32)
-        b_l = tl.zeros([BQ * GP], dtype=tl.float32)
-    for i in range(n_entries):
-        b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
-                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC)
-        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
-    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-
-    if SUMMED:
-        # the gates kernel's sum, from this output rounded as it would be stored
-        o_row = row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
-        p_x = o_row[:, None] * DV + o_dv[None, :]
-        m_x = m_g[:, None] & m_dv[None, :]
-        b_sum = gated_sum(gates, o_cmp, o, o_win, b_o.to(o.dtype.element_ty).to(tl.float32), o_row, m_g, p_x, m_x, 1)
-        tl.store(o_sum + p_x, b_sum.to(o_sum.dtype.element_ty), mask=m_x)
-    if KEEP:
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_g[:, None] & m_dv[None, :])
-        tl.store(p_lse, b_lse, mask=m_g)
-
-
-@triton.jit(do_not_specialize=["T", "q_offset"])
-def selected_bwd_dq_kernel(
-    q, k, v, block_idx, do, gate, lse, delta, dq,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
-    T, q_offset, qk_scale, scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, ACC: tl.constexpr,  #
-    GATED: tl.constexpr, PREC: tl.constexpr, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
-):
-    """Grid ``(cdiv(T, BQ), B * H)``: ``dq [B, T, HQ, DK]``, the forward's tiling; with forced
-    blocks, adds to the share :func:`selected_forced_dq_kernel` left in ``dq``, and with
-    ``ACC`` to what ``dq`` held before."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    HQ: tl.constexpr = H * G
-    o_i, o_hq, m_g, o_pos, o_rq = _query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
-
-    b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
-        q, do, gate, lse, delta, i_b, o_i, o_hq, m_g, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
-        GATED,
-    )
-    # as in the forward
-    MASK: tl.constexpr = (LOCAL == 0) or (BS != BSP) or (BQ > 1)
-    b_rank, b_blk, b_who, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
-                                                      INIT, LOCAL)
-    t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
-
-    b_dq = tl.zeros([BQ * GP, BK], dtype=tl.float32)
-    for i in range(n_entries):
-        b_k, b_v, m_qk = _entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
-                                   o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, MASK, GATED, PREC)
-
-    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_scaled(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
-
-
-@triton.jit(do_not_specialize=["T", "q_offset"])
-def selected_bwd_dq_ds_kernel(
-    k, block_idx, ds, dq,  #
-    skb, skt, skh,  #
-    T, q_offset, scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, d_k=None, KV_DESC: tl.constexpr = False,
-):
-    """Grid ``(T, B * H)``: ``dq [B, T, HQ, DK]`` as :func:`selected_bwd_dq_kernel` (one query
-    position a program), from the ``dS`` that :func:`selected_bwd_dkdv_kernel` left in ``ds [B,
-    T, H, N, G, BS]``: ``dq = scale * sum dS K`` over the entries, with no softmax and no V."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    HQ: tl.constexpr = H * G
-    o_i, o_hq, m_g, _, _ = _query_tile(i_t, i_h, T, q_offset, G, GP, 1)
-    o_dk = tl.arange(0, BK)
-    m_dk = o_dk < DK
-    o_g, o_c, o_e = tl.arange(0, GP), tl.arange(0, BSP), tl.arange(0, NP)
-    b_rank, b_blk, _, n_entries = _tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS, INIT, LOCAL)
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_ds = ds + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N * G * BS
-    m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
-    b_dq = tl.zeros([GP, BK], dtype=tl.float32)
-    for i in range(n_entries):
-        blk, o_s, m_s = _entry_keys(b_rank, b_blk, i, q_offset + i_t, BS, BSP, LOCAL)
-        b_k = _block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, KV_DESC)
-        n = tl.sum(tl.where(b_rank == i, o_e, 0), 0)  # the entry's place in the query's list
-        b_ds = tl.load(p_ds + (n * G + o_g)[:, None] * BS + o_c[None, :], mask=m_ds, other=0.0)  # [GP, BSP]
-        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
-    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_scaled(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
-
-
-@triton.jit(do_not_specialize=["T", "q_offset"])
-def selected_forced_fwd_kernel(
-    q, k, v, block_idx, o, lse,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,  #
-    T, q_offset, qk_scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-):
-    """Grid ``(cdiv(T, BT), B * H)``: attention over the forced blocks only, written to
-    ``o``/``lse`` as the starting state of :func:`selected_fwd_kernel`.
-
-    Every query of a selection block shares its forced blocks (initial + local), so a
-    tile of ``BT`` positions x ``GP`` heads loads each of them once, not once per query.
-    """
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    HQ: tl.constexpr = H * G
-    o_i, o_hq, m_r, o_pos, o_j, b_list = _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
-    b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
-    j_lo = (q_offset + i_t * BT) // BS
-    j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
-
-    BM: tl.constexpr = BT * GP
-    b_acc = tl.zeros([BM, BV], dtype=tl.float32)
-    b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([BM], dtype=tl.float32)
-    l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
-    for i in range(n_forced):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
-        b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
-    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-
-    p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_r[:, None] & m_dv[None, :])
-    tl.store(lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1), b_lse, mask=m_r)
-
-
-@triton.jit(do_not_specialize=["T", "q_offset"])
-def selected_forced_dq_kernel(
-    q, k, v, block_idx, do, gate, lse, delta, dq,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
-    T, q_offset, qk_scale, scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
-    N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr,  #
-    GATED: tl.constexpr, PREC: tl.constexpr,
-):
-    """Grid ``(cdiv(T, BT), B * H)``: the forced blocks' share of ``dq`` (added to what ``dq``
-    held with ``ACC``), written for :func:`selected_bwd_dq_kernel` to add the rest to."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    HQ: tl.constexpr = H * G
-    o_i, o_hq, m_r, o_pos, o_j, b_list = _forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
-    b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
-        q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
-        GATED,
-    )
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
-    j_lo = (q_offset + i_t * BT) // BS
-    j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
-
-    b_dq = tl.zeros([BT * GP, BK], dtype=tl.float32)
-    l_lo, n_forced = _forced_range(j_lo, j_hi, INIT, LOCAL)
-    for i in range(n_forced):
-        b_k, b_v, m_qk = _forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
-        b_dq = attn_bwd_dq_step(b_q, b_do, b_lse, b_delta, b_g, b_k, b_v, b_dq, m_qk, qk_scale, True, GATED, PREC)
-
-    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_scaled(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)
-
-
-@triton.jit
-def _store_rows(p, b_x, o_c, o_d, m_c, m_d, D: tl.constexpr):
-    """Store a ``[BSP, BD]`` tile into rows ``o_c`` of a ``[.., D]``-strided slice."""
-    tl.store(p + o_c.to(tl.int64)[:, None] * D + o_d[None, :], b_x, mask=m_c[:, None] & m_d[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "TK", "q_offset", "NB", "NBHJ"])
-def selected_bwd_dkdv_kernel(
-    q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_part,  #
-    t_sorted, starts, counts, seg_first, seg_count, seg_owner,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
-    T, TK, q_offset, NB, NBHJ, qk_scale, scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
-    n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False, CAUSAL: tl.constexpr = True,
-):
-    """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
-
-    An owner with one segment writes ``dk``/``dv`` directly; otherwise each segment
-    writes float32 partials to ``dk_part``/``dv_part [S, BSP, BK|BV]`` for
-    :func:`selected_bwd_reduce_kernel`. Programs past the last segment do nothing.
-    With ``DS_OUT`` every (query, block) pair also leaves its ``dS [G, BS]`` (gated, unscaled)
-    in ``ds [B, T, H, N, G, BS]`` at the entry's place in the query's list (``n_sorted``),
-    for :func:`selected_bwd_dq_ds_kernel`. ``CAUSAL`` False: the lists hold no block that
-    reaches its query (each query's own block is left out, ``skip_local``), so no key needs
-    the causal mask.
-    """
-    i_p = tl.program_id(0)
-    i_o = tl.load(seg_owner + i_p)
-    if i_o < NBHJ:
-        i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB
-        HQ: tl.constexpr = H * G
-        BM: tl.constexpr = BQ * GP
-        i_start = tl.load(starts + i_o)
-        e_lo = i_start + (i_p - tl.load(seg_first + i_o)) * QSEG
-        e_hi = tl.minimum(e_lo + QSEG, i_start + tl.load(counts + i_o))
-        o_c = tl.arange(0, BSP)
-        o_s = i_j * BS + o_c  # [BSP] key positions of the block
-        m_s = (o_c < BS) & (o_s < TK)
-        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-        m_dk, m_dv = o_dk < DK, o_dv < DV
-        b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
-        b_v = tl.load(v + row_offsets(i_b, o_s, i_h, svb, svt, svh)[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
-
-        o_r = tl.arange(0, BM)
-        o_hq = i_h * G + o_r % GP
-        b_dk = tl.zeros([BSP, BK], dtype=tl.float32)
-        b_dv = tl.zeros([BSP, BV], dtype=tl.float32)
-        for e in range(e_lo, e_hi, BQ):
-            # -- BQ queries of the list, G head rows each --
-            m_r = (e + o_r // GP < e_hi) & (o_r % GP < G)
-            o_i = tl.load(t_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] query index of each row
-            b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
-                q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
-                GATED,
-            )
-            # read only with CAUSAL; without it, padding rows add zero (q = do = 0) and are not stored
-            m_kq = (o_s[:, None] <= q_offset + o_i[None, :]) & m_r[None, :]  # [BSP, BM]
-            if DS_OUT:
-                b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
-                                                          qk_scale, CAUSAL, GATED, PREC)
-                # every pair's, forced blocks' too, which the dQ does not read: masking those out slowed
-                # the kernel more than their stores cost (H200, 8k: 1.91 ms, 2.05 by a branch, against 1.67)
-                o_n = tl.load(n_sorted + e + o_r // GP, mask=m_r, other=0)  # [BM] the entry's place in its list
-                o_ds = (((i_b.to(tl.int64) * T + o_i) * H + i_h) * N + o_n) * G + o_r % GP  # [BM] rows of [.., G, BS]
-                if CAUSAL:
-                    # dS is 0 past each row's query, also where V holds NaN there (an unwritten cache tail)
-                    b_dst = tl.where(m_kq, b_dst, 0.0)
-                tl.store(ds + o_ds[None, :] * BS + o_c[:, None], b_dst.to(ds.dtype.element_ty),
-                         mask=m_r[None, :] & (o_c < BS)[:, None])
-            else:
-                b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
-                                                CAUSAL, GATED, PREC)
-
-        if tl.load(seg_count + i_o) == 1:
-            o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
-            tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & m_dk[None, :])
-            o_vd = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
-            tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_dv[None, :])
-        else:
-            m_all = o_c < BSP
-            _store_rows(dk_part + i_p.to(tl.int64) * BSP * BK, b_dk, o_c, o_dk, m_all, o_dk < BK, BK)
-            _store_rows(dv_part + i_p.to(tl.int64) * BSP * BV, b_dv, o_c, o_dv, m_all, o_dv < BV, BV)
-
-
-@triton.jit(do_not_specialize=["TK", "NB"])
-def selected_bwd_reduce_kernel(
-    dk, dv, dk_part, dv_part, seg_first, seg_count,  #
-    TK, NB, scale,  #
-    H: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):
-    """Grid ``(B * H * NB,)``: owners with 0 or several segments; sums partials in order
-    (zeros for a block no query chose). Owners with one segment are already written."""
-    i_o = tl.program_id(0)
-    n_seg = tl.load(seg_count + i_o)
-    if n_seg != 1:
-        i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB
-        i_first = tl.load(seg_first + i_o)
-        o_c = tl.arange(0, BSP)
-        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-        b_dk = tl.zeros([BSP, BK], dtype=tl.float32)
-        b_dv = tl.zeros([BSP, BV], dtype=tl.float32)
-        p_dk = dk_part + i_first.to(tl.int64) * BSP * BK + o_c[:, None] * BK + o_dk[None, :]
-        p_dv = dv_part + i_first.to(tl.int64) * BSP * BV + o_c[:, None] * BV + o_dv[None, :]
-        for _ in range(n_seg):  # segments in order: a fixed summation order
-            b_dk += tl.load(p_dk)
-            b_dv += tl.load(p_dv)
-            p_dk += BSP * BK
-            p_dv += BSP * BV
-        o_s = i_j * BS + o_c
-        m_s = (o_c < BS) & (o_s < TK)
-        o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
-        tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & (o_dk < DK)[None, :])
-        o_vd = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
-        tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & (o_dv < DV)[None, :])
-
-
-# ----------------------------------------------------------------------------- host side
+from nsa.ops.selected.backward import (
+    selected_bwd_dkdv_kernel,
+    selected_bwd_dq_ds_kernel,
+    selected_bwd_dq_kernel,
+    selected_bwd_reduce_kernel,
+    selected_forced_dq_kernel,
+)
+from nsa.ops.selected.forward import selected_forced_fwd_kernel, selected_fwd_kernel
+from nsa.ops.selected.inversion import invert_selection
 
 
 def _group_rows(G: int) -> int:
@@ -642,7 +142,7 @@ def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: di
                  max_bytes: Optional[int] = None) -> Tuple[dict, dict]:
     """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
     arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
-    (``d_k``/``d_v``, :func:`_block_rows`; ``k``/``v`` copied first if a descriptor cannot describe
+    (``d_k``/``d_v``, :func:`~nsa.ops.selected.tiles.block_rows`; ``k``/``v`` copied first if a descriptor cannot describe
     them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns),
     ``k``/``v`` need no copy and, given ``max_bytes``, take at most that many bytes; False uses
     plain loads. ``v`` None: a kernel that reads K alone."""
@@ -769,7 +269,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``
     (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``).
     ``ds``: the rest comes from the ``dS`` that :func:`selected_bwd_dkdv` left there
-    (:func:`selected_bwd_dq_ds_kernel`, launch options ``ds_cfg``, by default :data:`BWD_TILES`'s
+    (:func:`~nsa.ops.selected.backward.selected_bwd_dq_ds_kernel`, launch options ``ds_cfg``, by default :data:`BWD_TILES`'s
     ``"dq_ds"``), not from a softmax of its own."""
     if forced_done and (dq is None or not sum(forced)):
         raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
