@@ -142,10 +142,10 @@ def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: di
                  max_bytes: Optional[int] = None) -> Tuple[dict, dict]:
     """``(cfg, extra)``: the launch options without ``KV_DESC``, and the forward's or dQ's kernel
     arguments for it. ``KV_DESC`` True loads each selection block through tensor descriptors
-    (``d_k``/``d_v``, :func:`~nsa.ops.selected.tiles.block_rows`; ``k``/``v`` copied first if a descriptor cannot describe
-    them), None does where bulk copies run, the block fits a copy (at most 256 rows and columns),
-    ``k``/``v`` need no copy and, given ``max_bytes``, take at most that many bytes; False uses
-    plain loads. ``v`` None: a kernel that reads K alone."""
+    (``d_k``/``d_v``, :func:`~nsa.ops.selected.tiles.block_rows`; ``k``/``v`` copied first if a
+    descriptor cannot describe them), None does where bulk copies run, the block fits a copy (at
+    most 256 rows and columns), ``k``/``v`` need no copy and, given ``max_bytes``, take at most
+    that many bytes; False uses plain loads. ``v`` None: a kernel that reads K alone."""
     cfg = dict(cfg)
     desc = cfg.pop("KV_DESC", False)
     tensors = {"k": (k, dims["BK"])} if v is None else {"k": (k, dims["BK"]), "v": (v, dims["BV"])}
@@ -269,8 +269,8 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     :func:`nsa.ops.window.kernel.window_bwd`); only the rest is added here, to ``dq``
     (and :func:`selected_bwd_dkdv` then leaves out the local blocks, ``skip_local``).
     ``ds``: the rest comes from the ``dS`` that :func:`selected_bwd_dkdv` left there
-    (:func:`~nsa.ops.selected.backward.selected_bwd_dq_ds_kernel`, launch options ``ds_cfg``, by default :data:`BWD_TILES`'s
-    ``"dq_ds"``), not from a softmax of its own."""
+    (:func:`~nsa.ops.selected.backward.selected_bwd_dq_ds_kernel`, launch options ``ds_cfg``, by
+    default :data:`BWD_TILES`'s ``"dq_ds"``), not from a softmax of its own."""
     if forced_done and (dq is None or not sum(forced)):
         raise ValueError("selected_bwd_dq: forced_done needs the forced blocks named and a dq to add to")
     B, T, HQ, DK = q.shape
