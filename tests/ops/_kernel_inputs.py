@@ -112,7 +112,7 @@ def every_launch(execute: bool = True) -> Iterator[List[Tuple[str, Dict[str, Any
     keyword, and the positional arguments under ``"args"``. ``execute=False`` records the launches
     without running them, for tests of the launchers' choices alone: outputs are then whatever
     their buffers held, so only launch choices that depend on shapes are meaningful."""
-    from nsa.ops.window.kernel import window_fwd_kernel
+    from nsa.ops.window.forward import window_fwd_kernel
 
     kernel_type = type(window_fwd_kernel)  # JITFunction on a GPU, InterpretedFunction under the interpreter
     real_run = kernel_type.run
