@@ -69,8 +69,9 @@ def window_bwd_dq_kernel(
 
     With ``FORCED``, also the selected branch's share over its forced blocks (its gate, lse and
     delta in ``gate_frc``/``lse_frc``/``delta_frc``), under the conditions of the forward's
-    ``FORCED`` (:func:`~nsa.ops.window.forward.window_fwd_kernel`): the local blocks are the band's last key tiles, where
-    the two branches share the scores, and each initial block left of them costs one more step."""
+    ``FORCED`` (:func:`~nsa.ops.window.forward.window_fwd_kernel`): the local blocks are the
+    band's last key tiles, where the two branches share the scores, and each initial block left
+    of them costs one more step."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
