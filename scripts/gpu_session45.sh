@@ -29,6 +29,9 @@
 #                                             # replay at batch 1 and 16, 64k (gpu_decode_timeline.py)
 #   bash scripts/gpu_session45.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
+#   bash scripts/gpu_session45.sh split REV   # after the kernel modules were split (decode, selected, window):
+#                                             # the GPU tests of every op's kernels, the layer, the captured
+#                                             # decode step and the cache on this tree (report named after REV)
 #   bash scripts/gpu_session45.sh module REV  # the GPU tests of the layer, its compiled forms and its
 #                                             # captured decode step on this tree (report named after REV)
 #
@@ -36,7 +39,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | combine | heads REV | table | module REV}"
+step="${1:?usage: scripts/gpu_session45.sh ab REV | b1score | b1pdl | combine | heads REV | table | split REV | module REV}"
 device_line
 case "$step" in
 ab)
@@ -69,6 +72,10 @@ heads)
     ;;
 table)
     decode_table_and_baseline h200
+    ;;
+split)
+    reported_tests 400 "${2:?the commit to name the report after}" tests/ops tests/test_module.py \
+        tests/test_decode_graph.py tests/test_cache.py
     ;;
 module)
     layer_gpu_tests "${2:?the commit to name the report after}"
