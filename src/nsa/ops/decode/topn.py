@@ -14,14 +14,8 @@ from triton.runtime.jit import constexpr_function
 # non-negative float32 order like the floats, and the reversed index makes the
 # lower block win a tie. Forced blocks take the bits of +inf.
 KEY_SHIFT = tl.constexpr(4294967296)  # 2**32
-
-
 KEY_INDEX_MAX = tl.constexpr(4294967295)
-
-
 INF_BITS = tl.constexpr(0x7F800000)
-
-
 INT64_MAX = tl.constexpr(9223372036854775807)
 
 

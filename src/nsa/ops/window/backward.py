@@ -15,7 +15,6 @@ from nsa.ops._triton.attention import (
     row_offsets,
     store_scaled,
 )
-from nsa.ops._triton.launch import cdiv
 from nsa.ops.window.tiles import band, band_kv, key_band, tile_rows
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.launch import cdiv
-
 
 @triton.jit
 def band(lo, hi, first, end, STEP: tl.constexpr):
