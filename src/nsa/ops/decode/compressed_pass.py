@@ -32,11 +32,12 @@ def decode_cmp_win_fwd_kernel(
     MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
-    ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses (:func:`~nsa.ops.decode.sink.store_block_mass`,
-    same rows). With ``CMP_DESC``, ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``)
-    and the whole tiles of a compressed split go through them; the masked last tile, if
-    any, still uses plain loads (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same
-    for the window. Logits and partials are stored with the L2 eviction policy ``KEEP``."""
+    ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
+    (:func:`~nsa.ops.decode.sink.store_block_mass`, same rows). With ``CMP_DESC``,
+    ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``) and the whole tiles of a
+    compressed split go through them; the masked last tile, if any, still uses plain loads
+    (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same for the window. Logits and
+    partials are stored with the L2 eviction policy ``KEEP``."""
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)

@@ -33,9 +33,9 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     gathered loads but ``l/d - 1`` become one contiguous load of the tile's tokens
     (10.3 against 15.1 us at batch 16, 64k, H200), read with the L2 eviction policy ``DROP``.
     With ``MASS`` the compressed pass left each tile of ``CMP_TILE`` tokens' block masses
-    instead (:func:`~nsa.ops.decode.sink.store_block_mass`): a block's score is then its tile's mass, and for a
-    tile's first block the previous tile's tail, each scaled by its tile's max against
-    the head's log-sum-exp."""
+    instead (:func:`~nsa.ops.decode.sink.store_block_mass`): a block's score is then its tile's
+    mass, and for a tile's first block the previous tile's tail, each scaled by its tile's max
+    against the head's log-sum-exp."""
     # positions and block indices in 32 bits: in 64 the masks and keys of the [BG, BJ] tile took
     # 112 of a one-warp program's 1304 instructions (SASS for sm_90a, batch 16, 64k)
     pos = pos.to(tl.int32)
