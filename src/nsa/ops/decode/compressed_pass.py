@@ -36,7 +36,8 @@ def decode_cmp_win_fwd_kernel(
     (:func:`~nsa.ops.decode.sink.store_block_mass`, same rows). With ``CMP_DESC``,
     ``k_cmp``/``v_cmp`` are tensor descriptors (block ``[1, BC, 1, D]``) and the whole tiles of a
     compressed split go through them; the masked last tile, if any, still uses plain loads
-    (``k_cmp_ptr``/``v_cmp_ptr``). ``WIN_DESC`` does the same for the window. Logits and
+    (``k_cmp_ptr``/``v_cmp_ptr``, the same caches as tensors, through which every tile goes
+    without ``CMP_DESC``). ``WIN_DESC`` does the same for the window. Logits and
     partials are stored with the L2 eviction policy ``KEEP``."""
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
@@ -50,13 +51,13 @@ def decode_cmp_win_fwd_kernel(
         hi = tl.minimum(lo + chunk, nc)
         p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * SINK_STRIDE
         STORE: tl.constexpr = 2 if MASS else 1
-        b_m, b_l, b_acc = _attend_split(b_q, k_cmp, v_cmp, k_cmp_ptr if CMP_DESC else k_cmp, v_cmp_ptr if CMP_DESC else v_cmp,
+        b_m, b_l, b_acc = _attend_split(b_q, k_cmp, v_cmp, k_cmp_ptr, v_cmp_ptr,
                                         s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         p_s, SINK_STRIDE, G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP,
                                         R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, CMP_DESC)  # fmt: skip
     else:
         lo, hi = window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
-        b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr if WIN_DESC else k_win, v_win_ptr if WIN_DESC else v_win,
+        b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr, v_win_ptr,
                                         s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         logits, 0, G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1, WIN_DESC)  # fmt: skip
     store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
