@@ -21,7 +21,7 @@ the strides of most tensors; without it, loads along such a stride compile as 16
 unlike the code that runs), ``tensordesc<bf16[1,64,1,128]>`` for a tensor descriptor built on the
 host (its block shape in brackets), anything else for a constexpr (``True``/``False``, ``None``, an
 integer or a string).
-Writes ``OUT.ttgir``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
+Writes ``OUT.ttgir``, ``OUT.ptx``, ``OUT.cubin`` and ``OUT.sass``; prints the shared memory and, for each
 backward branch (a loop), its instruction count and commonest opcodes. Session 14 used it to
 take the compressed forward's scoring step from 616 to 457 instructions (docs/perf/prefill.md).
 ``--by-line N`` also prints the whole kernel's instruction count and the ``N`` source lines with
