@@ -171,6 +171,8 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (2, 3, 2), None, None, {"window_in_selected": True, "win_tile": 8}, id="window-in-selected"),
         pytest.param(MISALIGNED, (1, 1, 1), None, 16, {"window_in_selected": True, "sel_desc": True}, id="window-in-selected-desc"),
         pytest.param(SMALL, (2, 1, 2), None, None, {"l2_hints": True, "cmp_desc": True, "cmp_tile": 8}, id="l2-hints"),
+        # the combine merges every slot after its wait (by default launch 1's slots before it)
+        pytest.param(SMALL, (3, 2, 2), None, None, {"combine_early": False, "window_in_selected": False}, id="combine-all-late"),
         # one score tile holds every block of a row: its candidates are the top-n, no rounds
         pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 16}, id="one-score-tile-ranked"),
         pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 4}, id="score-tiles-then-topk"),

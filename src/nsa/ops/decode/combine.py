@@ -24,20 +24,22 @@ def _branch_scale(b_m, b_l, m_c, b_mx, b_g):
 
 
 @triton.jit
-def _load_acc_chunk(o_part, m_part, o_h, s0, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr):
-    """Slots ``[s0, s0 + BSX)`` of heads ``o_h``: max ``[HB, BSX]`` and acc ``[HB, BSX, BV]``."""
+def _load_acc_chunk(o_part, m_part, o_h, s0, hi, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr,
+                    DROP: tl.constexpr, CACHE: tl.constexpr):
+    """Slots ``[s0, min(s0 + BSX, hi))`` of heads ``o_h`` (rows of ``S`` slots): max ``[HB, BSX]``
+    and acc ``[HB, BSX, BV]``."""
     o_x = s0 + tl.arange(0, BSX)
     o_v = tl.arange(0, BV)
-    m_x = o_x < S
+    m_x = o_x < hi
     p_x = o_h[:, None] * S + o_x[None, :]  # [HB, BSX]
-    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"), eviction_policy=DROP)
+    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"), eviction_policy=DROP, cache_modifier=CACHE)
     b_acc = tl.load(o_part + p_x[:, :, None] * V + o_v[None, None, :], mask=m_x[None, :, None] & (o_v[None, None, :] < V), other=0.0,
-                    eviction_policy=DROP)  # fmt: skip
+                    eviction_policy=DROP, cache_modifier=CACHE)  # fmt: skip
     return b_mx, b_acc
 
 
 @triton.jit
-def _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc, b_sc_cmp, b_sc_win, b_sc_slc, BSX: tl.constexpr):
+def _gated_chunk(b_mx, b_acc, s0, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc, b_sc_cmp, b_sc_win, b_sc_slc, BSX: tl.constexpr):
     """``sum_s gate * exp2(m_s - ref) / sum * acc_s`` over one chunk of slots ``[HB, BV]``,
     each slot scaled by its branch's reference max and ``gate / sum``."""
     o_x = s0 + tl.arange(0, BSX)
@@ -45,7 +47,7 @@ def _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_s
     is_win = ((o_x >= S_CMP) & (o_x < S_CMP + S_WIN))[None, :]
     b_ref = tl.where(is_cmp, b_ref_cmp[:, None], tl.where(is_win, b_ref_win[:, None], b_ref_slc[:, None]))
     b_scale = tl.where(is_cmp, b_sc_cmp[:, None], tl.where(is_win, b_sc_win[:, None], b_sc_slc[:, None]))
-    b_coef = tl.where((o_x < S)[None, :], tl.exp2(b_mx - b_ref) * b_scale, 0.0)  # [HB, BSX]
+    b_coef = tl.where((o_x < hi)[None, :], tl.exp2(b_mx - b_ref) * b_scale, 0.0)  # [HB, BSX]
     return tl.sum(b_coef[:, :, None] * b_acc, 1)
 
 
@@ -68,9 +70,39 @@ def _projected_gate(x_row, w, b, w_rows, HIDDEN, HB: tl.constexpr, BKG: tl.const
 
 
 @triton.jit
+def _merge_slots(o_part, m_part, l_part, o_h, lo, hi, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,  #
+                 V: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr,
+                 CACHE: tl.constexpr):
+    """The gated output ``[HB, BV]`` of the branches whose slots lie in ``[lo, hi)`` (whole
+    branches; rows of ``S`` slots): each branch's partials merged under its own max and sum.
+    The first chunk of ``acc`` is loaded with the ``(max, sum)``, not after them: usually it is
+    the only one, and the program then waits on memory once."""
+    o_s = lo + tl.arange(0, BS)
+    m_s = o_s < hi
+    p_s = o_h[:, None] * S + o_s[None, :]
+    b_m = tl.load(m_part + p_s, mask=m_s[None, :], other=float("-inf"), eviction_policy=DROP, cache_modifier=CACHE)  # [HB, BS]
+    b_l = tl.load(l_part + p_s, mask=m_s[None, :], other=0.0, eviction_policy=DROP, cache_modifier=CACHE)
+    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, lo, hi, S, V, BSX, BV, DROP, CACHE)
+    m_cmp = ((o_s < S_CMP) & m_s)[None, :]
+    m_win = ((o_s >= S_CMP) & (o_s < S_CMP + S_WIN) & m_s)[None, :]
+    m_slc = ((o_s >= S_CMP + S_WIN) & m_s)[None, :]
+    b_ref_cmp, b_ref_win, b_ref_slc = _branch_norm(b_m, m_cmp), _branch_norm(b_m, m_win), _branch_norm(b_m, m_slc)
+    b_sc_cmp = _branch_scale(b_m, b_l, m_cmp, b_ref_cmp, b_g_cmp)
+    b_sc_win = _branch_scale(b_m, b_l, m_win, b_ref_win, b_g_win)
+    b_sc_slc = _branch_scale(b_m, b_l, m_slc, b_ref_slc, b_g_slc)
+    b_o = _gated_chunk(b_mx0, b_acc0, lo, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
+                       b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
+    for s0 in range(lo + BSX, hi, BSX):
+        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, hi, S, V, BSX, BV, DROP, CACHE)
+        b_o += _gated_chunk(b_mx, b_acc, s0, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
+                            b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
+    return b_o
+
+
+@triton.jit
 def decode_combine_kernel(
     o_part, m_part, l_part, gates, o, gate_w, gate_b,  #
-    S_CMP, S_WIN, S, HQ, HIDDEN, stride_gx,  #
+    S_CMP, S_WIN, S, S_EARLY, HQ, HIDDEN, stride_gx,  #
     V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
     DROP: tl.constexpr, GATE_PROJ: tl.constexpr, BKG: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
@@ -83,9 +115,10 @@ def decode_combine_kernel(
     Slots: compressed ``[0, S_CMP)``, window ``[S_CMP, S_CMP + S_WIN)``, selected after;
     gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
     the ``acc`` rows are read ``BSX`` slots at a time, so the tile stays small at any
-    split count. The first chunk is loaded with the ``(max, sum)``, not after them:
-    usually it is the only one, and the kernel then waits on memory once. Partials are
-    read with the L2 eviction policy ``DROP``: nothing reads them again."""
+    split count (:func:`_merge_slots`). The first ``S_EARLY`` slots (launch 1's: the compressed
+    splits, and the window's where launch 1 runs them) are merged before the wait for the launch
+    before; the caller passes 0 unless launch 1 is known complete when this launch starts.
+    Partials are read with the L2 eviction policy ``DROP``: nothing reads them again."""
     o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     o_v = tl.arange(0, BV)
     if GATE_PROJ:  # a program's heads share a row: HB divides HQ
@@ -98,24 +131,15 @@ def decode_combine_kernel(
         b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
         b_g_slc = tl.load(gates + o_h * 3 + 1).to(tl.float32)
         b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
+    if S_EARLY > 0:
+        # launch 1's slots are complete before this program starts (see decode_fwd): merged
+        # while the selection programs still run, read through L2 alone
+        b_o = _merge_slots(o_part, m_part, l_part, o_h, 0, S_EARLY, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
+                           V, BS, BSX, BV, DROP, ".cg")  # fmt: skip
+    else:
+        b_o = tl.zeros([HB, BV], tl.float32)
     if PDL:
         gdc_wait()
-    o_s = tl.arange(0, BS)
-    m_s = o_s < S
-    b_m = tl.load(m_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=float("-inf"), eviction_policy=DROP)  # [HB, BS]
-    b_l = tl.load(l_part + o_h[:, None] * S + o_s[None, :], mask=m_s[None, :], other=0.0, eviction_policy=DROP)
-    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, 0, S, V, BSX, BV, DROP)
-    m_cmp = (o_s < S_CMP)[None, :]
-    m_win = ((o_s >= S_CMP) & (o_s < S_CMP + S_WIN))[None, :]
-    m_slc = ((o_s >= S_CMP + S_WIN) & m_s)[None, :]
-    b_ref_cmp, b_ref_win, b_ref_slc = _branch_norm(b_m, m_cmp), _branch_norm(b_m, m_win), _branch_norm(b_m, m_slc)
-    b_sc_cmp = _branch_scale(b_m, b_l, m_cmp, b_ref_cmp, b_g_cmp)
-    b_sc_win = _branch_scale(b_m, b_l, m_win, b_ref_win, b_g_win)
-    b_sc_slc = _branch_scale(b_m, b_l, m_slc, b_ref_slc, b_g_slc)
-    b_o = _gated_chunk(b_mx0, b_acc0, 0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
-                       b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
-    for s0 in range(BSX, S, BSX):
-        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, S, V, BSX, BV, DROP)
-        b_o += _gated_chunk(b_mx, b_acc, s0, S, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
-                            b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
+    b_o += _merge_slots(o_part, m_part, l_part, o_h, S_EARLY, S, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
+                        V, BS, BSX, BV, DROP, "")  # fmt: skip
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)

@@ -221,6 +221,7 @@ def decode_fwd(
     score_mass: Optional[bool] = None,
     score_warps: Optional[int] = None,
     topn_bitonic: bool = True,
+    combine_early: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -248,7 +249,9 @@ def decode_fwd(
     masses instead of its logits, where the geometry allows), ``score_warps`` (warps of a score
     program; :func:`default_score_warps`) and ``topn_bitonic`` (the selection programs rank the
     candidates by one bitonic merge of the score tiles' sorted runs where they fit one tile,
-    instead of rounds).
+    instead of rounds) and ``combine_early`` (the selection programs let the combine launch start
+    only once their wait is over, and the combine merges the compressed launch's partials before
+    its own wait; with PDL).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -424,6 +427,13 @@ def decode_fwd(
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
+    if combine_early is None:
+        combine_early = True
+    # the combine merges launch 1's slots (the compressed splits, and the window's where launch 1
+    # runs them) before its wait: the selection programs let it start only once they have waited
+    # for the score launch, whose programs all waited for launch 1 (without PDL every launch
+    # starts after the one before it ends)
+    early_slots = (s_cmp + (0 if window_in_selected else s_win)) if combine_early else 0
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
@@ -443,7 +453,7 @@ def decode_fwd(
         SEL_BLOCK=sel_block, N=n, NP=NP, SB=sb, BJ=BJ, TJ=tj, ONE_TILE=one_tile,
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
-        RANKED=ranked, BITONIC=topn_bitonic, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
+        RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
         **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
@@ -455,7 +465,7 @@ def decode_fwd(
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gate_x, o, gate_w if gate_proj else gate_x, gate_b if gate_b is not None else gate_x,  #
-        s_cmp, s_win, S, HQ, hidden, gate_x.stride(0),  #
+        s_cmp, s_win, S, early_slots, HQ, hidden, gate_x.stride(0),  #
         V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
         GATE_PROJ=gate_proj, BKG=min(512, next_power_of_2(max(hidden, 1))), HAS_BIAS=gate_b is not None,
         **after_combine, **LAUNCH_OPTIONS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from nsa.ops.decode.tiles import (
     attend_range,
@@ -58,7 +58,7 @@ def decode_selected_fwd_kernel(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
-    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr,
+    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -66,12 +66,20 @@ def decode_selected_fwd_kernel(
 
     With ``WIN``, programs ``S_SLC .. S_SLC + S_WIN - 1`` of a row-group are the window's
     splits instead (slots from ``WIN_SLOT0``): they need nothing from the launches before,
-    so they do not wait for them, and their reads overlap the selection programs' top-n."""
-    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
+    so they do not wait for them, and their reads overlap the selection programs' top-n.
+
+    With ``PDL`` every program lets the next launch start (``gdc_launch_dependents``) as it
+    begins, or with ``LATE_TRIGGER`` the selection programs only once their wait for the score
+    launch is over: the combine launch then starts after launch 1 has completed (the score
+    launch's programs all waited for it), and merges launch 1's partials before its own wait."""
+    TRIGGER_FIRST: tl.constexpr = PDL and not LATE_TRIGGER
+    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, TRIGGER_FIRST)
     i_rh = tl.program_id(1)
     # a window split only where WIN; without it the window path is not compiled at all
     is_window = i_s >= S_SLC if WIN else False
     if is_window:
+        if PDL and LATE_TRIGGER:
+            gdc_launch_dependents()
         lo, hi = window_split(pos, i_s - S_SLC, S_WIN, WINDOW)
         b_m = tl.full([BG], float("-inf"), tl.float32)
         b_l = tl.zeros([BG], tl.float32)
@@ -85,7 +93,7 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, LATE_TRIGGER)  # fmt: skip
 
 
 @triton.jit
@@ -97,7 +105,7 @@ def _selected_program(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
-    RANKED: tl.constexpr, BITONIC: tl.constexpr,
+    RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -106,6 +114,8 @@ def _selected_program(
     own = pos // SEL_BLOCK
     if PDL:
         gdc_wait()
+        if LATE_TRIGGER:
+            gdc_launch_dependents()
     # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
     o_sb = i_s * SB + tl.arange(0, SB)
     p_idx = block_idx + i_rh.to(tl.int64) * N
