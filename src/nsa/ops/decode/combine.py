@@ -133,9 +133,10 @@ def decode_combine_kernel(
         b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
     if S_EARLY > 0:
         # launch 1's slots are complete before this program starts (see decode_fwd): merged
-        # while the selection programs still run, read through L2 alone
+        # while the selection programs still run, read through L2 alone (ptxas takes no
+        # eviction policy with .cg)
         b_o = _merge_slots(o_part, m_part, l_part, o_h, 0, S_EARLY, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
-                           V, BS, BSX, BV, DROP, ".cg")  # fmt: skip
+                           V, BS, BSX, BV, "", ".cg")  # fmt: skip
     else:
         b_o = tl.zeros([HB, BV], tl.float32)
     if PDL:
