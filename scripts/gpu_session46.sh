@@ -26,12 +26,14 @@
 #                                             # named after REV, as one tar), then decode steps of ab_base/src (git
 #                                             # archive of the tree before) and of this one in turn, three times;
 #                                             # the kernels' spans inside a replay at batch 1 and 16, 64k
+#   bash scripts/gpu_session46.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
+#                                             # points of the H200's pytest-benchmark baseline saved again
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV}"
+step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | table}"
 device_line
 case "$step" in
 owned)
@@ -65,6 +67,9 @@ early)
     AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds early_ab 3 120 base new
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 2>&1 \
         | tee "$OUT/decode_timeline_early_h200.md" | tail -12
+    ;;
+table)
+    decode_table_and_baseline h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
