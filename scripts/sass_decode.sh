@@ -41,7 +41,7 @@ selected)
         m_part=*fp32 l_part=*fp32 $(strides s_qr s_qh s_kb s_kt s_kh s_vb s_vt s_vh s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 NCAND=i32/16 SLOT0=i32 S=i32 S_SLC=i32 S_WIN=i32 WIN_SLOT0=i32/16 TQ=1 H=4 G=16 K=128 V=128
         SEL_BLOCK=64 N=16 NP=16 BJ=32 BG=16 BK=128 BV=128 BC=64 TJ=512 ONE_TILE=True PREC=tf32 PDL=True PER_ROUND=4
-        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True
+        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True LATE_TRIGGER=True
         $per_batch num_warps=4 num_stages=3"
     ;;
 cmp)
