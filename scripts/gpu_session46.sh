@@ -4,7 +4,8 @@
 # stages) before reading its one block. With `tile_owned` there is one selection program per score
 # tile instead: it ranks its own candidates against all of them (how many keys are larger, one
 # [16, 512] comparison and a sum) and attends over those of rank below n, one partial per block in
-# the slot of its rank; the combine launch sorts block_idx.
+# the slot of its rank; the combine launch sorts block_idx. It was slower and is not in the tree:
+# the steps `owned` and `owned2` need docs/perf/attempts/decode_tile_owned_selection.patch applied.
 #
 #   bash scripts/gpu_session46.sh owned       # the decode kernel tests with "tile" in their name on the
 #                                             # GPU; batch 1 at 8k-64k and batch 16 at 8k and 64k with
