@@ -27,6 +27,11 @@
 #                                             # named after REV, as one tar), then decode steps of ab_base/src (git
 #                                             # archive of the tree before) and of this one in turn, three times;
 #                                             # the kernels' spans inside a replay at batch 1 and 16, 64k
+#   bash scripts/gpu_session46.sh narrow REV  # the combine's two parts each in a tile of its own width (at batch 1,
+#                                             # 64k: 16 slots after the wait in a tile of 16, not 64): the decode
+#                                             # kernels' GPU tests (report named after REV, as one tar), decode steps
+#                                             # of ab_base/src (the tree before) and of this one in turn, three times;
+#                                             # then 4 and 8 heads a combine program at batch 1 on this tree
 #   bash scripts/gpu_session46.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #
@@ -34,7 +39,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | table}"
+step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | narrow REV | table}"
 device_line
 case "$step" in
 owned)
@@ -68,6 +73,13 @@ early)
     AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds early_ab 3 120 base new
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 2>&1 \
         | tee "$OUT/decode_timeline_early_h200.md" | tail -12
+    ;;
+narrow)
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
+    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py
+    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds narrow_ab 3 120 base new
+    variant_rounds narrow_b1_heads 1 65536 "8192 65536" 200 '{"combine_heads": 4}' '{"combine_heads": 8}'
     ;;
 table)
     decode_table_and_baseline h200

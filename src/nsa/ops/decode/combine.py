@@ -103,7 +103,8 @@ def _merge_slots(o_part, m_part, l_part, o_h, lo, hi, S, S_CMP, S_WIN, b_g_cmp, 
 def decode_combine_kernel(
     o_part, m_part, l_part, gates, o, gate_w, gate_b,  #
     S_CMP, S_WIN, S, S_EARLY, HQ, HIDDEN, stride_gx,  #
-    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
+    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BSE: tl.constexpr, BSXE: tl.constexpr,
+    BV: tl.constexpr, PDL: tl.constexpr,
     DROP: tl.constexpr, GATE_PROJ: tl.constexpr, BKG: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
@@ -115,7 +116,8 @@ def decode_combine_kernel(
     Slots: compressed ``[0, S_CMP)``, window ``[S_CMP, S_CMP + S_WIN)``, selected after;
     gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
     the ``acc`` rows are read ``BSX`` slots at a time, so the tile stays small at any
-    split count (:func:`_merge_slots`). The first ``S_EARLY`` slots (launch 1's: the compressed
+    split count (:func:`_merge_slots`; ``BS``/``BSX`` cover the slots after ``S_EARLY``,
+    ``BSE``/``BSXE`` those before). The first ``S_EARLY`` slots (launch 1's: the compressed
     splits, and the window's where launch 1 runs them) are merged before the wait for the launch
     before; the caller passes 0 unless launch 1 is known complete when this launch starts.
     Partials are read with the L2 eviction policy ``DROP``: nothing reads them again."""
@@ -136,7 +138,7 @@ def decode_combine_kernel(
         # while the selection programs still run, read through L2 alone (ptxas takes no
         # eviction policy with .cg)
         b_o = _merge_slots(o_part, m_part, l_part, o_h, 0, S_EARLY, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
-                           V, BS, BSX, BV, "", ".cg")  # fmt: skip
+                           V, BSE, BSXE, BV, "", ".cg")  # fmt: skip
     else:
         b_o = tl.zeros([HB, BV], tl.float32)
     if PDL:

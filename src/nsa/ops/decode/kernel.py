@@ -466,10 +466,15 @@ def decode_fwd(
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
+    # each part of the combine's slots in a tile of its own width: at batch 1, 64k, the 16 slots
+    # read after the wait in a tile of 16, not of the 64 that all 36 would take
+    chunk = next_pow2(combine_chunk, 2)
+    bs_early, bs_late = next_pow2(max(early_slots, 1), 2), next_pow2(S - early_slots, 2)
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gate_x, o, gate_w if gate_proj else gate_x, gate_b if gate_b is not None else gate_x,  #
         s_cmp, s_win, S, early_slots, HQ, hidden, gate_x.stride(0),  #
-        V=V, HB=hb, BS=next_pow2(S, 2), BSX=min(next_pow2(combine_chunk, 2), next_pow2(S, 2)), BV=next_pow2(V, 2), PDL=pdl, DROP=drop,
+        V=V, HB=hb, BS=bs_late, BSX=min(chunk, bs_late), BSE=bs_early, BSXE=min(chunk, bs_early), BV=next_pow2(V, 2),
+        PDL=pdl, DROP=drop,
         GATE_PROJ=gate_proj, BKG=min(512, next_power_of_2(max(hidden, 1))), HAS_BIAS=gate_b is not None,
         **after_combine, **LAUNCH_OPTIONS,
     )  # fmt: skip
