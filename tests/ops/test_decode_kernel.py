@@ -194,6 +194,31 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
 @pytest.mark.triton
 @pytest.mark.parity
 @pytest.mark.parametrize(
+    "launch",
+    [
+        pytest.param({}, id="parts"),
+        pytest.param({"combine_chunk": 2}, id="parts-in-chunks-of-2"),
+        pytest.param({"combine_early": False}, id="all-after-the-wait"),
+        pytest.param({"window_in_selected": True}, id="window-after-the-wait"),
+    ],
+)
+def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
+    """One row, which does not fill the GPU (nor the interpreter's two SMs): the combine merges
+    the compressed launch's slots (and the window's, where that launch runs it) before its wait
+    and the rest after it, each part in a tile of its own width (9 slots: 5 before, 4 after)."""
+    T, HQ, H = 70, 4, 2
+    q, gates, kv = _sequence(T, HQ, H, 16, 16, SMALL, nsa_device)
+    ref_o, ref_idx = _prefill(q, gates, kv, SMALL)
+    lens = torch.tensor([T], device=nsa_device, dtype=torch.int32)
+    launch = {"window_in_selected": False, **launch}
+    o, idx = _rows_of_one_sequence(q, gates, kv, lens, SMALL, splits=(3, 2, 1), **launch)
+    assert_close("o", o[:, 0], ref_o[0, lens.long() - 1], nsa_tolerance(torch.float32))
+    assert torch.equal(idx[:, 0], ref_idx[0, lens.long() - 1])
+
+
+@pytest.mark.triton
+@pytest.mark.parity
+@pytest.mark.parametrize(
     "config, launch",
     [
         # the query's own block reaches past the length (NaN there) and is read from
