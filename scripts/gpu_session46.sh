@@ -39,14 +39,20 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
+# The decode kernel tests with "tile" in their name, in one process on the GPU: tile_tests NAME
+# writes $OUT/tests_NAME.txt.
+tile_tests() {
+    timeout 200 python -m pytest -q -p no:cacheprovider -m "not benchmark" --gpu-profile auto -rfEs --tb=short \
+        tests/ops/test_decode_kernel.py -k "tile" > "$OUT/tests_$1.txt" 2>&1
+    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
+    tail -3 "$OUT/tests_$1.txt"
+}
+
 step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | narrow REV | table}"
 device_line
 case "$step" in
 owned)
-    timeout 200 python -m pytest -q -p no:cacheprovider -m "not benchmark" --gpu-profile auto -rfEs --tb=short \
-        tests/ops/test_decode_kernel.py -k "tile" > "$OUT/tests_owned.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    tail -3 "$OUT/tests_owned.txt"
+    tile_tests owned
     variant_rounds owned_b1 1 65536 "8192 16384 32768 65536" 400 '{"tile_owned": true}' \
         '{"tile_owned": true, "score_blocks": 64}'
     variant_rounds owned_b16 16 65536 "8192 65536" 300 '{"tile_owned": true}'
@@ -54,10 +60,7 @@ owned)
         2>&1 | tee "$OUT/decode_timeline_owned_h200.md" | tail -12
     ;;
 owned2)
-    timeout 200 python -m pytest -q -p no:cacheprovider -m "not benchmark" --gpu-profile auto -rfEs --tb=short \
-        tests/ops/test_decode_kernel.py -k "tile" > "$OUT/tests_owned2.txt" 2>&1
-    echo "== tests: rc $? after $(( $(date +%s) - start )) s"
-    tail -3 "$OUT/tests_owned2.txt"
+    tile_tests owned2
     variant_rounds owned2_b1 1 65536 "16384 32768 65536" 400 '{"tile_owned": true, "owned_programs": 2}' \
         '{"tile_owned": true, "owned_programs": 4}' '{"tile_owned": true, "owned_programs": 8}'
     ;;
