@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# SASS of the decode op's score, selection and compressed kernels (sm_90a), compiled without a GPU
-# with the launches' own parameters at 64k, HQ 64, H 4, D 128 and the paper's defaults, at batch 1
-# or at batch 16 (where the batch fills an H100/H200: block masses, one-warp score programs, bulk
-# copies, the window's programs in the selection launch). Prints each loop's and the whole
-# kernel's instruction counts and the source lines with the most instructions
-# (scripts/sass_loops.py --by-line). The counts in docs/perf/decode.md (sessions 43 and 44) are
-# from these.
+# SASS of the decode op's score, selection, compressed and combine kernels (sm_90a), compiled
+# without a GPU with the launches' own parameters at 64k, HQ 64, H 4, D 128 and the paper's
+# defaults, at batch 1 or at batch 16 (where the batch fills an H100/H200: block masses, one-warp
+# score programs, bulk copies, the window's programs in the selection launch). Prints each loop's
+# and the whole kernel's instruction counts and the source lines with the most instructions
+# (scripts/sass_loops.py --by-line). The counts in docs/perf/decode.md (sessions 43, 44 and 46)
+# are from these.
 #
-#   bash scripts/sass_decode.sh score|selected|cmp b1|b16 [NAME=VALUE ...]
+#   bash scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]
 #
 # NAME=VALUE pairs override a parameter (e.g. num_warps=2). Use the GPU machine's Triton:
 #   pip install --no-deps --target /tmp/t36 triton==3.6.0; TRITON_PATH=/tmp/t36 (the default)
 # Writes /tmp/sass_decode_KERNEL_BATCH.{ttgir,ptx,cubin,sass}.
 set -euo pipefail
-kernel="${1:?usage: scripts/sass_decode.sh score|selected|cmp b1|b16 [NAME=VALUE ...]}"
-batch="${2:?usage: scripts/sass_decode.sh score|selected|cmp b1|b16 [NAME=VALUE ...]}"
+kernel="${1:?usage: scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]}"
+batch="${2:?usage: scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]}"
 shift 2
 cd "$(dirname "$0")/.."
 case "$batch" in
@@ -57,10 +57,18 @@ cmp)
         CMP_STRIDE=16 WINDOW=512 BG=16 BK=128 BV=128 PREC=tf32 PDL=True WIN_DESC=False KEEP=evict_last SEL_BLOCK=64
         R=4 $per_batch num_warps=4 num_stages=3"
     ;;
-*) echo "kernel: score, selected or cmp, got $kernel" >&2; exit 2 ;;
+combine)
+    # batch 1: 36 slots, 20 merged before the wait (tiles of 32) and 16 after (tiles of 16), 2 heads
+    # a program; batch 16: 12 slots, one tile of 16 for each part, 8 heads a program
+    if [ "$fills" = True ]; then per_batch="HB=8 BS=16 BSX=16 BSE=16 BSXE=16"; else per_batch="HB=2 BS=16 BSX=16 BSE=32 BSXE=32"; fi
+    params="o_part=*fp32 m_part=*fp32 l_part=*fp32 gates=*bf16 o=*bf16 gate_w=*bf16 gate_b=*bf16 S_CMP=i32 S_WIN=i32
+        S=i32 S_EARLY=i32 HQ=i32 HIDDEN=i32 stride_gx=i32 V=128 BV=128 PDL=True DROP=evict_first GATE_PROJ=False BKG=1
+        HAS_BIAS=False $per_batch num_warps=4 num_stages=3"
+    ;;
+*) echo "kernel: score, selected, cmp or combine, got $kernel" >&2; exit 2 ;;
 esac
 declare -A target=([score]=score:decode_score_kernel [selected]=selected:decode_selected_fwd_kernel
-                   [cmp]=compressed_pass:decode_cmp_win_fwd_kernel)
+                   [cmp]=compressed_pass:decode_cmp_win_fwd_kernel [combine]=combine:decode_combine_kernel)
 # shellcheck disable=SC2086 # the parameters are separate words; later NAME=VALUE pairs override earlier ones
 PYTHONPATH="${TRITON_PATH:-/tmp/t36}:src" "${PYTHON:-python}" scripts/sass_loops.py \
     "nsa.ops.decode.${target[$kernel]}" "/tmp/sass_decode_${kernel}_$batch" $params "$@" --by-line 12
