@@ -32,6 +32,7 @@
 #                                             # kernels' GPU tests (report named after REV, as one tar), decode steps
 #                                             # of ab_base/src (the tree before) and of this one in turn, three times;
 #                                             # then 4 and 8 heads a combine program at batch 1 on this tree
+#   bash scripts/gpu_session46.sh timeline    # the kernels' spans inside a replay at batch 1 and 16, 64k
 #   bash scripts/gpu_session46.sh table       # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                             # points of the H200's pytest-benchmark baseline saved again
 #
@@ -48,7 +49,7 @@ tile_tests() {
     tail -3 "$OUT/tests_$1.txt"
 }
 
-step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | narrow REV | table}"
+step="${1:?usage: scripts/gpu_session46.sh owned | owned2 | layout | early REV | narrow REV | timeline | table}"
 device_line
 case "$step" in
 owned)
@@ -83,6 +84,10 @@ narrow)
         tests/test_decode_graph.py
     AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds narrow_ab 3 120 base new
     variant_rounds narrow_b1_heads 1 65536 "8192 65536" 200 '{"combine_heads": 4}' '{"combine_heads": 8}'
+    ;;
+timeline)
+    timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 --replays 9 2>&1 \
+        | tee "$OUT/decode_timeline_h200.md" | tail -12
     ;;
 table)
     decode_table_and_baseline h200
