@@ -196,6 +196,21 @@ def token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDes
 
 
 @triton.jit
+def head_columns(DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Columns of a key row and of a value row padded to ``BK``/``BV``, and their masks
+    (``< DK``, ``< DV``): ``(o_dk, o_dv, m_dk, m_dv)``."""
+    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+    return o_dk, o_dv, o_dk < DK, o_dv < DV
+
+
+@triton.jit
+def kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh):
+    """``k`` and ``v`` (``[B, T, H, D]``, strides ``skb``/``skh``, ``svb``/``svh``) at sequence
+    ``i_b`` and KV head ``i_h``, in 64-bit offsets."""
+    return k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh, v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+
+
+@triton.jit
 def row_offsets(i_b, o_i, o_head, stride_b, stride_t, stride_h):
     """int64 element offsets of rows ``(batch i_b, position o_i, head o_head)`` of a
     ``[B, T, heads, D]`` tensor; 64-bit so that 128k+ tokens never overflow."""

@@ -11,6 +11,8 @@ from nsa.ops._triton.attention import (
     attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
+    head_columns,
+    kv_head_bases,
     load_bwd_rows,
     row_offsets,
     store_scaled,
@@ -45,8 +47,7 @@ def selected_bwd_dq_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     o_i, o_hq, m_g, o_pos, o_rq = query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
         q, do, gate, lse, delta, i_b, o_i, o_hq, m_g, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
@@ -57,8 +58,7 @@ def selected_bwd_dq_kernel(
     b_rank, b_blk, b_who, n_entries = tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
                                                      INIT, LOCAL)
     t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
 
     b_dq = tl.zeros([BQ * GP, BK], dtype=tl.float32)
     for i in range(n_entries):
@@ -120,14 +120,12 @@ def selected_forced_dq_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     o_i, o_hq, m_r, o_pos, o_j, b_list = forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
     b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
         q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
         GATED,
     )
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
     j_lo = (q_offset + i_t * BT) // BS
     j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
 
@@ -175,8 +173,7 @@ def selected_bwd_dkdv_kernel(
         o_c = tl.arange(0, BSP)
         o_s = i_j * BS + o_c  # [BSP] key positions of the block
         m_s = (o_c < BS) & (o_s < TK)
-        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-        m_dk, m_dv = o_dk < DK, o_dv < DV
+        o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
         b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
         b_v = tl.load(v + row_offsets(i_b, o_s, i_h, svb, svt, svh)[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
 

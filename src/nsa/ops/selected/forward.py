@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step, row_offsets
+from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step, head_columns, kv_head_bases, row_offsets
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops.selected.tiles import entry_kv, forced_kv, forced_range, forced_tile, query_tile, tile_selection
 
@@ -35,8 +35,7 @@ def selected_fwd_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     o_i, o_hq, m_g, o_pos, o_rq = query_tile(i_t, i_h, T, q_offset, G, GP, BQ)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_g[:, None] & m_dk[None, :], other=0.0)  # [BQ * GP, BK]
     # keys need a mask only without a local block (the own block is in the list) or past BS;
@@ -45,8 +44,7 @@ def selected_fwd_kernel(
     b_rank, b_blk, b_who, n_entries = tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, BQ, BS,
                                                      INIT, LOCAL)
     t_last = tl.minimum(i_t * BQ + BQ, T) - 1 + q_offset
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
 
     p_o = o + row_offsets(i_b, o_i, o_hq, T * HQ * DV, HQ * DV, DV)[:, None] + o_dv[None, :]
     p_lse = lse + row_offsets(i_b, o_i, o_hq, T * HQ, HQ, 1)
@@ -96,11 +94,9 @@ def selected_forced_fwd_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     o_i, o_hq, m_r, o_pos, o_j, b_list = forced_tile(block_idx, i_b, i_h, i_t, T, q_offset, H, G, GP, BT, N, NP, BS)
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
     b_q = tl.load(q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :], mask=m_r[:, None] & m_dk[None, :], other=0.0)
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
     j_lo = (q_offset + i_t * BT) // BS
     j_hi = (tl.minimum(q_offset + i_t * BT + BT, q_offset + T) - 1) // BS
 

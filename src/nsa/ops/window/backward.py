@@ -10,6 +10,8 @@ from nsa.ops._triton.attention import (
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     attn_bwd_ds,
+    head_columns,
+    kv_head_bases,
     load_bwd_rows,
     load_gate,
     row_offsets,
@@ -76,15 +78,13 @@ def window_bwd_dq_kernel(
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
     o_i, o_hq, m_r, o_pos = tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(
         q, do, gate, lse, delta, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv, m_dk, m_dv, T, HQ,
         GATED,
     )
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
 
     t_hi, first, mid_lo, mid_hi = key_band(i_t, T, q_offset, W, BT, BN)
 
@@ -199,8 +199,7 @@ def window_bwd_dkdv_kernel(
     s0 = i_n * BN
     o_s = s0 + tl.arange(0, BN)
     m_s = o_s < TK
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
     o_ks = row_offsets(i_b, o_s, i_h, skb, skt, skh)
     o_vs = row_offsets(i_b, o_s, i_h, svb, svt, svh)
     b_k = tl.load(k + o_ks[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BN, BK]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step, row_offsets
+from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step, head_columns, kv_head_bases, row_offsets
 from nsa.ops.gates.kernel import gated_sum
 from nsa.ops.window.tiles import band_kv, key_band, tile_rows
 
@@ -57,13 +57,11 @@ def window_fwd_kernel(
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
     o_i, o_hq, m_r, o_pos = tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
-    o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
-    m_dk, m_dv = o_dk < DK, o_dv < DV
+    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     p_q = q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :]
     b_q = tl.load(p_q, mask=m_r[:, None] & m_dk[None, :], other=0.0)  # [BM, BK]
-    p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
-    p_v = v + i_b.to(tl.int64) * svb + i_h.to(tl.int64) * svh
+    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
 
     t_hi, first, mid_lo, mid_hi = key_band(i_t, T, q_offset, W, BT, BN)
 
