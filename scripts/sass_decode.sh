@@ -58,11 +58,15 @@ cmp)
         R=4 $per_batch num_warps=4 num_stages=3"
     ;;
 combine)
-    # batch 1: 36 slots, 20 merged before the wait (tiles of 32) and 16 after (tiles of 16), 2 heads
-    # a program; batch 16: 12 slots, one tile of 16 for each part, 8 heads a program
-    if [ "$fills" = True ]; then per_batch="HB=8 BS=16 BSX=16 BSE=16 BSXE=16"; else per_batch="HB=2 BS=16 BSX=16 BSE=32 BSXE=32"; fi
+    # batch 1: 16 compressed, 4 window and 16 selected slots, the first two branches merged before
+    # the wait, 2 heads a program; batch 16: 6, 2 (the window in the selected launch) and 4, 8 heads
+    if [ "$fills" = True ]; then
+        per_batch="HB=8 BSC=8 BSXC=8 BSW=2 BSXW=2 BSS=4 BSXS=4 WIN_EARLY=False"
+    else
+        per_batch="HB=2 BSC=16 BSXC=16 BSW=4 BSXW=4 BSS=16 BSXS=16 WIN_EARLY=True"
+    fi
     params="o_part=*fp32 m_part=*fp32 l_part=*fp32 gates=*bf16 o=*bf16 gate_w=*bf16 gate_b=*bf16 S_CMP=i32 S_WIN=i32
-        S=i32 S_EARLY=i32 HQ=i32 HIDDEN=i32 stride_gx=i32 V=128 BV=128 PDL=True DROP=evict_first GATE_PROJ=False BKG=1
+        S=i32 HQ=i32 HIDDEN=i32 stride_gx=i32 V=128 BV=128 EARLY=True PDL=True DROP=evict_first GATE_PROJ=False BKG=1
         HAS_BIAS=False $per_batch num_warps=4 num_stages=3"
     ;;
 *) echo "kernel: score, selected, cmp or combine, got $kernel" >&2; exit 2 ;;

@@ -203,9 +203,9 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
     ],
 )
 def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
-    """One row, which does not fill the GPU (nor the interpreter's two SMs): the combine merges
-    the compressed launch's slots (and the window's, where that launch runs it) before its wait
-    and the rest after it, each part in a tile of its own width (9 slots: 5 before, 4 after)."""
+    """One row: the combine merges the compressed launch's branches (the compressed one, and the
+    window where that launch runs it) before its wait and the rest after it, each branch in
+    tiles of its own width (3 compressed, 2 window and 4 selected slots)."""
     T, HQ, H = 70, 4, 2
     q, gates, kv = _sequence(T, HQ, H, 16, 16, SMALL, nsa_device)
     ref_o, ref_idx = _prefill(q, gates, kv, SMALL)

@@ -9,46 +9,60 @@ from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
-def _branch_norm(b_m, m_c):
-    """Max ``[HB]`` (0 when empty) of the slots ``m_c`` of one branch, log2 units."""
-    b_mx = tl.max(tl.where(m_c, b_m, float("-inf")), 1)
-    return tl.where(b_mx == float("-inf"), 0.0, b_mx)
+def _branch_loads(o_part, m_part, l_part, o_h, lo, hi, S, V: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr,
+                  BV: tl.constexpr, DROP: tl.constexpr, CACHE: tl.constexpr):
+    """One branch's slots ``[lo, hi)`` of heads ``o_h`` (rows of ``S`` slots): max and sum
+    ``[HB, BS]`` and the acc of its first ``BSX`` slots ``[HB, BSX, BV]``, all requested at once
+    (usually the first chunk is the only one: the program then waits on memory once)."""
+    o_s = lo + tl.arange(0, BS)
+    m_s = o_s < hi
+    p_s = o_h[:, None] * S + o_s[None, :]
+    b_m = tl.load(m_part + p_s, mask=m_s[None, :], other=float("-inf"), eviction_policy=DROP, cache_modifier=CACHE)
+    b_l = tl.load(l_part + p_s, mask=m_s[None, :], other=0.0, eviction_policy=DROP, cache_modifier=CACHE)
+    b_acc = _load_acc(o_part, o_h, lo, hi, S, V, BSX, BV, DROP, CACHE)
+    return b_m, b_l, b_acc
 
 
 @triton.jit
-def _branch_scale(b_m, b_l, m_c, b_mx, b_g):
-    """``gate / sum`` ``[HB]`` of one branch: a branch with nothing visible (no compressed
-    token yet) has sum 0 and contributes 0."""
-    b_sum = tl.sum(tl.where(m_c, tl.exp2(b_m - b_mx[:, None]) * b_l, 0.0), 1)
-    return tl.where(b_sum > 0, b_g / tl.where(b_sum > 0, b_sum, 1.0), 0.0)
-
-
-@triton.jit
-def _load_acc_chunk(o_part, m_part, o_h, s0, hi, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr,
-                    DROP: tl.constexpr, CACHE: tl.constexpr):
-    """Slots ``[s0, min(s0 + BSX, hi))`` of heads ``o_h`` (rows of ``S`` slots): max ``[HB, BSX]``
-    and acc ``[HB, BSX, BV]``."""
+def _load_acc(o_part, o_h, s0, hi, S, V: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr,
+              CACHE: tl.constexpr):
+    """The acc ``[HB, BSX, BV]`` of slots ``[s0, min(s0 + BSX, hi))``, zero past ``hi``."""
     o_x = s0 + tl.arange(0, BSX)
     o_v = tl.arange(0, BV)
-    m_x = o_x < hi
-    p_x = o_h[:, None] * S + o_x[None, :]  # [HB, BSX]
-    b_mx = tl.load(m_part + p_x, mask=m_x[None, :], other=float("-inf"), eviction_policy=DROP, cache_modifier=CACHE)
-    b_acc = tl.load(o_part + p_x[:, :, None] * V + o_v[None, None, :], mask=m_x[None, :, None] & (o_v[None, None, :] < V), other=0.0,
-                    eviction_policy=DROP, cache_modifier=CACHE)  # fmt: skip
-    return b_mx, b_acc
+    p_x = (o_h[:, None] * S + o_x[None, :])[:, :, None] * V + o_v[None, None, :]
+    return tl.load(o_part + p_x, mask=(o_x < hi)[None, :, None] & (o_v[None, None, :] < V), other=0.0,
+                   eviction_policy=DROP, cache_modifier=CACHE)
 
 
 @triton.jit
-def _gated_chunk(b_mx, b_acc, s0, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc, b_sc_cmp, b_sc_win, b_sc_slc, BSX: tl.constexpr):
-    """``sum_s gate * exp2(m_s - ref) / sum * acc_s`` over one chunk of slots ``[HB, BV]``,
-    each slot scaled by its branch's reference max and ``gate / sum``."""
+def _branch_output(o_part, m_part, o_h, lo, hi, S, b_m, b_l, b_acc, b_g,  #
+                   V: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr,
+                   CACHE: tl.constexpr):
+    """``gate * sum_s exp2(m_s - max) acc_s / sum_s exp2(m_s - max) l_s`` ``[HB, BV]`` of one
+    branch (:func:`_branch_loads`); a branch with nothing visible (sum 0) contributes 0. Past
+    the first chunk the acc is read ``BSX`` slots at a time, with each chunk's max again."""
+    b_mx = tl.max(b_m, 1)
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_w = tl.exp2(b_m - b_mx[:, None])  # [HB, BS], 0 where masked
+    b_sum = tl.sum(b_w * b_l, 1)
+    b_scale = tl.where(b_sum > 0, b_g / tl.where(b_sum > 0, b_sum, 1.0), 0.0)
+    if BSX == BS:
+        b_o = tl.sum(b_w[:, :, None] * b_acc, 1)
+    else:
+        b_o = tl.sum(_chunk_weights(m_part, o_h, lo, hi, S, b_mx, BSX, DROP, CACHE)[:, :, None] * b_acc, 1)
+        for s0 in range(lo + BSX, hi, BSX):
+            b_wc = _chunk_weights(m_part, o_h, s0, hi, S, b_mx, BSX, DROP, CACHE)
+            b_o += tl.sum(b_wc[:, :, None] * _load_acc(o_part, o_h, s0, hi, S, V, BSX, BV, DROP, CACHE), 1)
+    return b_o * b_scale[:, None]
+
+
+@triton.jit
+def _chunk_weights(m_part, o_h, s0, hi, S, b_mx, BSX: tl.constexpr, DROP: tl.constexpr, CACHE: tl.constexpr):
+    """``exp2(m_s - max)`` ``[HB, BSX]`` of slots ``[s0, s0 + BSX)``, 0 past ``hi``."""
     o_x = s0 + tl.arange(0, BSX)
-    is_cmp = (o_x < S_CMP)[None, :]
-    is_win = ((o_x >= S_CMP) & (o_x < S_CMP + S_WIN))[None, :]
-    b_ref = tl.where(is_cmp, b_ref_cmp[:, None], tl.where(is_win, b_ref_win[:, None], b_ref_slc[:, None]))
-    b_scale = tl.where(is_cmp, b_sc_cmp[:, None], tl.where(is_win, b_sc_win[:, None], b_sc_slc[:, None]))
-    b_coef = tl.where((o_x < hi)[None, :], tl.exp2(b_mx - b_ref) * b_scale, 0.0)  # [HB, BSX]
-    return tl.sum(b_coef[:, :, None] * b_acc, 1)
+    b_mc = tl.load(m_part + o_h[:, None] * S + o_x[None, :], mask=(o_x < hi)[None, :], other=float("-inf"),
+                   eviction_policy=DROP, cache_modifier=CACHE)
+    return tl.exp2(b_mc - b_mx[:, None])
 
 
 @triton.jit
@@ -70,41 +84,12 @@ def _projected_gate(x_row, w, b, w_rows, HIDDEN, HB: tl.constexpr, BKG: tl.const
 
 
 @triton.jit
-def _merge_slots(o_part, m_part, l_part, o_h, lo, hi, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,  #
-                 V: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BV: tl.constexpr, DROP: tl.constexpr,
-                 CACHE: tl.constexpr):
-    """The gated output ``[HB, BV]`` of the branches whose slots lie in ``[lo, hi)`` (whole
-    branches; rows of ``S`` slots): each branch's partials merged under its own max and sum.
-    The first chunk of ``acc`` is loaded with the ``(max, sum)``, not after them: usually it is
-    the only one, and the program then waits on memory once."""
-    o_s = lo + tl.arange(0, BS)
-    m_s = o_s < hi
-    p_s = o_h[:, None] * S + o_s[None, :]
-    b_m = tl.load(m_part + p_s, mask=m_s[None, :], other=float("-inf"), eviction_policy=DROP, cache_modifier=CACHE)  # [HB, BS]
-    b_l = tl.load(l_part + p_s, mask=m_s[None, :], other=0.0, eviction_policy=DROP, cache_modifier=CACHE)
-    b_mx0, b_acc0 = _load_acc_chunk(o_part, m_part, o_h, lo, hi, S, V, BSX, BV, DROP, CACHE)
-    m_cmp = ((o_s < S_CMP) & m_s)[None, :]
-    m_win = ((o_s >= S_CMP) & (o_s < S_CMP + S_WIN) & m_s)[None, :]
-    m_slc = ((o_s >= S_CMP + S_WIN) & m_s)[None, :]
-    b_ref_cmp, b_ref_win, b_ref_slc = _branch_norm(b_m, m_cmp), _branch_norm(b_m, m_win), _branch_norm(b_m, m_slc)
-    b_sc_cmp = _branch_scale(b_m, b_l, m_cmp, b_ref_cmp, b_g_cmp)
-    b_sc_win = _branch_scale(b_m, b_l, m_win, b_ref_win, b_g_win)
-    b_sc_slc = _branch_scale(b_m, b_l, m_slc, b_ref_slc, b_g_slc)
-    b_o = _gated_chunk(b_mx0, b_acc0, lo, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
-                       b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
-    for s0 in range(lo + BSX, hi, BSX):
-        b_mx, b_acc = _load_acc_chunk(o_part, m_part, o_h, s0, hi, S, V, BSX, BV, DROP, CACHE)
-        b_o += _gated_chunk(b_mx, b_acc, s0, hi, S_CMP, S_WIN, b_ref_cmp, b_ref_win, b_ref_slc,
-                            b_sc_cmp, b_sc_win, b_sc_slc, BSX)  # fmt: skip
-    return b_o
-
-
-@triton.jit
 def decode_combine_kernel(
     o_part, m_part, l_part, gates, o, gate_w, gate_b,  #
-    S_CMP, S_WIN, S, S_EARLY, HQ, HIDDEN, stride_gx,  #
-    V: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BSX: tl.constexpr, BSE: tl.constexpr, BSXE: tl.constexpr,
-    BV: tl.constexpr, PDL: tl.constexpr,
+    S_CMP, S_WIN, S, HQ, HIDDEN, stride_gx,  #
+    V: tl.constexpr, HB: tl.constexpr, BV: tl.constexpr,  #
+    BSC: tl.constexpr, BSXC: tl.constexpr, BSW: tl.constexpr, BSXW: tl.constexpr, BSS: tl.constexpr, BSXS: tl.constexpr,
+    EARLY: tl.constexpr, WIN_EARLY: tl.constexpr, PDL: tl.constexpr,
     DROP: tl.constexpr, GATE_PROJ: tl.constexpr, BKG: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """Heads ``[i*HB, (i+1)*HB)`` of the flattened ``rows * HQ``: merge each branch's
@@ -114,13 +99,13 @@ def decode_combine_kernel(
     before the wait for the launch before (nothing of it comes from there).
 
     Slots: compressed ``[0, S_CMP)``, window ``[S_CMP, S_CMP + S_WIN)``, selected after;
-    gates (cmp, slc, win). The ``(max, sum)`` of every slot fit in registers at once;
-    the ``acc`` rows are read ``BSX`` slots at a time, so the tile stays small at any
-    split count (:func:`_merge_slots`; ``BS``/``BSX`` cover the slots after ``S_EARLY``,
-    ``BSE``/``BSXE`` those before). The first ``S_EARLY`` slots (launch 1's: the compressed
-    splits, and the window's where launch 1 runs them) are merged before the wait for the launch
-    before; the caller passes 0 unless launch 1 is known complete when this launch starts.
-    Partials are read with the L2 eviction policy ``DROP``: nothing reads them again."""
+    gates (cmp, slc, win). Each branch is merged under its own max and sum in tiles of its own
+    width (``BSC``, ``BSW``, ``BSS`` slots for the max and sum, the acc ``BSXC``, ``BSXW``,
+    ``BSXS`` at a time). With ``EARLY`` launch 1's branches (the compressed one, and the window
+    with ``WIN_EARLY``) are merged before the wait for the launch before: the caller sets it only
+    where launch 1 is complete when this launch starts (see ``decode_fwd``); they are then read
+    through L2 alone. Every branch after the wait is requested before any is merged. Partials
+    are read with the L2 eviction policy ``DROP``: nothing reads them again."""
     o_h = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     o_v = tl.arange(0, BV)
     if GATE_PROJ:  # a program's heads share a row: HB divides HQ
@@ -133,16 +118,29 @@ def decode_combine_kernel(
         b_g_cmp = tl.load(gates + o_h * 3).to(tl.float32)
         b_g_slc = tl.load(gates + o_h * 3 + 1).to(tl.float32)
         b_g_win = tl.load(gates + o_h * 3 + 2).to(tl.float32)
-    if S_EARLY > 0:
-        # launch 1's slots are complete before this program starts (see decode_fwd): merged
-        # while the selection programs still run, read through L2 alone (ptxas takes no
-        # eviction policy with .cg)
-        b_o = _merge_slots(o_part, m_part, l_part, o_h, 0, S_EARLY, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
-                           V, BSE, BSXE, BV, "", ".cg")  # fmt: skip
-    else:
-        b_o = tl.zeros([HB, BV], tl.float32)
+    CMP_LATE: tl.constexpr = not EARLY
+    WIN_LATE: tl.constexpr = not (EARLY and WIN_EARLY)
+    lo_w, lo_s = S_CMP, S_CMP + S_WIN
+    b_o = tl.zeros([HB, BV], tl.float32)
+    if EARLY:
+        # launch 1 is complete: its branches merged while the selection programs still run,
+        # read through L2 alone (ptxas takes no eviction policy with .cg)
+        c_m, c_l, c_a = _branch_loads(o_part, m_part, l_part, o_h, 0, S_CMP, S, V, BSC, BSXC, BV, "", ".cg")
+        if WIN_EARLY:
+            w_m, w_l, w_a = _branch_loads(o_part, m_part, l_part, o_h, lo_w, lo_s, S, V, BSW, BSXW, BV, "", ".cg")
+        b_o += _branch_output(o_part, m_part, o_h, 0, S_CMP, S, c_m, c_l, c_a, b_g_cmp, V, BSC, BSXC, BV, "", ".cg")
+        if WIN_EARLY:
+            b_o += _branch_output(o_part, m_part, o_h, lo_w, lo_s, S, w_m, w_l, w_a, b_g_win, V, BSW, BSXW, BV, "", ".cg")
     if PDL:
         gdc_wait()
-    b_o += _merge_slots(o_part, m_part, l_part, o_h, S_EARLY, S, S, S_CMP, S_WIN, b_g_cmp, b_g_slc, b_g_win,
-                        V, BS, BSX, BV, DROP, "")  # fmt: skip
+    if CMP_LATE:
+        c_m, c_l, c_a = _branch_loads(o_part, m_part, l_part, o_h, 0, S_CMP, S, V, BSC, BSXC, BV, DROP, "")
+    if WIN_LATE:
+        w_m, w_l, w_a = _branch_loads(o_part, m_part, l_part, o_h, lo_w, lo_s, S, V, BSW, BSXW, BV, DROP, "")
+    s_m, s_l, s_a = _branch_loads(o_part, m_part, l_part, o_h, lo_s, S, S, V, BSS, BSXS, BV, DROP, "")
+    if CMP_LATE:
+        b_o += _branch_output(o_part, m_part, o_h, 0, S_CMP, S, c_m, c_l, c_a, b_g_cmp, V, BSC, BSXC, BV, DROP, "")
+    if WIN_LATE:
+        b_o += _branch_output(o_part, m_part, o_h, lo_w, lo_s, S, w_m, w_l, w_a, b_g_win, V, BSW, BSXW, BV, DROP, "")
+    b_o += _branch_output(o_part, m_part, o_h, lo_s, S, S, s_m, s_l, s_a, b_g_slc, V, BSS, BSXS, BV, DROP, "")
     tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)

@@ -432,11 +432,10 @@ def decode_fwd(
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
-    # the combine merges launch 1's slots (the compressed splits, and the window's where launch 1
-    # runs them) before its wait: the selection programs let it start only once they have waited
-    # for the score launch, whose programs all waited for launch 1 (without PDL every launch
-    # starts after the one before it ends)
-    early_slots = (s_cmp + (0 if window_in_selected else s_win)) if combine_early else 0
+    # with combine_early the combine merges launch 1's branches (the compressed one, and the
+    # window where launch 1 runs it) before its wait: the selection programs let it start only
+    # once they have waited for the score launch, whose programs all waited for launch 1
+    # (without PDL every launch starts after the one before it ends)
     sel_block = config.sel_block
     if sel_desc is None:
         sel_desc = on_gpu and bulk_copies_supported(q.device) and fills
@@ -466,18 +465,17 @@ def decode_fwd(
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
-    # while the batch does not fill the GPU, each part of the combine's slots in a tile of its own
-    # width: at batch 1, 64k, the 16 slots read after the wait in a tile of 16, not of the 64 that
-    # all 36 take (H200, the two trees in turn three times: 20.6-21.1 against 21.4 us; 8k within
-    # noise); at batch 16 and 32 (12 and 6 slots) within noise or up to 0.5 us slower
+    # each branch in tiles of its own width (at batch 1, 64k: 16, 4 and 16 slots, where one tile
+    # of all 36 slots takes 64)
     chunk = next_pow2(combine_chunk, 2)
-    bs_early = bs_late = next_pow2(S, 2)
-    if not fills:
-        bs_early, bs_late = next_pow2(max(early_slots, 1), 2), next_pow2(S - early_slots, 2)
+    widths = {}
+    for name, slots in (("C", s_cmp), ("W", s_win), ("S", S - s_cmp - s_win)):
+        widths[f"BS{name}"] = next_pow2(max(slots, 1), 2)
+        widths[f"BSX{name}"] = min(chunk, widths[f"BS{name}"])
     decode_combine_kernel[(rows * HQ // hb,)](
         o_part, m_part, l_part, gate_x, o, gate_w if gate_proj else gate_x, gate_b if gate_b is not None else gate_x,  #
-        s_cmp, s_win, S, early_slots, HQ, hidden, gate_x.stride(0),  #
-        V=V, HB=hb, BS=bs_late, BSX=min(chunk, bs_late), BSE=bs_early, BSXE=min(chunk, bs_early), BV=next_pow2(V, 2),
+        s_cmp, s_win, S, HQ, hidden, gate_x.stride(0),  #
+        V=V, HB=hb, BV=next_pow2(V, 2), **widths, EARLY=combine_early, WIN_EARLY=not window_in_selected,
         PDL=pdl, DROP=drop,
         GATE_PROJ=gate_proj, BKG=min(512, next_power_of_2(max(hidden, 1))), HAS_BIAS=gate_b is not None,
         **after_combine, **LAUNCH_OPTIONS,
