@@ -9,6 +9,15 @@
 #                                               # as one tar), decode steps of ab_base/src (git archive
 #                                               # of main's src) and of this tree in turn, three times;
 #                                               # the kernels' spans inside a replay at batch 1 and 16, 64k
+#   bash scripts/gpu_session47.sh probe         # probe kernels over the batch-16 compressed pass's bytes
+#                                               # (gpu_cmp_stream_probe.py: copies alone, dots, softmax,
+#                                               # block masses) beside the library's kernels, 64k
+#   bash scripts/gpu_session47.sh topn REV      # the last score program of each (row, KV group) merges the
+#                                               # candidates once (topn_in_score, the default once the batch
+#                                               # fills the GPU): the decode kernels' GPU tests (report named
+#                                               # after REV, as one tar), decode steps of ab_base/src and of
+#                                               # this tree in turn, three times; batch 1 with it on; the
+#                                               # kernels' spans inside a replay at batch 16, 64k
 #   bash scripts/gpu_session47.sh table         # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                               # points of the H200's pytest-benchmark baseline saved again
 #
@@ -16,7 +25,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session47.sh branches REV | table}"
+step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | table}"
 device_line
 case "$step" in
 branches)
@@ -26,6 +35,18 @@ branches)
     AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds branches_ab 3 120 base new
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_branches_h200.md" | tail -12
+    ;;
+topn)
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
+    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py
+    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds topn_ab 3 120 base new
+    variant_rounds topn_b1 1 65536 "8192 65536" 150 '{"topn_in_score": true}'
+    timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
+        | tee "$OUT/decode_timeline_topn_h200.md" | tail -6
+    ;;
+probe)
+    timeout 300 python scripts/gpu_cmp_stream_probe.py 2>&1 | tee "$OUT/cmp_stream_probe_h200.md" | tail -40
     ;;
 table)
     decode_table_and_baseline h200
