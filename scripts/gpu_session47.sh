@@ -12,7 +12,8 @@
 #   bash scripts/gpu_session47.sh probe         # probe kernels over the batch-16 compressed pass's bytes
 #                                               # (gpu_cmp_stream_probe.py: copies alone, dots, softmax,
 #                                               # block masses) beside the library's kernels, 64k
-#   bash scripts/gpu_session47.sh topn REV      # the last score program of each (row, KV group) merges the
+#   bash scripts/gpu_session47.sh topn REV      # (needs docs/perf/attempts/decode_topn_in_score.patch, dropped)
+#                                               # the last score program of each (row, KV group) merges the
 #                                               # candidates once (topn_in_score, the default once the batch
 #                                               # fills the GPU): the decode kernels' GPU tests (report named
 #                                               # after REV, as one tar), decode steps of ab_base/src and of
