@@ -19,6 +19,11 @@
 #                                               # after REV, as one tar), decode steps of ab_base/src and of
 #                                               # this tree in turn, three times; batch 1 with it on; the
 #                                               # kernels' spans inside a replay at batch 16, 64k
+#   bash scripts/gpu_session47.sh b1            # batch 1 at 32k and 64k: more compressed or window splits (their
+#                                               # partials are now merged before the combine's wait, beside the
+#                                               # selection programs) and 1 or 4 heads a combine program
+#   bash scripts/gpu_session47.sh b1short       # batch 1 at 8k, 16k and 32k: 16 compressed splits, 8 window
+#                                               # splits, both (the default takes 8 and 4 up to 32k)
 #   bash scripts/gpu_session47.sh table         # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                               # points of the H200's pytest-benchmark baseline saved again
 #
@@ -26,7 +31,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | table}"
+step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | b1 | b1short | table}"
 device_line
 case "$step" in
 branches)
@@ -45,6 +50,14 @@ topn)
     variant_rounds topn_b1 1 65536 "8192 65536" 150 '{"topn_in_score": true}'
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_topn_h200.md" | tail -6
+    ;;
+b1)
+    variant_rounds b1_splits 1 65536 "32768 65536" 300 '{"splits": [32, 4, 1]}' '{"splits": [24, 4, 1]}' \
+        '{"splits": [32, 8, 1]}' '{"splits": [16, 8, 1]}' '{"combine_heads": 4}' '{"combine_heads": 1}'
+    ;;
+b1short)
+    variant_rounds b1_short 1 32768 "8192 16384 32768" 300 '{"splits": [16, 4, 1]}' '{"splits": [8, 8, 1]}' \
+        '{"splits": [16, 8, 1]}'
     ;;
 probe)
     timeout 300 python scripts/gpu_cmp_stream_probe.py 2>&1 | tee "$OUT/cmp_stream_probe_h200.md" | tail -40

@@ -611,7 +611,7 @@ def test_score_warps_by_launch_size(monkeypatch):
 
 def test_default_splits_by_batch(monkeypatch):
     """132 SMs, paper defaults, 64k: batch 1 hides latency with many short compressed splits
-    and one block per selected program; batch 16 fills the GPU, so the compressed launch is
+    and one block per selected program (at 16k also short window splits); batch 16 fills the GPU, so the compressed launch is
     one wave of 3 programs per SM in 3 stages and the window joins the selected launch (the
     measurements in ``default_splits``, ``fill_cmp_wave`` and ``fill_selected_split``). Past 3 *
     132 (row, group) pairs one split each no longer fits that wave, and the launch takes 4
@@ -624,6 +624,10 @@ def test_default_splits_by_batch(monkeypatch):
     config, cpu = NSAConfig(), torch.device("cpu")
     nc_cap = config.num_cmp(65536)
     assert kernel.default_splits(1 * 4, nc_cap, config, cpu) == (16, 4, 1)
+    # shorter caches at batch 1: 16 compressed splits from 16k, the window's in 64-token splits
+    # where the compressed ones are that short (16k); 8k keeps 8 and 4
+    shorter = {context: kernel.default_splits(4, config.num_cmp(context), config, cpu) for context in (8192, 16384, 32768)}
+    assert shorter == {8192: (8, 4, 1), 16384: (16, 8, 1), 32768: (16, 4, 1)}
     assert kernel.default_splits(16 * 4, nc_cap, config, cpu) == (6, 2, 4)
     assert kernel.default_splits(32 * 4, nc_cap, config, cpu) == (3, 1, 8)
     assert kernel.default_splits(64 * 4, nc_cap, config, cpu) == (1, 1, 8)

@@ -146,6 +146,16 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     instead of 4 programs per group in all; H200). The window takes ~128-token splits
     and each selected program one block.
 
+    Since session 47, at least 16 compressed splits past 512 compressed tokens, and window
+    splits of 64 tokens where the compressed ones are that short. The combine launch merges the
+    compressed partials before it waits for the selected launch (session 46), so more of them
+    cost less than they did; at 16k the window's 128-token splits were then the longest
+    programs of launch 1. On an H200 at batch 1, us, twice each: 32k, (16, 4, 1) 18.2-18.4 and
+    (16, 8, 1) 18.0-18.3 against the former (8, 4, 1) 19.4-19.6; 16k, (16, 8, 1) 16.7-16.9
+    against (8, 4, 1) 17.3, (16, 4, 1) 17.4-17.6 and (8, 8, 1) 17.2-17.3; 64k, (16, 8, 1)
+    20.7-20.8 against (16, 4, 1) 20.6-20.7, 32 or 24 compressed splits 22.3-24.1; 8k unchanged
+    ((16, 4, 1) 16.2-16.4 against 16.1-16.4, (16, 8, 1) 16.4-16.7).
+
     Once the batch alone fills the GPU, the window runs in the selected launch
     (``window_in_selected``) and the compressed launch is one wave: as many splits as
     :func:`fill_cmp_wave`'s programs per SM allow (3 in 3 pipeline stages, or 4 in 2), with
@@ -161,8 +171,14 @@ def default_splits(rows_groups: int, nc_cap: int, config: NSAConfig, device: tor
     if _batch_fills_gpu(rows_groups, config, device):
         per_sm, _ = fill_cmp_wave(rows_groups, device)
         return (max(1, per_sm * sms // rows_groups),) + fill_selected_split(rows_groups, config, device)
-    s_cmp = max(1, min(cdiv(4 * sms, rows_groups), max(cdiv(nc_cap, 256), 8)))
-    return s_cmp, max(1, cdiv(config.window, 128)), 1
+    # past 512 compressed tokens (from 16k at the defaults) at least 16 splits, whose partials
+    # are merged beside the selection programs since session 46, and window splits no longer
+    # than the compressed ones, down to 64 tokens (launch 1 waits for its longest program);
+    # 8k measured no faster either way (see the docstring)
+    long_cache = nc_cap > 512
+    s_cmp = max(1, min(cdiv(4 * sms, rows_groups), max(cdiv(nc_cap, 256), 16 if long_cache else 8)))
+    win_tokens = 64 if long_cache and cdiv(nc_cap, s_cmp) <= 64 else 128
+    return s_cmp, max(1, cdiv(config.window, win_tokens)), 1
 
 
 def default_score_warps(programs: int, device: torch.device) -> int:
