@@ -24,6 +24,10 @@
 #                                               # selection programs) and 1 or 4 heads a combine program
 #   bash scripts/gpu_session47.sh b1short       # batch 1 at 8k, 16k and 32k: 16 compressed splits, 8 window
 #                                               # splits, both (the default takes 8 and 4 up to 32k)
+#   bash scripts/gpu_session47.sh splits REV    # after the batch-1 split rule: the decode kernels' GPU tests
+#                                               # (report named after REV, as one tar), decode steps of
+#                                               # ab_base/src and of this tree in turn at batch 1, 8k-64k,
+#                                               # three times, then the table (as `table`)
 #   bash scripts/gpu_session47.sh table         # the decode table at batch 1, 16, 32 and 64 and the decode
 #                                               # points of the H200's pytest-benchmark baseline saved again
 #
@@ -31,7 +35,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | b1 | b1short | table}"
+step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | b1 | b1short | splits REV | table}"
 device_line
 case "$step" in
 branches)
@@ -61,6 +65,13 @@ b1short)
     ;;
 probe)
     timeout 300 python scripts/gpu_cmp_stream_probe.py 2>&1 | tee "$OUT/cmp_stream_probe_h200.md" | tail -40
+    ;;
+splits)
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
+    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py
+    AB_POINTS="1:8192 1:16384 1:32768 1:65536" ab_rounds splits_ab 3 120 base new
+    decode_table_and_baseline h200
     ;;
 table)
     decode_table_and_baseline h200
