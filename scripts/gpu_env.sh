@@ -204,6 +204,18 @@ variant_rounds() {
     grep -E "^- B=|^Launch|variant" "$OUT/decode_${name}_h200.md" | sed 's/ (cmp_win_fwd/ (cmp/'
 }
 
+# The A/B of a decode change (session 47's form): the given tests on this tree (at most 150 s, the
+# report named after REV, as one tar), then decode steps of ab_base/src (a git archive of the tree
+# before) and of this one in turn, three times, at $AB_POINTS, rows in $OUT/decode_NAME_h200.md:
+#   decode_ab NAME REV TEST...
+decode_ab() {
+    local name="$1" rev="${2:?decode_ab needs the commit to name the report after}"
+    shift 2
+    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; return 2; }
+    reported_tests 150 "$rev" "$@"
+    ab_rounds "$name" 3 120 base new || true  # its status is its last grep's: the rows are the result
+}
+
 # Decode steps (scripts/gpu_decode_ab.py) of each side in turn, ROUNDS times, the rows appended to
 # $OUT/decode_NAME_h200.md: side "new" is this tree, any other the folder ab_SIDE/src (a git archive
 # of that tree's src/; sessions 43 and 44). $AB_POINTS, where set, replaces the script's points

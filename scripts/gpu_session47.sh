@@ -39,18 +39,14 @@ step="${1:?usage: scripts/gpu_session47.sh branches REV | probe | topn REV | b1 
 device_line
 case "$step" in
 branches)
-    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
-    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
-        tests/test_decode_graph.py
-    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds branches_ab 3 120 base new
+    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" decode_ab branches_ab "${2:-}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py || exit 2
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 1 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_branches_h200.md" | tail -12
     ;;
 topn)
-    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
-    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
-        tests/test_decode_graph.py
-    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" ab_rounds topn_ab 3 120 base new
+    AB_POINTS="1:8192 1:65536 16:8192 16:65536 32:65536" decode_ab topn_ab "${2:-}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py || exit 2
     variant_rounds topn_b1 1 65536 "8192 65536" 150 '{"topn_in_score": true}'
     timeout 120 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_topn_h200.md" | tail -6
@@ -67,10 +63,8 @@ probe)
     timeout 300 python scripts/gpu_cmp_stream_probe.py 2>&1 | tee "$OUT/cmp_stream_probe_h200.md" | tail -40
     ;;
 splits)
-    [ -d ab_base/src/nsa ] || { echo "no ab_base/src (git archive of the tree before)" >&2; exit 2; }
-    reported_tests 150 "${2:?the commit to name the report after}" tests/ops/test_decode_kernel.py \
-        tests/test_decode_graph.py
-    AB_POINTS="1:8192 1:16384 1:32768 1:65536" ab_rounds splits_ab 3 120 base new
+    AB_POINTS="1:8192 1:16384 1:32768 1:65536" decode_ab splits_ab "${2:-}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py || exit 2
     decode_table_and_baseline h200
     ;;
 table)
