@@ -15,11 +15,15 @@ same grid, tiles and copies, each doing a little more of the pass's work per til
   as ``[B, T*H, 1, D]``: each tile is whole 1-KiB token rows, contiguous, where the library's
   tiles are one head's 256 bytes of each token, 1 KiB apart.
 
-Then the library's compressed kernel itself (eager, PDL off, from the profiler) and a copy of
-the same bytes by PyTorch. Each probe is checked against PyTorch (``stream`` against the sums
-of the tiles, ``softmax`` against each split's softmax partials). Times are means of 50
-back-to-back launches after a warm-up (134 MB is over twice the L2, so each launch reads from
-memory), in us, with the rate of the 134 MB read.
+Then the library's decode kernels themselves (eager, PDL off, from the profiler) and a copy of
+the same bytes by PyTorch. ``stream`` and ``stream_rows`` are checked against PyTorch's sums of
+the tiles and ``softmax`` against each split's softmax partials (``dots`` and ``masses``, whose
+outputs only keep the work alive, show "-"). Times are means of 50 back-to-back launches after a
+warm-up (134 MB is over twice the L2, so each launch reads from memory), every probe once a
+round, in several rounds; in us, with the rate of the 134 MB read, and the probe kernel's own time
+from the profiler (as the library's kernels are given). The probes hold fewer registers and less
+shared memory than the library's kernel, so an SM may take more of them than its 3 (the table
+gives how many).
 
 Usage: ``python scripts/gpu_cmp_stream_probe.py [--batch 16] [--context 65536] [--rounds 5]``; prints markdown.
 """
