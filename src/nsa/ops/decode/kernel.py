@@ -302,7 +302,9 @@ def decode_fwd(
     but 27.6 against 24.4 at 64k, whose 36 slots make the tile of 4 heads too large; 2 there,
     23.9 us. Hence as many heads (8, 4, 2 or 1; 8 since session 45, batch 16 at 8k 38.6-38.8
     against 39.0-39.1 us on an H200) as keep heads x slots (rounded up to a power of two)
-    within 128.
+    within 128. Since session 47 each branch has a tile of its own width, so that bound no longer
+    sizes a tile; the rule stays as measured: at batch 1 on an H200, 1, 2 (the rule's) and 4 heads
+    took the same time (32k 19.4-19.6 us, 64k 20.6-20.8).
     ``window_in_selected`` once the batch fills the GPU (see :func:`default_splits`), and at
     batch 1 for caches of at most 128 blocks (8k), whose compressed splits are a few tiles
     each: there the compressed launch shrinks (3.2 against 4.2 us) and the window's programs
@@ -475,8 +477,9 @@ def decode_fwd(
         **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
-        # up to 8 heads a program while its (head, slot) tile stays within 128 rows (see above):
-        # batch 1 (36 slots, padded to 64) takes 2, batch 16 (12 slots) 8
+        # up to 8 heads a program while heads x all slots stays within 128 (see above; measured
+        # with one tile of all slots, and no worse since): batch 1 (36 slots, padded to 64) takes
+        # 2, batch 16 (12 slots) 8
         combine_heads = next(hb for hb in (8, 4, 2, 1) if (HQ % hb == 0 and hb * next_pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
