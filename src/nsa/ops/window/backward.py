@@ -17,7 +17,7 @@ from nsa.ops._triton.attention import (
     row_offsets,
     store_scaled,
 )
-from nsa.ops.window.tiles import band, band_kv, key_band, tile_rows
+from nsa.ops.window.tiles import band, band_kv, key_band, query_tile_program, tile_rows
 
 
 @triton.jit
@@ -73,11 +73,9 @@ def window_bwd_dq_kernel(
     ``FORCED`` (:func:`~nsa.ops.window.forward.window_fwd_kernel`): the local blocks are the
     band's last key tiles, where the two branches share the scores, and each initial block left
     of them costs one more step."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_t, i_b, i_h, o_i, o_hq, m_r, o_pos = query_tile_program(T, q_offset, H, G, GP, BT)  # rows [BM] each
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
-    o_i, o_hq, m_r, o_pos = tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
     o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     b_q, b_do, b_g, b_lse, b_delta, o_row = load_bwd_rows(

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step, head_columns, kv_head_bases, row_offsets
 from nsa.ops.gates.kernel import gated_sum
-from nsa.ops.window.tiles import band_kv, key_band, tile_rows
+from nsa.ops.window.tiles import band_kv, key_band, query_tile_program
 
 
 @triton.jit
@@ -52,11 +52,9 @@ def window_fwd_kernel(
     The local blocks are then the band's last tiles, and for them the band mask equals the
     selected branch's causal one: walked first, they leave the online-softmax state of the
     selected branch over them. Only the initial blocks left of them cost one more step each."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_t, i_b, i_h, o_i, o_hq, m_r, o_pos = query_tile_program(T, q_offset, H, G, GP, BT)  # rows [BM] each
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * GP
-    o_i, o_hq, m_r, o_pos = tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BM] each
     o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
 
     p_q = q + row_offsets(i_b, o_i, o_hq, sqb, sqt, sqh)[:, None] + o_dk[None, :]

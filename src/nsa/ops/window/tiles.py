@@ -28,6 +28,17 @@ def tile_rows(i0, i_h, T, q_offset, G: tl.constexpr, GP: tl.constexpr, BT: tl.co
 
 
 @triton.jit
+def query_tile_program(T, q_offset, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr):
+    """The start of a program over a query tile (grid ``(cdiv(T, BT), B * H)``): its tile
+    ``i_t``, sequence ``i_b``, KV head ``i_h`` and the tile's rows (:func:`tile_rows`):
+    ``(i_t, i_b, i_h, o_i, o_hq, m_r, o_pos)``."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_i, o_hq, m_r, o_pos = tile_rows(i_t * BT, i_h, T, q_offset, G, GP, BT)  # [BT * GP] each
+    return i_t, i_b, i_h, o_i, o_hq, m_r, o_pos
+
+
+@triton.jit
 def key_band(i_t, T, q_offset, W, BT: tl.constexpr, BN: tl.constexpr):
     """Key tiles of query tile ``i_t``: ``(t_hi, first, mid_lo, mid_hi)``; tiles in
     ``[first, mid_lo)`` and ``[mid_hi, t_hi]`` need the band mask, the middle does not."""
