@@ -591,6 +591,45 @@ def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
     assert checked == [4, 2, 4, 2, 4, 4]
 
 
+# every block of a row is a candidate (n is past the longest row's 13 blocks) and none is forced,
+# so the score launch's keys hold every block's score; 2 blocks a compressed tile of 8 tokens
+SCORED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=16, init_blocks=0, local_blocks=0, window=16)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("score_mass", [True, False], ids=["block-masses", "logits"])
+def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_device):
+    """The scores the score launch packs into its keys equal the float64 reference's group block
+    scores (spec Eqs. 8-10), from the compressed pass's logits or from its block masses. With the
+    masses, compressed tiles of 8 tokens in 3 splits: each tile's masses are at its own max, and a
+    tile's first block also takes the previous tile's tail at that tile's max (a tail weighted by
+    its own tile's max moves a score by a few percent, which outputs and selected blocks on inputs
+    this small did not show; it fails here)."""
+    from nsa.ops.decode.topn import KEY_INDEX_MAX
+    from nsa.ops.select.reference import block_scores
+
+    index_max = KEY_INDEX_MAX.value  # keys are (score bits, index_max - block)
+
+    config, H, D = SCORED, 2, 16
+    q, gates, kv = _sequence(200, 8, H, D, D, config, nsa_device)
+    lens = torch.tensor([37, 90, 147, 200], device=nsa_device, dtype=torch.int32)
+    with every_launch() as launches:
+        _rows_of_one_sequence(q, gates, kv, lens, config, splits=(3, 1, 2), score_blocks=16, cmp_tile=8,
+                              score_mass=score_mass)  # fmt: skip
+    score = next(kw for name, kw in launches if name == "decode_score_kernel")
+    assert score["MASS"] == score_mass
+    keys = score["args"][4].cpu()  # [rows * H, candidates]
+    want = block_scores(q.double(), kv["k_cmp"].double(), config, config.softmax_scale(D), 0)[0].cpu()  # [T, H, blocks]
+    for r, length in enumerate(lens.tolist()):
+        for h in range(H):
+            row = keys[r * H + h]
+            row = row[row >= 0]
+            block = index_max - (row & index_max)
+            got = (row >> 32).to(torch.int32).view(torch.float32)
+            assert sorted(block.tolist()) == list(range((length - 1) // config.sel_block + 1))
+            torch.testing.assert_close(got.double(), want[length - 1, h, block], rtol=2e-6, atol=1e-9)
+
+
 def test_score_warps_by_launch_size(monkeypatch):
     """132 SMs, paper defaults: the score launch keeps 4-warp programs up to four per SM
     (batch 1 at 64k, batch 16 up to 16k) and takes one warp beyond (batch 16 at 32k, 64k)."""
