@@ -16,16 +16,12 @@
 #                                               # decode kernels' GPU tests (report named after REV, as one tar),
 #                                               # decode steps of ab_base/src and of this tree in turn, three
 #                                               # times; the kernels' spans inside a replay at batch 16, 64k
-#   bash scripts/gpu_session48.sh probe         # the compressed-pass probes (gpu_cmp_stream_probe.py) with
-#                                               # this tree's block sums
-#   bash scripts/gpu_session48.sh table         # the decode table at batch 1, 16, 32 and 64 and the decode
-#                                               # points of the H200's pytest-benchmark baseline saved again
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | probe | table}"
+step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV}"
 device_line
 case "$step" in
 scoretiles)
@@ -43,12 +39,6 @@ handin)
         tests/test_decode_graph.py || exit 2
     timeout 60 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_handin_h200.md" | tail -6
-    ;;
-probe)
-    timeout 300 python scripts/gpu_cmp_stream_probe.py 2>&1 | tee "$OUT/cmp_stream_probe_h200.md" | tail -40
-    ;;
-table)
-    decode_table_and_baseline h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
