@@ -16,12 +16,17 @@
 #                                               # decode kernels' GPU tests (report named after REV, as one tar),
 #                                               # decode steps of ab_base/src and of this tree in turn, three
 #                                               # times; the kernels' spans inside a replay at batch 16, 64k
+#   bash scripts/gpu_session48.sh transposed REV  # the score launch's block masses as [blocks, heads] tiles (936
+#                                               # SASS instructions a one-warp program against 1112): the decode
+#                                               # kernels' GPU tests (report named after REV, as one tar), decode
+#                                               # steps of ab_base/src and of this tree in turn, three times, at
+#                                               # batch 16-64; the kernels' spans inside a replay at batch 16, 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV}"
+step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | transposed REV}"
 device_line
 case "$step" in
 scoretiles)
@@ -39,6 +44,12 @@ handin)
         tests/test_decode_graph.py || exit 2
     timeout 60 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_handin_h200.md" | tail -6
+    ;;
+transposed)
+    AB_POINTS="16:8192 16:32768 16:65536 32:65536 64:65536" decode_ab transposed_ab "${2:-}" \
+        tests/ops/test_decode_kernel.py tests/test_decode_graph.py || exit 2
+    timeout 60 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
+        | tee "$OUT/decode_timeline_transposed_h200.md" | tail -6
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
