@@ -21,12 +21,16 @@
 #                                               # kernels' GPU tests (report named after REV, as one tar), decode
 #                                               # steps of ab_base/src and of this tree in turn, three times, at
 #                                               # batch 16-64; the kernels' spans inside a replay at batch 16, 64k
+#   bash scripts/gpu_session48.sh transposed1 REV  # the same for the score launch's logits at batch 1 (592
+#                                               # instructions a 4-warp program against 728): the decode kernels'
+#                                               # GPU tests, decode steps of ab_base/src and of this tree in turn,
+#                                               # three times, at batch 1
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | transposed REV}"
+step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | transposed REV | transposed1 REV}"
 device_line
 case "$step" in
 scoretiles)
@@ -50,6 +54,10 @@ transposed)
         tests/ops/test_decode_kernel.py tests/test_decode_graph.py || exit 2
     timeout 60 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 9 2>&1 \
         | tee "$OUT/decode_timeline_transposed_h200.md" | tail -6
+    ;;
+transposed1)
+    AB_POINTS="1:8192 1:16384 1:32768 1:65536" decode_ab transposed1_ab "${2:-}" tests/ops/test_decode_kernel.py \
+        tests/test_decode_graph.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
