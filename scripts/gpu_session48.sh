@@ -25,12 +25,17 @@
 #                                               # instructions a 4-warp program against 728): the decode kernels'
 #                                               # GPU tests, decode steps of ab_base/src and of this tree in turn,
 #                                               # three times, at batch 1
+#   bash scripts/gpu_session48.sh vecload REV   # the score launch's block masses in 128-bit loads (visibility
+#                                               # applied after the loads; 872 instructions against 936): the
+#                                               # decode kernels' GPU tests, decode steps of ab_base/src and of
+#                                               # this tree in turn, three times, at batch 16-64; then the decode
+#                                               # table and the baseline's decode points (as `table` did)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | transposed REV | transposed1 REV}"
+step="${1:?usage: scripts/gpu_session48.sh scoretiles | handin REV | transposed REV | transposed1 REV | vecload REV}"
 device_line
 case "$step" in
 scoretiles)
@@ -58,6 +63,10 @@ transposed)
 transposed1)
     AB_POINTS="1:8192 1:16384 1:32768 1:65536" decode_ab transposed1_ab "${2:-}" tests/ops/test_decode_kernel.py \
         tests/test_decode_graph.py
+    ;;
+vecload)
+    AB_POINTS="16:8192 16:65536 32:65536 64:65536" decode_ab vecload_ab "${2:-}" tests/ops/test_decode_kernel.py
+    decode_table_and_baseline h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
