@@ -76,7 +76,7 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
         # batch 16 at 64k 73.7-73.9 against 77.2-77.4, at 32k 52.4-52.7 against 57.6-58.1,
         # batch 32 122.8-124.0 against 125.3-125.7, batch 64 228.8-228.9 against 237.6-238.2;
         # batch 16 at 8k 37.8-37.9 against 37.8-39.0
-        p_row = logits + i_rq[None, :] * SINK_STRIDE  # [1, BG]
+        p_rows = logits + i_rq[None, :] * SINK_STRIDE  # [1, BG]
         t_j = o_j // NBT
         # loads masked by the heads and the mass section alone (whole vectors of 4 blocks, 128-bit
         # loads), what is not visible set to 0 after them: the section's unwritten slots may hold
@@ -85,13 +85,13 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
         # 37.0-37.3 against 37.4-37.5, batch 32 123.0-123.7 against 123.4-124.0, batch 64 equal)
         m_sec = m_g[None, :] & (o_j < at_max)[:, None]
         vis = ((t_j * CMP_TILE < nc) & (o_j <= own))[:, None]
-        b_ref = tl.load(p_row + at_max + t_j[:, None], mask=m_sec, other=float("-inf"))
-        b_mass = tl.load(p_row + o_j[:, None], mask=m_sec, other=0.0, eviction_policy=DROP)
+        b_ref = tl.load(p_rows + at_max + t_j[:, None], mask=m_sec, other=float("-inf"))
+        b_mass = tl.load(p_rows + o_j[:, None], mask=m_sec, other=0.0, eviction_policy=DROP)
         b_score = tl.sum(tl.where(vis, tl.exp2(b_ref - b_lse[None, :]) * b_mass, 0.0), 1)
         first = (o_j % NBT == 0) & (o_j > 0) & (t_j * CMP_TILE <= nc) & (o_j <= own)
         m_tail = m_g[None, :] & first[:, None]
-        b_ref = tl.load(p_row + at_max + t_j[:, None] - 1, mask=m_tail, other=float("-inf"))
-        b_tail = tl.load(p_row + at_tail + t_j[:, None] - 1, mask=m_tail, other=0.0)
+        b_ref = tl.load(p_rows + at_max + t_j[:, None] - 1, mask=m_tail, other=float("-inf"))
+        b_tail = tl.load(p_rows + at_tail + t_j[:, None] - 1, mask=m_tail, other=0.0)
         b_score += tl.sum(tl.exp2(b_ref - b_lse[None, :]) * b_tail, 1)
     elif CONTIG:
         # Block j starts at token j*R (R = l'/d): its tokens j*R + r (r < R) are the
@@ -102,7 +102,8 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
         m_c = (o_c < nc) & (o_c // R <= own)
         # tiles [tokens, heads], as for the masses above (a 4-warp program at batch 1, 64k: 592
         # SASS instructions for sm_90a against 728 as [heads, tokens]; on an H200 the batch-1
-        # step the same within noise at 8k-64k, three rounds in turn)
+        # step the same within noise at 8k-64k, three rounds in turn). The rows' pointers are
+        # computed in each branch: hoisted above them, this program compiled to 624.
         p_rows = logits + i_rq[None, :] * SINK_STRIDE  # [1, BG]
         b_s = tl.load(p_rows + o_c[:, None], mask=m_g[None, :] & m_c[:, None], other=float("-inf"), eviction_policy=DROP)
         b_pc = tl.sum(tl.exp2(b_s - b_lse[None, :]), 1)  # [BJ*R] group probability (Eq. 10)
