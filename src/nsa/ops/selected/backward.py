@@ -233,7 +233,7 @@ def selected_bwd_reduce_kernel(
         i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB
         i_first = tl.load(seg_first + i_o)
         o_c = tl.arange(0, BSP)
-        o_dk, o_dv = tl.arange(0, BK), tl.arange(0, BV)
+        o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
         b_dk = tl.zeros([BSP, BK], dtype=tl.float32)
         b_dv = tl.zeros([BSP, BV], dtype=tl.float32)
         p_dk = dk_part + i_first.to(tl.int64) * BSP * BK + o_c[:, None] * BK + o_dk[None, :]
@@ -246,6 +246,6 @@ def selected_bwd_reduce_kernel(
         o_s = i_j * BS + o_c
         m_s = (o_c < BS) & (o_s < TK)
         o_kd = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
-        tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & (o_dk < DK)[None, :])
+        tl.store(dk + o_kd[:, None] + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_s[:, None] & m_dk[None, :])
         o_vd = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
-        tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & (o_dv < DV)[None, :])
+        tl.store(dv + o_vd[:, None] + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_s[:, None] & m_dv[None, :])
