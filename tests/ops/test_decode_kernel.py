@@ -605,10 +605,11 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_devic
     tile's first block also takes the previous tile's tail at that tile's max (a tail weighted by
     its own tile's max moves a score by a few percent, which outputs and selected blocks on inputs
     this small did not show; it fails here)."""
-    from nsa.ops.decode.topn import KEY_INDEX_MAX
+    from nsa.ops.decode.topn import KEY_INDEX_MAX, KEY_SHIFT
     from nsa.ops.select.reference import block_scores
 
-    index_max = KEY_INDEX_MAX.value  # keys are (score bits, index_max - block)
+    # keys are score bits * KEY_SHIFT + (KEY_INDEX_MAX - block) (nsa.ops.decode.topn.pack_keys)
+    shift, index_max = KEY_SHIFT.value, KEY_INDEX_MAX.value
 
     config, H, D = SCORED, 2, 16
     q, gates, kv = _sequence(200, 8, H, D, D, config, nsa_device)
@@ -625,7 +626,7 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_devic
             row = keys[r * H + h]
             row = row[row >= 0]
             block = index_max - (row & index_max)
-            got = (row >> 32).to(torch.int32).view(torch.float32)
+            got = (row // shift).to(torch.int32).view(torch.float32)
             assert sorted(block.tolist()) == list(range((length - 1) // config.sel_block + 1))
             torch.testing.assert_close(got.double(), want[length - 1, h, block], rtol=2e-6, atol=1e-9)
 
