@@ -33,15 +33,16 @@ score)
     ;;
 selected)
     if [ "$fills" = True ]; then
-        per_batch="SB=4 SEL_DESC=True WIN=True d_k=tensordesc<bf16[1,64,1,128]> d_v=tensordesc<bf16[1,64,1,128]>"
+        per_batch="SB=4 SEL_DESC=True WIN=True d_k=tensordesc<bf16[1,64,1,128]> d_v=tensordesc<bf16[1,64,1,128]>
+            FORCED_EARLY=True"
     else
-        per_batch="SB=1 SEL_DESC=False WIN=False d_k=*bf16 d_v=*bf16"
+        per_batch="SB=1 SEL_DESC=False WIN=False d_k=*bf16 d_v=*bf16 FORCED_EARLY=False"
     fi
     params="q=*bf16 k=*bf16 v=*bf16 seq_lens=*i32 cand=*i64 block_idx=*i32 k_win=*bf16 v_win=*bf16 o_part=*fp32
         m_part=*fp32 l_part=*fp32 $(strides s_qr s_qh s_kb s_kt s_kh s_vb s_vt s_vh s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 NCAND=i32/16 SLOT0=i32 S=i32 S_SLC=i32 S_WIN=i32 WIN_SLOT0=i32/16 TQ=1 H=4 G=16 K=128 V=128
         SEL_BLOCK=64 N=16 NP=16 BJ=32 BG=16 BK=128 BV=128 BC=64 TJ=512 ONE_TILE=True PREC=tf32 PDL=True PER_ROUND=4
-        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True LATE_TRIGGER=True
+        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True LATE_TRIGGER=True INIT=1 LOCAL=2
         $per_batch num_warps=4 num_stages=3"
     ;;
 cmp)
@@ -55,7 +56,7 @@ cmp)
         $(strides s_qr s_qh s_kcb s_kct s_kch s_vcb s_vct s_vch s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 SINK_STRIDE=i32/16 S_CMP=i32 S_WIN=i32 S=i32 TQ=1 H=4 G=16 K=128 V=128 CMP_BLOCK=32
         CMP_STRIDE=16 WINDOW=512 BG=16 BK=128 BV=128 PREC=tf32 PDL=True WIN_DESC=False KEEP=evict_last SEL_BLOCK=64
-        R=4 $per_batch num_warps=4 num_stages=3"
+        R=4 LATE_TRIGGER=False $per_batch num_warps=4 num_stages=3"
     ;;
 combine)
     # batch 1: 16 compressed, 4 window and 16 selected slots, the first two branches merged before

@@ -226,6 +226,10 @@ def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
         pytest.param(SMALL, {"sel_desc": True, "splits": (2, 1, 2)}, id="sel-descriptors-small"),
         pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 2)}, id="sel-descriptors-wide"),
         pytest.param(NO_FORCED, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-no-forced"),
+        # with descriptors the forced blocks are attended before the wait for the scores (init
+        # and local blocks at the ends of the ranks, one block a program too), or after it
+        pytest.param(WIDE, {"sel_desc": True, "splits": (1, 1, 1)}, id="sel-descriptors-one-block-a-program"),
+        pytest.param(SMALL, {"sel_desc": True, "forced_early": False, "splits": (2, 1, 2)}, id="sel-descriptors-forced-after-the-wait"),
         pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "topn_bitonic": False, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
         pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),

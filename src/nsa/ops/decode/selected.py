@@ -22,19 +22,23 @@ from nsa.ops.decode.topn import candidate_keys, take_ranks, top_n_blocks, top_n_
 def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_scale,  #
                         SEL_BLOCK: tl.constexpr, SB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         PREC: tl.constexpr):
-    """Online softmax over the selected blocks ``b_j [SB]`` (-1: unused slot), each one bulk
-    copy of ``SEL_BLOCK`` tokens through the descriptors ``d_k``/``d_v``; needs ``pos + 1 >=
-    SEL_BLOCK``. A block that reaches past ``pos`` (the query's own) is read from
+    """Online softmax over the selected blocks ``b_j [SB]`` (-1: unused slot, skipped), each one
+    bulk copy of ``SEL_BLOCK`` tokens through the descriptors ``d_k``/``d_v``; needs ``pos + 1
+    >= SEL_BLOCK``. A block that reaches past ``pos`` (the query's own) is read from
     ``pos + 1 - SEL_BLOCK`` on instead, so that no token past the length is read (a cache
     may hold anything there, NaN included, and 0 * NaN would reach the output); the tokens
-    before the block are masked, as is every token of an unused slot (a fully masked tile
-    leaves the state as it was)."""
+    before the block are masked."""
     i_b, i_h, last = i_b.to(tl.int32), i_h.to(tl.int32), pos.to(tl.int32) + 1  # descriptor offsets are 32-bit
     o_sb = tl.arange(0, SB)
-    for r in range(SB):
-        j = tl.sum(tl.where(o_sb == r, b_j, 0), 0).to(tl.int32)
-        lo = tl.maximum(j, 0) * SEL_BLOCK
-        hi = tl.where(j >= 0, tl.minimum(lo + SEL_BLOCK, last), lo)
+    # the used slots moved to the front, in order, and the loop over them alone: an unused slot
+    # would still cost a bulk copy
+    used = b_j >= 0
+    at = tl.cumsum(used.to(tl.int32), 0) - 1
+    b_used = tl.max(tl.where(used[None, :] & (at[None, :] == o_sb[:, None]), b_j[None, :], -1), 1)
+    for r in range(tl.sum(used.to(tl.int32), 0)):
+        j = tl.sum(tl.where(o_sb == r, b_used, 0), 0).to(tl.int32)
+        lo = j * SEL_BLOCK
+        hi = tl.minimum(lo + SEL_BLOCK, last)
         i0 = tl.minimum(lo, last - SEL_BLOCK)
         b_k = d_k.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BK)
         b_v = d_v.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BV)
@@ -59,6 +63,7 @@ def decode_selected_fwd_kernel(
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
     KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -71,7 +76,11 @@ def decode_selected_fwd_kernel(
     With ``PDL`` every program lets the next launch start (``gdc_launch_dependents``) as it
     begins, or with ``LATE_TRIGGER`` the selection programs only once their wait for the score
     launch is over: the combine launch then starts after launch 1 has completed (the score
-    launch's programs all waited for it), and merges launch 1's partials before its own wait."""
+    launch's programs all waited for it), and merges launch 1's partials before its own wait.
+
+    With ``FORCED_EARLY`` (and ``SEL_DESC``) a selection program attends over the forced blocks
+    among its ranks (``INIT`` leading blocks, ``LOCAL`` blocks ending at the query's own) before
+    its wait: they need no score, and their bytes then move while the score launch runs."""
     TRIGGER_FIRST: tl.constexpr = PDL and not LATE_TRIGGER
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, TRIGGER_FIRST)
     i_rh = tl.program_id(1)
@@ -93,7 +102,8 @@ def decode_selected_fwd_kernel(
         _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
-                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, LATE_TRIGGER)  # fmt: skip
+                          PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, LATE_TRIGGER,
+                          INIT, LOCAL, FORCED_EARLY)  # fmt: skip
 
 
 @triton.jit
@@ -106,18 +116,33 @@ def _selected_program(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
     RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
     With ``RANKED`` (one score tile holds all of a row's blocks) the candidates already are
-    the top-n, and the rounds are skipped."""
+    the top-n, and the rounds are skipped. With ``FORCED_EARLY`` the forced blocks among its
+    ranks are attended before the wait (see :func:`decode_selected_fwd_kernel`)."""
     own = pos // SEL_BLOCK
+    # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
+    o_sb = i_s * SB + tl.arange(0, SB)
+    b_m = tl.full([BG], float("-inf"), tl.float32)
+    b_l = tl.zeros([BG], tl.float32)
+    b_acc = tl.zeros([BG, BV], tl.float32)
+    FORCED: tl.constexpr = FORCED_EARLY and SEL_DESC
+    if FORCED:
+        # Forced keys outrank every scored one (pack_keys), so the init blocks lead the ascending
+        # order and the local blocks close it: rank r < INIT is block r, and rank r >= n_sel -
+        # LOCAL block own - (n_sel - 1 - r), n_sel = min(own + 1, N) blocks selected in all
+        n_sel = tl.minimum(own + 1, N)
+        forced = ((o_sb < INIT) | (o_sb >= n_sel - LOCAL)) & (o_sb < n_sel) & (pos + 1 >= SEL_BLOCK)
+        b_forced = tl.where(forced, tl.where(o_sb < INIT, o_sb, own - (n_sel - 1 - o_sb)), -1).to(tl.int64)
+        b_m, b_l, b_acc = _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_forced, b_m, b_l, b_acc, qk_scale,
+                                              SEL_BLOCK, SB, BK, BV, PREC)  # fmt: skip
     if PDL:
         gdc_wait()
         if LATE_TRIGGER:
             gdc_launch_dependents()
-    # -- ranks of the selected blocks in ascending order; this program takes ranks i_s*SB .. --
-    o_sb = i_s * SB + tl.arange(0, SB)
     p_idx = block_idx + i_rh.to(tl.int64) * N
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
@@ -139,9 +164,8 @@ def _selected_program(
         if i_s == 0:
             tl.store(p_idx + o_n, tl.full([NP], -1, tl.int32), mask=(o_n >= count) & (o_n < N))
     # -- attention over this program's blocks, positions <= pos --
-    b_m = tl.full([BG], float("-inf"), tl.float32)
-    b_l = tl.zeros([BG], tl.float32)
-    b_acc = tl.zeros([BG, BV], tl.float32)
+    if FORCED:
+        b_j = tl.where(forced, -1, b_j)  # attended before the wait
     if SEL_DESC:
         if pos + 1 >= SEL_BLOCK:
             b_m, b_l, b_acc = _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_scale,

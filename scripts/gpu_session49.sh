@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU calls of session 49 (H200). Session 48 left the batch-16 step at 64k with the compressed
+# pass ending 45.9 us in, the score launch 8.0 us later, the selected 14.1 and the combine 2.5
+# (the launches' spans). What inside the score and selected programs takes that time?
+#
+#   bash scripts/gpu_session49.sh trace      # every program's %globaltimer stamps (gpu_decode_trace.py) at
+#                                            # 64k, batch 1, 16 and 32, and batch 16 with score tiles of 64
+#                                            # blocks
+#   bash scripts/gpu_session49.sh placement  # the same stamps at batch 16 and 32, 64k, with each launch's
+#                                            # programs by how many shared their SM, and the compressed
+#                                            # pass's last programs
+#   bash scripts/gpu_session49.sh late       # the score launch's programs placed late: the compressed programs
+#                                            # let it start as they end (score_late), or no PDL for it; stamps
+#                                            # at batch 16, 64k, then variant rounds at batch 1, 16 and 32
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late}"
+device_line
+case "$step" in
+trace)
+    timeout 400 python scripts/gpu_decode_trace.py --contexts 65536 --batches 1 16 32 --replays 5 2>&1 \
+        | tee "$OUT/decode_trace_h200.md" | tail -80
+    timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 \
+        --variants '{"score_blocks": 64}' '{"score_blocks": 64, "score_warps": 2}' 2>&1 \
+        | tee "$OUT/decode_trace_score64_h200.md" | tail -60
+    ;;
+placement)
+    timeout 300 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 32 --replays 5 2>&1 \
+        | tee "$OUT/decode_trace_placement_h200.md" | tail -90
+    ;;
+late)
+    late=('{"score_late": true}' '{"pdl": [false, true, true]}')
+    timeout 200 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
+        "${late[@]}" 2>&1 | tee "$OUT/decode_trace_late_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|by the launch"
+    variant_rounds late_b16 16 65536 "8192 65536" 150 "${late[@]}"
+    variant_rounds late_b32 32 65536 "65536" 120 "${late[@]}"
+    variant_rounds late_b1 1 65536 "8192 65536" 120 "${late[@]}"
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
