@@ -83,10 +83,8 @@ INSERTS: List[Tuple[str, str, str]] = [
     ("score.py", "        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)",
      "        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)\n        trace_stamp(p_tr, 4, n_found)"),
     # selected (and the window's programs of that launch)
-    ("selected.py", "    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,\n):\n"
-     "    \"\"\"With",
-     "    KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr, trace,\n):\n"
-     "    \"\"\"With"),
+    ("selected.py", "    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,\n):\n    \"\"\"With",
+     "    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr, trace,\n):\n    \"\"\"With"),
     ("selected.py", "    i_rh = tl.program_id(1)\n", "    i_rh = tl.program_id(1)\n    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n"),
     ("selected.py", "        lo, hi = window_split(pos, i_s - S_SLC, S_WIN, WINDOW)\n",
      "        trace_stamp(p_tr, 1, pos.to(tl.int32))\n        lo, hi = window_split(pos, i_s - S_SLC, S_WIN, WINDOW)\n"),
