@@ -12,12 +12,17 @@
 #   bash scripts/gpu_session49.sh late       # the score launch's programs placed late: the compressed programs
 #                                            # let it start as they end (score_late), or no PDL for it; stamps
 #                                            # at batch 16, 64k, then variant rounds at batch 1, 16 and 32
+#   bash scripts/gpu_session49.sh forced REV # the selection programs attend their forced blocks before the
+#                                            # wait for the scores (forced_early, on by default with the
+#                                            # descriptors): the decode kernels' GPU tests (report named after
+#                                            # REV, as one tar); variant rounds against forced_early off, and
+#                                            # with score_late, at batch 16 and 32; stamps at batch 16, 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session49.sh trace | placement | late}"
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV}"
 device_line
 case "$step" in
 trace)
@@ -38,6 +43,15 @@ late)
     variant_rounds late_b16 16 65536 "8192 65536" 150 "${late[@]}"
     variant_rounds late_b32 32 65536 "65536" 120 "${late[@]}"
     variant_rounds late_b1 1 65536 "8192 65536" 120 "${late[@]}"
+    ;;
+forced)
+    gpu_tests "${2:?forced needs the commit to name the report after}" tests/ops/test_decode_kernel.py
+    tar_reports
+    forced=('{"forced_early": false}' '{"score_late": true}' '{"forced_early": false, "score_late": true}')
+    variant_rounds forced_b16 16 65536 "8192 65536" 200 "${forced[@]}"
+    variant_rounds forced_b32 32 65536 "65536" 150 "${forced[@]}"
+    timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
+        "${forced[@]}" 2>&1 | tee "$OUT/decode_trace_forced_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
