@@ -17,12 +17,16 @@
 #                                            # descriptors): the decode kernels' GPU tests (report named after
 #                                            # REV, as one tar); variant rounds against forced_early off, and
 #                                            # with score_late, at batch 16 and 32; stamps at batch 16, 64k
+#   bash scripts/gpu_session49.sh ab         # (needs ab_base/src, git archive of 1bf352a, and ab_masked/src:
+#                                            # this tree with the selected blocks' loop over every slot, unused
+#                                            # ones masked, as before) the three trees in turn, three times, at
+#                                            # batch 1, 16 and 32; score_late at batch 32 (8k) and 64 (64k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV}"
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab}"
 device_line
 case "$step" in
 trace)
@@ -52,6 +56,11 @@ forced)
     variant_rounds forced_b32 32 65536 "65536" 150 "${forced[@]}"
     timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
         "${forced[@]}" 2>&1 | tee "$OUT/decode_trace_forced_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    ;;
+ab)
+    AB_POINTS="1:65536 16:8192 16:65536 32:65536" ab_rounds forced_ab 3 120 base masked new
+    variant_rounds late_b64 64 65536 "65536" 150 '{"score_late": true}'
+    variant_rounds late_b32_8k 32 8192 "8192 32768" 150 '{"score_late": true}'
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
