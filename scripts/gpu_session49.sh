@@ -21,12 +21,18 @@
 #                                            # this tree with the selected blocks' loop over every slot, unused
 #                                            # ones masked, as before) the three trees in turn, three times, at
 #                                            # batch 1, 16 and 32; score_late at batch 32 (8k) and 64 (64k)
+#   bash scripts/gpu_session49.sh tiles REV  # (needs ab_base/src) each score program takes several tiles of its
+#                                            # row once the launch would hold more than 4 programs an SM
+#                                            # (score_tiles_per_program; 4 at batch 16, 64k): the decode kernels'
+#                                            # GPU tests (report named after REV, as one tar); ab_base/src and
+#                                            # this tree in turn, three times, at batch 1-64; one tile a program
+#                                            # as a variant at batch 16 and 32; stamps at batch 16, 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab}"
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab | tiles REV}"
 device_line
 case "$step" in
 trace)
@@ -61,6 +67,14 @@ ab)
     AB_POINTS="1:65536 16:8192 16:65536 32:65536" ab_rounds forced_ab 3 120 base masked new
     variant_rounds late_b64 64 65536 "65536" 150 '{"score_late": true}'
     variant_rounds late_b32_8k 32 8192 "8192 32768" 150 '{"score_late": true}'
+    ;;
+tiles)
+    gpu_tests "${2:?tiles needs the commit to name the report after}" tests/ops/test_decode_kernel.py
+    tar_reports
+    AB_POINTS="1:65536 16:8192 16:32768 16:65536 32:65536 64:65536" ab_rounds tiles_ab 3 150 base new
+    variant_rounds tpp1_b16 16 65536 "32768 65536" 150 '{"score_tiles_per_program": 1}'
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
+        | tee "$OUT/decode_trace_tiles_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|by the launch"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -193,6 +193,17 @@ def default_score_warps(programs: int, device: torch.device) -> int:
     return 1 if programs > 4 * _sm_count(device) else 4
 
 
+def default_score_tiles_per_program(tiles: int, device: torch.device) -> int:
+    """Score tiles a score program takes: 1, or as many as keep the launch within four programs
+    per SM. Four one-warp score programs an SM start beside the compressed launch (its three
+    programs an SM leave that much room); one program a tile, the rest were placed as the
+    compressed programs ended, up to 32 on the SMs that launch left first and 4 on the last, and
+    the programs on the crowded SMs ended up to 4 us later (batch 16, 64k on an H200, 2048
+    programs; ``scripts/gpu_decode_trace.py``, session 49)."""
+    slots = 4 * _sm_count(device)
+    return 1 if tiles <= slots else cdiv(tiles, slots)
+
+
 def _sm_count(device: torch.device) -> int:
     """SMs the launch heuristics plan for; the interpreter counts as two."""
     return sm_count(device, interpreter=2)
@@ -243,6 +254,7 @@ def decode_fwd(
     combine_early: bool = True,
     score_late: Optional[bool] = None,
     forced_early: Optional[bool] = None,
+    score_tiles_per_program: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -441,14 +453,16 @@ def decode_fwd(
     one_tile, ranked = n_cand <= tj, score_tiles == 1
     # one bitonic merge of sorted runs needs every candidate in registers
     topn_bitonic = topn_bitonic and one_tile and not ranked
-    decode_score_kernel[(score_tiles, rows * H)](
+    tpp = score_tiles_per_program or default_score_tiles_per_program(score_tiles * rows * H, q.device)
+    tpp = max(1, min(tpp, score_tiles))
+    decode_score_kernel[(cdiv(score_tiles, tpp), rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=NP, INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
-        FAST_LOG2=on_gpu,
+        FAST_LOG2=on_gpu, TPP=tpp,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
