@@ -21,18 +21,22 @@
 #                                            # this tree with the selected blocks' loop over every slot, unused
 #                                            # ones masked, as before) the three trees in turn, three times, at
 #                                            # batch 1, 16 and 32; score_late at batch 32 (8k) and 64 (64k)
-#   bash scripts/gpu_session49.sh tiles REV  # (needs ab_base/src) each score program takes several tiles of its
+#   bash scripts/gpu_session49.sh tiles REV  # (needs ab_base/src and attempts/decode_score_tiles_per_program.patch,
+#                                            # dropped, applied) each score program takes several tiles of its
 #                                            # row once the launch would hold more than 4 programs an SM
 #                                            # (score_tiles_per_program; 4 at batch 16, 64k): the decode kernels'
 #                                            # GPU tests (report named after REV, as one tar); ab_base/src and
 #                                            # this tree in turn, three times, at batch 1-64; one tile a program
 #                                            # as a variant at batch 16 and 32; stamps at batch 16, 64k
+#   bash scripts/gpu_session49.sh final REV  # the decode table at batch 1-64 and the baseline's decode points;
+#                                            # the layer's, cache's, captured step's and packed batches' GPU
+#                                            # tests (report named after REV, as one tar)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab | tiles REV}"
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab | tiles REV | final REV}"
 device_line
 case "$step" in
 trace)
@@ -75,6 +79,12 @@ tiles)
     variant_rounds tpp1_b16 16 65536 "32768 65536" 150 '{"score_tiles_per_program": 1}'
     timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
         | tee "$OUT/decode_trace_tiles_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|by the launch"
+    ;;
+final)
+    decode_table_and_baseline h200
+    gpu_tests "${2:?final needs the commit to name the report after}" tests/test_module.py tests/test_cache.py \
+        tests/test_decode_graph.py tests/test_varlen.py
+    tar_reports
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -236,9 +236,6 @@ def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
         pytest.param(SMALL, {"score_blocks": 8, "splits": (2, 1, 1)}, id="one-score-tile-ranked"),
         pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-topk"),
-        # a score program takes several tiles of its row, 3 (of up to 6) and more than the row has
-        pytest.param(SMALL, {"score_blocks": 2, "score_tiles_per_program": 3, "splits": (2, 1, 1)}, id="score-tiles-three-a-program"),
-        pytest.param(SMALL, {"score_blocks": 2, "score_tiles_per_program": 64, "splits": (2, 1, 1)}, id="score-tiles-all-in-one-program"),
         pytest.param(SMALL, {"score_mass": False, "splits": (2, 1, 1)}, id="score-logits"),
         pytest.param(WIDE, {"cmp_tile": 4, "score_blocks": 2, "splits": (3, 1, 1)}, id="score-mass-one-block-tiles"),
     ],
@@ -605,15 +602,13 @@ SCORED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=16, init_b
 
 @pytest.mark.triton
 @pytest.mark.parametrize("score_mass", [True, False], ids=["block-masses", "logits"])
-@pytest.mark.parametrize("tiles_per_program", [1, 3], ids=["one-tile-a-program", "three-tiles-a-program"])
-def test_score_launch_keys_hold_the_reference_block_scores(score_mass, tiles_per_program, nsa_device):
+def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_device):
     """The scores the score launch packs into its keys equal the float64 reference's group block
     scores (spec Eqs. 8-10), from the compressed pass's logits or from its block masses. With the
     masses, compressed tiles of 8 tokens in 3 splits: each tile's masses are at its own max, and a
     tile's first block also takes the previous tile's tail at that tile's max (a tail weighted by
     its own tile's max moves a score by a few percent, which outputs and selected blocks on inputs
-    this small did not show; it fails here). Tiles of 4 blocks (4 to a row of 13), one or three a
-    score program."""
+    this small did not show; it fails here)."""
     from nsa.ops.decode.topn import KEY_INDEX_MAX, KEY_SHIFT
     from nsa.ops.select.reference import block_scores
 
@@ -624,20 +619,19 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, tiles_per
     q, gates, kv = _sequence(200, 8, H, D, D, config, nsa_device)
     lens = torch.tensor([37, 90, 147, 200], device=nsa_device, dtype=torch.int32)
     with every_launch() as launches:
-        _rows_of_one_sequence(q, gates, kv, lens, config, splits=(3, 1, 2), score_blocks=4, cmp_tile=8,
-                              score_mass=score_mass, score_tiles_per_program=tiles_per_program)  # fmt: skip
+        _rows_of_one_sequence(q, gates, kv, lens, config, splits=(3, 1, 2), score_blocks=16, cmp_tile=8,
+                              score_mass=score_mass)  # fmt: skip
     score = next(kw for name, kw in launches if name == "decode_score_kernel")
-    assert score["MASS"] == score_mass and score["TPP"] == tiles_per_program
+    assert score["MASS"] == score_mass
     keys = score["args"][4].cpu()  # [rows * H, candidates]
     want = block_scores(q.double(), kv["k_cmp"].double(), config, config.softmax_scale(D), 0)[0].cpu()  # [T, H, blocks]
     for r, length in enumerate(lens.tolist()):
-        blocks = (length - 1) // config.sel_block + 1
         for h in range(H):
-            row = keys[r * H + h, : -(-blocks // 4) * score["NP"]]  # the slots of the tiles that hold visible blocks
+            row = keys[r * H + h]
             row = row[row >= 0]
             block = index_max - (row & index_max)
             got = (row // shift).to(torch.int32).view(torch.float32)
-            assert sorted(block.tolist()) == list(range(blocks))
+            assert sorted(block.tolist()) == list(range((length - 1) // config.sel_block + 1))
             torch.testing.assert_close(got.double(), want[length - 1, h, block], rtol=2e-6, atol=1e-9)
 
 
@@ -657,13 +651,6 @@ def test_score_warps_by_launch_size(monkeypatch):
     assert kernel.default_score_warps(programs(16, 32768), cpu) == 1
     assert kernel.default_score_warps(programs(16, 65536), cpu) == 1
     assert kernel.default_score_warps(4 * 132, cpu) == 4 and kernel.default_score_warps(4 * 132 + 1, cpu) == 1
-    # past four programs per SM each program takes several tiles, so that the launch stays within
-    # four per SM: 4 tiles a program at batch 16, 64k (512 programs), 8 at batch 32, 2 at batch 16, 32k
-    tiles = kernel.default_score_tiles_per_program
-    assert tiles(programs(1, 65536), cpu) == 1 and tiles(programs(16, 16384), cpu) == 1
-    assert tiles(programs(16, 32768), cpu) == 2 and tiles(programs(16, 65536), cpu) == 4
-    assert tiles(programs(32, 65536), cpu) == 8
-    assert tiles(4 * 132, cpu) == 1 and tiles(4 * 132 + 1, cpu) == 2
 
 
 def test_default_splits_by_batch(monkeypatch):

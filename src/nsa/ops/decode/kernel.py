@@ -39,6 +39,8 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    candidates); otherwise rounds find the n-th largest
    key (each round the largest keys below the last round's smallest). When one
    score tile holds a whole row, its candidates are the top-n and nothing is ranked.
+   Once the batch fills the GPU a selection program attends over the forced blocks among its
+   ranks (the init and local blocks, which need no score) before it waits for the scores.
    (Counting, for each candidate, the larger ones instead of rounds of maxima measured
    slower on an H200: 34 us against 29 us at batch 1, 64k; rounds of 4 maxima, the
    default until session 21, 25.6 us against 23.6-23.8 for the top-k on an H100.)
@@ -193,17 +195,6 @@ def default_score_warps(programs: int, device: torch.device) -> int:
     return 1 if programs > 4 * _sm_count(device) else 4
 
 
-def default_score_tiles_per_program(tiles: int, device: torch.device) -> int:
-    """Score tiles a score program takes: 1, or as many as keep the launch within four programs
-    per SM. Four one-warp score programs an SM start beside the compressed launch (its three
-    programs an SM leave that much room); one program a tile, the rest were placed as the
-    compressed programs ended, up to 32 on the SMs that launch left first and 4 on the last, and
-    the programs on the crowded SMs ended up to 4 us later (batch 16, 64k on an H200, 2048
-    programs; ``scripts/gpu_decode_trace.py``, session 49)."""
-    slots = 4 * _sm_count(device)
-    return 1 if tiles <= slots else cdiv(tiles, slots)
-
-
 def _sm_count(device: torch.device) -> int:
     """SMs the launch heuristics plan for; the interpreter counts as two."""
     return sm_count(device, interpreter=2)
@@ -254,7 +245,6 @@ def decode_fwd(
     combine_early: bool = True,
     score_late: Optional[bool] = None,
     forced_early: Optional[bool] = None,
-    score_tiles_per_program: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -286,7 +276,28 @@ def decode_fwd(
     only once their wait is over, and the combine merges the compressed launch's partials before
     its own wait: on an H200, the two trees in turn three times, us, batch 16 at 64k 77.6-78.0
     against 78.7-79.2, at 8k 37.8-38.9 against 38.5-39.0, batch 32 at 64k 127.5-127.8 against
-    128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise).
+    128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise),
+    ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
+    among their ranks before they wait for the score launch; on by default with ``sel_desc``)
+    and ``score_late`` (the compressed programs let the score launch start only as they end;
+    off by default).
+
+    ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
+    their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
+    score. The tree of session 48 and this one in turn, three times, us (session 49): batch 16
+    at 64k 73.6-73.9 against 72.4-72.9, at 32k 52.6-52.9 against 52.0-52.2 (as a variant), at
+    8k 37.4-37.5 against 37.6-38.9; batch 32 at 64k 123.3-123.9 against 122.9-125.0; batch 1
+    (not changed) the same. Its blocks in a loop over the used slots alone: the same tree with
+    every slot read and the unused ones masked took 75.2-75.3 at batch 16, 64k and 128.8-129.3
+    at batch 32.
+    ``score_late``: with one score program a tile, the score launch's programs that start while
+    the compressed launch runs pile up to 32 an SM on the SMs it leaves first, and those ended up
+    to 4 us after the rest (batch 16, 64k, ``scripts/gpu_decode_trace.py``). Started late they
+    spread evenly (15-16 an SM) and the score launch ended 1.7 us sooner, but the selected
+    launch, and the window's programs in it, started later too: batch 16 at 64k 72.8-73.6
+    against 72.8-73.7 us, at 8k 40.2-40.8 against 37.7-38.9; batch 32 at 64k 120.9-122.6
+    against 122.8-124.7, at 32k 83.4-83.6 against 81.1-81.8, at 8k 58.2-58.3 against 53.2-53.3;
+    batch 64 the same; batch 1 at 64k 22.4-22.7 against 20.6-20.8 (H200, session 49).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -453,16 +464,14 @@ def decode_fwd(
     one_tile, ranked = n_cand <= tj, score_tiles == 1
     # one bitonic merge of sorted runs needs every candidate in registers
     topn_bitonic = topn_bitonic and one_tile and not ranked
-    tpp = score_tiles_per_program or default_score_tiles_per_program(score_tiles * rows * H, q.device)
-    tpp = max(1, min(tpp, score_tiles))
-    decode_score_kernel[(cdiv(score_tiles, tpp), rows * H)](
+    decode_score_kernel[(score_tiles, rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=NP, INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
-        FAST_LOG2=on_gpu, TPP=tpp,
+        FAST_LOG2=on_gpu,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip

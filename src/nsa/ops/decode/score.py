@@ -14,35 +14,16 @@ from nsa.ops.decode.topn import pack_keys
 
 
 @triton.jit
-def _group_lse(m_part, l_part, i_rq, m_g, S_CMP, S, BSC: tl.constexpr, FAST_LOG2: tl.constexpr):
-    """Each head's log2-sum-exp ``[BG]`` over all compressed splits (heads ``i_rq``, ``m_g``)."""
-    o_sp = tl.arange(0, BSC)
-    m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
-    b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
-    b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
-    b_mx = tl.max(b_ms, 1)
-    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
-    b_sum = tl.where(b_sum > 0, b_sum, 1.0)  # [BG]
-    if FAST_LOG2:
-        # the special-function unit's log2 (lg2.approx, relative error 2**-22) where Triton's
-        # log2 is a ten-term polynomial: 104 of a one-warp program's 1216 instructions at
-        # batch 16, 64k; the interpreter cannot run it
-        return b_mx + libdevice.fast_log2f(b_sum)
-    return b_mx + tl.log2(b_sum)
-
-
-@triton.jit
-def _score_tile(logits, b_lse, i_rq, m_g, pos, j0, SINK_STRIDE,  #
-                CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
+def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,  #
+                H: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr,
                 SEL_BLOCK: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
-                BJ: tl.constexpr, NCOVER: tl.constexpr,
-                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr):
+                BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr,
+                CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
+                FAST_LOG2: tl.constexpr):
     """Keys ``[BJ]`` of blocks ``o_j = [j0, j0 + BJ)`` (-1 past the query's own block) from
-    their group scores: each head's log-sum-exp over the compressed splits (``b_lse``,
-    :func:`_group_lse`) turns its logits into probabilities, summed over the group (heads
-    ``i_rq``, ``m_g``) and mapped onto selection blocks with the mass-conserving overlap
-    weights (spec Eqs. 8-10). Returns ``(o_j, b_key)``.
+    their group scores: each head's log-sum-exp over the compressed splits turns its
+    logits into probabilities, summed over the group and mapped onto selection blocks
+    with the mass-conserving overlap weights (spec Eqs. 8-10). Returns ``(o_j, b_key)``.
 
     A block overlaps at most ``NCOVER = (l' + l) / d - 1`` compressed tokens (5 at the
     defaults), so each block reads just those: ``NCOVER`` independent loads, not a loop
@@ -60,6 +41,25 @@ def _score_tile(logits, b_lse, i_rq, m_g, pos, j0, SINK_STRIDE,  #
     pos = pos.to(tl.int32)
     own = pos // SEL_BLOCK
     nc = visible_cmp(pos, CMP_BLOCK, CMP_STRIDE)
+    o_g = tl.arange(0, BG)
+    m_g = o_g < G
+    i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
+    # -- log2-sum-exp of each head over all compressed splits --
+    o_sp = tl.arange(0, BSC)
+    m_gs = m_g[:, None] & (o_sp[None, :] < S_CMP)
+    b_ms = tl.load(m_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=float("-inf"))  # [BG, BSC]
+    b_ls = tl.load(l_part + i_rq[:, None] * S + o_sp[None, :], mask=m_gs, other=0.0)
+    b_mx = tl.max(b_ms, 1)
+    b_mx = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_sum = tl.sum(b_ls * tl.exp2(b_ms - b_mx[:, None]), 1)
+    b_sum = tl.where(b_sum > 0, b_sum, 1.0)  # [BG]
+    if FAST_LOG2:
+        # the special-function unit's log2 (lg2.approx, relative error 2**-22) where Triton's
+        # log2 is a ten-term polynomial: 104 of a one-warp program's 1216 instructions at
+        # batch 16, 64k; the interpreter cannot run it
+        b_lse = b_mx + libdevice.fast_log2f(b_sum)
+    else:
+        b_lse = b_mx + tl.log2(b_sum)
     # -- each block gathers the NCOVER compressed tokens that can overlap it: the
     # first is the one whose [i*d, i*d + l) ends just past the block's start --
     o_j = j0 + tl.arange(0, BJ)
@@ -140,7 +140,7 @@ def decode_score_kernel(
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
-    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, TPP: tl.constexpr,
+    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
     program writes only its tile's ``N`` best keys (the candidates) into the tile's ``NP``
@@ -148,42 +148,32 @@ def decode_score_kernel(
     slots in ascending block order keep a row's candidates in ascending block order (what
     the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
     keys sorted, largest first in even tiles and last in odd ones (what one bitonic merge of
-    runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`).
-
-    A program scores ``TPP`` tiles of its (row, KV group), ``tl.num_programs(0)`` apart, under
-    one log-sum-exp per head: with more than one, the launch holds few enough programs that
-    all of them start beside the compressed launch, spread over every SM (see ``decode_fwd``)."""
+    runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`)."""
     if PDL:
         gdc_launch_dependents()
-    i_p, i_rh = tl.program_id(0), tl.program_id(1)
+    i_j, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     _, pos = row_position(seq_lens, i_r, TQ)
-    o_g = tl.arange(0, BG)
-    m_g = o_g < G
-    i_rq = (i_r * (H * G) + i_h * G + o_g).to(tl.int64)  # [BG]
+    j0 = i_j * BJ
     if PDL:
         gdc_wait()
-    if i_p * BJ <= pos // SEL_BLOCK:  # the program's first tile, its lowest, holds a visible block
-        b_lse = _group_lse(m_part, l_part, i_rq, m_g, S_CMP, S, BSC, FAST_LOG2)
-        for k in tl.static_range(TPP):
-            i_j = i_p + k * tl.num_programs(0)
-            j0 = i_j * BJ
-            if (j0 <= pos // SEL_BLOCK) & (i_j * NP < NCAND):
-                o_j, b_key = _score_tile(logits, b_lse, i_rq, m_g, pos, j0, SINK_STRIDE, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK,
-                                         INIT, LOCAL, BJ, NCOVER, CONTIG, R, DROP, MASS, CMP_TILE)  # fmt: skip
-                # -- this tile's candidates: keys with fewer than N larger keys in the tile --
-                b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
-                b_cand = (b_rank < N) & (b_key >= 0)
-                n_found = tl.sum(b_cand.to(tl.int32), 0)
-                o_n = tl.arange(0, NP)
-                p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * NP
-                if SORTED:
-                    # the candidates are the keys ranked 0 .. n_found - 1: a sorted run for
-                    # top_of_sorted_runs, descending in even tiles and ascending in odd ones
-                    up = i_j % 2
-                    tl.store(p_c + tl.where(up == 1, NP - 1 - b_rank, b_rank), b_key, mask=b_cand)
-                    pad = tl.where(up == 1, o_n < NP - n_found, o_n >= n_found)
-                else:
-                    tl.store(p_c + tl.cumsum(b_cand.to(tl.int32), 0) - 1, b_key, mask=b_cand)
-                    pad = o_n >= n_found
-                tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)
+    if j0 <= pos // SEL_BLOCK:
+        o_j, b_key = _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S,
+                                 H, G, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, INIT, LOCAL, BG, BSC, BJ, NCOVER, CONTIG, R, DROP,
+                                 MASS, CMP_TILE, FAST_LOG2)  # fmt: skip
+        # -- this tile's candidates: keys with fewer than N larger keys in the tile --
+        b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
+        b_cand = (b_rank < N) & (b_key >= 0)
+        n_found = tl.sum(b_cand.to(tl.int32), 0)
+        o_n = tl.arange(0, NP)
+        p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * NP
+        if SORTED:
+            # the candidates are the keys ranked 0 .. n_found - 1: a sorted run for
+            # top_of_sorted_runs, descending in even tiles and ascending in odd ones
+            up = i_j % 2
+            tl.store(p_c + tl.where(up == 1, NP - 1 - b_rank, b_rank), b_key, mask=b_cand)
+            pad = tl.where(up == 1, o_n < NP - n_found, o_n >= n_found)
+        else:
+            tl.store(p_c + tl.cumsum(b_cand.to(tl.int32), 0) - 1, b_key, mask=b_cand)
+            pad = o_n >= n_found
+        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)
