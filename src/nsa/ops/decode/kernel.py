@@ -243,7 +243,7 @@ def decode_fwd(
     score_warps: Optional[int] = None,
     topn_bitonic: bool = True,
     combine_early: bool = True,
-    score_late: Optional[bool] = None,
+    score_late: bool = False,
     forced_early: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
@@ -445,7 +445,7 @@ def decode_fwd(
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk, LATE_TRIGGER=bool(score_late),
+        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk, LATE_TRIGGER=score_late,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if score_blocks is None:
@@ -499,8 +499,8 @@ def decode_fwd(
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
         RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early, INIT=config.init_blocks,
-        LOCAL=config.local_blocks, FORCED_EARLY=sel_desc if forced_early is None else forced_early, num_warps=num_warps, **sel_stages, **attend, **common, **after_selected,
-        **LAUNCH_OPTIONS,
+        LOCAL=config.local_blocks, FORCED_EARLY=sel_desc if forced_early is None else forced_early,
+        num_warps=num_warps, **sel_stages, **attend, **common, **after_selected, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:
         # up to 8 heads a program while heads x all slots stays within 128 (see above; measured

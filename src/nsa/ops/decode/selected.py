@@ -1,6 +1,7 @@
 """Launch 3 of a decode step: the selection programs find the top-n among the score tiles'
-candidates and attend over their share of the selected blocks; with the window in this launch,
-its splits too (they wait for nothing)."""
+candidates and attend over their share of the selected blocks (with descriptors, the forced ones
+among them before the wait for the scores); with the window in this launch, its splits too (they
+wait for nothing)."""
 
 from __future__ import annotations
 
