@@ -73,7 +73,7 @@ INSERTS: List[Tuple[str, str, str]] = [
      "    trace_stamp(p_tr, 4, tl.sum(b_l, 0).to(tl.int32, bitcast=True))\n"
      "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)\n"),
     # score
-    ("score.py", "    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr,\n):", "    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, trace,\n):"),
+    ("score.py", " RUN_BIT: tl.constexpr,\n):", " RUN_BIT: tl.constexpr, trace,\n):"),
     ("score.py", "        gdc_wait()\n    if j0 <= pos // SEL_BLOCK:",
      "        gdc_wait()\n    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n    trace_stamp(p_tr, 1, i_j)\n"
      "    if j0 <= pos // SEL_BLOCK:"),
@@ -117,7 +117,7 @@ INSERTS: List[Tuple[str, str, str]] = [
      "    tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)"),
     # the launches pass each kernel its rows of the module's TRACE
     ("kernel.py", "        num_warps=cmp_warps or num_warps, **cmp_attend,", "        trace=TRACE[0], num_warps=cmp_warps or num_warps, **cmp_attend,"),
-    ("kernel.py", "        FAST_LOG2=on_gpu,\n", "        FAST_LOG2=on_gpu, trace=TRACE[1],\n"),
+    ("kernel.py", "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),\n", "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP), trace=TRACE[1],\n"),
     ("kernel.py", "        RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early,",
      "        RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early, trace=TRACE[2],"),
     ("kernel.py", "        PDL=pdl, DROP=drop,\n", "        PDL=pdl, DROP=drop, trace=TRACE[3],\n"),

@@ -28,6 +28,11 @@
 #                                            # GPU tests (report named after REV, as one tar); ab_base/src and
 #                                            # this tree in turn, three times, at batch 1-64; one tile a program
 #                                            # as a variant at batch 16 and 32; stamps at batch 16, 64k
+#   bash scripts/gpu_session49.sh merge REV  # (needs ab_base/src, git archive of b8c3e7e) the selection programs'
+#                                            # merge pairing the runs half the runs apart first (3400 SASS
+#                                            # instructions a batch-16 selection program against 3592): the
+#                                            # decode kernels' top-n, score and launch tests on the GPU (report
+#                                            # named after REV, as one tar); the two trees in turn, three times
 #   bash scripts/gpu_session49.sh final REV  # the decode table at batch 1-64 and the baseline's decode points;
 #                                            # the layer's, cache's, captured step's and packed batches' GPU
 #                                            # tests (report named after REV, as one tar)
@@ -36,7 +41,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab | tiles REV | final REV}"
+step="${1:?usage: scripts/gpu_session49.sh trace | placement | late | forced REV | ab | tiles REV | merge REV | final REV}"
 device_line
 case "$step" in
 trace)
@@ -79,6 +84,12 @@ tiles)
     variant_rounds tpp1_b16 16 65536 "32768 65536" 150 '{"score_tiles_per_program": 1}'
     timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
         | tee "$OUT/decode_trace_tiles_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|by the launch"
+    ;;
+merge)
+    gpu_tests "${2:?merge needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        -k "sorted_runs or bitonic or topn or keys_hold or variants or real_size"
+    tar_reports
+    AB_POINTS="1:65536 16:32768 16:65536 32:65536" ab_rounds merge_ab 3 60 base new
     ;;
 final)
     decode_table_and_baseline h200

@@ -517,15 +517,15 @@ def _top_of_runs_probe(keys, out, RUN_LEVELS: tl.constexpr, NP_BITS: tl.constexp
 @pytest.mark.triton
 @pytest.mark.parametrize("run_levels, np_bits", [(0, 2), (1, 1), (2, 4), (3, 2), (5, 4)])
 def test_top_of_sorted_runs_is_the_top_k(run_levels, np_bits, nsa_device):
-    """The merge of sorted runs (largest first in even runs, last in odd ones: what the score
-    launch writes for the selection programs) gives the largest keys, largest first, as
-    ``torch.topk``; distinct keys with -1 padding, as the candidates are."""
+    """The merge of sorted runs (largest first in the first half of the runs, last in the second:
+    what the score launch writes for the selection programs) gives the largest keys, largest
+    first, as ``torch.topk``; distinct keys with -1 padding, as the candidates are."""
     gen = torch.Generator().manual_seed(run_levels * 10 + np_bits)
     runs, width = 1 << run_levels, 1 << np_bits
     keys = torch.randperm(10 * runs * width, generator=gen)[: runs * width].view(runs, width)
     keys[torch.rand(runs, width, generator=gen) < 0.2] = -1  # unused slots
     keys = keys.sort(dim=1, descending=True).values
-    keys[1::2] = keys[1::2].flip(1)
+    keys[(runs + 1) // 2:] = keys[(runs + 1) // 2:].flip(1)  # the second half, largest last (a single run: none)
     keys = keys.reshape(-1).to(nsa_device)
     out = torch.full((width,), -7, device=nsa_device, dtype=torch.int64)
     _top_of_runs_probe[(1,)](keys, out, RUN_LEVELS=run_levels, NP_BITS=np_bits)
@@ -561,8 +561,8 @@ def test_topn_is_one_bitonic_merge_where_the_candidates_fit_one_tile(monkeypatch
 @pytest.mark.triton
 def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
     """Where the selection programs merge runs, each score tile stores the same candidates as the
-    rounds take (the tile's n best keys), but at their ranks: largest first in even tiles, largest
-    last in odd ones, the unused slots after the run or before it (what `top_of_sorted_runs`
+    rounds take (the tile's n best keys), but at their ranks: largest first where the tile index's
+    bit `RUN_BIT` is 0, largest last where it is 1, the unused slots after the run or before it (what `top_of_sorted_runs`
     needs). Rows of 10 and 7 blocks in score tiles of 8, n = 4: the full tiles keep 4, the second
     tile of the first row its 2 blocks; the second row has no second tile to write."""
     config = SMALL
@@ -574,10 +574,10 @@ def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
         with every_launch() as launches:
             _rows_of_one_sequence(q, gates, kv, lens, config, splits=(1, 1, 2), score_blocks=tile_blocks, **launch)
         score = next(kw for name, kw in launches if name == "decode_score_kernel")
-        return score["args"][4].cpu(), score["SORTED"]
+        return score["args"][4].cpu(), score["SORTED"], score["RUN_BIT"]
 
-    runs, sorted_runs = candidates()
-    plain, plain_sorted = candidates(topn_bitonic=False)
+    runs, sorted_runs, bit = candidates()
+    plain, plain_sorted, _ = candidates(topn_bitonic=False)
     assert sorted_runs and not plain_sorted
     n = config.sel_count
     blocks = [(int(length) - 1) // config.sel_block + 1 for length in lens]  # visible blocks of each row
@@ -588,7 +588,7 @@ def test_score_tiles_store_their_candidates_as_sorted_runs(nsa_device):
             kept = plain[row_group, tile * n:(tile + 1) * n]
             found = min(n, blocks[row_group // H] - tile * tile_blocks)
             assert int((kept >= 0).sum()) == found and int((run >= 0).sum()) == found
-            largest_first = run if tile % 2 == 0 else run.flip(0)
+            largest_first = run if ((tile >> bit) & 1) == 0 else run.flip(0)
             assert torch.equal(largest_first[:found], kept[kept >= 0].sort(descending=True).values)
             assert bool((largest_first[found:] == -1).all())
             checked.append(found)

@@ -24,8 +24,8 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    only rescales and sums them. Each program keeps
    its tile's scores in registers and writes only the tile's ``n`` best block
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds); where
-   launch 3 merges them, at their ranks: a sorted run, largest first in even tiles and last
-   in odd ones. On a GPU each head's log-sum-exp takes the special-function unit's log2.
+   launch 3 merges them, at their ranks: a sorted run, largest first in the first half of the
+   tiles and last in the second (the halves that merge's first level pairs). On a GPU each head's log-sum-exp takes the special-function unit's log2.
    It compiles without FMA fusion (``UNFUSED_LAUNCH_OPTIONS``): the rank compares each key
    with its tile's keys as other lanes hold them, and fused sums across lanes could leave a
    key's copies a bit apart, so that it outranked itself.
@@ -85,6 +85,7 @@ from nsa.ops.decode.combine import decode_combine_kernel
 from nsa.ops.decode.compressed_pass import decode_cmp_win_fwd_kernel
 from nsa.ops.decode.score import decode_score_kernel
 from nsa.ops.decode.selected import decode_selected_fwd_kernel
+from nsa.ops.decode.topn import run_bit
 from nsa.ops.gates.projection import GateProjection
 
 
@@ -471,7 +472,7 @@ def decode_fwd(
         N=n, NP=NP, INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
-        FAST_LOG2=on_gpu,
+        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip

@@ -140,15 +140,16 @@ def decode_score_kernel(
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
-    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr,
+    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, RUN_BIT: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
     program writes only its tile's ``N`` best keys (the candidates) into the tile's ``NP``
     slots, padded with -1. The global top-n lies among the candidates of all tiles. Tile-major
     slots in ascending block order keep a row's candidates in ascending block order (what
     the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
-    keys sorted, largest first in even tiles and last in odd ones (what one bitonic merge of
-    runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`)."""
+    keys sorted, largest first where bit ``RUN_BIT`` of the tile's index is 0 and last where it
+    is 1 (what one bitonic merge of runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`;
+    ``RUN_BIT`` from :func:`~nsa.ops.decode.topn.run_bit`)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -169,8 +170,8 @@ def decode_score_kernel(
         p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * NP
         if SORTED:
             # the candidates are the keys ranked 0 .. n_found - 1: a sorted run for
-            # top_of_sorted_runs, descending in even tiles and ascending in odd ones
-            up = i_j % 2
+            # top_of_sorted_runs, descending or ascending by the bit its first level pairs
+            up = (i_j >> RUN_BIT) & 1
             tl.store(p_c + tl.where(up == 1, NP - 1 - b_rank, b_rank), b_key, mask=b_cand)
             pad = tl.where(up == 1, o_n < NP - n_found, o_n >= n_found)
         else:

@@ -143,23 +143,40 @@ def _log2(n: int) -> int:
 @triton.jit
 def top_of_sorted_runs(b_key, RUN: tl.constexpr):
     """The ``RUN`` largest of the keys ``b_key`` (a power of two of them), largest first, where
-    consecutive runs of ``RUN`` keys (a power of two) are sorted, largest first and last in
-    turn. Each level pairs the runs: the larger of the first one's ``i``-th key and the
-    second one's is a bitonic run that holds the pair's largest keys, and ``log2(RUN)`` exchange
-    stages sort it, again largest first and last in turn. Against ``tl.topk`` over unsorted
-    keys this skips its first ``log2(RUN) * (log2(RUN) + 1) / 2`` stages over every key: at 512
-    candidates and n = 16, about a third of its compare-exchanges."""
+    consecutive runs of ``RUN`` keys (a power of two) are sorted: largest first in the first half
+    of the runs, largest last in the second (the top bit of a run's index, :func:`run_bit`). Each
+    level pairs every run with the one half the runs away: the larger of the first one's ``i``-th
+    key and the second one's is a bitonic run that holds the pair's largest keys, and
+    ``log2(RUN)`` exchange stages sort it by the next bit of its index. Against ``tl.topk`` over
+    unsorted keys this skips its first ``log2(RUN) * (log2(RUN) + 1) / 2`` stages over every key:
+    at 512 candidates and n = 16, about a third of its compare-exchanges.
+
+    Pairing by the top bit first: 512 keys in 4 warps hold that bit in registers (two 8-byte
+    keys a lane, then the layout wraps), so the first level halves every lane's keys without a
+    shuffle, and the 4 levels after it exchange 2 keys a lane instead of 4 (the lowest run bit
+    first took 4 levels of 4 keys a lane)."""
     NP_BITS: tl.constexpr = _log2(RUN)
     RUN_LEVELS: tl.constexpr = _log2(b_key.numel) - NP_BITS
     h = tl.reshape(b_key, [2] * (RUN_LEVELS + NP_BITS))
     for level in tl.static_range(RUN_LEVELS):
-        # run 2i against run 2i + 1, key by key: the hypercube loses the axis of bit NP_BITS
-        h = tl.max(h, axis=RUN_LEVELS - level - 1)
+        # run i against run i + runs / 2, key by key: the hypercube loses its first axis
+        h = tl.max(h, axis=0)
         o_pos = tl.reshape(tl.arange(0, 1 << (RUN_LEVELS + NP_BITS - level - 1)), [2] * (RUN_LEVELS + NP_BITS - level - 1))
-        up = (o_pos >> NP_BITS) & 1
+        if level < RUN_LEVELS - 1:
+            # the next level's pairs (the top bit left): one largest first, one largest last
+            up = (o_pos >> (RUN_LEVELS + NP_BITS - level - 2)) & 1
+        else:
+            up = o_pos * 0  # the last level: largest first
         for stage in tl.static_range(NP_BITS):
             h = _exchange(h, o_pos, NP_BITS - 1 - stage, RUN_LEVELS + NP_BITS - level - 1, up)
     return tl.reshape(h, [1 << NP_BITS])
+
+
+@constexpr_function
+def run_bit(keys: int, run: int) -> int:
+    """The bit of a run's index that sets its order for :func:`top_of_sorted_runs` over ``keys``
+    keys in runs of ``run``: the top one (0 for a single run, which stays largest first)."""
+    return max(_log2(keys) - _log2(run) - 1, 0)
 
 
 @triton.jit
