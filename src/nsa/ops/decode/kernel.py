@@ -25,7 +25,8 @@ buffers depend only on shapes, so a captured CUDA graph replays at any length.
    its tile's scores in registers and writes only the tile's ``n`` best block
    keys (its candidates, found by one all-pairs rank in the tile, not ``n`` rounds); where
    launch 3 merges them, at their ranks: a sorted run, largest first in the first half of the
-   tiles and last in the second (the halves that merge's first level pairs). On a GPU each head's log-sum-exp takes the special-function unit's log2.
+   tiles and last in the second (the halves that merge's first level pairs). On a GPU each
+   head's log-sum-exp takes the special-function unit's log2.
    It compiles without FMA fusion (``UNFUSED_LAUNCH_OPTIONS``): the rank compares each key
    with its tile's keys as other lanes hold them, and fused sums across lanes could leave a
    key's copies a bit apart, so that it outranked itself.
