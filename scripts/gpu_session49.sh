@@ -9,18 +9,21 @@
 #   bash scripts/gpu_session49.sh placement  # the same stamps at batch 16 and 32, 64k, with each launch's
 #                                            # programs by how many shared their SM, and the compressed
 #                                            # pass's last programs
-#   bash scripts/gpu_session49.sh late       # the score launch's programs placed late: the compressed programs
-#                                            # let it start as they end (score_late), or no PDL for it; stamps
+#   bash scripts/gpu_session49.sh late       # (needs attempts/decode_score_late.patch, dropped, applied) the score
+#                                            # launch's programs placed late: the compressed programs let it
+#                                            # start as they end (score_late), or no PDL for it; stamps
 #                                            # at batch 16, 64k, then variant rounds at batch 1, 16 and 32
 #   bash scripts/gpu_session49.sh forced REV # the selection programs attend their forced blocks before the
 #                                            # wait for the scores (forced_early, on by default with the
 #                                            # descriptors): the decode kernels' GPU tests (report named after
 #                                            # REV, as one tar); variant rounds against forced_early off, and
-#                                            # with score_late, at batch 16 and 32; stamps at batch 16, 64k
+#                                            # with score_late (then in main), at batch 16 and 32; stamps at
+#                                            # batch 16, 64k
 #   bash scripts/gpu_session49.sh ab         # (needs ab_base/src, git archive of 1bf352a, and ab_masked/src:
 #                                            # this tree with the selected blocks' loop over every slot, unused
 #                                            # ones masked, as before) the three trees in turn, three times, at
-#                                            # batch 1, 16 and 32; score_late at batch 32 (8k) and 64 (64k)
+#                                            # batch 1, 16 and 32; score_late (then in main) at batch 32 (8k)
+#                                            # and 64 (64k)
 #   bash scripts/gpu_session49.sh tiles REV  # (needs ab_base/src and attempts/decode_score_tiles_per_program.patch,
 #                                            # dropped, applied) each score program takes several tiles of its
 #                                            # row once the launch would hold more than 4 programs an SM

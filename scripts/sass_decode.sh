@@ -56,7 +56,7 @@ cmp)
         $(strides s_qr s_qh s_kcb s_kct s_kch s_vcb s_vct s_vch s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 SINK_STRIDE=i32/16 S_CMP=i32 S_WIN=i32 S=i32 TQ=1 H=4 G=16 K=128 V=128 CMP_BLOCK=32
         CMP_STRIDE=16 WINDOW=512 BG=16 BK=128 BV=128 PREC=tf32 PDL=True WIN_DESC=False KEEP=evict_last SEL_BLOCK=64
-        R=4 LATE_TRIGGER=False $per_batch num_warps=4 num_stages=3"
+        R=4 $per_batch num_warps=4 num_stages=3"
     ;;
 combine)
     # batch 1: 16 compressed, 4 window and 16 selected slots, the first two branches merged before

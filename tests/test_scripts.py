@@ -27,7 +27,6 @@ def test_decode_trace_probe_finds_every_stamp_place():
         for name in ("compressed_pass.py", "score.py", "selected.py", "combine.py"):
             source = (decode / name).read_text()
             assert " trace,\n):" in source and "trace_stamp(p_tr, 4" in source, name
-        assert source.count("trace_stamp(") >= 2
         assert (decode / "kernel.py").read_text().count("trace=TRACE[") == 4
     finally:
         shutil.rmtree(tree)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from nsa.ops.decode.tiles import (
     attend_full_tiles_desc,
@@ -30,7 +29,7 @@ def decode_cmp_win_fwd_kernel(
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
-    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr, LATE_TRIGGER: tl.constexpr,
+    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
     ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
@@ -39,14 +38,8 @@ def decode_cmp_win_fwd_kernel(
     compressed split go through them; the masked last tile, if any, still uses plain loads
     (``k_cmp_ptr``/``v_cmp_ptr``, the same caches as tensors, through which every tile goes
     without ``CMP_DESC``). ``WIN_DESC`` does the same for the window. Logits and
-    partials are stored with the L2 eviction policy ``KEEP``.
-
-    With ``PDL`` every program lets the score launch start (``gdc_launch_dependents``) as it
-    begins, or with ``LATE_TRIGGER`` once its split is attended: the score launch's programs are
-    then placed once the last of this launch's programs is near its end, onto SMs this launch
-    has mostly left, not piled onto the SMs it left first."""
-    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK,
-                                                     PDL and not LATE_TRIGGER)
+    partials are stored with the L2 eviction policy ``KEEP``."""
+    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)
@@ -67,8 +60,6 @@ def decode_cmp_win_fwd_kernel(
         b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr, v_win_ptr,
                                         s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         logits, 0, G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1, WIN_DESC)  # fmt: skip
-    if PDL and LATE_TRIGGER:
-        gdc_launch_dependents()
     store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 

@@ -245,7 +245,6 @@ def decode_fwd(
     score_warps: Optional[int] = None,
     topn_bitonic: bool = True,
     combine_early: bool = True,
-    score_late: bool = False,
     forced_early: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
@@ -280,9 +279,7 @@ def decode_fwd(
     against 78.7-79.2, at 8k 37.8-38.9 against 38.5-39.0, batch 32 at 64k 127.5-127.8 against
     128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise),
     ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
-    among their ranks before they wait for the score launch; on by default with ``sel_desc``)
-    and ``score_late`` (the compressed programs let the score launch start only as they end;
-    off by default).
+    among their ranks before they wait for the score launch; on by default with ``sel_desc``).
 
     ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
     their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
@@ -292,14 +289,10 @@ def decode_fwd(
     (not changed) the same. Its blocks in a loop over the used slots alone: the same tree with
     every slot read and the unused ones masked took 75.2-75.3 at batch 16, 64k and 128.8-129.3
     at batch 32.
-    ``score_late``: with one score program a tile, the score launch's programs that start while
-    the compressed launch runs pile up to 32 an SM on the SMs it leaves first, and those ended up
-    to 4 us after the rest (batch 16, 64k, ``scripts/gpu_decode_trace.py``). Started late they
-    spread evenly (15-16 an SM) and the score launch ended 1.7 us sooner, but the selected
-    launch, and the window's programs in it, started later too: batch 16 at 64k 72.8-73.6
-    against 72.8-73.7 us, at 8k 40.2-40.8 against 37.7-38.9; batch 32 at 64k 120.9-122.6
-    against 122.8-124.7, at 32k 83.4-83.6 against 81.1-81.8, at 8k 58.2-58.3 against 53.2-53.3;
-    batch 64 the same; batch 1 at 64k 22.4-22.7 against 20.6-20.8 (H200, session 49).
+    The compressed programs letting the score launch start only as they end (so that its
+    programs spread evenly over the SMs rather than pile up to 32 on those the compressed launch
+    leaves first) measured slower at most points and was dropped (session 49,
+    ``docs/perf/attempts/decode_score_late.patch``).
 
     Defaults from Hopper on, measured on an H200 at 64k (graph replay): while the batch
     does not fill the GPU (batch 1), PDL on (26.7 against 29.4 us) and plain loads for the
@@ -447,7 +440,7 @@ def decode_fwd(
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk, LATE_TRIGGER=score_late,
+        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if score_blocks is None:
