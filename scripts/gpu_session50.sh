@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU calls of session 50 (H200). Session 49's stamps (batch 16, 64k): every selection program
+# waited for the whole score launch, whose last programs (on the SMs it crowds most) ended at
+# 52.2 us, though most had ended by 47.7. Does waiting for one's own row-group's score tiles alone
+# (row_handoff, nsa/ops/decode/handoff.py) start the selection programs' reads sooner?
+#
+#   bash scripts/gpu_session50.sh handoff REV  # the decode kernels' and launch options' GPU tests (report
+#                                              # named after REV, as one tar); variant rounds against
+#                                              # row_handoff off at batch 16, 1 and 32; stamps at batch 16,
+#                                              # 64k, both ways
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session50.sh handoff REV}"
+device_line
+case "$step" in
+handoff)
+    reported_tests 200 "${2:?handoff needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/ops/test_launch_options.py
+    off='{"row_handoff": false}'
+    variant_rounds handoff_b16 16 65536 "8192 32768 65536" 150 "$off"
+    variant_rounds handoff_b1 1 65536 "8192 65536" 100 "$off"
+    variant_rounds handoff_b32 32 65536 "65536" 120 "$off"
+    timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$off" \
+        2>&1 | tee "$OUT/decode_trace_handoff_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
