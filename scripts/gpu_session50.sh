@@ -8,12 +8,17 @@
 #                                              # named after REV, as one tar); variant rounds against
 #                                              # row_handoff off at batch 16, 1 and 32; stamps at batch 16,
 #                                              # 64k, both ways
+#   bash scripts/gpu_session50.sh ab REV       # (needs ab_base/src, git archive of da795ab) with the polls
+#                                              # between the first and last load relaxed, and the hand-off
+#                                              # on only once the batch fills the GPU: the same tests, then
+#                                              # the two trees in turn, three times, at batch 1-64; stamps at
+#                                              # batch 16, 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV}"
 device_line
 case "$step" in
 handoff)
@@ -25,6 +30,14 @@ handoff)
     variant_rounds handoff_b32 32 65536 "65536" 120 "$off"
     timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$off" \
         2>&1 | tee "$OUT/decode_trace_handoff_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    ;;
+ab)
+    worker_tests 200 "${2:?ab needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/ops/test_launch_options.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
+    AB_POINTS="1:65536 16:8192 16:32768 16:65536 32:8192 32:65536 64:65536" ab_rounds handoff_ab 3 150 base new
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
+        | tee "$OUT/decode_trace_handoff2_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

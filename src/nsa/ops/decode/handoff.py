@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-# polls of a selection program (each an acquire load, about a microsecond from L2) before it
+# polls of a selection program (each a load from L2, about a microsecond) before it
 # falls back to waiting for the whole score launch
 MAX_POLLS = tl.constexpr(16384)
 
@@ -37,16 +37,18 @@ def count_done(p_count):
 
 @triton.jit
 def wait_count(p_count, target, PDL: tl.constexpr):
-    """Wait until ``p_count`` reaches ``target`` (one thread's acquire loads; Triton shares the
-    value with the program's other threads through shared memory behind a barrier). After
+    """Wait until ``p_count`` reaches ``target``: one thread's loads (Triton shares the value with
+    the program's other threads through shared memory behind a barrier), the first and the last
+    with acquire semantics (each invalidates the SM's L1), the polls between them relaxed. After
     ``MAX_POLLS`` polls, with ``PDL``, wait for the whole launch before instead. Loads of what
-    the counted programs wrote should bypass L1 (``.cg``): another program on this SM may have
-    cached the lines."""
+    the counted programs wrote should still bypass L1 (``.cg``): L1 is not coherent."""
     n = tl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
-    polls = 1
-    while (n < target) & (polls < MAX_POLLS):
+    if n < target:
+        polls = 1
+        while (n < target) & (polls < MAX_POLLS):
+            n = tl.atomic_add(p_count, 0, sem="relaxed", scope="gpu")
+            polls += 1
         n = tl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
-        polls += 1
     if PDL:
         if n < target:
             gdc_wait()

@@ -404,7 +404,7 @@ def decode_fwd(
     sink_stride = cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
     logits = torch.empty(rows * HQ, sink_stride, **f32)
     if row_handoff is None:
-        row_handoff = early[1]
+        row_handoff = early[1] and fills
     # each row-group's count of scored tiles (zeroed by launch 1); unused without the hand-off
     scored = torch.empty(rows * H if row_handoff else 1, device=q.device, dtype=torch.int32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
