@@ -13,12 +13,16 @@
 #                                              # on only once the batch fills the GPU: the same tests, then
 #                                              # the two trees in turn, three times, at batch 1-64; stamps at
 #                                              # batch 16, 64k
+#   bash scripts/gpu_session50.sh fence REV    # (needs ab_base/src as above) the polls all relaxed, then one
+#                                              # acquire fence: the same tests, then the two trees in turn,
+#                                              # three times, at batch 16-64; stamps at batch 16, 64k and 32,
+#                                              # 8k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV}"
 device_line
 case "$step" in
 handoff)
@@ -31,13 +35,20 @@ handoff)
     timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$off" \
         2>&1 | tee "$OUT/decode_trace_handoff_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
     ;;
-ab)
+ab | fence)
     worker_tests 200 "${2:?ab needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
     (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
-    AB_POINTS="1:65536 16:8192 16:32768 16:65536 32:8192 32:65536 64:65536" ab_rounds handoff_ab 3 150 base new
+    points="1:65536 16:8192 16:32768 16:65536 32:8192 32:65536 64:65536"
+    [ "$step" = fence ] && points="16:8192 16:32768 16:65536 32:8192 32:65536 64:65536"
+    AB_POINTS="$points" ab_rounds "handoff_$step" 3 150 base new
     timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
-        | tee "$OUT/decode_trace_handoff2_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+        | tee "$OUT/decode_trace_handoff_${step}_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    if [ "$step" = fence ]; then
+        timeout 100 python scripts/gpu_decode_trace.py --contexts 8192 --batches 32 --replays 5 --variants '{}' \
+            '{"row_handoff": false}' 2>&1 | tee "$OUT/decode_trace_handoff_b32_h200.md" \
+            | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    fi
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -37,18 +37,20 @@ def count_done(p_count):
 
 @triton.jit
 def wait_count(p_count, target, PDL: tl.constexpr):
-    """Wait until ``p_count`` reaches ``target``: one thread's loads (Triton shares the value with
-    the program's other threads through shared memory behind a barrier), the first and the last
-    with acquire semantics (each invalidates the SM's L1), the polls between them relaxed. After
-    ``MAX_POLLS`` polls, with ``PDL``, wait for the whole launch before instead. Loads of what
-    the counted programs wrote should still bypass L1 (``.cg``): L1 is not coherent."""
-    n = tl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
-    if n < target:
+    """Wait until ``p_count`` reaches ``target``, with ``PDL`` (which a GPU of compute capability
+    9.0 or later runs; without it the launch before has ended). One thread polls with relaxed
+    loads (Triton shares the value with the program's other threads through shared memory behind
+    a barrier), then every thread takes an acquire fence: an acquire load there cost another
+    round trip to L2, and invalidated the SM's L1 each poll. After ``MAX_POLLS`` polls it waits
+    for the whole launch before instead. Loads of what the counted programs wrote should bypass
+    L1 (``.cg``): L1 is not coherent."""
+    if PDL:
+        n = tl.atomic_add(p_count, 0, sem="relaxed", scope="gpu")
         polls = 1
         while (n < target) & (polls < MAX_POLLS):
             n = tl.atomic_add(p_count, 0, sem="relaxed", scope="gpu")
             polls += 1
-        n = tl.atomic_add(p_count, 0, sem="acquire", scope="gpu")
-    if PDL:
+        n = tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [n], dtype=tl.int32,
+                                      is_pure=False, pack=1)
         if n < target:
             gdc_wait()
