@@ -63,7 +63,7 @@ IMPORT = "from nsa.ops.decode.tiles import trace_row, trace_sm, trace_stamp\n"
 INSERTS: List[Tuple[str, str, str]] = [
     ("tiles.py", None, STAMP_HELPERS),
     # compressed pass
-    ("compressed_pass.py", " R: tl.constexpr, HANDOFF: tl.constexpr,\n):", " R: tl.constexpr, HANDOFF: tl.constexpr, trace,\n):"),
+    ("compressed_pass.py", " SEL_BLOCK: tl.constexpr, R: tl.constexpr,\n):", " SEL_BLOCK: tl.constexpr, R: tl.constexpr, trace,\n):"),
     ("compressed_pass.py", "    b_m = tl.full([BG], float(\"-inf\"), tl.float32)\n    b_l = tl.zeros([BG], tl.float32)\n"
      "    b_acc = tl.zeros([BG, BV], tl.float32)\n    if i_s < S_CMP:",
      "    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n    trace_stamp(p_tr, 1, pos.to(tl.int32))\n"
@@ -73,7 +73,7 @@ INSERTS: List[Tuple[str, str, str]] = [
      "    trace_stamp(p_tr, 4, tl.sum(b_l, 0).to(tl.int32, bitcast=True))\n"
      "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)\n"),
     # score
-    ("score.py", " RUN_BIT: tl.constexpr, HANDOFF: tl.constexpr,\n):", " RUN_BIT: tl.constexpr, HANDOFF: tl.constexpr, trace,\n):"),
+    ("score.py", " RUN_BIT: tl.constexpr,\n):", " RUN_BIT: tl.constexpr, trace,\n):"),
     ("score.py", "        gdc_wait()\n    if j0 <= pos // SEL_BLOCK:",
      "        gdc_wait()\n    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n    trace_stamp(p_tr, 1, i_j)\n"
      "    if j0 <= pos // SEL_BLOCK:"),
@@ -83,8 +83,8 @@ INSERTS: List[Tuple[str, str, str]] = [
     ("score.py", "        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)",
      "        tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)\n        trace_stamp(p_tr, 4, n_found)"),
     # selected (and the window's programs of that launch)
-    ("selected.py", " FORCED_EARLY: tl.constexpr, HANDOFF: tl.constexpr,\n):\n    \"\"\"With",
-     " FORCED_EARLY: tl.constexpr, HANDOFF: tl.constexpr, trace,\n):\n    \"\"\"With"),
+    ("selected.py", "    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,\n):\n    \"\"\"With",
+     "    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr, trace,\n):\n    \"\"\"With"),
     ("selected.py", "    i_rh = tl.program_id(1)\n", "    i_rh = tl.program_id(1)\n    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n"),
     ("selected.py", "        lo, hi = window_split(pos, i_s - S_SLC, S_WIN, WINDOW)\n",
      "        trace_stamp(p_tr, 1, pos.to(tl.int32))\n        lo, hi = window_split(pos, i_s - S_SLC, S_WIN, WINDOW)\n"),
@@ -95,12 +95,12 @@ INSERTS: List[Tuple[str, str, str]] = [
      "                          qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q, p_tr,\n"),
     ("selected.py", "    qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,  #\n",
      "    qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q, p_tr,  #\n"),
-    ("selected.py", "    if PDL and LATE_TRIGGER:\n        gdc_launch_dependents()\n",
-     "    if PDL and LATE_TRIGGER:\n        gdc_launch_dependents()\n    trace_stamp(p_tr, 1, own.to(tl.int32))\n"),
-    ("selected.py", "    n_tiles = own // BJ + 1\n",
-     "    n_tiles = own // BJ + 1\n    trace_stamp(p_tr, 7, tl.sum(b_l, 0).to(tl.int32, bitcast=True))\n"),
-    ("selected.py", "        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ, CACHE)\n        b_j = top_n_blocks(",
-     "        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ, CACHE)\n"
+    ("selected.py", "    if PDL:\n        gdc_wait()\n        if LATE_TRIGGER:\n            gdc_launch_dependents()\n",
+     "    trace_stamp(p_tr, 7, tl.sum(b_l, 0).to(tl.int32, bitcast=True))\n"
+     "    if PDL:\n        gdc_wait()\n        if LATE_TRIGGER:\n            gdc_launch_dependents()\n"
+     "    trace_stamp(p_tr, 1, own.to(tl.int32))\n"),
+    ("selected.py", "        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ)\n        b_j = top_n_blocks(",
+     "        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ)\n"
      "        trace_stamp(p_tr, 2, tl.sum(b_key.to(tl.int32), 0))\n        b_j = top_n_blocks("),
     ("selected.py", "    # -- attention over this program's blocks, positions <= pos --\n",
      "    trace_stamp(p_tr, 3, tl.sum(b_j.to(tl.int32), 0))\n    # -- attention over this program's blocks, positions <= pos --\n"),
@@ -117,8 +117,7 @@ INSERTS: List[Tuple[str, str, str]] = [
      "    tl.store(o + o_h[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=o_v[None, :] < V)"),
     # the launches pass each kernel its rows of the module's TRACE
     ("kernel.py", "        num_warps=cmp_warps or num_warps, **cmp_attend,", "        trace=TRACE[0], num_warps=cmp_warps or num_warps, **cmp_attend,"),
-    ("kernel.py", "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP), HANDOFF=row_handoff,\n",
-     "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP), HANDOFF=row_handoff, trace=TRACE[1],\n"),
+    ("kernel.py", "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),\n", "        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP), trace=TRACE[1],\n"),
     ("kernel.py", "        RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early,",
      "        RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early, trace=TRACE[2],"),
     ("kernel.py", "        PDL=pdl, DROP=drop,\n", "        PDL=pdl, DROP=drop, trace=TRACE[3],\n"),

@@ -4,6 +4,9 @@
 # 52.2 us, though most had ended by 47.7. Does waiting for one's own row-group's score tiles alone
 # (row_handoff, nsa/ops/decode/handoff.py) start the selection programs' reads sooner?
 #
+# The steps handoff, ab and fence need docs/perf/attempts/decode_row_handoff.patch (measured slower, not
+# kept) applied to the tree of da795ab.
+#
 #   bash scripts/gpu_session50.sh handoff REV  # the decode kernels' and launch options' GPU tests (report
 #                                              # named after REV, as one tar); variant rounds against
 #                                              # row_handoff off at batch 16, 1 and 32; stamps at batch 16,
@@ -17,12 +20,17 @@
 #                                              # acquire fence: the same tests, then the two trees in turn,
 #                                              # three times, at batch 16-64; stamps at batch 16, 64k and 32,
 #                                              # 8k
+#   bash scripts/gpu_session50.sh final REV    # (main, without the hand-off) the decode table at batch 1-64
+#                                              # and the baseline's decode points; the decode GPU tests
+#                                              # (kernels, launch options, layer, cache, captured step; report
+#                                              # named after REV, as one tar); variant rounds of the batch-16
+#                                              # launch's splits, combine heads and compressed stages at 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV}"
 device_line
 case "$step" in
 handoff)
@@ -49,6 +57,14 @@ ab | fence)
             '{"row_handoff": false}' 2>&1 | tee "$OUT/decode_trace_handoff_b32_h200.md" \
             | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
     fi
+    ;;
+final)
+    decode_table_and_baseline h200
+    worker_tests 300 "${2:?final needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+        tests/ops/test_launch_options.py tests/test_module.py tests/test_cache.py tests/test_decode_graph.py
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
+    variant_rounds tune_b16 16 65536 "65536" 200 '{"splits": [6, 1, 4]}' '{"splits": [6, 2, 8]}' \
+        '{"combine_heads": 4}' '{"cmp_stages": 2}'
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -26,9 +26,9 @@ strides() { for s in "$@"; do printf '%s=i64/16 ' "$s"; done; }
 case "$kernel" in
 score)
     if [ "$fills" = True ]; then per_batch="MASS=True BSC=8 num_warps=1"; else per_batch="MASS=False BSC=16 num_warps=4"; fi
-    params="seq_lens=*i32 logits=*fp32 m_part=*fp32 l_part=*fp32 cand=*i64 scored=*i32 SINK_STRIDE=i32/16 NCAND=i32/16 S_CMP=i32
+    params="seq_lens=*i32 logits=*fp32 m_part=*fp32 l_part=*fp32 cand=*i64 SINK_STRIDE=i32/16 NCAND=i32/16 S_CMP=i32
         S=i32 TQ=1 H=4 G=16 CMP_BLOCK=32 CMP_STRIDE=16 SEL_BLOCK=64 N=16 NP=16 INIT=1 LOCAL=2 BG=16 BJ=32 NCOVER=5
-        PDL=True CONTIG=True R=4 DROP=evict_first CMP_TILE=32 SORTED=True FAST_LOG2=True RUN_BIT=4 HANDOFF=True $per_batch num_stages=3
+        PDL=True CONTIG=True R=4 DROP=evict_first CMP_TILE=32 SORTED=True FAST_LOG2=True RUN_BIT=4 $per_batch num_stages=3
         enable_fp_fusion=False"
     ;;
 selected)
@@ -38,11 +38,11 @@ selected)
     else
         per_batch="SB=1 SEL_DESC=False WIN=False d_k=*bf16 d_v=*bf16 FORCED_EARLY=False"
     fi
-    params="q=*bf16 k=*bf16 v=*bf16 seq_lens=*i32 cand=*i64 scored=*i32 block_idx=*i32 k_win=*bf16 v_win=*bf16 o_part=*fp32
+    params="q=*bf16 k=*bf16 v=*bf16 seq_lens=*i32 cand=*i64 block_idx=*i32 k_win=*bf16 v_win=*bf16 o_part=*fp32
         m_part=*fp32 l_part=*fp32 $(strides s_qr s_qh s_kb s_kt s_kh s_vb s_vt s_vh s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 NCAND=i32/16 SLOT0=i32 S=i32 S_SLC=i32 S_WIN=i32 WIN_SLOT0=i32/16 TQ=1 H=4 G=16 K=128 V=128
         SEL_BLOCK=64 N=16 NP=16 BJ=32 BG=16 BK=128 BV=128 BC=64 TJ=512 ONE_TILE=True PREC=tf32 PDL=True PER_ROUND=4
-        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True LATE_TRIGGER=True INIT=1 LOCAL=2 HANDOFF=True
+        SMALL_TILE=16 WINDOW=512 WIN_TILE=64 KEEP=evict_last RANKED=False BITONIC=True LATE_TRIGGER=True INIT=1 LOCAL=2
         $per_batch num_warps=4 num_stages=3"
     ;;
 cmp)
@@ -52,11 +52,11 @@ cmp)
         per_batch="k_cmp=*bf16 v_cmp=*bf16 BC=64 CMP_DESC=False MASS=False"
     fi
     params="q=*bf16 k_win=*bf16 v_win=*bf16 seq_lens=*i32 k_cmp_ptr=*bf16 v_cmp_ptr=*bf16 k_win_ptr=*bf16
-        v_win_ptr=*bf16 logits=*fp32 o_part=*fp32 m_part=*fp32 l_part=*fp32 scored=*i32
+        v_win_ptr=*bf16 logits=*fp32 o_part=*fp32 m_part=*fp32 l_part=*fp32
         $(strides s_qr s_qh s_kcb s_kct s_kch s_vcb s_vct s_vch s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 SINK_STRIDE=i32/16 S_CMP=i32 S_WIN=i32 S=i32 TQ=1 H=4 G=16 K=128 V=128 CMP_BLOCK=32
         CMP_STRIDE=16 WINDOW=512 BG=16 BK=128 BV=128 PREC=tf32 PDL=True WIN_DESC=False KEEP=evict_last SEL_BLOCK=64
-        R=4 HANDOFF=True $per_batch num_warps=4 num_stages=3"
+        R=4 $per_batch num_warps=4 num_stages=3"
     ;;
 combine)
     # batch 1: 16 compressed, 4 window and 16 selected slots, the first two branches merged before

@@ -238,13 +238,6 @@ def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
         pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-topk"),
         pytest.param(SMALL, {"score_mass": False, "splits": (2, 1, 1)}, id="score-logits"),
         pytest.param(WIDE, {"cmp_tile": 4, "score_blocks": 2, "splits": (3, 1, 1)}, id="score-mass-one-block-tiles"),
-        # each selection program waits for its row-group's score tiles alone (counted): with the
-        # bitonic merge, with rounds over several candidate tiles, and with descriptors
-        pytest.param(SMALL, {"row_handoff": True, "score_blocks": 2, "splits": (2, 1, 2)}, id="row-handoff-bitonic"),
-        pytest.param(SMALL, {"row_handoff": True, "score_blocks": 2, "block_tile": 4, "splits": (2, 1, 1)},
-                     id="row-handoff-rounds"),
-        pytest.param(WIDE, {"row_handoff": True, "sel_desc": True, "window_in_selected": True, "splits": (1, 1, 1)},
-                     id="row-handoff-sel-descriptors"),
     ],
 )
 def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tolerance):
@@ -390,54 +383,12 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(lens, nsa_device):
     config = NSAConfig()
     q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, 64, 4, 128, 128, config, nsa_device)
     args = (q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, config, config.softmax_scale(128))
-    want_o, want_idx = decode_fwd(*args, pdl=True, row_handoff=False)
+    want_o, want_idx = decode_fwd(*args, pdl=True)
     plain_o, plain_idx = decode_fwd(*args, pdl=False)
     assert torch.equal(want_o, plain_o) and torch.equal(want_idx, plain_idx)
     for early in ((False, True, True), (True, False, True), (True, True, False), (False, False, True)):
         o, idx = decode_fwd(*args, pdl=early)
         assert torch.equal(o, want_o) and torch.equal(idx, want_idx), f"pdl={early} changed the result"
-    # each selection program waiting for its own row-group's score tiles (the default with the
-    # selected launch early): a race would read candidates before they are stored, now and then
-    for attempt in range(8):
-        o, idx = decode_fwd(*args, pdl=True, row_handoff=True)
-        assert torch.equal(o, want_o) and torch.equal(idx, want_idx), f"row hand-off, call {attempt}"
-
-
-@pytest.mark.triton
-def test_row_handoff_counts_each_row_groups_scored_tiles(monkeypatch, nsa_device):
-    """With ``row_handoff`` launch 1 zeroes each row-group's count (poisoned here before it runs),
-    and every score tile that holds a visible block counts itself once: the count a selection
-    program waits for is then exactly its row-group's visible tiles, and the output is the one
-    of the whole-launch wait."""
-    import inspect
-
-    from nsa.ops.decode import kernel
-
-    config, lens = WIDE, [5, 33, 60]  # own blocks 0, 2, 3: 1, 2 and 2 tiles of 2 blocks
-    seq, kv, seq_lens = _batch_of_sequences(lens, 4, 2, 16, config, nsa_device, torch.float32)
-    q = torch.cat([s[0][:, n - 1 : n] for s, n in zip(seq, lens)])
-    gates = torch.cat([s[1][:, n - 1 : n] for s, n in zip(seq, lens)])
-    args = (q, kv["k"], kv["v"], gates, seq_lens, kv["k_cmp"], kv["v_cmp"], kv["k_win"], kv["v_win"], config,
-            config.softmax_scale(16))
-    counts = {}
-    kernel_type, real_run = type(kernel.decode_cmp_win_fwd_kernel), type(kernel.decode_cmp_win_fwd_kernel).run
-
-    def run(self, *run_args, **kwargs):
-        names = list(inspect.signature(self.fn).parameters)
-        if "scored" in names:
-            counts[self.fn.__name__] = run_args[names.index("scored")]
-            if self.fn.__name__ == "decode_cmp_win_fwd_kernel":
-                counts[self.fn.__name__].fill_(1 << 20)
-        return real_run(self, *run_args, **kwargs)
-
-    monkeypatch.setattr(kernel_type, "run", run)
-    launch = dict(score_blocks=2, splits=(2, 1, 1))
-    o, idx = kernel.decode_fwd(*args, row_handoff=True, **launch)
-    scored = counts["decode_selected_fwd_kernel"]
-    assert all(t is scored for t in counts.values()) and len(counts) == 3
-    assert scored.tolist() == [1, 1, 2, 2, 2, 2]
-    want_o, want_idx = kernel.decode_fwd(*args, row_handoff=False, **launch)
-    assert torch.equal(o, want_o) and torch.equal(idx, want_idx)
 
 
 @pytest.mark.gpu

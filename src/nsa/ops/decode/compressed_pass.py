@@ -20,7 +20,7 @@ from nsa.ops.decode.tiles import (
 @triton.jit
 def decode_cmp_win_fwd_kernel(
     q, k_cmp, v_cmp, k_win, v_win, seq_lens, k_cmp_ptr, v_cmp_ptr, k_win_ptr, v_win_ptr,  #
-    logits, o_part, m_part, l_part, scored,  #
+    logits, o_part, m_part, l_part,  #
     s_qr, s_qh,  #
     s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch,  #
     s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
@@ -29,7 +29,7 @@ def decode_cmp_win_fwd_kernel(
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
-    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr, HANDOFF: tl.constexpr,
+    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
     ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
@@ -38,12 +38,8 @@ def decode_cmp_win_fwd_kernel(
     compressed split go through them; the masked last tile, if any, still uses plain loads
     (``k_cmp_ptr``/``v_cmp_ptr``, the same caches as tensors, through which every tile goes
     without ``CMP_DESC``). ``WIN_DESC`` does the same for the window. Logits and
-    partials are stored with the L2 eviction policy ``KEEP``. With ``HANDOFF`` the first split
-    of each row-group zeroes its count of scored tiles, ``scored`` (:mod:`.handoff`)."""
+    partials are stored with the L2 eviction policy ``KEEP``."""
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
-    if HANDOFF:
-        if i_s == 0:
-            tl.store(scored + tl.program_id(1), 0)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)

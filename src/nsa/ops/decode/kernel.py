@@ -246,7 +246,6 @@ def decode_fwd(
     topn_bitonic: bool = True,
     combine_early: bool = True,
     forced_early: Optional[bool] = None,
-    row_handoff: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -280,9 +279,7 @@ def decode_fwd(
     against 78.7-79.2, at 8k 37.8-38.9 against 38.5-39.0, batch 32 at 64k 127.5-127.8 against
     128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise),
     ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
-    among their ranks before they wait for the score launch; on by default with ``sel_desc``),
-    ``row_handoff`` (each selection program waits for its own row-group's score tiles, counted in
-    a counter each, instead of the whole score launch; :mod:`.handoff`).
+    among their ranks before they wait for the score launch; on by default with ``sel_desc``).
 
     ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
     their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
@@ -403,10 +400,6 @@ def decode_fwd(
                   and cmp_bc % r_blk == 0)  # fmt: skip
     sink_stride = cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
     logits = torch.empty(rows * HQ, sink_stride, **f32)
-    if row_handoff is None:
-        row_handoff = early[1] and fills
-    # each row-group's count of scored tiles (zeroed by launch 1); unused without the hand-off
-    scored = torch.empty(rows * H if row_handoff else 1, device=q.device, dtype=torch.int32)
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
     block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
     o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
@@ -441,13 +434,13 @@ def decode_fwd(
     keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
     decode_cmp_win_fwd_kernel[(s_cmp + (0 if window_in_selected else s_win), rows * H)](
         q, k_cmp_arg, v_cmp_arg, k_win_arg, v_win_arg, seq_lens, k_cmp, v_cmp, k_win, v_win,  #
-        logits, o_part, m_part, l_part, scored,  #
+        logits, o_part, m_part, l_part,  #
         q.stride(0), q.stride(1),  #
         k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk, HANDOFF=row_handoff,
+        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if score_blocks is None:
@@ -467,13 +460,13 @@ def decode_fwd(
     # one bitonic merge of sorted runs needs every candidate in registers
     topn_bitonic = topn_bitonic and one_tile and not ranked
     decode_score_kernel[(score_tiles, rows * H)](
-        seq_lens, logits, m_part, l_part, cand, scored,  #
+        seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, SEL_BLOCK=config.sel_block,
         N=n, NP=NP, INIT=config.init_blocks, LOCAL=config.local_blocks,
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
-        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP), HANDOFF=row_handoff,
+        FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
@@ -492,7 +485,7 @@ def decode_fwd(
         k, v = descriptor_ready(k), descriptor_ready(v)
         d_k, d_v = token_tile_descriptor(k, sel_block, BK), token_tile_descriptor(v, sel_block, BV)
     decode_selected_fwd_kernel[(s_slc + (s_win if window_in_selected else 0), rows * H)](
-        q, k, v, seq_lens, cand, scored, block_idx, k_win, v_win,  #
+        q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
         o_part, m_part, l_part,  #
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),  #
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
@@ -501,7 +494,7 @@ def decode_fwd(
         PER_ROUND=per_round, SEL_DESC=sel_desc, SMALL_TILE=min(16, BC), d_k=d_k, d_v=d_v,
         WIN=window_in_selected, WINDOW=config.window, WIN_TILE=max(win_tile or BC, min_dot), KEEP=keep,
         RANKED=ranked, BITONIC=topn_bitonic, LATE_TRIGGER=combine_early, INIT=config.init_blocks,
-        LOCAL=config.local_blocks, FORCED_EARLY=sel_desc if forced_early is None else forced_early, HANDOFF=row_handoff,
+        LOCAL=config.local_blocks, FORCED_EARLY=sel_desc if forced_early is None else forced_early,
         num_warps=num_warps, **sel_stages, **attend, **common, **after_selected, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if combine_heads is None:

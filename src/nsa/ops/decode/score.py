@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 
-from nsa.ops.decode.handoff import count_done
 from nsa.ops.decode.sink import mass_row_sections
 from nsa.ops.decode.tiles import row_position, visible_cmp
 from nsa.ops.decode.topn import pack_keys
@@ -134,14 +133,14 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
 
 @triton.jit
 def decode_score_kernel(
-    seq_lens, logits, m_part, l_part, cand, scored,  #
+    seq_lens, logits, m_part, l_part, cand,  #
     SINK_STRIDE, NCAND, S_CMP, S,  #
     TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr,  #
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
-    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, RUN_BIT: tl.constexpr, HANDOFF: tl.constexpr,
+    SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, RUN_BIT: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
     program writes only its tile's ``N`` best keys (the candidates) into the tile's ``NP``
@@ -150,9 +149,7 @@ def decode_score_kernel(
     the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
     keys sorted, largest first where bit ``RUN_BIT`` of the tile's index is 0 and last where it
     is 1 (what one bitonic merge of runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`;
-    ``RUN_BIT`` from :func:`~nsa.ops.decode.topn.run_bit`). With ``HANDOFF`` a program that
-    stored candidates (its tile holds a visible block) then counts itself in its row-group's
-    ``scored`` (:mod:`.handoff`)."""
+    ``RUN_BIT`` from :func:`~nsa.ops.decode.topn.run_bit`)."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -181,5 +178,3 @@ def decode_score_kernel(
             tl.store(p_c + tl.cumsum(b_cand.to(tl.int32), 0) - 1, b_key, mask=b_cand)
             pad = o_n >= n_found
         tl.store(p_c + o_n, tl.full([NP], -1, tl.int64), mask=pad)
-        if HANDOFF:
-            count_done(scored + i_rh)

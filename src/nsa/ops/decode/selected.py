@@ -9,7 +9,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from nsa.ops.decode.handoff import wait_count
 from nsa.ops.decode.tiles import (
     attend_range,
     online_softmax_step,
@@ -53,7 +52,7 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
 
 @triton.jit
 def decode_selected_fwd_kernel(
-    q, k, v, seq_lens, cand, scored, block_idx, k_win, v_win,  #
+    q, k, v, seq_lens, cand, block_idx, k_win, v_win,  #
     o_part, m_part, l_part,  #
     s_qr, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
     s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh,  #
@@ -65,7 +64,7 @@ def decode_selected_fwd_kernel(
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v,
     WIN: tl.constexpr, WINDOW: tl.constexpr, WIN_TILE: tl.constexpr,
     KEEP: tl.constexpr, RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
-    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr, HANDOFF: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,
 ):
     """With ``SEL_DESC``, ``d_k``/``d_v`` are tensor descriptors of the cache (block
     ``[1, SEL_BLOCK, 1, D]``) and, once the sequence holds a whole block, every selected
@@ -82,10 +81,7 @@ def decode_selected_fwd_kernel(
 
     With ``FORCED_EARLY`` (and ``SEL_DESC``) a selection program attends over the forced blocks
     among its ranks (``INIT`` leading blocks, ``LOCAL`` blocks ending at the query's own) before
-    its wait: they need no score, and their bytes then move while the score launch runs.
-
-    With ``HANDOFF`` a selection program waits for its own row-group's score tiles (their counts
-    in ``scored``, :mod:`.handoff`) instead of the whole score launch."""
+    its wait: they need no score, and their bytes then move while the score launch runs."""
     TRIGGER_FIRST: tl.constexpr = PDL and not LATE_TRIGGER
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, TRIGGER_FIRST)
     i_rh = tl.program_id(1)
@@ -104,16 +100,16 @@ def decode_selected_fwd_kernel(
                                        G, K, V, BG, BK, BV, WIN_TILE, 0, PREC, KEEP, 1, 1, 1, 1)  # fmt: skip
         store_partial(o_part, m_part, l_part, i_r, i_h, WIN_SLOT0 + i_s - S_SLC, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
     else:
-        _selected_program(q, k, v, cand, scored, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+        _selected_program(q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                           qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,
                           H, G, K, V, SEL_BLOCK, N, NP, SB, BJ, BG, BK, BV, BC, TJ, ONE_TILE, PREC, PDL,
                           PER_ROUND, SEL_DESC, SMALL_TILE, d_k, d_v, KEEP, RANKED, BITONIC, LATE_TRIGGER,
-                          INIT, LOCAL, FORCED_EARLY, HANDOFF)  # fmt: skip
+                          INIT, LOCAL, FORCED_EARLY)  # fmt: skip
 
 
 @triton.jit
 def _selected_program(
-    q, k, v, cand, scored, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
+    q, k, v, cand, block_idx, o_part, m_part, l_part, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,  #
     qk_scale, NCAND, SLOT0, S, i_s, i_rh, i_r, i_h, i_b, pos, b_q,  #
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,  #
     SEL_BLOCK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr, BJ: tl.constexpr,  #
@@ -121,7 +117,7 @@ def _selected_program(
     TJ: tl.constexpr, ONE_TILE: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     PER_ROUND: tl.constexpr, SEL_DESC: tl.constexpr, SMALL_TILE: tl.constexpr, d_k, d_v, KEEP: tl.constexpr,
     RANKED: tl.constexpr, BITONIC: tl.constexpr, LATE_TRIGGER: tl.constexpr,
-    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr, HANDOFF: tl.constexpr,
+    INIT: tl.constexpr, LOCAL: tl.constexpr, FORCED_EARLY: tl.constexpr,
 ):
     """One selection program: waits for the scores, finds the top-n, attends over its
     share ``[i_s * SB, (i_s + 1) * SB)`` of the selected blocks and writes its partial.
@@ -144,21 +140,16 @@ def _selected_program(
         b_forced = tl.where(forced, tl.where(o_sb < INIT, o_sb, own - (n_sel - 1 - o_sb)), -1).to(tl.int64)
         b_m, b_l, b_acc = _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_forced, b_m, b_l, b_acc, qk_scale,
                                               SEL_BLOCK, SB, BK, BV, PREC)  # fmt: skip
-    # the score tiles that hold visible blocks store candidates, and with HANDOFF count themselves
-    n_tiles = own // BJ + 1
-    if HANDOFF:
-        wait_count(scored + i_rh, n_tiles, PDL)
-    elif PDL:
+    if PDL:
         gdc_wait()
-    if PDL and LATE_TRIGGER:
-        gdc_launch_dependents()
+        if LATE_TRIGGER:
+            gdc_launch_dependents()
     p_idx = block_idx + i_rh.to(tl.int64) * N
     # -- top-n among the candidates of the score tiles that hold visible blocks --
     p_cand = cand + i_rh.to(tl.int64) * NCAND
-    n_cand = n_tiles * NP
-    CACHE: tl.constexpr = ".cg" if HANDOFF else ""  # written by programs that may still run (see wait_count)
+    n_cand = (own // BJ + 1) * NP
     if BITONIC:
-        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ, CACHE)
+        o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ)
         b_j = top_n_blocks(b_key, o_sb, p_idx, i_s, N, NP)
     else:
         b_j = tl.full([SB], -1, tl.int64)
@@ -166,9 +157,9 @@ def _selected_program(
         if RANKED:
             thr = tl.full([], 0, tl.int64)  # every candidate: the tile's rank kept exactly the top-n
         else:
-            thr = top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND, CACHE)
+            thr = top_n_threshold(p_cand, n_cand, own, N, TJ, ONE_TILE, PER_ROUND)
         for c0 in range(0, n_cand, TJ):
-            o_j, b_key = candidate_keys(p_cand, c0, n_cand, TJ, CACHE)
+            o_j, b_key = candidate_keys(p_cand, c0, n_cand, TJ)
             b_j, count = take_ranks(o_j, b_key, thr, count, o_sb, b_j, p_idx, i_s)
         o_n = tl.arange(0, NP)
         if i_s == 0:

@@ -35,11 +35,10 @@ def _key_block(b_key):
 
 
 @triton.jit
-def candidate_keys(p_cand, c0, n_cand, TJ: tl.constexpr, CACHE: tl.constexpr):
-    """Candidate keys ``[c0, c0 + TJ)`` and their blocks (key -1 past ``n_cand`` or in an unused
-    slot), loaded with the cache modifier ``CACHE``."""
+def candidate_keys(p_cand, c0, n_cand, TJ: tl.constexpr):
+    """Candidate keys ``[c0, c0 + TJ)`` and their blocks (key -1 past ``n_cand`` or in an unused slot)."""
     o_c = c0 + tl.arange(0, TJ)
-    b_key = tl.load(p_cand + o_c, mask=o_c < n_cand, other=-1, cache_modifier=CACHE)
+    b_key = tl.load(p_cand + o_c, mask=o_c < n_cand, other=-1)
     return _key_block(b_key), b_key
 
 
@@ -206,21 +205,21 @@ def top_n_blocks(b_key, o_sb, p_idx, i_s, N: tl.constexpr, NP: tl.constexpr):
 
 @triton.jit
 def top_n_threshold(p_cand, n_cand, own, N: tl.constexpr, TJ: tl.constexpr, ONE_TILE: tl.constexpr,
-                    PER_ROUND: tl.constexpr, CACHE: tl.constexpr):
+                    PER_ROUND: tl.constexpr):
     """The smallest of the ``N`` largest candidate keys (0 when all visible blocks fit).
     With ``ONE_TILE`` every key stays in registers (:func:`_top_n_of_keys`); otherwise each
     round scans the candidates ``TJ`` at a time."""
     thr = tl.full([], 0, tl.int64)
     if own + 1 > N:
         if ONE_TILE:
-            o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ, CACHE)
+            o_unused, b_key = candidate_keys(p_cand, 0, n_cand, TJ)
             thr = _top_n_of_keys(b_key, N, PER_ROUND)
         else:
             thr = tl.full([], INT64_MAX, tl.int64)
             for i_round in range(N):
                 best = tl.full([], -1, tl.int64)
                 for c0 in range(0, n_cand, TJ):
-                    o_unused, b_key = candidate_keys(p_cand, c0, n_cand, TJ, CACHE)
+                    o_unused, b_key = candidate_keys(p_cand, c0, n_cand, TJ)
                     best = tl.maximum(best, tl.max(tl.where(b_key < thr, b_key, -1), 0))
                 thr = best
     return thr
