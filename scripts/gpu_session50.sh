@@ -25,12 +25,14 @@
 #                                              # (kernels, launch options, layer, cache, captured step; report
 #                                              # named after REV, as one tar); variant rounds of the batch-16
 #                                              # launch's splits, combine heads and compressed stages at 64k
+#   bash scripts/gpu_session50.sh warps        # two-warp score programs (at most 32 an SM by the block limit,
+#                                              # fewer by registers) at batch 16 and 32, 64k, as a variant
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps}"
 device_line
 case "$step" in
 handoff)
@@ -65,6 +67,10 @@ final)
     (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     variant_rounds tune_b16 16 65536 "65536" 200 '{"splits": [6, 1, 4]}' '{"splits": [6, 2, 8]}' \
         '{"combine_heads": 4}' '{"cmp_stages": 2}'
+    ;;
+warps)
+    variant_rounds warps_b16 16 65536 "32768 65536" 150 '{"score_warps": 2}'
+    variant_rounds warps_b32 32 65536 "65536" 120 '{"score_warps": 2}'
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
