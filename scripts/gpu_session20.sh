@@ -10,6 +10,8 @@
 #   bash scripts/gpu_session20.sh ab       # the compressed forward by tiles (first form: with its
 #                                          # top-n fused or not); the whole prefill, 8k and 16k,
 #                                          # against the session's start
+#   bash scripts/gpu_session20.sh tests <rev>  # the compressed, selection and whole-op kernel tests
+#                                          # alone (gpu_session15.sh's tests step)
 #   bash scripts/gpu_session20.sh final <rev>  # the table (PROFILE=h100 or h200), then the
 #                                          # compressed, selection and whole-op kernel tests
 #

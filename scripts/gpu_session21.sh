@@ -10,8 +10,8 @@
 #   bash scripts/gpu_session21.sh sweep         # batch-1 launch variants with the bitonic top-n
 #   bash scripts/gpu_session21.sh l2            # the rate at which L2 delivers random K/V blocks
 #                                               # (gpu_l2_ceiling.py), beside every kernel of one
-#                                               # 8k and one 64k forward+backward (l2more: 8 to 32
-#                                               # programs an SM)
+#                                               # 8k and one 64k forward+backward
+#   bash scripts/gpu_session21.sh l2more        # the same rate with 8 to 32 programs an SM
 #   PART=ops1|ops2|rest bash scripts/gpu_session21.sh suite <rev>  # half the kernel tests each /
 #                                               # every other test but the benchmarks, on the GPU
 #   bash scripts/gpu_session21.sh table         # the decode table (PROFILE=h100 or h200) and the

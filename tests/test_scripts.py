@@ -1,10 +1,13 @@
-"""Scripts that edit a copy of the library's source must still find their places in it."""
+"""The scripts around the library: those that edit a copy of its source must still find their places
+in it, and the GPU sessions' scripts must parse and document their steps."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 import shutil
+import subprocess
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 
@@ -30,3 +33,21 @@ def test_decode_trace_probe_finds_every_stamp_place():
         assert (decode / "kernel.py").read_text().count("trace=TRACE[") == 4
     finally:
         shutil.rmtree(tree)
+
+
+def test_gpu_session_scripts_parse_and_document_their_steps():
+    """Each ``scripts/gpu_sessionNN.sh`` (the record of a session's GPU calls, re-run from its
+    header) parses as bash, and its header documents exactly the steps its ``case`` handles: a
+    typo there would otherwise surface on the GPU machine, in device time."""
+    scripts = sorted(SCRIPTS.glob("gpu_session*.sh"))
+    assert scripts
+    for path in scripts:
+        parsed = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert parsed.returncode == 0, f"{path.name}: {parsed.stderr}"
+        source = path.read_text()
+        header = set(re.findall(rf"^#\s+(?:[A-Z_]+=\S+\s+)*bash scripts/{re.escape(path.name)}\s+(\w+)", source, re.M))
+        body = re.search(r"^case [^\n]* in\n(.*?)^esac", source, re.M | re.S)
+        assert body, f"{path.name}: no case over its steps"
+        handled = {step.strip() for labels in re.findall(r"^([\w][\w |]*)\)", body.group(1), re.M)
+                   for step in labels.split("|")}  # fmt: skip
+        assert header == handled, f"{path.name}: documented {sorted(header)}, handled {sorted(handled)}"
