@@ -4,8 +4,9 @@
 # 52.2 us, though most had ended by 47.7. Does waiting for one's own row-group's score tiles alone
 # (row_handoff, nsa/ops/decode/handoff.py) start the selection programs' reads sooner?
 #
-# The steps handoff, ab and fence need docs/perf/attempts/decode_row_handoff.patch (measured slower, not
-# kept) applied to the tree of da795ab.
+# The hand-off was measured slower and not kept: the steps handoff, ab and fence ran on its three
+# forms, commits 12416bb, 96d5f1f and c966cc8 (the last is docs/perf/attempts/decode_row_handoff.patch
+# over da795ab).
 #
 #   bash scripts/gpu_session50.sh handoff REV  # the decode kernels' and launch options' GPU tests (report
 #                                              # named after REV, as one tar); variant rounds against
@@ -46,7 +47,7 @@ handoff)
         2>&1 | tee "$OUT/decode_trace_handoff_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
     ;;
 ab | fence)
-    worker_tests 200 "${2:?ab needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+    worker_tests 200 "${2:?$step needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
     (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     points="1:65536 16:8192 16:32768 16:65536 32:8192 32:65536 64:65536"
