@@ -28,12 +28,16 @@
 #                                              # launch's splits, combine heads and compressed stages at 64k
 #   bash scripts/gpu_session50.sh warps        # two-warp score programs (at most 32 an SM by the block limit,
 #                                              # fewer by registers) at batch 16 and 32, 64k, as a variant
+#   bash scripts/gpu_session50.sh selection    # (one batch-64 check of da795ab had picked other blocks than
+#                                              # the reference, 99.95 % equal) repeated draws at batch 64 and
+#                                              # 32, 64k: every differing row checked as a valid top-n, and the
+#                                              # swapped blocks' score gaps (gpu_decode_selection_check.py)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps | selection}"
 device_line
 case "$step" in
 handoff)
@@ -72,6 +76,12 @@ final)
 warps)
     variant_rounds warps_b16 16 65536 "32768 65536" 150 '{"score_warps": 2}'
     variant_rounds warps_b32 32 65536 "65536" 120 '{"score_warps": 2}'
+    ;;
+selection)
+    timeout 250 python scripts/gpu_decode_selection_check.py --batch 64 --draws 10 2>&1 \
+        | tee "$OUT/decode_selection_b64_h200.md"
+    timeout 150 python scripts/gpu_decode_selection_check.py --batch 32 --draws 10 2>&1 \
+        | tee "$OUT/decode_selection_b32_h200.md"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
