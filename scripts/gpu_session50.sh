@@ -32,12 +32,14 @@
 #                                              # the reference, 99.95 % equal) repeated draws at batch 64 and
 #                                              # 32, 64k: every differing row checked as a valid top-n, and the
 #                                              # swapped blocks' score gaps (gpu_decode_selection_check.py)
+#   bash scripts/gpu_session50.sh b64 REV      # the real-size bf16 decode tests, a batch-64 case at 64k new
+#                                              # among them (report named after REV, as one tar)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps | selection}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps | selection | b64 REV}"
 device_line
 case "$step" in
 handoff)
@@ -82,6 +84,10 @@ selection)
         | tee "$OUT/decode_selection_b64_h200.md"
     timeout 150 python scripts/gpu_decode_selection_check.py --batch 32 --draws 10 2>&1 \
         | tee "$OUT/decode_selection_b32_h200.md"
+    ;;
+b64)
+    worker_tests 300 "${2:?b64 needs the commit to name the report after}" tests/ops/test_decode_kernel.py -k real_size
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
