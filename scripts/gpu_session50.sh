@@ -34,12 +34,15 @@
 #                                              # swapped blocks' score gaps (gpu_decode_selection_check.py)
 #   bash scripts/gpu_session50.sh b64 REV      # the real-size bf16 decode tests, a batch-64 case at 64k new
 #                                              # among them (report named after REV, as one tar)
+#   bash scripts/gpu_session50.sh sweep        # batch 16 at 64k: the window's token tile in the selected
+#                                              # launch (32, 128), the compressed pass's tile (64), no L2
+#                                              # eviction hints, as variants
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps | selection | b64 REV}"
+step="${1:?usage: scripts/gpu_session50.sh handoff REV | ab REV | fence REV | final REV | warps | selection | b64 REV | sweep}"
 device_line
 case "$step" in
 handoff)
@@ -88,6 +91,10 @@ selection)
 b64)
     worker_tests 300 "${2:?b64 needs the commit to name the report after}" tests/ops/test_decode_kernel.py -k real_size
     (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
+    ;;
+sweep)
+    variant_rounds sweep_b16 16 65536 "65536" 250 '{"win_tile": 32}' '{"win_tile": 128}' '{"cmp_tile": 64}' \
+        '{"l2_hints": false}'
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
