@@ -35,7 +35,7 @@
 #   bash scripts/gpu_session50.sh b64 REV      # the real-size bf16 decode tests, a batch-64 case at 64k new
 #                                              # among them (report named after REV, as one tar)
 #   bash scripts/gpu_session50.sh sweep        # batch 16 at 64k: the window's token tile in the selected
-#                                              # launch (32, 128), the compressed pass's tile (64), no L2
+#                                              # launch (32, 128), the compressed pass's tile (64, 2 stages), no L2
 #                                              # eviction hints, as variants
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
@@ -93,7 +93,7 @@ b64)
     (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     ;;
 sweep)
-    variant_rounds sweep_b16 16 65536 "65536" 250 '{"win_tile": 32}' '{"win_tile": 128}' '{"cmp_tile": 64}' \
+    variant_rounds sweep_b16 16 65536 "65536" 250 '{"win_tile": 32}' '{"win_tile": 128}' '{"cmp_tile": 64, "cmp_stages": 2}' \
         '{"l2_hints": false}'
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
