@@ -102,12 +102,17 @@ def run_nsa(t: Dict[str, torch.Tensor], backend: str = "triton", **launch):
     return nsa_decode(*args[:5], CONFIG, kv_cmp=args[5:7], kv_win=args[7:], backend=backend, return_block_idx=True)
 
 
+def run_reference(t: Dict[str, torch.Tensor]):
+    """``(o, block_idx)`` of the float32 reference on the same inputs, upcast."""
+    return run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
+
+
 def check(t: Dict[str, torch.Tensor], variants: List[dict] = ()) -> Dict[str, float]:
     """Default launch against the float32 reference and PDL on against off; each of
     ``variants`` against the same reference (``variants``: {name: (rel_err, blocks_equal)})."""
     o, idx = run_nsa(t)
     o_plain, idx_plain = run_nsa(t, pdl=False)
-    ref_o, ref_idx = run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
+    ref_o, ref_idx = run_reference(t)
     res = {"rel_err": rel_error(o, ref_o), "blocks_equal": float((idx == ref_idx).float().mean()), "idx": idx,
            "pdl_same": bool(torch.equal(o, o_plain) and torch.equal(idx, idx_plain)), "variants": {}}
     for shown in variants:

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from gpu_decode import CONFIG, make_inputs, run_nsa
+from gpu_decode import CONFIG, make_inputs, run_nsa, run_reference
 from nsa.testing import SELECTION_EPS, assert_valid_selection, block_scores
 
 
@@ -44,13 +44,12 @@ def main() -> None:
     for draw in range(args.draws):
         t = make_inputs(args.batch, args.context)
         _, idx = run_nsa(t)
-        _, ref_idx = run_nsa({k: (v.float() if v.is_floating_point() else v) for k, v in t.items()}, "reference")
+        _, ref_idx = run_reference(t)
         rows = (idx != ref_idx).flatten(1).any(1).nonzero().flatten().tolist()  # [B, 1, H, n] -> sequences
         gaps = []
         for b in rows:
             n = int(t["seq_lens"][b])
-            scores = block_scores(t["q"][b : b + 1].float(), t["k_cmp"][b : b + 1, : CONFIG.num_cmp(n)].float(), CONFIG,
-                                  q_offset=n - 1)  # fmt: skip
+            scores = block_scores(t["q"][b : b + 1], t["k_cmp"][b : b + 1, : CONFIG.num_cmp(n)], CONFIG, q_offset=n - 1)
             assert_valid_selection(idx[b : b + 1], ref_idx[b : b + 1], scores, CONFIG, q_offset=n - 1, eps=eps)
             for h in range(idx.shape[2]):
                 if not torch.equal(idx[b, 0, h], ref_idx[b, 0, h]):

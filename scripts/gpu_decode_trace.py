@@ -23,6 +23,7 @@ Usage: ``python scripts/gpu_decode_trace.py [--contexts 65536] [--batches 1 16] 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import pathlib
 import shutil
@@ -213,8 +214,9 @@ def _by_sm(group: str, rows, launch_rows, t0, by_load: Dict[str, Dict[int, List[
     load: Dict[int, int] = {}
     for sm in launch_rows[:, 0].tolist():
         load[sm] = load.get(sm, 0) + 1
+    start = int(t0)
     for r in rows.tolist():
-        by_load.setdefault(group, {}).setdefault(load[r[0]], []).append((r[4] - t0.item()) / 1e3)
+        by_load.setdefault(group, {}).setdefault(load[r[0]], []).append((r[4] - start) / 1e3)
 
 
 def main() -> None:
@@ -224,7 +226,9 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=["{}"], help="JSON dicts of decode_fwd overrides")
     args = parser.parse_args()
-    sys.path.insert(0, str(instrumented_tree()))
+    tree = instrumented_tree()
+    atexit.register(shutil.rmtree, tree, True)
+    sys.path.insert(0, str(tree))
     import torch
 
     import nsa.ops.decode.kernel as kernel  # the instrumented tree's
