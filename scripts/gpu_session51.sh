@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU calls of session 51 (H200). Session 50's stamps (batch 16, 64k): the score launch's 2048
+# one-warp programs pile up to 32 an SM on the SMs the compressed launch leaves first (its CTA
+# limit), and the selected launch's programs, placed after them, find room late: the window's
+# programs started at 41-55 us (median 46) and read beside the selection programs' blocks, some
+# selection programs only reached their wait at 59 us. Two launch options of decode_fwd, alone and
+# together, as variants:
+#   window_first: the selected launch's grid transposed, its window programs first in launch order
+#                 (the GPU places a launch's programs in that order);
+#   score_late:   the compressed programs let the score launch start only once their split is
+#                 attended (session 49's docs/perf/attempts/decode_score_late.patch): its programs
+#                 then spread evenly over the SMs.
+#
+# Both were measured no faster and dropped; the step ran on commit 128bfac, where they exist.
+#
+#   bash scripts/gpu_session51.sh variants   # variant rounds at batch 16 (8k, 32k, 64k; each variant
+#                                            # checked against the float32 reference at 64k), stamps at
+#                                            # batch 16, 64k, for each
+#
+# Then: no score launch at all once the batch fills the GPU (score_in_selected): each selection
+# program waits for the compressed launch and scores its row from the block masses itself, in
+# chunks of score_chunk blocks, keeping the running n best (a top-k of each chunk, one bitonic merge).
+#
+#   bash scripts/gpu_session51.sh inselected # (ran at 7def5ef) variant rounds at batch 16 (8k, 32k, 64k),
+#                                            # 32 (64k) and 1 (64k, block masses forced), chunks of 64, 128
+#                                            # and 256 blocks; stamps at batch 16, 64k
+#
+# The first form read each chunk's masses one head's float at a time and took 37 us a program at
+# batch 16, 64k. The second reads them as [heads, blocks] tiles along the blocks (128-bit loads, the
+# head sum inside each thread), chunks of 256 blocks (8032 SASS instructions against 9392 in chunks of
+# 128, 16232 now; 3400 with the score launch):
+#
+#   bash scripts/gpu_session51.sh inselected2 # (ran at 223fe31) variant rounds at batch 16 (32k, 64k),
+#                                             # chunks of 256 and 512 blocks; stamps at batch 16, 64k
+#
+# Neither form was kept (docs/perf/attempts/decode_score_in_selected_chunks.patch). Last, on main:
+#
+#   bash scripts/gpu_session51.sh table       # the decode table at batch 1-64 (nsa-bench, graph replay,
+#                                             # dense in the same run)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session51.sh variants | inselected | inselected2 | table}"
+device_line
+first='{"window_first": true}'
+late='{"score_late": true}'
+both='{"window_first": true, "score_late": true}'
+case "$step" in
+variants)
+    variant_rounds place_b16 16 65536 "8192 32768 65536" 260 "$first" "$late" "$both"
+    timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
+        "$first" "$late" "$both" 2>&1 | tee "$OUT/decode_trace_place_h200.md" \
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    ;;
+inselected)
+    fold='{"score_in_selected": true}'
+    variant_rounds fold_b16 16 65536 "8192 32768 65536" 200 "$fold" '{"score_in_selected": true, "score_chunk": 64}' \
+        '{"score_in_selected": true, "score_chunk": 256}'
+    variant_rounds fold_b32 32 65536 "65536" 120 "$fold"
+    variant_rounds fold_b1 1 65536 "65536" 100 '{"score_in_selected": true, "score_mass": true}' '{"score_mass": true}'
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$fold" \
+        2>&1 | tee "$OUT/decode_trace_fold_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:"
+    ;;
+inselected2)
+    fold='{"score_in_selected": true, "score_chunk": 256}'
+    variant_rounds fold2_b16 16 65536 "32768 65536" 200 "$fold" '{"score_in_selected": true, "score_chunk": 512}'
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$fold" \
+        2>&1 | tee "$OUT/decode_trace_fold2_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:"
+    ;;
+table)
+    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
+        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
