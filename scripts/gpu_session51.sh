@@ -11,11 +11,16 @@
 #                 attended (session 49's docs/perf/attempts/decode_score_late.patch): its programs
 #                 then spread evenly over the SMs.
 #
-# Both were measured no faster and dropped; the step ran on commit 128bfac, where they exist.
+# Both were measured no faster and dropped; the step ran on commit 128bfac, where they exist. The
+# next, selection_first (the selected launch's grid transposed, its selection programs first), ran
+# on bd97783 and was dropped too (all three: docs/perf/attempts/decode_window_first.patch).
 #
 #   bash scripts/gpu_session51.sh variants   # variant rounds at batch 16 (8k, 32k, 64k; each variant
 #                                            # checked against the float32 reference at 64k), stamps at
 #                                            # batch 16, 64k, for each
+#   bash scripts/gpu_session51.sh selfirst   # the selection programs first in the selected launch instead
+#                                            # (selection_first): variant rounds at batch 16 (8k, 32k, 64k)
+#                                            # and 32 (64k), stamps at batch 16, 64k
 #
 # Then: no score launch at all once the batch fills the GPU (score_in_selected): each selection
 # program waits for the compressed launch and scores its row from the block masses itself, in
@@ -42,7 +47,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session51.sh variants | inselected | inselected2 | table}"
+step="${1:?usage: scripts/gpu_session51.sh variants | selfirst | inselected | inselected2 | table}"
 device_line
 first='{"window_first": true}'
 late='{"score_late": true}'
@@ -53,6 +58,13 @@ variants)
     timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
         "$first" "$late" "$both" 2>&1 | tee "$OUT/decode_trace_place_h200.md" \
         | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    ;;
+selfirst)
+    sel='{"selection_first": true}'
+    variant_rounds selfirst_b16 16 65536 "8192 32768 65536" 200 "$sel"
+    variant_rounds selfirst_b32 32 65536 "65536" 120 "$sel"
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$sel" \
+        2>&1 | tee "$OUT/decode_trace_selfirst_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
     ;;
 inselected)
     fold='{"score_in_selected": true}'
