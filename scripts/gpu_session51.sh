@@ -43,11 +43,20 @@
 #   bash scripts/gpu_session51.sh table       # the decode table at batch 1-64 (nsa-bench, graph replay,
 #                                             # dense in the same run)
 #
+# The selection programs that reach their wait last are those the score launch's programs keep off
+# the SMs it crowds: 32 one-warp programs of 64 registers fill an SM's 64K. Compiled for at most 40
+# registers (the same 880 SASS instructions, no spills) 32 of them take 40K, and for 32 (64 bytes
+# spilled) 32K, leaving room for one or two selected programs. Ran on 49a6f2c (score_maxnreg, not
+# kept: docs/perf/attempts/decode_score_maxnreg.patch):
+#
+#   bash scripts/gpu_session51.sh maxnreg     # score_maxnreg 40 and 32 as variants at batch 16 (8k, 32k,
+#                                             # 64k) and 32 (64k); stamps at batch 16, 64k
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session51.sh variants | selfirst | inselected | inselected2 | table}"
+step="${1:?usage: scripts/gpu_session51.sh variants | selfirst | inselected | inselected2 | table | maxnreg}"
 device_line
 first='{"window_first": true}'
 late='{"score_late": true}'
@@ -84,6 +93,14 @@ inselected2)
 table)
     timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
         --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
+    ;;
+maxnreg)
+    r40='{"score_maxnreg": 40}'
+    r32='{"score_maxnreg": 32}'
+    variant_rounds maxnreg_b16 16 65536 "8192 32768 65536" 200 "$r40" "$r32"
+    variant_rounds maxnreg_b32 32 65536 "65536" 120 "$r40" "$r32"
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$r40" \
+        "$r32" 2>&1 | tee "$OUT/decode_trace_maxnreg_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
