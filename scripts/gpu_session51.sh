@@ -52,11 +52,20 @@
 #   bash scripts/gpu_session51.sh maxnreg     # score_maxnreg 40 and 32 as variants at batch 16 (8k, 32k,
 #                                             # 64k) and 32 (64k); stamps at batch 16, 64k
 #
+# With 40 registers the selection programs reached their wait sooner but still waited for the whole
+# score launch. Session 50's row hand-off (docs/perf/attempts/decode_row_handoff.patch: each
+# selection program waits for its own row-group's score tiles) had found them placed too late to
+# gain; the two together, on da795ab's kernels (the hand-off on by default there). Ran on 5253f58,
+# the hand-off patch and score_maxnreg over main; no faster:
+#
+#   bash scripts/gpu_session51.sh handoff40   # variant rounds at batch 16 (32k, 64k) and 32 (64k): the
+#                                             # hand-off off, 40 registers, both; stamps at batch 16, 64k
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session51.sh variants | selfirst | inselected | inselected2 | table | maxnreg}"
+step="${1:?usage: scripts/gpu_session51.sh variants | selfirst | inselected | inselected2 | table | maxnreg | handoff40}"
 device_line
 first='{"window_first": true}'
 late='{"score_late": true}'
@@ -101,6 +110,15 @@ maxnreg)
     variant_rounds maxnreg_b32 32 65536 "65536" 120 "$r40" "$r32"
     timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$r40" \
         "$r32" 2>&1 | tee "$OUT/decode_trace_maxnreg_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    ;;
+handoff40)
+    off='{"row_handoff": false}'
+    r40='{"score_maxnreg": 40}'
+    off40='{"row_handoff": false, "score_maxnreg": 40}'
+    variant_rounds handoff40_b16 16 65536 "32768 65536" 200 "$off" "$r40" "$off40"
+    variant_rounds handoff40_b32 32 65536 "65536" 120 "$off" "$r40"
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants "$off" '{}' \
+        "$r40" 2>&1 | tee "$OUT/decode_trace_handoff40_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
