@@ -41,7 +41,8 @@
 # Neither form was kept (docs/perf/attempts/decode_score_in_selected_chunks.patch). Last, on main:
 #
 #   bash scripts/gpu_session51.sh table       # the decode table at batch 1-64 (nsa-bench, graph replay,
-#                                             # dense in the same run)
+#                                             # dense in the same run); ran twice, at 170b277 and f35f0ab
+#                                             # (the same kernels)
 #
 # The selection programs that reach their wait last are those the score launch's programs keep off
 # the SMs it crowds: 32 one-warp programs of 64 registers fill an SM's 64K. Compiled for at most 40
