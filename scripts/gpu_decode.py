@@ -284,6 +284,14 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     lines.insert(4, f"Programmatic dependent launch: {pdl_or_fallback()}; {persisting}.")
+
+    def report_so_far() -> None:
+        """The report as far as it goes, in ``--out``, so that a run stopped by a time limit keeps
+        what it measured."""
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+
     reads = {}
     for S in args.check_contexts or args.contexts:
         for lens in ([S], unequal_lengths(S, 16)):
@@ -294,6 +302,7 @@ def main() -> None:
             lines.append(f"| {S} | {len(lens)} ({shown}) | {res['rel_err']:.2e} | {100 * res['blocks_equal']:.2f}% | {res['pdl_same']} |")
             lines += [f"|   | variant {name} | {got} | | |" for name, got in res["variants"].items()]
             print("\n".join(lines[-1 - len(res["variants"]):]), flush=True)
+            report_so_far()
     lines += ["", "## Time per decode step", "",
               "| context | B | NSA us | NSA us, no PDL | dense us (backend) | dense / NSA | tokens read (real blocks / spec) | kernels (eager, CUDA time) |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -305,6 +314,7 @@ def main() -> None:
             except RuntimeError as err:  # a failing point is reported; the others still run
                 lines.append(f"| {S} | {B} | failed: {type(err).__name__}: {str(err).splitlines()[0][:100]} |")
             print(lines[-1], flush=True)
+            report_so_far()
             del t
             torch.cuda.empty_cache()
     for S in args.variants or ([max(args.contexts)] if args.variants is not None else []):
@@ -319,6 +329,7 @@ def main() -> None:
                 except (OutOfResources, RuntimeError) as err:  # a variant that fails is reported, not fatal
                     lines.append(f"- B={B} {shown}: failed ({type(err).__name__}: {str(err)[:80]})")
                 print(lines[-1], flush=True)
+                report_so_far()
                 del tt
             del t
             torch.cuda.empty_cache()
@@ -326,11 +337,8 @@ def main() -> None:
         lines += ["", "Compiled decode kernels:", ""] + compiled_resources()
     except Exception as err:  # noqa: BLE001 - the resource report is informative only
         lines.append(f"(resources unavailable: {type(err).__name__}: {err})")
-    report = "\n".join(lines) + "\n"
-    print("\n" + report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+    print("\n" + "\n".join(lines) + "\n")
+    report_so_far()
 
 
 if __name__ == "__main__":
