@@ -24,7 +24,8 @@ from nsa.testing import SELECTION_EPS, assert_valid_selection, block_scores
 def swapped_gap(idx: torch.Tensor, ref_idx: torch.Tensor, scores: torch.Tensor) -> float:
     """The largest relative gap between the scores of the blocks only one of ``idx``/``ref_idx``
     holds (one row-group's ``[n]`` blocks, ``scores [nblk]``)."""
-    mine, theirs = set(idx.tolist()) - set(ref_idx.tolist()), set(ref_idx.tolist()) - set(idx.tolist())
+    ours, refs = set(idx.tolist()), set(ref_idx.tolist())
+    mine, theirs = ours - refs, refs - ours
     worst = 0.0
     for a in mine - {-1}:
         for b in theirs - {-1}:

@@ -38,15 +38,22 @@ h200_decode() {
     timeout 120 python scripts/gpu_decode_layers.py --contexts 65536 2>&1 | tee "$OUT/decode_layers_h200.md" | tail -8
 }
 
-# The decode table at batch 1, 16, 32 and 64 (nsa-bench, graph replay, L2 flushed;
-# $OUT/decode_PROFILE.{csv,png}), then the decode points of the profile's pytest-benchmark baseline
-# saved again (the log in $OUT/baseline_decode.log, the baseline JSON copied to $OUT):
-#   decode_table_and_baseline PROFILE
-decode_table_and_baseline() {
-    local profile="${1:?decode_table_and_baseline needs the GPU profile}"
+# The decode table at batch 1, 16, 32 and 64 (nsa-bench, graph replay, L2 flushed, dense in the
+# same run; $OUT/decode_PROFILE.{csv,png}):
+#   decode_table PROFILE
+decode_table() {
+    local profile="${1:?decode_table needs the GPU profile}"
     timeout 200 python -m nsa.bench decode --profile "$profile" --batch 1,16,32,64 --graph --budget 4 \
         --csv "$OUT/decode_$profile.csv" --plot "$OUT/decode_$profile.png" 2>&1 | tail -24
     echo "== table: rc $? after $(( $(date +%s) - start )) s"
+}
+
+# decode_table, then the decode points of the profile's pytest-benchmark baseline saved again (the
+# log in $OUT/baseline_decode.log, the baseline JSON copied to $OUT):
+#   decode_table_and_baseline PROFILE
+decode_table_and_baseline() {
+    local profile="${1:?decode_table_and_baseline needs the GPU profile}"
+    decode_table "$profile"
     timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile "$profile" --nsa-baseline=save \
         -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
     echo "== baseline: rc $? after $(( $(date +%s) - start )) s"

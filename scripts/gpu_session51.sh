@@ -101,8 +101,7 @@ inselected2)
         2>&1 | tee "$OUT/decode_trace_fold2_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:"
     ;;
 table)
-    timeout 200 python -m nsa.bench decode --profile h200 --batch 1,16,32,64 --graph --budget 4 \
-        --csv "$OUT/decode_h200.csv" --plot "$OUT/decode_h200.png" 2>&1 | tail -24
+    decode_table h200
     ;;
 maxnreg)
     r40='{"score_maxnreg": 40}'
