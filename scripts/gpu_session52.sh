@@ -32,14 +32,32 @@
 # Slower at every point (batch 16 at 8k by 1.3-1.5 us with (4, 2, 4), 2-11 us elsewhere). Last, on main (the
 # kernels of da795ab):
 #
-#   bash scripts/gpu_session52.sh table   # the decode table at batch 1-64 (nsa-bench, graph replay,
-#                                         # dense in the same run)
+#   bash scripts/gpu_session52.sh table   # (ran at abc9a3e) the decode table at batch 1-64 (nsa-bench,
+#                                         # graph replay, dense in the same run)
+#
+# Then no score launch at all: each compressed split, its partial stored, counts itself in its
+# row-group's arrival count, waits for the row-group's other splits and scores the row's tiles
+# i_s, i_s + S_CMP, ... itself (decode_fwd's score_in_cmp); the selection programs then wait for
+# launch 1. The 2048 score programs no longer crowd the SMs the compressed launch leaves first:
+#
+#   bash scripts/gpu_session52.sh scorecmp # (ran at 31eb0a8) variant rounds at batch 16 (8k, 32k, 64k),
+#                                          # 32 and 64 (64k); stamps at batch 16, 64k
+#
+# Correct, and slower everywhere: a split scores its tiles one after another, 9.5 us (median) for
+# its 5-6 at batch 16, 64k, where the score launch's 32 programs a row-group take them at once. Two
+# tiles a step (144 registers; 4 take 219, past 3 programs an SM):
+#
+#   bash scripts/gpu_session52.sh scorecmp2 # (ran at fa9ec0b) variant rounds at batch 16 (64k), the
+#                                           # default tiles a step and two; stamps at batch 16, 64k
+#
+# Two tiles a step: 76.4-76.6 us against 72.4-73.0 (the default there took 8 tiles a step: 255
+# registers and spills, two programs an SM, 96 us). Dropped: docs/perf/attempts/decode_score_in_cmp.patch.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session52.sh pool | handoff | window1 | table}"
+step="${1:?usage: scripts/gpu_session52.sh pool | handoff | window1 | table | scorecmp | scorecmp2}"
 device_line
 p2='{"cmp_pool": 2}'
 p4='{"cmp_pool": 4}'
@@ -70,6 +88,22 @@ window1)
     ;;
 table)
     decode_table h200
+    ;;
+scorecmp)
+    in_cmp='{"score_in_cmp": true}'
+    variant_rounds scorecmp_b16 16 65536 "8192 32768 65536" 200 "$in_cmp"
+    variant_rounds scorecmp_b32 32 65536 "65536" 90 "$in_cmp"
+    variant_rounds scorecmp_b64 64 65536 "65536" 100 "$in_cmp"
+    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
+        "$in_cmp" 2>&1 | tee "$OUT/decode_trace_scorecmp_h200.md" \
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
+    ;;
+scorecmp2)
+    two='{"score_in_cmp": true, "score_cmp_tiles": 2}'
+    variant_rounds scorecmp2_b16 16 65536 "65536" 120 '{"score_in_cmp": true}' "$two"
+    timeout 90 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants "$two" \
+        2>&1 | tee "$OUT/decode_trace_scorecmp2_h200.md" \
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
