@@ -243,3 +243,15 @@ ab_rounds() {
         done
     done
 }
+
+# Every decode program's timer stamps (scripts/gpu_decode_trace.py, five replays at 64k, the variants
+# as decode_fwd overrides in JSON) into $OUT/decode_trace_NAME_h200.md, the spreads shown (session 52):
+#   decode_stamps NAME LIMIT_S "BATCHES" VARIANT...
+decode_stamps() {
+    local name="$1" limit="$2" batches="$3"
+    shift 3
+    # shellcheck disable=SC2086 # the batches are several arguments
+    timeout "$limit" python scripts/gpu_decode_trace.py --contexts 65536 --batches $batches --replays 5 --variants "$@" \
+        2>&1 | tee "$OUT/decode_trace_${name}_h200.md" \
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
+}

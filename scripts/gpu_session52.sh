@@ -29,8 +29,8 @@
 #   bash scripts/gpu_session52.sh window1 # (ran at 1c1a449, the hand-off off) variant rounds at batch 16
 #                                         # (8k, 32k, 64k) and 32 (64k)
 #
-# Slower at every point (batch 16 at 8k by 1.3-1.5 us with (4, 2, 4), 2-11 us elsewhere). Last, on main (the
-# kernels of da795ab):
+# Slower at every point (batch 16 at 8k by 1.3-1.5 us with (4, 2, 4), 2-11 us elsewhere). Then, on
+# main (the kernels of da795ab):
 #
 #   bash scripts/gpu_session52.sh table   # (ran at abc9a3e) the decode table at batch 1-64 (nsa-bench,
 #                                         # graph replay, dense in the same run)
@@ -59,6 +59,7 @@ here="$(dirname "$0")"
 
 step="${1:?usage: scripts/gpu_session52.sh pool | handoff | window1 | table | scorecmp | scorecmp2}"
 device_line
+
 p2='{"cmp_pool": 2}'
 p4='{"cmp_pool": 4}'
 p8='{"cmp_pool": 8}'
@@ -68,18 +69,14 @@ case "$step" in
 pool)
     variant_rounds pool_b16 16 65536 "32768 65536" 240 "$p2" "$p4" "$p8" "$p4c2" "$p4r"
     variant_rounds pool_b32 32 65536 "65536" 100 "$p4" "$p4r"
-    timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
-        "$p4" "$p4r" 2>&1 | tee "$OUT/decode_trace_pool_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps pool 120 16 '{}' "$p4" "$p4r"
     ;;
 handoff)
     hand='{"combine_handoff": true}'
     variant_rounds handoff_b16 16 65536 "8192 32768 65536" 200 "$hand"
     variant_rounds handoff_b32 32 65536 "65536" 90 "$hand"
     variant_rounds handoff_b1 1 65536 "8192 65536" 90 "$hand"
-    timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 1 --replays 5 --variants '{}' \
-        "$hand" 2>&1 | tee "$OUT/decode_trace_handoff_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps handoff 120 "16 1" '{}' "$hand"
     ;;
 window1)
     variant_rounds window1_b16 16 65536 "8192 32768 65536" 200 '{"window_in_selected": false, "splits": [5, 1, 4]}' \
@@ -94,16 +91,12 @@ scorecmp)
     variant_rounds scorecmp_b16 16 65536 "8192 32768 65536" 200 "$in_cmp"
     variant_rounds scorecmp_b32 32 65536 "65536" 90 "$in_cmp"
     variant_rounds scorecmp_b64 64 65536 "65536" 100 "$in_cmp"
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
-        "$in_cmp" 2>&1 | tee "$OUT/decode_trace_scorecmp_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
+    decode_stamps scorecmp 100 16 '{}' "$in_cmp"
     ;;
 scorecmp2)
     two='{"score_in_cmp": true, "score_cmp_tiles": 2}'
     variant_rounds scorecmp2_b16 16 65536 "65536" 120 '{"score_in_cmp": true}' "$two"
-    timeout 90 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants "$two" \
-        2>&1 | tee "$OUT/decode_trace_scorecmp2_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
+    decode_stamps scorecmp2 90 16 "$two"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
