@@ -32,7 +32,7 @@
 # Slower at every point (batch 16 at 8k by 1.3-1.5 us with (4, 2, 4), 2-11 us elsewhere). Then, on
 # main (the kernels of da795ab):
 #
-#   bash scripts/gpu_session52.sh table   # (ran at abc9a3e) the decode table at batch 1-64 (nsa-bench,
+#   bash scripts/gpu_session52.sh table   # (ran at abc9a3e and 759336a) the decode table at batch 1-64 (nsa-bench,
 #                                         # graph replay, dense in the same run)
 #
 # Then no score launch at all: each compressed split, its partial stored, counts itself in its
