@@ -61,9 +61,11 @@ decode_table_and_baseline() {
     cp "gpu_profiles/baselines/$profile/benchmarks.json" "$OUT/"
 }
 
-# The report folders in $OUT as one tar, $OUT/report.tar (the device tool brings back eight files).
+# The report folders in $OUT, and worker_tests' tests.txt where there is one, as one tar,
+# $OUT/report.tar (the device tool brings back eight files).
 tar_reports() {
-    (cd "$OUT" && tar -cf report.tar nvidia-* && rm -rf nvidia-*)
+    (cd "$OUT" && tar -cf report.tar nvidia-* && { [ ! -f tests.txt ] || tar -rf report.tar tests.txt; } \
+        && rm -rf nvidia-* tests.txt)
 }
 
 # worker_tests, then the report folder as one tar: reported_tests LIMIT REV TEST...
@@ -244,14 +246,15 @@ ab_rounds() {
     done
 }
 
-# Every decode program's timer stamps (scripts/gpu_decode_trace.py, five replays at 64k, the variants
-# as decode_fwd overrides in JSON) into $OUT/decode_trace_NAME_h200.md, the spreads shown (session 52):
-#   decode_stamps NAME LIMIT_S "BATCHES" VARIANT...
+# Every decode program's timer stamps (scripts/gpu_decode_trace.py, five replays at $CONTEXT, 64k
+# unless set; the variants as decode_fwd overrides in JSON) into $OUT/decode_trace_NAME_h200.md, the
+# spreads shown (sessions 50-52):
+#   [CONTEXT=N] decode_stamps NAME LIMIT_S "BATCHES" VARIANT...
 decode_stamps() {
     local name="$1" limit="$2" batches="$3"
     shift 3
     # shellcheck disable=SC2086 # the batches are several arguments
-    timeout "$limit" python scripts/gpu_decode_trace.py --contexts 65536 --batches $batches --replays 5 --variants "$@" \
-        2>&1 | tee "$OUT/decode_trace_${name}_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|arrived:|scored:"
+    timeout "$limit" python scripts/gpu_decode_trace.py --contexts "${CONTEXT:-65536}" --batches $batches --replays 5 \
+        --variants "$@" 2>&1 | tee "$OUT/decode_trace_${name}_h200.md" \
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:|arrived:|scored:"
 }

@@ -52,29 +52,23 @@ handoff)
     variant_rounds handoff_b16 16 65536 "8192 32768 65536" 150 "$off"
     variant_rounds handoff_b1 1 65536 "8192 65536" 100 "$off"
     variant_rounds handoff_b32 32 65536 "65536" 120 "$off"
-    timeout 120 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$off" \
-        2>&1 | tee "$OUT/decode_trace_handoff_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    decode_stamps handoff 120 16 '{}' "$off"
     ;;
 ab | fence)
-    worker_tests 200 "${2:?$step needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+    reported_tests 200 "${2:?$step needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     points="1:65536 16:8192 16:32768 16:65536 32:8192 32:65536 64:65536"
     [ "$step" = fence ] && points="16:8192 16:32768 16:65536 32:8192 32:65536 64:65536"
     AB_POINTS="$points" ab_rounds "handoff_$step" 3 150 base new
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 2>&1 \
-        | tee "$OUT/decode_trace_handoff_${step}_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+    decode_stamps "handoff_$step" 100 16 '{}'
     if [ "$step" = fence ]; then
-        timeout 100 python scripts/gpu_decode_trace.py --contexts 8192 --batches 32 --replays 5 --variants '{}' \
-            '{"row_handoff": false}' 2>&1 | tee "$OUT/decode_trace_handoff_b32_h200.md" \
-            | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n"
+        CONTEXT=8192 decode_stamps handoff_b32 100 32 '{}' '{"row_handoff": false}'
     fi
     ;;
 final)
     decode_table_and_baseline h200
-    worker_tests 300 "${2:?final needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
+    reported_tests 300 "${2:?final needs the commit to name the report after}" tests/ops/test_decode_kernel.py \
         tests/ops/test_launch_options.py tests/test_module.py tests/test_cache.py tests/test_decode_graph.py
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
     variant_rounds tune_b16 16 65536 "65536" 200 '{"splits": [6, 1, 4]}' '{"splits": [6, 2, 8]}' \
         '{"combine_heads": 4}' '{"cmp_stages": 2}'
     ;;
@@ -89,8 +83,7 @@ selection)
         | tee "$OUT/decode_selection_b32_h200.md"
     ;;
 b64)
-    worker_tests 300 "${2:?b64 needs the commit to name the report after}" tests/ops/test_decode_kernel.py -k real_size
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests.txt && rm -rf nvidia-* tests.txt)
+    reported_tests 300 "${2:?b64 needs the commit to name the report after}" tests/ops/test_decode_kernel.py -k real_size
     ;;
 sweep)
     variant_rounds sweep_b16 16 65536 "65536" 250 '{"win_tile": 32}' '{"win_tile": 128}' '{"cmp_tile": 64, "cmp_stages": 2}' \

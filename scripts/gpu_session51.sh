@@ -74,16 +74,13 @@ both='{"window_first": true, "score_late": true}'
 case "$step" in
 variants)
     variant_rounds place_b16 16 65536 "8192 32768 65536" 260 "$first" "$late" "$both"
-    timeout 150 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' \
-        "$first" "$late" "$both" 2>&1 | tee "$OUT/decode_trace_place_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps place 150 16 '{}' "$first" "$late" "$both"
     ;;
 selfirst)
     sel='{"selection_first": true}'
     variant_rounds selfirst_b16 16 65536 "8192 32768 65536" 200 "$sel"
     variant_rounds selfirst_b32 32 65536 "65536" 120 "$sel"
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$sel" \
-        2>&1 | tee "$OUT/decode_trace_selfirst_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps selfirst 100 16 '{}' "$sel"
     ;;
 inselected)
     fold='{"score_in_selected": true}'
@@ -91,14 +88,12 @@ inselected)
         '{"score_in_selected": true, "score_chunk": 256}'
     variant_rounds fold_b32 32 65536 "65536" 120 "$fold"
     variant_rounds fold_b1 1 65536 "65536" 100 '{"score_in_selected": true, "score_mass": true}' '{"score_mass": true}'
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$fold" \
-        2>&1 | tee "$OUT/decode_trace_fold_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:"
+    decode_stamps fold 100 16 '{}' "$fold"
     ;;
 inselected2)
     fold='{"score_in_selected": true, "score_chunk": 256}'
     variant_rounds fold2_b16 16 65536 "32768 65536" 200 "$fold" '{"score_in_selected": true, "score_chunk": 512}'
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$fold" \
-        2>&1 | tee "$OUT/decode_trace_fold2_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:"
+    decode_stamps fold2 100 16 '{}' "$fold"
     ;;
 table)
     decode_table h200
@@ -108,8 +103,7 @@ maxnreg)
     r32='{"score_maxnreg": 32}'
     variant_rounds maxnreg_b16 16 65536 "8192 32768 65536" 200 "$r40" "$r32"
     variant_rounds maxnreg_b32 32 65536 "65536" 120 "$r40" "$r32"
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants '{}' "$r40" \
-        "$r32" 2>&1 | tee "$OUT/decode_trace_maxnreg_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps maxnreg 100 16 '{}' "$r40" "$r32"
     ;;
 handoff40)
     off='{"row_handoff": false}'
@@ -117,8 +111,7 @@ handoff40)
     off40='{"row_handoff": false, "score_maxnreg": 40}'
     variant_rounds handoff40_b16 16 65536 "32768 65536" 200 "$off" "$r40" "$off40"
     variant_rounds handoff40_b32 32 65536 "65536" 120 "$off" "$r40"
-    timeout 100 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 --variants "$off" '{}' \
-        "$r40" 2>&1 | tee "$OUT/decode_trace_handoff40_h200.md" | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:"
+    decode_stamps handoff40 100 16 "$off" '{}' "$r40"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
