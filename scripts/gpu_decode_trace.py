@@ -5,7 +5,8 @@ copies ``src/nsa`` into a temporary tree, inserts stamps into the four decode ke
 (``INSERTS`` below: each program stores its SM and the GPU's global timer at a few points,
 after the value it waits for has arrived) and times the library's own launch with that tree:
 
-- compressed pass: start (after its queries' row), end (its partial computed);
+- compressed pass: start (after its queries' row), end (its partial computed), and when each
+  row-group's last program ended;
 - score: wait over (``gdc_wait``), keys ready, end (candidates stored);
 - selected: before the wait (the forced blocks attended), wait over, candidates loaded, top-n
   placed, end; the window's programs: start, end;
@@ -184,6 +185,13 @@ def analyse(trace, names=("cmp", "score", "selected", "combine")) -> Dict[str, D
             keys = list(slots)
             for a, b in zip(keys, keys[1:]):
                 stats[f"{slots[a]} -> {slots[b]}"] = ((r[:, b] - r[:, a]).double() / 1e3).tolist()
+            if name == "cmp":
+                # when each row-group's last program of the pass ended: all that a score program
+                # waiting for its own row-group alone would wait for (session 53's score_row_wait)
+                done: Dict[int, float] = {}
+                for row_group, end in zip(r[:, 6].tolist(), ((r[:, 4] - t0).double() / 1e3).tolist()):
+                    done[row_group] = max(done.get(row_group, end), end)
+                stats["row-group done"] = list(done.values())
             stats["programs"] = [float(len(r))]
             stats["SMs"] = [float(len(set(r[:, 0].tolist())))]
             out[group] = stats

@@ -256,5 +256,5 @@ decode_stamps() {
     # shellcheck disable=SC2086 # the batches are several arguments
     timeout "$limit" python scripts/gpu_decode_trace.py --contexts "${CONTEXT:-65536}" --batches $batches --replays 5 \
         --variants "$@" 2>&1 | tee "$OUT/decode_trace_${name}_h200.md" \
-        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:|arrived:|scored:"
+        | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:|arrived:|scored:|row-group done:"
 }

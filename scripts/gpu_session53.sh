@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU calls of session 53 (H200). Session 52's stamps (batch 16, 64k): the score launch's
+# programs all wait (gdc_wait) for the whole compressed launch, whose last program ends at 44.4 us
+# (median program 40.0); the score launch then ends at 52.1 with 2048 programs piled up to 32 on an
+# SM, and every selection program waits for that. A score program needs only its own row-group's
+# compressed splits: with decode_fwd's score_row_wait each launch-1 program counts itself in its
+# row-group's counter once its stores are in L2, each score program polls that counter instead of
+# gdc_wait, and the first selection program of each row-group zeroes it for the next step. Row-groups
+# whose splits end early are then scored while the pass still runs.
+#
+#   bash scripts/gpu_session53.sh rowwait  # (ran at a5770ae) variant rounds at batch 16 (8k, 32k, 64k;
+#                                          # checked against the float32 reference at 64k) and the
+#                                          # stamps at batch 16, 64k, with and without
+#
+# Slower at batch 16 (64k 73.1-73.2 against 72.8-72.9 us, 8k 40.4-40.6 against 38.0-38.5): the
+# row-groups' last compressed programs end within 39.0-43.9 us, so the polls gain little, and the
+# pass itself ran 0.6-0.8 us longer beside the polling programs. Then batch 1 with the option (its
+# launch 1 holds the window's splits too, all counted), and the decode table (the option off, so
+# main's kernels):
+#
+#   bash scripts/gpu_session53.sh table    # (ran at e2faab5) variant rounds at batch 1 (8k, 64k); the
+#                                          # decode table at batch 1-64 (nsa-bench, graph replay, dense
+#                                          # in the same run)
+#
+# Slower at batch 1 too (64k 22.2-22.3 against 20.5-20.7 us): dropped,
+# docs/perf/attempts/decode_score_row_wait.patch. Both steps need the option, on the branch
+# next/score-row-wait.
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table}"
+device_line
+
+row_wait='{"score_row_wait": true}'
+case "$step" in
+rowwait)
+    variant_rounds rowwait_b16 16 65536 "8192 32768 65536" 220 "$row_wait"
+    decode_stamps rowwait 150 16 '{}' "$row_wait"
+    ;;
+table)
+    variant_rounds rowwait_b1 1 65536 "8192 65536" 100 "$row_wait"
+    decode_table h200
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
