@@ -26,11 +26,17 @@
 # docs/perf/attempts/decode_score_row_wait.patch. Both steps need the option, on the branch
 # next/score-row-wait.
 #
+# Then the prefill table on main (no prefill kernel changed since session 25; last taken in session
+# 41), for the closing note:
+#
+#   bash scripts/gpu_session53.sh prefill  # nsa-bench prefill, 8k-64k, forward and forward+backward,
+#                                          # dense in the same run
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -42,6 +48,9 @@ rowwait)
 table)
     variant_rounds rowwait_b1 1 65536 "8192 65536" 100 "$row_wait"
     decode_table h200
+    ;;
+prefill)
+    h200_prefill
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
