@@ -20,7 +20,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
    stages, split cap), then the whole forward+backward with the fastest as the default.
 9. **Selected dK/dV launches** (``sel_dkdv``): warps, stages, queries per step and per program.
 10. **Kernel times** (``kernels``): every kernel of one forward+backward, from the torch profiler
-    (the 16 longest; ``--kernels n`` lists n).
+    (the 16 longest; ``--kernels n`` lists n); ``fwd_kernels`` the same for one forward under
+    ``no_grad``.
 11. **Gated-sum bits** (``gated_bits``): the inference gated sum against the two launches, bit by bit.
 12. **Training as one Function** (``training``): ``nsa_attention``'s training path against the
     ops' own autograd Functions composed, timed and compared.
@@ -724,10 +725,28 @@ KERNELS_LISTED = 16
 def kernel_times(T: int, config: NSAConfig) -> None:
     """Device time of every kernel of one ``nsa_attention`` forward+backward (torch profiler,
     after two warm-up calls), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
     run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    _list_kernels(T, "forward+backward", run)
+
+
+def forward_kernel_times(T: int, config: NSAConfig) -> None:
+    """As :func:`kernel_times`, for one forward under ``no_grad`` (what the tables' forward column
+    times)."""
+    q, k, v, gates = inputs(T, T + 15)
+
+    def run():
+        with torch.no_grad():
+            return nsa_attention(q, k, v, gates, config, backend="triton")
+
+    _list_kernels(T, "forward (no_grad)", run)
+
+
+def _list_kernels(T: int, what: str, run: Callable[[], object]) -> None:
+    """Device time of every kernel of one ``run()`` (torch profiler, after two warm-up calls),
+    largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
     run(), run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -736,7 +755,7 @@ def kernel_times(T: int, config: NSAConfig) -> None:
     events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total = sum(e.self_device_time_total for e in events) / 1e3
-    print(f"T={T} kernels of one forward+backward: {total:.2f} ms in all", flush=True)
+    print(f"T={T} kernels of one {what}: {total:.3f} ms in all", flush=True)
     for e in events[:KERNELS_LISTED]:
         print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
 
@@ -1128,6 +1147,7 @@ SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
     "window": window_variants, "forced": forced_variants, "forced_ab": forced_ab, "gated": gated_window_ab,
     "cmp_dkdv": cmp_dkdv_variants, "sel_dkdv": sel_dkdv_variants, "kernels": kernel_times,
+    "fwd_kernels": forward_kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,

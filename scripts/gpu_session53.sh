@@ -32,11 +32,18 @@
 #   bash scripts/gpu_session53.sh prefill  # nsa-bench prefill, 8k-64k, forward and forward+backward,
 #                                          # dense in the same run
 #
+# The H200's 8k forward: 2.179 ms against dense's 1.995 (0.92x; dense took 1.725-1.951 ms in sessions
+# 35 and 41). The sweeps of the window forward's tiles and of the compressed forward's score buffer
+# were last run on an H100 (sessions 23 and 24); on the H200, with the forward's kernel list:
+#
+#   bash scripts/gpu_session53.sh fwd8k    # the kernels of one 8k forward (no_grad), then the window
+#                                          # forward's tiles and the compressed forward's launches
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -51,6 +58,10 @@ table)
     ;;
 prefill)
     h200_prefill
+    ;;
+fwd8k)
+    timeout 400 python scripts/gpu_prefill_probe.py --lengths 8192 --only fwd_kernels window cmp_fwd --kernels 20 2>&1 \
+        | tee "$OUT/prefill_fwd8k_h200.txt" | grep -v "window dQ"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
