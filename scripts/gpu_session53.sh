@@ -39,11 +39,17 @@
 #   bash scripts/gpu_session53.sh fwd8k    # the kernels of one 8k forward (no_grad), then the window
 #                                          # forward's tiles and the compressed forward's launches
 #
+# Nothing faster (the window's default tiles 0.544 ms, the next 0.576; the compressed forward's
+# buffers all 0.383-0.386). Where one forward+backward goes on the H200, at 8k and 64k (the
+# H100's list is session 21's):
+#
+#   bash scripts/gpu_session53.sh kernels  # the kernels of one forward+backward, 8k and 64k
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -62,6 +68,10 @@ prefill)
 fwd8k)
     timeout 400 python scripts/gpu_prefill_probe.py --lengths 8192 --only fwd_kernels window cmp_fwd --kernels 20 2>&1 \
         | tee "$OUT/prefill_fwd8k_h200.txt" | grep -v "window dQ"
+    ;;
+kernels)
+    timeout 400 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only kernels fwd_kernels --kernels 24 2>&1 \
+        | tee "$OUT/prefill_kernels_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
