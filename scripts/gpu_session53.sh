@@ -14,7 +14,7 @@
 #
 # Slower at batch 16 (64k 73.1-73.2 against 72.8-72.9 us, 8k 40.4-40.6 against 38.0-38.5): the
 # row-groups' last compressed programs end within 39.0-43.9 us, so the polls gain little, and the
-# pass itself ran 0.6-0.8 us longer beside the polling programs. Then batch 1 with the option (its
+# count made the pass itself 0.5-0.8 us longer. Then batch 1 with the option (its
 # launch 1 holds the window's splits too, all counted), and the decode table (the option off, so
 # main's kernels):
 #
