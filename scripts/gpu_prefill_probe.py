@@ -41,6 +41,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 21. **The window beside the compressed pass** (``win_beside``), on a second stream.
 22. **The window beside the selected forward** (``win_slc_pipe``): both by query chunks, the
     window's on a second stream, each chunk's selected launch waiting for its own window launch.
+23. **Compressed dK/dV tiles with dS** (``cmp_dkdv_ds``): the compressed backward as training calls
+    it where the ``dS`` buffer fits, by the dK/dV kernel's tiles and query chunks.
 """
 
 from __future__ import annotations
@@ -1032,6 +1034,39 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     _whole_op_with_buffer(T, config, "NSA_COMPRESSED_DQ_FROM_DS_MIB", "compressed dS buffer")
 
 
+#: ``(rows, block_n, warps, stages, max_splits)`` of the compressed dK/dV kernel tried by
+#: ``cmp_dkdv_ds`` with the dQ from its ``dS``; the first is the default (``DKDV_TILES``), chosen on
+#: an H100 (session 12) before the dK/dV kernel stored ``dS`` (session 19)
+CMP_DKDV_DS_SWEEP = ((64, 128, 8, 3, 32), (64, 128, 8, 2, 32), (64, 128, 8, 3, 16), (64, 128, 8, 3, 64),
+                     (64, 64, 4, 3, 32), (64, 64, 4, 2, 32), (128, 128, 8, 2, 32), (128, 64, 8, 3, 32))
+
+
+def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
+    """The compressed backward as training calls it where the ``dS`` buffer fits (the dK/dV kernel
+    stores ``dS`` and the dQ reads it) by the dK/dV kernel's tiles and query chunks
+    (:data:`CMP_DKDV_DS_SWEEP`), dq, dk and dv against the first variant's. ``cmp_dkdv`` sweeps the
+    same kernel without ``dS``, as it runs where the buffer does not fit."""
+    import os
+
+    from nsa.ops.compressed import kernel as cmp
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 19)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
+    do = torch.randn_like(o)
+    delta = attn_bwd_delta(o, do)
+    gate = torch.rand(q.shape[:3], device=DEV, dtype=torch.float32)
+    os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = str(1 << 20)
+    first = None
+    for *tiles, cap in CMP_DKDV_DS_SWEEP:
+        call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta, gate=gate,
+                                          dkdv=tuple(tiles), max_splits=cap)  # fmt: skip
+        first, _ = timed_variant(T, f"compressed backward with dS, dK/dV {tiles} splits<={cap}", call, first)
+    del os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"]
+
+
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
                            t1: Optional[int] = None) -> torch.Tensor:
     """The selected forward with the branches' gated sum, as the inference path runs it, over
@@ -1150,7 +1185,7 @@ SECTIONS = {
     "fwd_kernels": forward_kernel_times,
     "gated_bits": gated_bits, "training": training_ab, "gate_ab": gate_ab, "cmp_bwd": cmp_bwd_ab,
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
-    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds,
+    "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
 }
 

@@ -45,11 +45,17 @@
 #
 #   bash scripts/gpu_session53.sh kernels  # the kernels of one forward+backward, 8k and 64k
 #
+# On the H200 the compressed dK/dV is the longest kernel at 64k (21.4 ms, storing dS for the dQ);
+# its tiles were chosen on an H100 before it stored dS (sessions 12 and 19). By tiles and query
+# chunks, with the dQ from dS, at 8k and 64k:
+#
+#   bash scripts/gpu_session53.sh dkdvds   # the compressed backward as training calls it, by dK/dV tiles
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels | dkdvds}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -72,6 +78,10 @@ fwd8k)
 kernels)
     timeout 400 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only kernels fwd_kernels --kernels 24 2>&1 \
         | tee "$OUT/prefill_kernels_h200.txt"
+    ;;
+dkdvds)
+    timeout 500 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only cmp_dkdv_ds 2>&1 \
+        | tee "$OUT/prefill_cmp_dkdv_ds_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
