@@ -54,11 +54,15 @@
 # The default tiles were the fastest at 64k (27.75 ms for the branch's backward; 27.91-97.84 for the
 # others) and within 0.02 ms of the best at 8k: nothing changed.
 #
+# The decode table once more, on main (the same kernels), on another machine:
+#
+#   bash scripts/gpu_session53.sh table2   # the decode table at batch 1-64
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels | dkdvds}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels | dkdvds | table2}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -85,6 +89,9 @@ kernels)
 dkdvds)
     timeout 500 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only cmp_dkdv_ds 2>&1 \
         | tee "$OUT/prefill_cmp_dkdv_ds_h200.txt"
+    ;;
+table2)
+    decode_table h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
