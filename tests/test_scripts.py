@@ -51,3 +51,20 @@ def test_gpu_session_scripts_parse_and_document_their_steps():
         handled = {step.strip() for labels in re.findall(r"^([\w][\w |]*)\)", body.group(1), re.M)
                    for step in labels.split("|")}  # fmt: skip
         assert header == handled, f"{path.name}: documented {sorted(header)}, handled {sorted(handled)}"
+
+
+def test_decode_trace_reports_each_row_groups_last_compressed_program():
+    """The trace's "row-group done" is, per (row, KV group), the end of its last compressed
+    program (what a score program waiting for its own row-group would wait for): here two
+    row-groups of three splits, whose programs end out of order."""
+    import torch
+
+    probe = _script("gpu_decode_trace")
+    trace = torch.full((4, 6 * 8), -1, dtype=torch.int64)
+    cmp = trace[0].view(6, 8)
+    ends = {(0, 0): 5000, (1, 0): 9000, (2, 0): 7000, (0, 1): 12000, (1, 1): 3000, (2, 1): 4000}
+    for i, ((split, row_group), end) in enumerate(ends.items()):
+        cmp[i, 0], cmp[i, 1], cmp[i, 4], cmp[i, 5], cmp[i, 6] = 0, 1000, end, split, row_group
+    stats = probe.analyse(trace)["cmp"]
+    assert sorted(stats["row-group done"]) == [8.0, 11.0]  # us after the first start (1000 ns)
+    assert sorted(stats["end"]) == [2.0, 3.0, 4.0, 6.0, 8.0, 11.0]
