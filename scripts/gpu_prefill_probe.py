@@ -1000,6 +1000,20 @@ def _whole_op_with_buffer(T: int, config: NSAConfig, flag: str, what: str) -> No
 CMP_DQ_DS_SWEEP = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2), (32, 4, 3))
 
 
+def _compressed_training_case(T: int, config: NSAConfig) -> tuple:
+    """``(q, k_cmp, v_cmp, o, lse, do, delta, gate, scale)``: the compressed branch at length ``T`` as
+    training's backward sees it (``delta = rowsum(o * do)`` and a float32 gate), seeded."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 19)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
+    do = torch.randn_like(o)
+    gate = torch.rand(q.shape[:3], device=DEV, dtype=torch.float32)
+    return q, k_cmp, v_cmp, o, lse, do, attn_bwd_delta(o, do), gate, scale
+
+
 def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     """The compressed backward as training calls it (``delta`` and a gate given) with its dQ from the
     dK/dV kernel's ``dS`` (``NSA_COMPRESSED_DQ_FROM_DS_MIB``) against the dQ recomputing the scores:
@@ -1009,15 +1023,8 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
     import os
 
     from nsa.ops.compressed import kernel as cmp
-    from nsa.ops._triton.compressed_fwd import compressed_fwd
 
-    q, k, v, _ = inputs(T, T + 19)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    scale = config.softmax_scale(D)
-    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
-    gate = torch.rand(q.shape[:3], device=DEV, dtype=torch.float32)
+    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
     call = lambda tiles=None: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
                                                  gate=gate, dq_ds=tiles)
     os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = "0"
@@ -1049,15 +1056,8 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
     import os
 
     from nsa.ops.compressed import kernel as cmp
-    from nsa.ops._triton.compressed_fwd import compressed_fwd
 
-    q, k, v, _ = inputs(T, T + 19)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    scale = config.softmax_scale(D)
-    o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
-    do = torch.randn_like(o)
-    delta = attn_bwd_delta(o, do)
-    gate = torch.rand(q.shape[:3], device=DEV, dtype=torch.float32)
+    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
     os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = str(1 << 20)
     first = None
     for *tiles, cap in CMP_DKDV_DS_SWEEP:
