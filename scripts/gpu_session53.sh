@@ -58,11 +58,16 @@
 #
 #   bash scripts/gpu_session53.sh table2   # the decode table at batch 1-64
 #
+# The compressed forward runs at about 423 TFLOP/s at 64k by the spec's count, against cuDNN dense's
+# 594: its parts (pass 1 alone; the block masses alone; both), at 8k and 64k:
+#
+#   bash scripts/gpu_session53.sh cmpparts # the compressed forward by what it computes
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels | dkdvds | table2}"
+step="${1:?usage: scripts/gpu_session53.sh rowwait | table | prefill | fwd8k | kernels | dkdvds | table2 | cmpparts}"
 device_line
 
 row_wait='{"score_row_wait": true}'
@@ -92,6 +97,10 @@ dkdvds)
     ;;
 table2)
     decode_table h200
+    ;;
+cmpparts)
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only cmp_parts 2>&1 \
+        | tee "$OUT/prefill_cmp_parts_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
