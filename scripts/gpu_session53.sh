@@ -29,39 +29,42 @@
 # Then the prefill table on main (no prefill kernel changed since session 25; last taken in session
 # 41), for the closing note:
 #
-#   bash scripts/gpu_session53.sh prefill  # nsa-bench prefill, 8k-64k, forward and forward+backward,
-#                                          # dense in the same run
+#   bash scripts/gpu_session53.sh prefill  # (ran at b9bac69) nsa-bench prefill, 8k-64k, forward and
+#                                          # forward+backward, dense in the same run
 #
 # The H200's 8k forward: 2.179 ms against dense's 1.995 (0.92x; dense took 1.725-1.951 ms in sessions
 # 35 and 41). The sweeps of the window forward's tiles and of the compressed forward's score buffer
 # were last run on an H100 (sessions 23 and 24); on the H200, with the forward's kernel list:
 #
-#   bash scripts/gpu_session53.sh fwd8k    # the kernels of one 8k forward (no_grad), then the window
-#                                          # forward's tiles and the compressed forward's launches
+#   bash scripts/gpu_session53.sh fwd8k    # (ran at efeb3b3) the kernels of one 8k forward (no_grad),
+#                                          # then the window forward's tiles and the compressed
+#                                          # forward's launches
 #
 # Nothing faster (the window's default tiles 0.544 ms, the next 0.576; the compressed forward's
 # buffers all 0.383-0.386). Where one forward+backward goes on the H200, at 8k and 64k (the
 # H100's list is session 21's):
 #
-#   bash scripts/gpu_session53.sh kernels  # the kernels of one forward+backward, 8k and 64k
+#   bash scripts/gpu_session53.sh kernels  # (ran at 10fa620) the kernels of one forward+backward, 8k
+#                                          # and 64k
 #
 # On the H200 the compressed dK/dV is the longest kernel at 64k (21.4 ms, storing dS for the dQ);
 # its tiles were chosen on an H100 before it stored dS (sessions 12 and 19). By tiles and query
 # chunks, with the dQ from dS, at 8k and 64k:
 #
-#   bash scripts/gpu_session53.sh dkdvds   # the compressed backward as training calls it, by dK/dV tiles
+#   bash scripts/gpu_session53.sh dkdvds   # (ran at bf33737) the compressed backward as training calls
+#                                          # it, by dK/dV tiles
 #
 # The default tiles were the fastest at 64k (27.75 ms for the branch's backward; 27.91-97.84 for the
 # others) and within 0.02 ms of the best at 8k: nothing changed.
 #
 # The decode table once more, on main (the same kernels), on another machine:
 #
-#   bash scripts/gpu_session53.sh table2   # the decode table at batch 1-64
+#   bash scripts/gpu_session53.sh table2   # (ran at db67a26) the decode table at batch 1-64
 #
 # The compressed forward runs at about 423 TFLOP/s at 64k by the spec's count, against cuDNN dense's
 # 594: its parts (pass 1 alone; the block masses alone; both), at 8k and 64k:
 #
-#   bash scripts/gpu_session53.sh cmpparts # the compressed forward by what it computes
+#   bash scripts/gpu_session53.sh cmpparts # (ran at 7e24edc) the compressed forward by what it computes
 #
 # At 64k: o and lse alone 9.96 ms, the selection alone 13.94, both 18.11 (with the top-n launches):
 # p @ v adds 4.2 ms, pass 2 and the top-n about 8.
