@@ -1054,17 +1054,18 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
     (:data:`CMP_DKDV_DS_SWEEP`), dq, dk and dv against the first variant's. ``cmp_dkdv`` sweeps the
     same kernel without ``dS``, as it runs where the buffer does not fit."""
     import os
+    from unittest import mock
 
     from nsa.ops.compressed import kernel as cmp
 
     q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
-    os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = str(1 << 20)
     first = None
-    for *tiles, cap in CMP_DKDV_DS_SWEEP:
-        call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta, gate=gate,
-                                          dkdv=tuple(tiles), max_splits=cap)  # fmt: skip
-        first, _ = timed_variant(T, f"compressed backward with dS, dK/dV {tiles} splits<={cap}", call, first)
-    del os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"]
+    # the buffer allowed whatever its size; the environment as it was afterwards
+    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": str(1 << 20)}):
+        for *tiles, cap in CMP_DKDV_DS_SWEEP:
+            call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
+                                              gate=gate, dkdv=tuple(tiles), max_splits=cap)  # fmt: skip
+            first, _ = timed_variant(T, f"compressed backward with dS, dK/dV {tiles} splits<={cap}", call, first)
 
 
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
