@@ -43,6 +43,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     window's on a second stream, each chunk's selected launch waiting for its own window launch.
 23. **Compressed dK/dV tiles with dS** (``cmp_dkdv_ds``): the compressed backward as training calls
     it where the ``dS`` buffer fits, by the dK/dV kernel's tiles and query chunks.
+24. **The window's dK/dV phased** (``win_phased``): its band walked from its start or from the run
+    that its neighbouring key tiles walk at the same time, alone and in the whole forward+backward.
 """
 
 from __future__ import annotations
@@ -583,6 +585,72 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
             print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {bench(run):.3f} ms", flush=True)
     ck.DKDV_TILES.clear()
     ck.DKDV_TILES.update(saved)
+
+
+#: dK/dV launches of the window timed by ``win_phased`` (over :data:`nsa.ops.window.kernel.BWD_TILES`):
+#: the walk from the band's start, and the phased walk on several tiles. Compiled for sm_90 (Triton
+#: 3.6, ``scripts/launch_resources.py``), the default 64-row tiles of 128 keys hold 255 registers and
+#: spill 328 bytes a thread (360 phased); 32-row tiles of 128 keys spill none.
+WINDOW_DKDV_SWEEP = (
+    ("walk", dict(PHASED=False)),
+    ("phased", {}),
+    ("phased, 32 rows", dict(rows=32)),
+    ("phased, 32 rows, 2 stages", dict(rows=32, num_stages=2)),
+    ("phased, 2 stages", dict(num_stages=2)),
+    ("phased, 64-key tiles", dict(BN=64, num_warps=4, num_stages=2)),
+)
+
+
+def window_dkdv_phased(T: int, config: NSAConfig) -> None:
+    """The window's dK/dV as training launches it (with the selected branch's local blocks, gated,
+    adding to given dk/dv) by :data:`WINDOW_DKDV_SWEEP`, in turn over rounds; dk/dv of each against
+    the first's (relative error); then the whole ``nsa_attention`` forward+backward with the walk,
+    the phased default and the fastest variant as the default, in turn."""
+    from nsa.ops.training import training_forward
+    from nsa.ops.window import kernel as win
+
+    leaves = inputs(T, T + 21, backward=True)
+    q, k, v, gates, do = (x.detach() for x in leaves)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    with torch.no_grad():
+        _, _, (_, _, _, lse_slc, _, lse_win) = training_forward(q, k, v, k_cmp, v_cmp, gates, None, None, config, 0)
+    gate = torch.rand(3, 1, T, q.shape[2], device=DEV)
+    delta = torch.randn(3, 1, T, q.shape[2], device=DEV) * 0.1
+    forced = dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1])
+    scale, group = config.softmax_scale(D), q.shape[2] // k.shape[2]
+    dkv = (torch.zeros_like(k), torch.zeros_like(v))
+
+    def launch(tiles: dict, into=None):
+        cfg = win._bwd_cfg("dkdv", group, D, D, {"dkdv": tiles}, q.dtype, q.device)
+        return win.window_bwd_dkdv(q, k, v, do, lse_win, delta[2], config.window, scale, 0, cfg, gate=gate[2],
+                                   forced=forced, dkv=into)
+
+    first = launch(WINDOW_DKDV_SWEEP[0][1])
+    for label, tiles in WINDOW_DKDV_SWEEP[1:]:
+        errors = [f"{name} {((a.float() - b.float()).norm() / b.float().norm()).item():.2e}"
+                  for name, a, b in zip(("dk", "dv"), launch(tiles), first)]
+        print(f"T={T} window dK/dV {label} against the walk: {', '.join(errors)}", flush=True)
+    times = {label: [] for label, _ in WINDOW_DKDV_SWEEP}
+    for _ in range(3):
+        for label, tiles in WINDOW_DKDV_SWEEP:
+            times[label].append(bench(lambda: launch(tiles, dkv)))
+    for label, ms in times.items():
+        print(f"T={T} window dK/dV, {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
+    best = min(times, key=lambda label: statistics.median(times[label]))
+    q, k, v, gates = leaves[:4]
+    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    saved = dict(win.BWD_TILES["dkdv"])
+    chosen = [(label, tiles) for label, tiles in WINDOW_DKDV_SWEEP[:2]]
+    chosen += [(label, tiles) for label, tiles in WINDOW_DKDV_SWEEP[2:] if label == best]
+    whole = {label: [] for label, _ in chosen}
+    for _ in range(2):
+        for label, tiles in chosen:
+            win.BWD_TILES["dkdv"].update(tiles)
+            whole[label].append(bench(run))
+            win.BWD_TILES["dkdv"].clear()
+            win.BWD_TILES["dkdv"].update(saved)
+    for label, ms in whole.items():
+        print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
 
 
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
@@ -1188,6 +1256,7 @@ SECTIONS = {
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
+    "win_phased": window_dkdv_phased,
 }
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU calls of session 54 (H200). Session 53 listed one 64k forward+backward's kernels on the
+# H200: the window's dK/dV takes 7.34 ms. Each of its programs (one key tile of 128) walks the
+# 640 query positions that see the tile from the first; the next tile's program reads the same q
+# and do rows one run of 128 positions later, after every running program has read a fifth of its
+# band (about 138 MB at 64k, past L2: session 6 found the kernel DRAM-bound on an H100). Phased
+# (PHASED, new), each band is walked from the run whose index is a multiple of the band's run
+# count, wrapping: the five key tiles that share a run walk it at the same time. The sweep also
+# takes tiles of 32 rows, which compile without spills (the default 64-row tiles spill 328 bytes a
+# thread on sm_90):
+#
+#   bash scripts/gpu_session54.sh phased   # the window's dK/dV as training launches it, walked or
+#                                          # phased, by tiles, at 8k and 64k; the whole forward+
+#                                          # backward with each as the default; then the GPU tests
+#                                          # of the window and nsa_attention kernels (phased default)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session54.sh phased}"
+device_line
+
+case "$step" in
+phased)
+    timeout 330 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_phased 2>&1 \
+        | tee "$OUT/prefill_win_phased_h200.txt"
+    echo "== probe after $(( $(date +%s) - start )) s"
+    reported_tests 220 "$(git rev-parse --short HEAD 2>/dev/null || echo worktree)" \
+        tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
