@@ -587,25 +587,28 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     ck.DKDV_TILES.update(saved)
 
 
-#: dK/dV launches of the window timed by ``win_phased`` (over :data:`nsa.ops.window.kernel.BWD_TILES`):
-#: the walk from the band's start, and the phased walk on several tiles. Compiled for sm_90 (Triton
-#: 3.6, ``scripts/launch_resources.py``), the default 64-row tiles of 128 keys hold 255 registers and
-#: spill 328 bytes a thread (360 phased); 32-row tiles of 128 keys spill none.
+#: dK/dV launches of the window timed by ``win_phased`` (over :data:`nsa.ops.window.kernel.BWD_TILES`).
+#: Session 54's first call (H200, ms at 8k / 64k): the walk from the band's start on 64-row tiles (the
+#: default until then) 1.171-1.176 / 9.18-9.21; phased 1.055-1.058 / 8.30; phased on 32-row tiles
+#: 0.934-0.936 / 7.35-7.36; the same in 2 stages 1.129-1.135 / 8.72; phased 64-row tiles in 2 stages
+#: 1.027-1.029 / 7.98; phased 64-key tiles of 4 warps 0.973-0.984 / 7.99-8.02. Compiled for sm_90
+#: (Triton 3.6, ``scripts/launch_resources.py``) 64-row tiles of 128 keys hold 255 registers and spill
+#: 328 bytes a thread (360 phased), 32-row ones none (16 in 4 stages), 16-row ones take 232 registers.
 WINDOW_DKDV_SWEEP = (
-    ("walk", dict(PHASED=False)),
-    ("phased", {}),
-    ("phased, 32 rows", dict(rows=32)),
-    ("phased, 32 rows, 2 stages", dict(rows=32, num_stages=2)),
-    ("phased, 2 stages", dict(num_stages=2)),
-    ("phased, 64-key tiles", dict(BN=64, num_warps=4, num_stages=2)),
+    ("walk, 64 rows (the default to session 53)", dict(rows=64, PHASED=False)),
+    ("phased, 32 rows (the default)", {}),
+    ("walk, 32 rows", dict(PHASED=False)),
+    ("phased, 64 rows", dict(rows=64)),
+    ("phased, 16 rows", dict(rows=16)),
+    ("phased, 32 rows, 4 stages", dict(num_stages=4)),
 )
 
 
 def window_dkdv_phased(T: int, config: NSAConfig) -> None:
     """The window's dK/dV as training launches it (with the selected branch's local blocks, gated,
     adding to given dk/dv) by :data:`WINDOW_DKDV_SWEEP`, in turn over rounds; dk/dv of each against
-    the first's (relative error); then the whole ``nsa_attention`` forward+backward with the walk,
-    the phased default and the fastest variant as the default, in turn."""
+    the first's (relative error); then the whole ``nsa_attention`` forward+backward with the first
+    two and the fastest variant as the default, in turn."""
     from nsa.ops.training import training_forward
     from nsa.ops.window import kernel as win
 
@@ -640,8 +643,7 @@ def window_dkdv_phased(T: int, config: NSAConfig) -> None:
     q, k, v, gates = leaves[:4]
     run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
     saved = dict(win.BWD_TILES["dkdv"])
-    chosen = [(label, tiles) for label, tiles in WINDOW_DKDV_SWEEP[:2]]
-    chosen += [(label, tiles) for label, tiles in WINDOW_DKDV_SWEEP[2:] if label == best]
+    chosen = [(label, tiles) for i, (label, tiles) in enumerate(WINDOW_DKDV_SWEEP) if i < 2 or label == best]
     whole = {label: [] for label, _ in chosen}
     for _ in range(2):
         for label, tiles in chosen:

@@ -9,16 +9,24 @@
 # takes tiles of 32 rows, which compile without spills (the default 64-row tiles spill 328 bytes a
 # thread on sm_90):
 #
-#   bash scripts/gpu_session54.sh phased   # the window's dK/dV as training launches it, walked or
-#                                          # phased, by tiles, at 8k and 64k; the whole forward+
-#                                          # backward with each as the default; then the GPU tests
-#                                          # of the window and nsa_attention kernels (phased default)
+#   bash scripts/gpu_session54.sh phased   # (ran at ea3a887) the window's dK/dV as training launches
+#                                          # it, walked or phased, by tiles, at 8k and 64k; the whole
+#                                          # forward+backward with each as the default; then the GPU
+#                                          # tests of the window and nsa_attention kernels (phased)
+#
+# Phased, the kernel took 8.30 ms at 64k against 9.18 for the walk, and on 32-row tiles 7.35; the
+# whole forward+backward 99.6-99.7 against 100.8-100.9 (8k: 7.12 against 7.26-7.47). The GPU tests
+# passed (53, 4 skipped). 32-row tiles phased became the default; around them (the walk on them, 16
+# rows, 4 stages), then the prefill table at the new default:
+#
+#   bash scripts/gpu_session54.sh table    # the sweep again, then nsa-bench prefill (8k-64k, dense in
+#                                          # the same run)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table}"
 device_line
 
 case "$step" in
@@ -28,6 +36,13 @@ phased)
     echo "== probe after $(( $(date +%s) - start )) s"
     reported_tests 220 "$(git rev-parse --short HEAD 2>/dev/null || echo worktree)" \
         tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py
+    ;;
+table)
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_phased 2>&1 \
+        | tee "$OUT/prefill_win_phased2_h200.txt"
+    echo "== probe after $(( $(date +%s) - start )) s"
+    h200_prefill
+    echo "== table after $(( $(date +%s) - start )) s"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
