@@ -43,8 +43,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     window's on a second stream, each chunk's selected launch waiting for its own window launch.
 23. **Compressed dK/dV tiles with dS** (``cmp_dkdv_ds``): the compressed backward as training calls
     it where the ``dS`` buffer fits, by the dK/dV kernel's tiles and query chunks.
-24. **The window's dK/dV phased** (``win_phased``): its band walked from its start or from the run
-    that its neighbouring key tiles walk at the same time, alone and in the whole forward+backward.
+24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
+    and in the whole forward+backward.
 """
 
 from __future__ import annotations
@@ -587,24 +587,25 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
     ck.DKDV_TILES.update(saved)
 
 
-#: dK/dV launches of the window timed by ``win_phased`` (over :data:`nsa.ops.window.kernel.BWD_TILES`).
-#: Session 54's first call (H200, ms at 8k / 64k): the walk from the band's start on 64-row tiles (the
-#: default until then) 1.171-1.176 / 9.18-9.21; phased 1.055-1.058 / 8.30; phased on 32-row tiles
-#: 0.934-0.936 / 7.35-7.36; the same in 2 stages 1.129-1.135 / 8.72; phased 64-row tiles in 2 stages
-#: 1.027-1.029 / 7.98; phased 64-key tiles of 4 warps 0.973-0.984 / 7.99-8.02. Compiled for sm_90
-#: (Triton 3.6, ``scripts/launch_resources.py``) 64-row tiles of 128 keys hold 255 registers and spill
-#: 328 bytes a thread (360 phased), 32-row ones none (16 in 4 stages), 16-row ones take 232 registers.
+#: dK/dV launches of the window timed by ``win_dkdv`` (over :data:`nsa.ops.window.kernel.BWD_TILES`).
+#: Session 54 (H200, ms at 8k / 64k; ``raw/session54_prefill_win_phased*_h200.txt``), run 1: 64-row tiles
+#: (the default until then) 1.171-1.176 / 9.18-9.21; their band walked phased (the option of
+#: ``attempts/prefill_window_dkdv_phased.patch``: each band from the run of positions that its
+#: neighbouring key tiles walk at the same time) 1.055-1.058 / 8.30; phased on 32-row tiles 0.934-0.936 /
+#: 7.35-7.36, in 2 stages 1.129-1.135 / 8.72; phased 64-row tiles in 2 stages 1.027-1.029 / 7.98;
+#: phased 64-key tiles of 4 warps 0.973-0.984 / 7.99-8.02. Run 2: 32-row tiles 0.910-0.912 /
+#: 7.25-7.37, phased 0.929-0.935 / 7.35; phased 16 rows 1.104-1.112 / 8.64, 4 stages 0.943-0.944 /
+#: 7.46. Compiled for sm_90 (Triton 3.6, ``scripts/launch_resources.py``), 64-row tiles of 128 keys
+#: hold 255 registers and spill 328 bytes a thread, 32-row ones none (16 bytes in 4 stages).
 WINDOW_DKDV_SWEEP = (
-    ("walk, 64 rows (the default to session 53)", dict(rows=64, PHASED=False)),
-    ("phased, 32 rows (the default)", {}),
-    ("walk, 32 rows", dict(PHASED=False)),
-    ("phased, 64 rows", dict(rows=64)),
-    ("phased, 16 rows", dict(rows=16)),
-    ("phased, 32 rows, 4 stages", dict(num_stages=4)),
+    ("32 rows (the default)", {}),
+    ("64 rows (the default to session 53)", dict(rows=64)),
+    ("16 rows", dict(rows=16)),
+    ("32 rows, 4 stages", dict(num_stages=4)),
 )
 
 
-def window_dkdv_phased(T: int, config: NSAConfig) -> None:
+def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
     """The window's dK/dV as training launches it (with the selected branch's local blocks, gated,
     adding to given dk/dv) by :data:`WINDOW_DKDV_SWEEP`, in turn over rounds; dk/dv of each against
     the first's (relative error); then the whole ``nsa_attention`` forward+backward with the first
@@ -632,7 +633,7 @@ def window_dkdv_phased(T: int, config: NSAConfig) -> None:
     for label, tiles in WINDOW_DKDV_SWEEP[1:]:
         errors = [f"{name} {((a.float() - b.float()).norm() / b.float().norm()).item():.2e}"
                   for name, a, b in zip(("dk", "dv"), launch(tiles), first)]
-        print(f"T={T} window dK/dV {label} against the walk: {', '.join(errors)}", flush=True)
+        print(f"T={T} window dK/dV {label} against the first: {', '.join(errors)}", flush=True)
     times = {label: [] for label, _ in WINDOW_DKDV_SWEEP}
     for _ in range(3):
         for label, tiles in WINDOW_DKDV_SWEEP:
@@ -1113,16 +1114,22 @@ def cmp_dq_from_ds(T: int, config: NSAConfig) -> None:
 
 #: ``(rows, block_n, warps, stages, max_splits)`` of the compressed dK/dV kernel tried by
 #: ``cmp_dkdv_ds`` with the dQ from its ``dS``; the first is the default (``DKDV_TILES``), chosen on
-#: an H100 (session 12) before the dK/dV kernel stored ``dS`` (session 19)
-CMP_DKDV_DS_SWEEP = ((64, 128, 8, 3, 32), (64, 128, 8, 2, 32), (64, 128, 8, 3, 16), (64, 128, 8, 3, 64),
-                     (64, 64, 4, 3, 32), (64, 64, 4, 2, 32), (128, 128, 8, 2, 32), (128, 64, 8, 3, 32))
+#: an H100 (session 12) before the dK/dV kernel stored ``dS`` (session 19). Session 53 (H200, one
+#: timing each, ms at 8k / 64k): the default 0.681 / 27.75; 2 stages 0.811 / 33.11; split cap 16
+#: 0.823 / 27.91, 64 0.661 / 28.03; (64, 64, 4, 3) 0.880 / 38.86; (64, 64, 4, 2) 0.709 / 29.44;
+#: (128, 128, 8, 2) 2.371 / 97.84; (128, 64, 8, 3) out of shared memory. Session 54 adds 32-row query
+#: tiles: compiled for sm_90 they hold 226 registers and spill none, the default 255 and 16 bytes.
+CMP_DKDV_DS_SWEEP = ((64, 128, 8, 3, 32), (32, 128, 8, 3, 32), (32, 128, 8, 4, 32), (32, 128, 8, 2, 32),
+                     (32, 128, 8, 3, 64), (64, 128, 8, 3, 64))
 
 
 def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
     """The compressed backward as training calls it where the ``dS`` buffer fits (the dK/dV kernel
     stores ``dS`` and the dQ reads it) by the dK/dV kernel's tiles and query chunks
-    (:data:`CMP_DKDV_DS_SWEEP`), dq, dk and dv against the first variant's. ``cmp_dkdv`` sweeps the
-    same kernel without ``dS``, as it runs where the buffer does not fit."""
+    (:data:`CMP_DKDV_DS_SWEEP`), dq, dk and dv against the first variant's; where another variant is
+    the fastest, the whole ``nsa_attention`` forward+backward with it and with the default as the
+    default, in turn. ``cmp_dkdv`` sweeps the same kernel without ``dS``, as it runs where the buffer
+    does not fit."""
     import os
     from unittest import mock
 
@@ -1131,11 +1138,29 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
     q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
     first = None
     # the buffer allowed whatever its size; the environment as it was afterwards
+    times = {}
     with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": str(1 << 20)}):
         for *tiles, cap in CMP_DKDV_DS_SWEEP:
             call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
                                               gate=gate, dkdv=tuple(tiles), max_splits=cap)  # fmt: skip
-            first, _ = timed_variant(T, f"compressed backward with dS, dK/dV {tiles} splits<={cap}", call, first)
+            first, ms = timed_variant(T, f"compressed backward with dS, dK/dV {tiles} splits<={cap}", call, first)
+            if ms is not None:
+                times[(*tiles, cap)] = ms
+    best = min(times, key=times.get)
+    if best == CMP_DKDV_DS_SWEEP[0]:
+        return
+    # the whole forward+backward with the default and the fastest as the default, in turn
+    q, k, v, gates, _ = inputs(T, T + 14, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    saved = dict(cmp.DKDV_TILES)
+    whole = {variant: [] for variant in (CMP_DKDV_DS_SWEEP[0], best)}
+    for _ in range(2):
+        for variant in whole:
+            cmp.DKDV_TILES.update(tiles=tuple(variant[:4]), max_splits=variant[4])
+            whole[variant].append(bench(run))
+    cmp.DKDV_TILES.update(saved)
+    for variant, ms in whole.items():
+        print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
 
 
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
@@ -1258,7 +1283,7 @@ SECTIONS = {
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
-    "win_phased": window_dkdv_phased,
+    "win_dkdv": window_dkdv_tiles,
 }
 
 

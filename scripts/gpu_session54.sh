@@ -19,14 +19,28 @@
 # passed (53, 4 skipped). 32-row tiles phased became the default; around them (the walk on them, 16
 # rows, 4 stages), then the prefill table at the new default:
 #
-#   bash scripts/gpu_session54.sh table    # the sweep again, then nsa-bench prefill (8k-64k, dense in
-#                                          # the same run)
+#   bash scripts/gpu_session54.sh table    # (ran at 7b25358) the sweep again, then nsa-bench prefill
+#                                          # (8k-64k, dense in the same run)
+#
+# On 32-row tiles the walk from the band's start was as fast as the phased one (64k: 7.25-7.37 ms
+# alone, 96.6-96.7 the whole forward+backward, against 7.35 and 96.6-96.8), so the phasing was
+# dropped and the 32-row tiles kept (8k 0.910 against 1.176-1.179 ms, 64k 7.25-7.37 against 9.24;
+# the whole 64k forward+backward 96.6-96.7 against 98.2-98.9). Both steps above need the option,
+# on the branch next/window-phased. The table: 64k forward+backward 96.49 against dense's 445.9
+# (4.62x). The compressed dK/dV holds 255 registers and spills 16 bytes a thread on its 64-row
+# tiles, none on 32-row ones (226 registers): those tiles, the kernels of one 64k forward+backward
+# at the new window tiles, and the GPU tests of the changed kernels, on main:
+#
+#   bash scripts/gpu_session54.sh tiles REV  # the compressed backward by dK/dV tiles (8k, 64k), the
+#                                            # whole forward+backward where another is faster; the
+#                                            # kernel list at 64k; the window, compressed and
+#                                            # nsa_attention GPU tests (report named after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV}"
 device_line
 
 case "$step" in
@@ -43,6 +57,17 @@ table)
     echo "== probe after $(( $(date +%s) - start )) s"
     h200_prefill
     echo "== table after $(( $(date +%s) - start )) s"
+    ;;
+tiles)
+    rev="${2:?the tiles step needs the commit to name the test report after}"
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only cmp_dkdv_ds 2>&1 \
+        | tee "$OUT/prefill_cmp_dkdv_ds_h200.txt"
+    echo "== sweep after $(( $(date +%s) - start )) s"
+    timeout 120 python scripts/gpu_prefill_probe.py --lengths 65536 --only kernels --kernels 24 2>&1 \
+        | tee "$OUT/prefill_kernels_h200.txt"
+    echo "== kernels after $(( $(date +%s) - start )) s"
+    reported_tests 200 "$rev" tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py \
+        tests/ops/test_compressed_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

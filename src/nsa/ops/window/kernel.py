@@ -166,14 +166,13 @@ def window_fwd_summed(
 #: by DRAM (74 %), so wider tiles read less. H100: 6.25-6.46 against 7.85-7.88 ms at 64k and 0.76
 #: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
 #: 16.5, 128-key tiles with 4 warps 20.4 ms.
-#: Session 54 (H200, training's launch at 8k / 64k, ms): the band walked phased (``PHASED``,
-#: :func:`~nsa.ops.window.backward.window_bwd_dkdv_kernel`: the key tiles that share a run of positions
-#: read its q and do at the same time) 1.056 / 8.30 against 1.175 / 9.18 for the walk from the band's
-#: start, and in query tiles of 32 rows 0.935 / 7.36 (64-row tiles hold 255 registers and spill 328-360
-#: bytes a thread on sm_90, 32-row ones none): the whole forward+backward 7.12 / 99.7 against 7.26-7.47
-#: / 100.8-100.9 (docs/perf/prefill.md).
+#: Session 54 (H200, training's dK/dV launch, ms at 8k / 64k): query tiles of 32 rows took 0.910-0.912 /
+#: 7.25-7.37 against 1.176-1.179 / 9.24 for 64 (compiled for sm_90, 64-row tiles hold 255 registers
+#: and spill 328 bytes a thread, 32-row ones spill none); the whole forward+backward 7.04-7.08 /
+#: 96.6-96.7 against 7.27-7.28 / 98.2-98.9 in the same run; 16 rows took 1.105 / 8.64 (phased), 4
+#: stages 0.944 / 7.46 (phased; the phased walk itself, dropped: docs/perf/prefill.md, session 54).
 BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2),
-             "dkdv": dict(rows=32, BN=128, num_warps=8, num_stages=3, PHASED=True)}
+             "dkdv": dict(rows=32, BN=128, num_warps=8, num_stages=3)}
 #: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
 #: 128, whose 128-key accumulators would not fit; float32 inputs, whose 128-key tiles in 3 stages
 #: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
