@@ -44,7 +44,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 23. **Compressed dK/dV tiles with dS** (``cmp_dkdv_ds``): the compressed backward as training calls
     it where the ``dS`` buffer fits, by the dK/dV kernel's tiles and query chunks.
 24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
-    and in the whole forward+backward.
+    and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles.
 """
 
 from __future__ import annotations
@@ -654,6 +654,21 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
             win.BWD_TILES["dkdv"].update(saved)
     for label, ms in whole.items():
         print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
+
+
+def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
+    """:func:`kernel_times` with the window's dK/dV on the first two tiles of :data:`WINDOW_DKDV_SWEEP`
+    as the default, in turn, twice: where each kernel's time goes in place, not alone."""
+    from nsa.ops.window import kernel as win
+
+    saved = dict(win.BWD_TILES["dkdv"])
+    for _ in range(2):
+        for label, tiles in WINDOW_DKDV_SWEEP[:2]:
+            win.BWD_TILES["dkdv"].update(tiles)
+            print(f"T={T} window dK/dV {label}:", flush=True)
+            kernel_times(T, config)
+            win.BWD_TILES["dkdv"].clear()
+            win.BWD_TILES["dkdv"].update(saved)
 
 
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
@@ -1283,7 +1298,7 @@ SECTIONS = {
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
-    "win_dkdv": window_dkdv_tiles,
+    "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels,
 }
 
 

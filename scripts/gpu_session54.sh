@@ -36,11 +36,21 @@
 #                                            # kernel list at 64k; the window, compressed and
 #                                            # nsa_attention GPU tests (report named after REV)
 #
+# 32-row query tiles made the compressed backward slower (64k 35.6-42.4 ms against 28.6; 8k 0.80
+# against 0.68): its tiles stay. The GPU tests passed (72, 4 skipped). The kernel list put the
+# window's dK/dV at 8.83 ms and its dQ at 5.34, against 7.34 and 4.92 in session 53's list on another
+# machine (the whole forward+backward's kernels 95.8 against 94.6), though alone and in the whole
+# step the 32-row tiles were faster. The list with each tile in turn, then the decode table:
+#
+#   bash scripts/gpu_session54.sh inplace  # the kernels of one 64k forward+backward, the window's
+#                                          # dK/dV on 32- and 64-row tiles in turn, twice; the
+#                                          # decode table at batch 1-64 (no decode kernel changed)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace}"
 device_line
 
 case "$step" in
@@ -68,6 +78,12 @@ tiles)
     echo "== kernels after $(( $(date +%s) - start )) s"
     reported_tests 200 "$rev" tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py \
         tests/ops/test_compressed_kernel.py
+    ;;
+inplace)
+    timeout 200 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_kernels --kernels 12 2>&1 \
+        | tee "$OUT/prefill_win_dkdv_kernels_h200.txt"
+    echo "== kernels after $(( $(date +%s) - start )) s"
+    decode_table h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
