@@ -657,8 +657,9 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
 
 
 def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
-    """:func:`kernel_times` with the window's dK/dV on the first two tiles of :data:`WINDOW_DKDV_SWEEP`
-    as the default, in turn, twice: where each kernel's time goes in place, not alone."""
+    """:func:`kernel_times` (the mean of 5 steps) with the window's dK/dV on the first two tiles of
+    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, twice: where each kernel's time goes in place,
+    not alone."""
     from nsa.ops.window import kernel as win
 
     saved = dict(win.BWD_TILES["dkdv"])
@@ -666,7 +667,7 @@ def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
         for label, tiles in WINDOW_DKDV_SWEEP[:2]:
             win.BWD_TILES["dkdv"].update(tiles)
             print(f"T={T} window dK/dV {label}:", flush=True)
-            kernel_times(T, config)
+            kernel_times(T, config, steps=5)
             win.BWD_TILES["dkdv"].clear()
             win.BWD_TILES["dkdv"].update(saved)
 
@@ -810,12 +811,12 @@ def gate_ab(T: int, config: NSAConfig) -> None:
 KERNELS_LISTED = 16
 
 
-def kernel_times(T: int, config: NSAConfig) -> None:
-    """Device time of every kernel of one ``nsa_attention`` forward+backward (torch profiler,
-    after two warm-up calls), largest first."""
+def kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
+    """Device time of every kernel of ``nsa_attention``'s forward+backward (torch profiler, after two
+    warm-up calls, the mean of ``steps``), largest first."""
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
     run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
-    _list_kernels(T, "forward+backward", run)
+    _list_kernels(T, "forward+backward", run, steps)
 
 
 def forward_kernel_times(T: int, config: NSAConfig) -> None:
@@ -830,22 +831,25 @@ def forward_kernel_times(T: int, config: NSAConfig) -> None:
     _list_kernels(T, "forward (no_grad)", run)
 
 
-def _list_kernels(T: int, what: str, run: Callable[[], object]) -> None:
-    """Device time of every kernel of one ``run()`` (torch profiler, after two warm-up calls),
-    largest first."""
+def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1) -> None:
+    """Device time of every kernel of ``run()`` (torch profiler, after two warm-up calls), largest
+    first: the mean over ``steps`` calls profiled back to back."""
     from torch.profiler import ProfilerActivity, profile
 
     run(), run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
+        for _ in range(steps):
+            run()
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total = sum(e.self_device_time_total for e in events) / 1e3
-    print(f"T={T} kernels of one {what}: {total:.3f} ms in all", flush=True)
+    total = sum(e.self_device_time_total for e in events) / 1e3 / steps
+    mean = f"the mean of {steps} " if steps > 1 else "one "
+    print(f"T={T} kernels of {mean}{what}: {total:.3f} ms in all", flush=True)
     for e in events[:KERNELS_LISTED]:
-        print(f"T={T}   {e.self_device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:90]}", flush=True)
+        print(f"T={T}   {e.self_device_time_total / 1e3 / steps:8.3f} ms  x{e.count // steps:<3d} {e.key[:90]}",
+              flush=True)
 
 
 def _ptx_counts(fn) -> List[str]:

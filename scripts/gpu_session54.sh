@@ -42,15 +42,22 @@
 # machine (the whole forward+backward's kernels 95.8 against 94.6), though alone and in the whole
 # step the 32-row tiles were faster. The list with each tile in turn, then the decode table:
 #
-#   bash scripts/gpu_session54.sh inplace  # the kernels of one 64k forward+backward, the window's
-#                                          # dK/dV on 32- and 64-row tiles in turn, twice; the
-#                                          # decode table at batch 1-64 (no decode kernel changed)
+#   bash scripts/gpu_session54.sh inplace  # (ran at b883677, one step a list) the kernels of one 64k
+#                                          # forward+backward, the window's dK/dV on 32- and 64-row
+#                                          # tiles in turn, twice; the decode table at batch 1-64 (no
+#                                          # decode kernel changed)
+#
+# In place the window's dK/dV took 8.59 and 8.71 ms on 32-row tiles, 7.50 and 8.33 on 64-row ones,
+# but one profiled step is noisy (its kernels summed to 94.9-98.2 ms, the compressed forward
+# 15.6-17.0). The same lists as the mean of 5 steps each (the decode table is not taken again):
+#
+#   bash scripts/gpu_session54.sh inplace5 # the kernel lists, 5 steps a list
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5}"
 device_line
 
 case "$step" in
@@ -84,6 +91,10 @@ inplace)
         | tee "$OUT/prefill_win_dkdv_kernels_h200.txt"
     echo "== kernels after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+inplace5)
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_kernels --kernels 12 2>&1 \
+        | tee "$OUT/prefill_win_dkdv_kernels5_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
