@@ -44,7 +44,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 23. **Compressed dK/dV tiles with dS** (``cmp_dkdv_ds``): the compressed backward as training calls
     it where the ``dS`` buffer fits, by the dK/dV kernel's tiles and query chunks.
 24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
-    and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles.
+    and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles,
+    ``win_dkdv_step`` the whole step with each, L2 flushed or not.
 """
 
 from __future__ import annotations
@@ -668,6 +669,34 @@ def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
             win.BWD_TILES["dkdv"].update(tiles)
             print(f"T={T} window dK/dV {label}:", flush=True)
             kernel_times(T, config, steps=5)
+            win.BWD_TILES["dkdv"].clear()
+            win.BWD_TILES["dkdv"].update(saved)
+
+
+def window_dkdv_step(T: int, config: NSAConfig) -> None:
+    """The whole ``nsa_attention`` forward+backward with the window's dK/dV on the first two tiles of
+    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, three rounds: ``do_bench`` (L2 flushed before
+    each call) and 5 calls back to back without a flush (CUDA events around them), to set against
+    the kernel lists of ``win_dkdv_kernels``."""
+    from nsa.ops.window import kernel as win
+
+    q, k, v, gates, _ = inputs(T, T + 15, backward=True)
+    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    saved = dict(win.BWD_TILES["dkdv"])
+    for _ in range(3):
+        for label, tiles in WINDOW_DKDV_SWEEP[:2]:
+            win.BWD_TILES["dkdv"].update(tiles)
+            flushed = bench(run)
+            run()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            e0.record()
+            for _ in range(5):
+                run()
+            e1.record()
+            e1.synchronize()
+            print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {flushed:.3f} ms flushed, "
+                  f"{e0.elapsed_time(e1) / 5:.3f} back to back", flush=True)
             win.BWD_TILES["dkdv"].clear()
             win.BWD_TILES["dkdv"].update(saved)
 
@@ -1302,7 +1331,7 @@ SECTIONS = {
     "cmp_fwd": cmp_fwd_variants, "cmp_parts": cmp_fwd_parts, "topn": topn_variants, "sel_tiles": sel_tiles, "kv_desc": kv_descriptors,
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
-    "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels,
+    "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
 }
 
 

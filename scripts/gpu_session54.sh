@@ -51,13 +51,21 @@
 # but one profiled step is noisy (its kernels summed to 94.9-98.2 ms, the compressed forward
 # 15.6-17.0). The same lists as the mean of 5 steps each (the decode table is not taken again):
 #
-#   bash scripts/gpu_session54.sh inplace5 # the kernel lists, 5 steps a list
+#   bash scripts/gpu_session54.sh inplace5 # (ran at ce35d32) the kernel lists, 5 steps a list
+#
+# In place the window's dK/dV took 8.46-8.53 ms on 32-row tiles and 7.52-7.57 on 64-row ones, and
+# the kernels summed to 96.38-96.45 against 96.28-96.39 ms: unlike the whole step under do_bench
+# (L2 flushed before each call), 1.2-2.3 ms shorter on 32-row tiles in both sweeps. The step timed
+# both ways, each tile in turn:
+#
+#   bash scripts/gpu_session54.sh step     # the whole 64k forward+backward, do_bench and 5 calls back
+#                                          # to back, three rounds
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step}"
 device_line
 
 case "$step" in
@@ -95,6 +103,10 @@ inplace)
 inplace5)
     timeout 300 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_kernels --kernels 12 2>&1 \
         | tee "$OUT/prefill_win_dkdv_kernels5_h200.txt"
+    ;;
+step)
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_step 2>&1 \
+        | tee "$OUT/prefill_win_dkdv_step_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
