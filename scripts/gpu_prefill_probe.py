@@ -675,16 +675,17 @@ def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
 
 def window_dkdv_step(T: int, config: NSAConfig) -> None:
     """The whole ``nsa_attention`` forward+backward with the window's dK/dV on the first two tiles of
-    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, three rounds: ``do_bench`` (L2 flushed before
-    each call) and 5 calls back to back without a flush (CUDA events around them), to set against
-    the kernel lists of ``win_dkdv_kernels``."""
+    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, four rounds in the order ABBA (in session 54's
+    first A/Bs the tiles measured first in each round were the slower ones, whichever they were):
+    ``do_bench`` (L2 flushed before each call) and 5 calls back to back without a flush (CUDA events
+    around them), to set against the kernel lists of ``win_dkdv_kernels``."""
     from nsa.ops.window import kernel as win
 
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
     run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
     saved = dict(win.BWD_TILES["dkdv"])
-    for _ in range(3):
-        for label, tiles in WINDOW_DKDV_SWEEP[:2]:
+    for turn in range(4):
+        for label, tiles in WINDOW_DKDV_SWEEP[:2][:: 1 if turn % 2 == 0 else -1]:
             win.BWD_TILES["dkdv"].update(tiles)
             flushed = bench(run)
             run()

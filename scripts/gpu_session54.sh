@@ -58,14 +58,21 @@
 # (L2 flushed before each call), 1.2-2.3 ms shorter on 32-row tiles in both sweeps. The step timed
 # both ways, each tile in turn:
 #
-#   bash scripts/gpu_session54.sh step     # the whole 64k forward+backward, do_bench and 5 calls back
-#                                          # to back, three rounds
+#   bash scripts/gpu_session54.sh step     # (ran at 371c1f1, rounds in the order ABAB) the whole 64k
+#                                          # forward+backward, do_bench and 5 calls back to back,
+#                                          # three rounds
+#
+# The 32-row tiles, first in each round, were the slower here: 97.93-98.85 ms flushed against
+# 97.10-97.42, 98.10-99.21 back to back against 97.72-98.12. In the sweeps' A/Bs the 64-row tiles came
+# first in each round. So once more with the rounds in the order ABBA, at 8k and 64k:
+#
+#   bash scripts/gpu_session54.sh abba     # the same step timings, four rounds ABBA, 8k and 64k
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step | abba}"
 device_line
 
 case "$step" in
@@ -107,6 +114,10 @@ inplace5)
 step)
     timeout 300 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_step 2>&1 \
         | tee "$OUT/prefill_win_dkdv_step_h200.txt"
+    ;;
+abba)
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dkdv_step 2>&1 \
+        | tee "$OUT/prefill_win_dkdv_abba_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
