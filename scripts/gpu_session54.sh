@@ -66,7 +66,13 @@
 # 97.10-97.42, 98.10-99.21 back to back against 97.72-98.12. In the sweeps' A/Bs the 64-row tiles came
 # first in each round. So once more with the rounds in the order ABBA, at 8k and 64k:
 #
-#   bash scripts/gpu_session54.sh abba     # the same step timings, four rounds ABBA, 8k and 64k
+#   bash scripts/gpu_session54.sh abba     # (ran at fc412db) the same step timings, four rounds
+#                                          # ABBA, 8k and 64k
+#
+# The 32-row tiles were the slower in every round: 64k 98.36-98.77 ms flushed against 96.97-97.71,
+# 98.80-98.99 back to back against 97.26-98.01; 8k 7.01-7.13 against 6.93-7.07. The 64-row tiles
+# are the default again (the steps from "tiles" on ran with the 32-row tiles as the default; the
+# probe now names the 64-row ones first).
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

@@ -166,13 +166,12 @@ def window_fwd_summed(
 #: by DRAM (74 %), so wider tiles read less. H100: 6.25-6.46 against 7.85-7.88 ms at 64k and 0.76
 #: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
 #: 16.5, 128-key tiles with 4 warps 20.4 ms.
-#: Session 54 (H200, training's dK/dV launch, ms at 8k / 64k): query tiles of 32 rows took 0.910-0.912 /
-#: 7.25-7.37 against 1.176-1.179 / 9.24 for 64 (compiled for sm_90, 64-row tiles hold 255 registers
-#: and spill 328 bytes a thread, 32-row ones spill none); the whole forward+backward 7.04-7.08 /
-#: 96.6-96.7 against 7.27-7.28 / 98.2-98.9 in the same run; 16 rows took 1.105 / 8.64 (phased), 4
-#: stages 0.944 / 7.46 (phased; the phased walk itself, dropped: docs/perf/prefill.md, session 54).
-BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2),
-             "dkdv": dict(rows=32, BN=128, num_warps=8, num_stages=3)}
+#: Session 54 (H200): 32-row query tiles compile without spills on sm_90, where these 64-row ones hold
+#: 255 registers and spill 328 bytes a thread, and alone (L2 flushed, ms at 8k / 64k) took 0.910 /
+#: 7.25-7.37 against 1.176-1.179 / 9.24. In place they are slower: 8.46-8.53 against 7.52-7.57 ms at
+#: 64k (torch profiler, two lists of 5 steps each), the whole forward+backward 98.36-98.77 against
+#: 96.97-97.71 and 8k 7.01-7.13 against 6.93-7.07 (rounds ABBA; docs/perf/prefill.md).
+BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3)}
 #: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
 #: 128, whose 128-key accumulators would not fit; float32 inputs, whose 128-key tiles in 3 stages
 #: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
