@@ -589,24 +589,26 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
 
 
 #: dK/dV launches of the window timed by ``win_dkdv``, ``win_dkdv_kernels`` and ``win_dkdv_step`` (over
-#: :data:`nsa.ops.window.kernel.BWD_TILES`). Session 54 (H200, ms at 8k / 64k;
-#: ``raw/session54_prefill_win_*_h200.txt``). Alone, L2 flushed, run 1: 64-row tiles (the default)
-#: 1.171-1.176 / 9.18-9.21; their band walked phased (``attempts/prefill_window_dkdv_phased.patch``:
-#: each band from the run of positions that its neighbouring key tiles walk at the same time)
-#: 1.055-1.058 / 8.30; phased on 32-row tiles 0.934-0.936 / 7.35-7.36, in 2 stages 1.129-1.135 / 8.72;
-#: phased 64-row tiles in 2 stages 1.027-1.029 / 7.98; phased 64-key tiles of 4 warps 0.973-0.984 /
-#: 7.99-8.02. Run 2: 32-row tiles 0.910-0.912 / 7.25-7.37, phased 0.929-0.935 / 7.35; phased 16 rows
-#: 1.104-1.112 / 8.64, 4 stages 0.943-0.944 / 7.46. In place the 32-row tiles were the slower (64k, 5
-#: profiled steps a list: 8.46-8.53 against 7.52-7.57), and so was the whole step in ABBA rounds
-#: (98.36-98.77 against 96.97-97.71; 8k 7.01-7.13 against 6.93-7.07), though the sweeps' own A/Bs,
-#: the 64-row tiles first in each round, had put them 1.2-2.3 ms ahead. Compiled for sm_90 (Triton
-#: 3.6, ``scripts/launch_resources.py``), 64-row tiles of 128 keys hold 255 registers and spill 328
-#: bytes a thread (360 phased), 32-row ones none (16 bytes in 4 stages), 16-row ones take 232.
+#: :data:`nsa.ops.window.kernel.BWD_TILES`; the last two take the first two). Session 54 (H200, ms at
+#: 8k / 64k; ``raw/session54_prefill_win_*_h200.txt``). Alone, L2 flushed, run 1: the walk from each
+#: band's start on 64-row tiles (the default until then) 1.171-1.176 / 9.18-9.21; phased 1.055-1.058 /
+#: 8.30; phased on 32-row tiles 0.934-0.936 / 7.35-7.36, in 2 stages 1.129-1.135 / 8.72; phased 64-row
+#: tiles in 2 stages 1.027-1.029 / 7.98; phased 64-key tiles of 4 warps 0.973-0.984 / 7.99-8.02. Run 2:
+#: 32-row tiles 0.910-0.912 / 7.25-7.37, phased 0.929-0.935 / 7.35; phased 16 rows 1.104-1.112 / 8.64,
+#: 4 stages 0.943-0.944 / 7.46. In place the 32-row tiles (walked) were the slower (64k, 5 profiled
+#: steps a list: 8.46-8.53 against 7.52-7.57), and so was the whole step in ABBA rounds (98.36-98.77
+#: against 96.97-97.71; 8k 7.01-7.13 against 6.93-7.07), though the sweeps' own A/Bs, the 64-row tiles
+#: first in each round, had put them 1.2-2.3 ms ahead. The phased 64-row tiles in place: 8.99-9.03
+#: against 9.66-10.05 for the walk; the whole step in ABBA rounds on two machines 98.33-98.69 and
+#: 99.76-100.14 against 99.21-99.71 and 100.76-101.50 (8k 7.11-7.20 and 7.16-7.33 against 7.20-7.28
+#: and 7.31-7.49). Compiled for sm_90 (Triton 3.6, ``scripts/launch_resources.py``), 64-row tiles of
+#: 128 keys hold 255 registers and spill 328 bytes a thread (360 phased), 32-row ones none (16 bytes in
+#: 4 stages), 16-row ones take 232.
 WINDOW_DKDV_SWEEP = (
-    ("64 rows (the default)", {}),
-    ("32 rows", dict(rows=32)),
-    ("16 rows", dict(rows=16)),
-    ("32 rows, 4 stages", dict(rows=32, num_stages=4)),
+    ("phased (the default)", {}),
+    ("walk from the band's start (the default to session 53)", dict(PHASED=False)),
+    ("32 rows", dict(rows=32, PHASED=False)),
+    ("32 rows, phased", dict(rows=32)),
 )
 
 

@@ -72,13 +72,26 @@
 # The 32-row tiles were the slower in every round: 64k 98.36-98.77 ms flushed against 96.97-97.71,
 # 98.80-98.99 back to back against 97.26-98.01; 8k 7.01-7.13 against 6.93-7.07. The 64-row tiles
 # are the default again (the steps from "tiles" on ran with the 32-row tiles as the default; the
-# probe now names the 64-row ones first).
+# probe then named the 64-row ones first). The phased walk had been measured alone only; in place,
+# on 64-row tiles, on the branch next/window-phased (its default there):
+#
+#   bash scripts/gpu_session54.sh phased64  # (ran at 9ac001c, on the branch) the kernel lists (5 steps
+#                                           # a list) and the ABBA step timings, walked and phased
+#
+# Phased, the window's dK/dV took 8.99-9.03 ms in place against 9.66-10.05, and the whole step was
+# shorter in every round: 64k 98.33-98.69 ms flushed against 99.21-99.71, 8k 7.11-7.20 against
+# 7.20-7.28. Once more on a fresh machine:
+#
+#   bash scripts/gpu_session54.sh phased64b # (ran at 972f7b2, on the branch) the ABBA step timings
+#
+# 64k 99.76-100.14 against 100.76-101.50, 8k 7.16-7.33 against 7.31-7.49: the phased walk on 64-row
+# tiles is main's default (the probe's sweep names it first).
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step | abba}"
+step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step | abba | phased64 | phased64b}"
 device_line
 
 case "$step" in
@@ -124,6 +137,16 @@ step)
 abba)
     timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dkdv_step 2>&1 \
         | tee "$OUT/prefill_win_dkdv_abba_h200.txt"
+    ;;
+phased64)
+    timeout 200 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dkdv_kernels --kernels 12 2>&1 \
+        | tee "$OUT/prefill_win_phased64_kernels_h200.txt"
+    timeout 200 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dkdv_step 2>&1 \
+        | tee "$OUT/prefill_win_phased64_abba_h200.txt"
+    ;;
+phased64b)
+    timeout 200 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dkdv_step 2>&1 \
+        | tee "$OUT/prefill_win_phased64_abba2_h200.txt"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

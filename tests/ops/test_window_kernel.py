@@ -58,6 +58,29 @@ def test_window_matches_reference(B, T, HQ, H, DK, DV, window, q_offset, TK, dty
     check_against_reference(q, k, v, config, q_offset, nsa_tolerance)
 
 
+@pytest.mark.parametrize("window, q_offset, TK", [(40, 0, 90), (33, 7, 97)], ids=["W40", "W33-off7-TK97"])
+def test_window_dkdv_phased_walk(window, q_offset, TK, nsa_device):
+    """The dK/dV kernel's band walked from the run of positions whose index is a multiple of the
+    band's run count, wrapping (``PHASED``, BN 16: 3-4 runs a band, every start phase), gives the
+    gradients of the walk from the band's start (float32 rounding) and the reference's."""
+    from nsa.ops.window.kernel import window_bwd, window_fwd
+
+    T, HQ, H, D = TK - q_offset, 4, 2, 16
+    q, k, v = qkv(1, T, HQ, H, D, D, torch.float32, nsa_device, TK)
+    do = torch.randn(1, T, HQ, D, device=nsa_device)
+    scale = D**-0.5
+    o, lse = window_fwd(q, k, v, window, scale, q_offset)
+    got, want = (window_bwd(q, k, v, o, lse, do, window, scale, q_offset,
+                            tiles={"dkdv": dict(rows=16, BN=16, num_warps=4, num_stages=1, PHASED=phased)})
+                 for phased in (True, False))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_close(name, g, w, 1e-5)
+    ref = _forward_backward(q.double(), k.double(), v.double(), NSAConfig(window=window), q_offset, "reference",
+                            do.double())[1:]
+    for name, g, w in zip(("dk", "dv"), got[1:], ref[1:]):
+        assert_close(name, g, w, 1e-4)
+
+
 def test_window_dk192_dv128(nsa_device, nsa_tolerance):
     q, k, v = qkv(1, 29, 4, 1, 192, 128, torch.float16, nsa_device)
     check_against_reference(q, k, v, NSAConfig(window=12), 0, nsa_tolerance)
@@ -96,8 +119,8 @@ def test_window_gpu_backward_deterministic(nsa_device):
 
 
 def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
-    """dK/dV takes 128-key tiles in 3 stages for 16-bit heads up to 128 wide (half the q/do
-    re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
+    """dK/dV takes 128-key tiles in 3 stages, its band walked phased, for 16-bit heads up to 128
+    wide (half the q/do re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
     would not fit, and for float32 on tensor cores, whose 128-key tiles need more shared memory than
     an H100 has (in 1 stage); exact float32 takes its own tiles; a caller's override wins."""
     from nsa.ops.window import kernel
@@ -108,6 +131,7 @@ def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
         return kernel._bwd_cfg(kind, 16, dk, dv, tiles, dtype, torch.device("cpu"))
 
     assert cfg("dkdv", 128, 128)["BN"] == 128
+    assert cfg("dkdv", 128, 128)["PHASED"]  # measured on these tiles only (session 54)
     assert cfg("dkdv", 192, 128)["BN"] == 64
     assert cfg("dkdv", 128, 256)["BN"] == 64
     small = cfg("dkdv", 128, 128, dtype=torch.float32)

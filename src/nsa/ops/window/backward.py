@@ -172,6 +172,44 @@ def _dkdv_queries(
     return b_dk, b_dv
 
 
+@triton.jit
+def _dkdv_span(
+    b_k, b_v, b_dk, b_dv,  #
+    q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+    sqb, sqt, sqh, sdb, sdt, sdh,  #
+    o_s, T, q_offset, W, lo, hi, i_first, i_local, mid_lo, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
+    BT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
+    FORCED: tl.constexpr, BS: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """dK/dV over the query tiles in ``[lo, hi)`` of a key tile's band, which splits into the rows
+    holding the tile's blocks as local ones ``[i_first, i_local)`` (``FORCED`` only), a masked
+    head up to ``mid_lo``, the unmasked ``[mid_lo, mid_hi)`` and a masked tail up to ``i_end``
+    (all multiples of BT but ``i_end``, as ``lo`` and ``hi``)."""
+    if FORCED:
+        b_dk, b_dv = _dkdv_queries(
+            b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+            sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, tl.maximum(lo, i_first), tl.minimum(hi, i_local),  #
+            o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC, True, BS, LOCAL,
+        )
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, tl.maximum(lo, i_local), tl.minimum(hi, mid_lo),  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
+    )
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, tl.maximum(lo, mid_lo), tl.minimum(hi, mid_hi),  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC,
+    )
+    b_dk, b_dv = _dkdv_queries(
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
+        o_s, T, q_offset, W, tl.maximum(lo, mid_hi), tl.minimum(hi, i_end),  #
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
+    )
+    return b_dk, b_dv
+
+
 @triton.jit(do_not_specialize=["T", "TK", "q_offset", "W"])
 def window_bwd_dkdv_kernel(
     q, k, v, do, gate, lse, delta, dk, dv, gate_frc, lse_frc, delta_frc,  #
@@ -181,6 +219,7 @@ def window_bwd_dkdv_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
     BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
     FORCED: tl.constexpr = False, BS: tl.constexpr = 1, LOCAL: tl.constexpr = 0,
+    PHASED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``; with ``ACC``
     added to what they held (another branch's gradient of the same keys).
@@ -191,6 +230,9 @@ def window_bwd_dkdv_kernel(
     hold a block of this tile as a local one are the first of its band, whose scores the two
     branches share (:func:`_dkdv_queries`). The selected branch's dK/dV then
     leaves those (query, block) pairs out (``selected_bwd_dkdv(..., skip_local=LOCAL)``).
+    With ``PHASED`` the band's query tiles are walked from the run of BN positions whose index is a
+    multiple of the band's run count, then from the band's start up to it: the same gradients up to
+    float32 summation order (:mod:`nsa.ops.window.kernel` says why).
     """
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -212,29 +254,33 @@ def window_bwd_dkdv_kernel(
 
     b_dk = tl.zeros([BN, BK], dtype=tl.float32)
     b_dv = tl.zeros([BN, BV], dtype=tl.float32)
+    i_local = i_first  # [i_first, i_local): the rows that also hold a block of this tile as a local one
     if FORCED:
         # queries up to the end of the block LOCAL - 1 past the tile's last one hold a block of it as local
         i_local = tl.minimum(((s0 + BN - 1) // BS + LOCAL) * BS - q_offset, i_end)
         i_local = tl.maximum(tl.cdiv(i_local, BT) * BT, i_first)
-        b_dk, b_dv = _dkdv_queries(
-            b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
-            sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_first, i_local, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
-            H, G, GP, BT, True, GATED, PREC, True, BS, LOCAL,
-        )
-        i_first = i_local
-        mid_lo = tl.minimum(tl.maximum(mid_lo, i_first), i_end)
+        mid_lo = tl.minimum(tl.maximum(mid_lo, i_local), i_end)
         mid_hi = tl.maximum(mid_hi, mid_lo)
-    b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, i_first, mid_lo, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
-    )
-    b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, mid_lo, mid_hi, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC,
-    )
-    b_dk, b_dv = _dkdv_queries(
-        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
-        o_s, T, q_offset, W, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
+    i_wrap = i_end  # the walk's last stretch ends here
+    if PHASED:
+        # The band spans `runs` runs of BN positions. Start at the run whose index (position // BN)
+        # is a multiple of `runs`, and wrap: the key tiles that share a run then walk it at the same
+        # time, so its q and do rows come from DRAM once and from L2 for the others. (Walked from
+        # its start, tile n's band meets tile n + 1's one run later, after every running program
+        # has read 1/runs of its band: more than L2 holds at 64k.)
+        runs = (BN + W - 2) // BN + 1
+        lead = (runs - i_n % runs) % runs
+        i_split = tl.minimum(tl.maximum((s0 + lead * BN - q_offset) // BT * BT, i_first), i_end)
+        b_dk, b_dv = _dkdv_span(
+            b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+            sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_split, i_end, i_first, i_local, mid_lo, mid_hi,
+            i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL,
+        )
+        i_wrap = i_split
+    b_dk, b_dv = _dkdv_span(
+        b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
+        sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_first, i_wrap, i_first, i_local, mid_lo, mid_hi,
+        i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL,
     )
 
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)

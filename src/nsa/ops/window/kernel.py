@@ -21,7 +21,12 @@ band edge and the diagonal are masked, the tiles between run unmasked.
 Backward: ``dQ`` walks the same band as the forward; ``dK``/``dV`` are computed by
 one program per key tile walking the query tiles that see it, all heads of the
 group included, so each output element has exactly one writer (deterministic,
-no atomics).
+no atomics). Neighbouring key tiles' bands overlap but for one run of ``BN``
+positions: walked from their starts, tile ``n + 1`` reads a run of q and do a run
+before tile ``n`` does, after every running program has moved on by that much (at
+64k more than L2 holds). Phased (``PHASED``, the Hopper tiles' default), each band
+starts at the run whose index is a multiple of the band's run count and wraps, so
+the tiles that share a run read it together.
 
 In the NSA prefill the forward and ``dQ`` kernels can also take the selected branch's
 forced blocks (``FORCED``, :func:`forced_in_window`): its local blocks are the band's last
@@ -166,12 +171,15 @@ def window_fwd_summed(
 #: by DRAM (74 %), so wider tiles read less. H100: 6.25-6.46 against 7.85-7.88 ms at 64k and 0.76
 #: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
 #: 16.5, 128-key tiles with 4 warps 20.4 ms.
-#: Session 54 (H200): 32-row query tiles compile without spills on sm_90, where these 64-row ones hold
-#: 255 registers and spill 328 bytes a thread, and alone (L2 flushed, ms at 8k / 64k) took 0.910 /
-#: 7.25-7.37 against 1.176-1.179 / 9.24. In place they are slower: 8.46-8.53 against 7.52-7.57 ms at
-#: 64k (torch profiler, two lists of 5 steps each), the whole forward+backward 98.36-98.77 against
-#: 96.97-97.71 and 8k 7.01-7.13 against 6.93-7.07 (rounds ABBA; docs/perf/prefill.md).
-BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2), "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3)}
+#: Session 54 (H200): the dK/dV walks each band phased (``PHASED``, see the module's docstring: the
+#: key tiles that share a run of positions read its q and do at the same time, not a run apart). In place (torch profiler, 5 steps a list) 8.99-9.03 ms at 64k against
+#: 9.66-10.05; the whole forward+backward, rounds ABBA on two machines, 98.33-98.69 and 99.76-100.14
+#: against 99.21-99.71 and 100.76-101.50 ms (8k 7.11-7.20 and 7.16-7.33 against 7.20-7.28 and
+#: 7.31-7.49). 32-row query tiles, which compile without the 64-row ones' spills (255 registers and
+#: 328 bytes a thread on sm_90), were faster alone with L2 flushed but slower in place: 8.46-8.53
+#: against 7.52-7.57 ms at 64k on another machine (docs/perf/prefill.md).
+BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2),
+             "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3, PHASED=True)}
 #: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
 #: 128, whose 128-key accumulators would not fit; float32 inputs, whose 128-key tiles in 3 stages
 #: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
