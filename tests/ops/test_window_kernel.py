@@ -120,9 +120,10 @@ def test_window_gpu_backward_deterministic(nsa_device):
 
 def test_window_dkdv_tiles_by_head_width_and_dtype(monkeypatch):
     """dK/dV takes 128-key tiles in 3 stages, its band walked phased, for 16-bit heads up to 128
-    wide (half the q/do re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads, whose accumulators
-    would not fit, and for float32 on tensor cores, whose 128-key tiles need more shared memory than
-    an H100 has (in 1 stage); exact float32 takes its own tiles; a caller's override wins."""
+    wide (half the q/do re-reads of 64-key tiles), and 64-key tiles in 2 stages for wider heads,
+    whose accumulators would not fit, and for float32 on tensor cores, whose 128-key tiles need more
+    shared memory than an H100 has (in 1 stage); exact float32 takes its own tiles; a caller's
+    override wins."""
     from nsa.ops.window import kernel
 
     monkeypatch.setenv("NSA_FLOAT32_DOT", "ieee")

@@ -172,12 +172,13 @@ def window_fwd_summed(
 #: against 0.98 ms at 8k for 64-key tiles of 4 warps in 2 stages; 4 stages 6.6-6.7, 256-key tiles
 #: 16.5, 128-key tiles with 4 warps 20.4 ms.
 #: Session 54 (H200): the dK/dV walks each band phased (``PHASED``, see the module's docstring: the
-#: key tiles that share a run of positions read its q and do at the same time, not a run apart). In place (torch profiler, 5 steps a list) 8.99-9.03 ms at 64k against
-#: 9.66-10.05; the whole forward+backward, rounds ABBA on two machines, 98.33-98.69 and 99.76-100.14
-#: against 99.21-99.71 and 100.76-101.50 ms (8k 7.11-7.20 and 7.16-7.33 against 7.20-7.28 and
-#: 7.31-7.49). 32-row query tiles, which compile without the 64-row ones' spills (255 registers and
-#: 328 bytes a thread on sm_90), were faster alone with L2 flushed but slower in place: 8.46-8.53
-#: against 7.52-7.57 ms at 64k on another machine (docs/perf/prefill.md).
+#: key tiles that share a run of positions read its q and do at the same time, not a run apart). In
+#: place (torch profiler, 5 steps a list) 8.99-9.03 ms at 64k against 9.66-10.05; the whole
+#: forward+backward, rounds ABBA on two machines, 98.33-98.69 and 99.76-100.14 against 99.21-99.71
+#: and 100.76-101.50 ms (8k 7.11-7.20 and 7.16-7.33 against 7.20-7.28 and 7.31-7.49). 32-row query
+#: tiles, which compile without the 64-row ones' spills (255 registers and 328 bytes a thread on
+#: sm_90), were faster alone with L2 flushed but slower in place: 8.46-8.53 against 7.52-7.57 ms at
+#: 64k on another machine (docs/perf/prefill.md).
 BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2),
              "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3, PHASED=True)}
 #: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
