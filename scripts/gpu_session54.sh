@@ -85,7 +85,9 @@
 #   bash scripts/gpu_session54.sh phased64b # (ran at 972f7b2, on the branch) the ABBA step timings
 #
 # 64k 99.76-100.14 against 100.76-101.50, 8k 7.16-7.33 against 7.31-7.49: the phased walk on 64-row
-# tiles is main's default (the probe's sweep names it first).
+# tiles is main's default (the probe's sweep names it first). The steps inplace to abba compare the
+# first two tiles of the probe's WINDOW_DKDV_SWEEP, as it stood at the commits named: run on main now,
+# they compare the phased walk with the walk from the band's start, as phased64 does.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
