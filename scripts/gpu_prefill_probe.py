@@ -56,6 +56,7 @@ import io
 import pstats
 import statistics
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Callable, List, Optional, Tuple
 
@@ -130,6 +131,24 @@ def timed(fn: Callable[[], object], rounds: int, hide_ms: float, cpms: float) ->
 def fwd_bwd(fn: Callable[[], torch.Tensor], inputs: List[torch.Tensor]) -> Callable[[], object]:
     grad = torch.randn_like(fn())
     return lambda: torch.autograd.grad(fn(), inputs, grad)
+
+
+def training_step(q, k, v, gates, config: NSAConfig) -> Callable[[], object]:
+    """One ``nsa_attention`` forward+backward (Triton) on these inputs, as a call."""
+    return fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+
+
+@contextmanager
+def tiles_as_default(table: dict, **tiles):
+    """A module's launch table (``BWD_TILES["dkdv"]``, ``DKDV_TILES``, ...) with ``tiles`` over its
+    entries while the block runs, as it was afterwards."""
+    saved = dict(table)
+    table.update(tiles)
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
 
 
 def inputs(T: int, seed: int, backward: bool = False) -> Tuple[torch.Tensor, ...]:
@@ -417,7 +436,7 @@ def kv_descriptors(T: int, config: NSAConfig) -> None:
         for name, fn in cases.items():
             firsts[name], _ = timed_variant(T, f"{name}, {label}", fn, firsts.get(name))
     x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
+    run = training_step(x, kk, vv, gates, config)
     fwd = lambda: nsa_attention(x, kk, vv, gates, config, backend="triton")
     saved = sel.FWD_TILES["KV_DESC"]
     for rnd in (1, 2):
@@ -440,16 +459,13 @@ def forced_variants(T: int, config: NSAConfig) -> None:
     cfg = sel._warps(dict(sel.FWD_TILES, BQ=1, KV_DESC=False), dims, 1)  # one query a program, plain loads
     rest = lambda: sel.selected_fwd_kernel[(T, dims["H"])](*fargs, c.o, c.o, c.o, c.o, **cfg, **dims)  # no gated sum
     print(f"T={T} selected fwd without the forced kernel: {bench(rest):.3f} ms", flush=True)
-    saved = dict(sel.FORCED_TILES)
     for rows, warps, stages in FORCED_SWEEP:
-        sel.FORCED_TILES.update(rows=rows, num_warps=warps, num_stages=stages)
-        meta, BT = sel._forced_launch(dims)
+        with tiles_as_default(sel.FORCED_TILES, rows=rows, num_warps=warps, num_stages=stages):
+            meta, BT = sel._forced_launch(dims)
         fwd = lambda: sel.selected_forced_fwd_kernel[(triton.cdiv(T, BT), dims["H"])](*fargs, **meta)
         bwd = lambda: sel.selected_forced_dq_kernel[(triton.cdiv(T, BT), dims["H"])](*dargs, **meta, **DQ_META)
         print(f"T={T} forced fwd / dQ, rows {rows}, {warps} warps, {stages} stages: {bench(fwd):.3f} / {bench(bwd):.3f} ms",
               flush=True)
-    sel.FORCED_TILES.clear()
-    sel.FORCED_TILES.update(saved)
 
 
 def forced_ab(T: int, config: NSAConfig) -> None:
@@ -576,16 +592,20 @@ def cmp_dkdv_variants(T: int, config: NSAConfig) -> None:
         first, ms = timed_variant(T, f"cmp bwd, dK/dV {tiles} splits<={cap} (dk, dv)", fn, first, slice(1, None))
         if ms is not None:
             times[(*tiles, cap)] = ms
-    best = min(times, key=times.get)
+    _cmp_dkdv_whole_step(T, config, (CMP_DKDV_SWEEP[0], min(times, key=times.get)))
+
+
+def _cmp_dkdv_whole_step(T: int, config: NSAConfig, variants: tuple) -> None:
+    """The whole ``nsa_attention`` forward+backward with each compressed dK/dV launch of ``variants``
+    (``(rows, block_n, warps, stages, max_splits)``) as the default, in turn, twice."""
+    from nsa.ops.compressed import kernel as ck
+
     q, k, v, gates, _ = inputs(T, T + 14, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
-    saved = dict(ck.DKDV_TILES)
+    run = training_step(q, k, v, gates, config)
     for _ in range(2):
-        for variant in (CMP_DKDV_SWEEP[0], best):
-            ck.DKDV_TILES.update(tiles=tuple(variant[:4]), max_splits=variant[4])
-            print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {bench(run):.3f} ms", flush=True)
-    ck.DKDV_TILES.clear()
-    ck.DKDV_TILES.update(saved)
+        for variant in variants:
+            with tiles_as_default(ck.DKDV_TILES, tiles=tuple(variant[:4]), max_splits=variant[4]):
+                print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {bench(run):.3f} ms", flush=True)
 
 
 #: dK/dV launches of the window timed by ``win_dkdv``, ``win_dkdv_kernels`` and ``win_dkdv_step`` (over
@@ -619,6 +639,7 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
     two and the fastest variant as the default, in turn."""
     from nsa.ops.training import training_forward
     from nsa.ops.window import kernel as win
+    from nsa.testing import rel_error
 
     leaves = inputs(T, T + 21, backward=True)
     q, k, v, gates, do = (x.detach() for x in leaves)
@@ -638,8 +659,7 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
 
     first = launch(WINDOW_DKDV_SWEEP[0][1])
     for label, tiles in WINDOW_DKDV_SWEEP[1:]:
-        errors = [f"{name} {((a.float() - b.float()).norm() / b.float().norm()).item():.2e}"
-                  for name, a, b in zip(("dk", "dv"), launch(tiles), first)]
+        errors = [f"{name} {rel_error(a, b):.2e}" for name, a, b in zip(("dk", "dv"), launch(tiles), first)]
         print(f"T={T} window dK/dV {label} against the first: {', '.join(errors)}", flush=True)
     times = {label: [] for label, _ in WINDOW_DKDV_SWEEP}
     for _ in range(3):
@@ -649,16 +669,13 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
         print(f"T={T} window dK/dV, {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
     best = min(times, key=lambda label: statistics.median(times[label]))
     q, k, v, gates = leaves[:4]
-    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
-    saved = dict(win.BWD_TILES["dkdv"])
+    run = training_step(q, k, v, gates, config)
     chosen = [(label, tiles) for i, (label, tiles) in enumerate(WINDOW_DKDV_SWEEP) if i < 2 or label == best]
     whole = {label: [] for label, _ in chosen}
     for _ in range(2):
         for label, tiles in chosen:
-            win.BWD_TILES["dkdv"].update(tiles)
-            whole[label].append(bench(run))
-            win.BWD_TILES["dkdv"].clear()
-            win.BWD_TILES["dkdv"].update(saved)
+            with tiles_as_default(win.BWD_TILES["dkdv"], **tiles):
+                whole[label].append(bench(run))
     for label, ms in whole.items():
         print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
 
@@ -669,14 +686,11 @@ def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
     not alone."""
     from nsa.ops.window import kernel as win
 
-    saved = dict(win.BWD_TILES["dkdv"])
     for _ in range(2):
         for label, tiles in WINDOW_DKDV_SWEEP[:2]:
-            win.BWD_TILES["dkdv"].update(tiles)
             print(f"T={T} window dK/dV {label}:", flush=True)
-            kernel_times(T, config, steps=5)
-            win.BWD_TILES["dkdv"].clear()
-            win.BWD_TILES["dkdv"].update(saved)
+            with tiles_as_default(win.BWD_TILES["dkdv"], **tiles):
+                kernel_times(T, config, steps=5)
 
 
 def window_dkdv_step(T: int, config: NSAConfig) -> None:
@@ -688,24 +702,21 @@ def window_dkdv_step(T: int, config: NSAConfig) -> None:
     from nsa.ops.window import kernel as win
 
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
-    saved = dict(win.BWD_TILES["dkdv"])
+    run = training_step(q, k, v, gates, config)
     for turn in range(4):
         for label, tiles in WINDOW_DKDV_SWEEP[:2][:: 1 if turn % 2 == 0 else -1]:
-            win.BWD_TILES["dkdv"].update(tiles)
-            flushed = bench(run)
-            run()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            e0.record()
-            for _ in range(5):
+            with tiles_as_default(win.BWD_TILES["dkdv"], **tiles):
+                flushed = bench(run)
                 run()
-            e1.record()
-            e1.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                e0.record()
+                for _ in range(5):
+                    run()
+                e1.record()
+                e1.synchronize()
             print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {flushed:.3f} ms flushed, "
                   f"{e0.elapsed_time(e1) / 5:.3f} back to back", flush=True)
-            win.BWD_TILES["dkdv"].clear()
-            win.BWD_TILES["dkdv"].update(saved)
 
 
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
@@ -851,7 +862,7 @@ def kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
     """Device time of every kernel of ``nsa_attention``'s forward+backward (torch profiler, after two
     warm-up calls, the mean of ``steps``), largest first."""
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
+    run = training_step(q, k, v, gates, config)
     _list_kernels(T, "forward+backward", run, steps)
 
 
@@ -1112,7 +1123,7 @@ def _whole_op_with_buffer(T: int, config: NSAConfig, flag: str, what: str) -> No
     import os
 
     x, kk, vv, gates, _ = inputs(T, T + 7, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(x, kk, vv, gates, config, backend="triton"), [x, kk, vv, gates])
+    run = training_step(x, kk, vv, gates, config)
     for rnd in (1, 2):
         for mib in ("0", str(1 << 20)):
             os.environ[flag] = mib
@@ -1202,20 +1213,8 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
             if ms is not None:
                 times[(*tiles, cap)] = ms
     best = min(times, key=times.get)
-    if best == CMP_DKDV_DS_SWEEP[0]:
-        return
-    # the whole forward+backward with the default and the fastest as the default, in turn
-    q, k, v, gates, _ = inputs(T, T + 14, backward=True)
-    run = fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
-    saved = dict(cmp.DKDV_TILES)
-    whole = {variant: [] for variant in (CMP_DKDV_DS_SWEEP[0], best)}
-    for _ in range(2):
-        for variant in whole:
-            cmp.DKDV_TILES.update(tiles=tuple(variant[:4]), max_splits=variant[4])
-            whole[variant].append(bench(run))
-    cmp.DKDV_TILES.update(saved)
-    for variant, ms in whole.items():
-        print(f"T={T} nsa fwd+bwd, cmp dK/dV {variant}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
+    if best != CMP_DKDV_DS_SWEEP[0]:
+        _cmp_dkdv_whole_step(T, config, (CMP_DKDV_DS_SWEEP[0], best))
 
 
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,

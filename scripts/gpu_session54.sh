@@ -9,7 +9,7 @@
 # takes tiles of 32 rows, which compile without spills (the default 64-row tiles spill 328 bytes a
 # thread on sm_90):
 #
-#   bash scripts/gpu_session54.sh phased   # (ran at ea3a887) the window's dK/dV as training launches
+#   bash scripts/gpu_session54.sh phased REV  # (ran at ea3a887) the window's dK/dV as training launches
 #                                          # it, walked or phased, by tiles, at 8k and 64k; the whole
 #                                          # forward+backward with each as the default; then the GPU
 #                                          # tests of the window and nsa_attention kernels (phased)
@@ -93,7 +93,7 @@
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session54.sh phased | table | tiles REV | inplace | inplace5 | step | abba | phased64 | phased64b}"
+step="${1:?usage: scripts/gpu_session54.sh phased REV | table | tiles REV | inplace | inplace5 | step | abba | phased64 | phased64b}"
 device_line
 
 case "$step" in
@@ -101,7 +101,9 @@ phased)
     timeout 330 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_phased 2>&1 \
         | tee "$OUT/prefill_win_phased_h200.txt"
     echo "== probe after $(( $(date +%s) - start )) s"
-    reported_tests 220 "$(git rev-parse --short HEAD 2>/dev/null || echo worktree)" \
+    # the commit from the caller: the device's git metadata can lag the tree it runs (this step's
+    # report, run with git rev-parse there, names 325c31f for ea3a887's tree)
+    reported_tests 220 "${2:?phased needs the commit to name the test report after}" \
         tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py
     ;;
 table)
