@@ -46,6 +46,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
     and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles,
     ``win_dkdv_step`` the whole step with each, L2 flushed or not.
+25. **The selected dK/dV's launch order** (``sel_order``): training's launch with its programs in
+    each order of ``SEL_DKDV_ORDERS``; ``sel_order_kernels`` the kernel list with the first two,
+    ``sel_order_step`` the whole step with each, L2 flushed or not.
 """
 
 from __future__ import annotations
@@ -681,31 +684,42 @@ def window_dkdv_tiles(T: int, config: NSAConfig) -> None:
 
 
 def window_dkdv_kernels(T: int, config: NSAConfig) -> None:
-    """:func:`kernel_times` (the mean of 5 steps) with the window's dK/dV on the first two tiles of
-    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, twice: where each kernel's time goes in place,
-    not alone."""
+    """:func:`kernels_by_default` of the window's dK/dV on the first two tiles of
+    :data:`WINDOW_DKDV_SWEEP`: where each kernel's time goes in place, not alone."""
     from nsa.ops.window import kernel as win
 
-    for _ in range(2):
-        for label, tiles in WINDOW_DKDV_SWEEP[:2]:
-            print(f"T={T} window dK/dV {label}:", flush=True)
-            with tiles_as_default(win.BWD_TILES["dkdv"], **tiles):
-                kernel_times(T, config, steps=5)
+    kernels_by_default(T, config, win.BWD_TILES["dkdv"], WINDOW_DKDV_SWEEP[:2], "window dK/dV")
 
 
 def window_dkdv_step(T: int, config: NSAConfig) -> None:
-    """The whole ``nsa_attention`` forward+backward with the window's dK/dV on the first two tiles of
-    :data:`WINDOW_DKDV_SWEEP` as the default, in turn, four rounds in the order ABBA (in session 54's
-    first A/Bs the tiles measured first in each round were the slower ones, whichever they were):
-    ``do_bench`` (L2 flushed before each call) and 5 calls back to back without a flush (CUDA events
-    around them), to set against the kernel lists of ``win_dkdv_kernels``."""
+    """:func:`step_abba` of the window's dK/dV on the first two tiles of :data:`WINDOW_DKDV_SWEEP`,
+    to set against the kernel lists of ``win_dkdv_kernels``."""
     from nsa.ops.window import kernel as win
 
+    step_abba(T, config, win.BWD_TILES["dkdv"], WINDOW_DKDV_SWEEP[:2], "window dK/dV")
+
+
+def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
+    """:func:`kernel_times` (the mean of 5 steps) with each ``(label, tiles)`` of ``variants`` over
+    the launch table ``table`` in turn, twice."""
+    for _ in range(2):
+        for label, tiles in variants:
+            print(f"T={T} {what} {label}:", flush=True)
+            with tiles_as_default(table, **tiles):
+                kernel_times(T, config, steps=5)
+
+
+def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
+    """The whole ``nsa_attention`` forward+backward with each ``(label, tiles)`` of ``variants`` over
+    the launch table ``table``, four rounds, every other one in reverse (ABBA: in session 54's
+    first A/Bs the variant measured first in each round was the slower, whichever it was):
+    ``do_bench`` (L2 flushed before each call) and 5 calls back to back without a flush (CUDA
+    events around them)."""
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
     run = training_step(q, k, v, gates, config)
     for turn in range(4):
-        for label, tiles in WINDOW_DKDV_SWEEP[:2][:: 1 if turn % 2 == 0 else -1]:
-            with tiles_as_default(win.BWD_TILES["dkdv"], **tiles):
+        for label, tiles in variants[:: 1 if turn % 2 == 0 else -1]:
+            with tiles_as_default(table, **tiles):
                 flushed = bench(run)
                 run()
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -715,8 +729,39 @@ def window_dkdv_step(T: int, config: NSAConfig) -> None:
                     run()
                 e1.record()
                 e1.synchronize()
-            print(f"T={T} nsa fwd+bwd, window dK/dV {label}: {flushed:.3f} ms flushed, "
+            print(f"T={T} nsa fwd+bwd, {what} {label}: {flushed:.3f} ms flushed, "
                   f"{e0.elapsed_time(e1) / 5:.3f} back to back", flush=True)
+
+
+#: Launch orders of the selected dK/dV's programs (``BWD_TILES["dkdv"]["ORDER"]``, see
+#: :func:`nsa.ops.selected.inversion.segment_order`) timed by ``sel_order``, ``sel_order_kernels`` and
+#: ``sel_order_step``; the first is the default.
+SEL_DKDV_ORDERS = (
+    ("owner order", dict(ORDER="owner")),
+    ("by KV head, then first query", dict(ORDER="query")),
+    ("by first query, then KV head", dict(ORDER="query_heads")),
+)
+
+
+def sel_order(T: int, config: NSAConfig) -> None:
+    """The selected dK/dV as training launches it in each order of :data:`SEL_DKDV_ORDERS` (their
+    dk/dv against the first's: 0 when bitwise equal), twice, the second time in reverse."""
+    sweep = tuple(tiles for _, tiles in SEL_DKDV_ORDERS)
+    _sel_dkdv_sweep(T, config, sweep + sweep[::-1], training=True)
+
+
+def sel_order_kernels(T: int, config: NSAConfig) -> None:
+    """:func:`kernels_by_default` of the selected dK/dV in the first two orders of :data:`SEL_DKDV_ORDERS`."""
+    from nsa.ops.selected import kernel as sel
+
+    kernels_by_default(T, config, sel.BWD_TILES["dkdv"], SEL_DKDV_ORDERS[:2], "selected dK/dV")
+
+
+def sel_order_step(T: int, config: NSAConfig) -> None:
+    """:func:`step_abba` of the selected dK/dV in each order of :data:`SEL_DKDV_ORDERS`."""
+    from nsa.ops.selected import kernel as sel
+
+    step_abba(T, config, sel.BWD_TILES["dkdv"], SEL_DKDV_ORDERS, "selected dK/dV")
 
 
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
@@ -1338,6 +1383,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
+    "sel_order": sel_order, "sel_order_kernels": sel_order_kernels, "sel_order_step": sel_order_step,
 }
 
 
