@@ -46,9 +46,12 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
     and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles,
     ``win_dkdv_step`` the whole step with each, L2 flushed or not.
-25. **The selected dK/dV's launch order** (``sel_order``): training's launch with its programs in
-    each order of ``SEL_DKDV_ORDERS``; ``sel_order_kernels`` the kernel list with the first two,
-    ``sel_order_step`` the whole step with each, L2 flushed or not.
+25. **The window's dQ from the dK/dV's dS** (``win_dq_ds``): the window's backward as training
+    launches it with each dQ, alone; ``win_dq_ds_kernels`` the kernel lists, ``win_dq_ds_step`` the
+    whole step with each, L2 flushed or not.
+
+Session 55's sections ``sel_order``, ``sel_order_kernels`` and ``sel_order_step`` (the selected dK/dV's
+programs launched by their segments' first queries) are on the branch ``next/sel-order``.
 """
 
 from __future__ import annotations
@@ -699,6 +702,61 @@ def window_dkdv_step(T: int, config: NSAConfig) -> None:
     step_abba(T, config, win.BWD_TILES["dkdv"], WINDOW_DKDV_SWEEP[:2], "window dK/dV")
 
 
+#: The window's dQ: recomputing its softmax (the default) or from the dS that the dK/dV kernel
+#: leaves (``nsa.ops.window.kernel.DQ_FROM_DS``), timed by ``win_dq_ds``, ``win_dq_ds_kernels`` and
+#: ``win_dq_ds_step``.
+WINDOW_DQ_DS = (("dQ recomputes its softmax", dict(enabled=False)), ("dQ from the dK/dV's dS", dict(enabled=True)))
+
+
+def window_dq_ds(T: int, config: NSAConfig) -> None:
+    """The window's backward as training launches it (the selected branch's forced blocks, gated,
+    adding to given gradients) with each dQ of :data:`WINDOW_DQ_DS`, three rounds ABA..; dq, dk and
+    dv of the second against the first's (relative error)."""
+    from nsa.ops.training import training_forward
+    from nsa.ops.window import kernel as win
+    from nsa.testing import rel_error
+
+    leaves = inputs(T, T + 23, backward=True)
+    q, k, v, gates, do = (x.detach() for x in leaves)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    with torch.no_grad():
+        _, _, (_, _, o_slc, lse_slc, o_win, lse_win) = training_forward(q, k, v, k_cmp, v_cmp, gates, None, None,
+                                                                         config, 0)
+    gate = torch.rand(3, 1, T, q.shape[2], device=DEV)
+    delta = torch.randn(3, 1, T, q.shape[2], device=DEV) * 0.1
+    forced = dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1])
+    scale = config.softmax_scale(D)
+    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+
+    def launch(tiles: dict, into=grads):
+        return win.window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, 0, tiles={"dq_ds": tiles},
+                              delta=delta[2], dq=into[0], gate=gate[2], forced=forced, dkv=into[1:])
+
+    first, second = (launch(tiles, tuple(torch.zeros_like(g) for g in grads)) for _, tiles in WINDOW_DQ_DS)
+    errors = [f"{name} {rel_error(a, b):.2e}" for name, a, b in zip(("dq", "dk", "dv"), second, first)]
+    print(f"T={T} window backward, {WINDOW_DQ_DS[1][0]} against the first: {', '.join(errors)}", flush=True)
+    times = {label: [] for label, _ in WINDOW_DQ_DS}
+    for turn in range(4):
+        for label, tiles in WINDOW_DQ_DS[:: 1 if turn % 2 == 0 else -1]:
+            times[label].append(bench(lambda: launch(tiles)))
+    for label, ms in times.items():
+        print(f"T={T} window backward, {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
+
+
+def window_dq_ds_kernels(T: int, config: NSAConfig) -> None:
+    """:func:`kernels_by_default` with each dQ of :data:`WINDOW_DQ_DS`."""
+    from nsa.ops.window import kernel as win
+
+    kernels_by_default(T, config, win.DQ_FROM_DS, WINDOW_DQ_DS, "window")
+
+
+def window_dq_ds_step(T: int, config: NSAConfig) -> None:
+    """:func:`step_abba` with each dQ of :data:`WINDOW_DQ_DS`."""
+    from nsa.ops.window import kernel as win
+
+    step_abba(T, config, win.DQ_FROM_DS, WINDOW_DQ_DS, "window")
+
+
 def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
     """:func:`kernel_times` (the mean of 5 steps) with each ``(label, tiles)`` of ``variants`` over
     the launch table ``table`` in turn, twice."""
@@ -731,37 +789,6 @@ def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str
                 e1.synchronize()
             print(f"T={T} nsa fwd+bwd, {what} {label}: {flushed:.3f} ms flushed, "
                   f"{e0.elapsed_time(e1) / 5:.3f} back to back", flush=True)
-
-
-#: Launch orders of the selected dK/dV's programs (``BWD_TILES["dkdv"]["ORDER"]``, see
-#: :func:`nsa.ops.selected.inversion.segment_order`) timed by ``sel_order``, ``sel_order_kernels`` and
-#: ``sel_order_step``; the first is the default.
-SEL_DKDV_ORDERS = (
-    ("owner order", dict(ORDER="owner")),
-    ("by KV head, then first query", dict(ORDER="query")),
-    ("by first query, then KV head", dict(ORDER="query_heads")),
-)
-
-
-def sel_order(T: int, config: NSAConfig) -> None:
-    """The selected dK/dV as training launches it in each order of :data:`SEL_DKDV_ORDERS` (their
-    dk/dv against the first's: 0 when bitwise equal), twice, the second time in reverse."""
-    sweep = tuple(tiles for _, tiles in SEL_DKDV_ORDERS)
-    _sel_dkdv_sweep(T, config, sweep + sweep[::-1], training=True)
-
-
-def sel_order_kernels(T: int, config: NSAConfig) -> None:
-    """:func:`kernels_by_default` of the selected dK/dV in the first two orders of :data:`SEL_DKDV_ORDERS`."""
-    from nsa.ops.selected import kernel as sel
-
-    kernels_by_default(T, config, sel.BWD_TILES["dkdv"], SEL_DKDV_ORDERS[:2], "selected dK/dV")
-
-
-def sel_order_step(T: int, config: NSAConfig) -> None:
-    """:func:`step_abba` of the selected dK/dV in each order of :data:`SEL_DKDV_ORDERS`."""
-    from nsa.ops.selected import kernel as sel
-
-    step_abba(T, config, sel.BWD_TILES["dkdv"], SEL_DKDV_ORDERS, "selected dK/dV")
 
 
 def _composed_training(q, k, v, gates, config: NSAConfig) -> torch.Tensor:
@@ -1383,7 +1410,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
-    "sel_order": sel_order, "sel_order_kernels": sel_order_kernels, "sel_order_step": sel_order_step,
+    "win_dq_ds": window_dq_ds, "win_dq_ds_kernels": window_dq_ds_kernels, "win_dq_ds_step": window_dq_ds_step,
 }
 
 

@@ -16,16 +16,32 @@
 # apart in proportion. ORDER (new) launches the segments by their first query, per KV head ("query")
 # or across them ("query_heads"): bitwise the same results, q and do perhaps from L2:
 #
-#   bash scripts/gpu_session55.sh order    # the selected dK/dV as training launches it in each order
+#   bash scripts/gpu_session55.sh order    # (ran at 3e10ec9, on the branch next/sel-order) the selected dK/dV as training launches it in each order
 #                                          # (8k, 64k), the kernel lists in place at 64k, the whole
 #                                          # forward+backward in ABBA rounds (8k, 64k); then the
 #                                          # decode table at batch 1-64 (no decode kernel changed)
+#
+# Slower alone (8k 1.755-1.760 ms and 1.853-1.854 against 1.702-1.723; 64k 13.47-13.75 and
+# 13.86-14.01 against 13.15-13.54), no shorter in place (64k, 5-step lists: 12.45 and 12.70 against
+# 12.31 and 12.31) and the whole step the same within noise (64k flushed 99.73-100.00 and
+# 99.87-100.03 against 99.55-100.06): dropped (docs/perf/attempts/prefill_selected_dkdv_order.patch).
+# The decode table (NSA's step as before) came with it.
+#
+# The window's dQ recomputes its softmax: three products a step (scores, dP, dS K) against the one
+# (dS K) of a dQ that reads the dS which the dK/dV kernel computes anyway. DQ_FROM_DS (new) has the
+# dK/dV kernel store every step's dS^T whole (bf16, its key tile's band slots: 5.4 GB at 64k) and the
+# dQ read it, the selected branch's initial blocks still recomputed there:
+#
+#   bash scripts/gpu_session55.sh dqds REV # the window's backward as training launches it, each dQ
+#                                          # (8k, 64k); the whole forward+backward, ABBA (8k, 64k); the
+#                                          # kernel lists at 64k; the window and nsa_attention GPU tests
+#                                          # (report named after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session55.sh table REV | order}"
+step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV}"
 device_line
 
 case "$step" in
@@ -46,6 +62,19 @@ order)
         | tee "$OUT/prefill_sel_order_kernels_h200.txt"
     echo "== kernels after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+dqds)
+    rev="${2:?the dqds step needs the commit to name the test report after}"
+    timeout 120 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dq_ds 2>&1 \
+        | tee "$OUT/prefill_win_dq_ds_h200.txt"
+    echo "== alone after $(( $(date +%s) - start )) s"
+    timeout 150 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only win_dq_ds_step 2>&1 \
+        | tee "$OUT/prefill_win_dq_ds_step_h200.txt"
+    echo "== step after $(( $(date +%s) - start )) s"
+    timeout 100 python scripts/gpu_prefill_probe.py --lengths 65536 --only win_dq_ds_kernels --kernels 10 2>&1 \
+        | tee "$OUT/prefill_win_dq_ds_kernels_h200.txt"
+    echo "== kernels after $(( $(date +%s) - start )) s"
+    reported_tests 200 "$rev" tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

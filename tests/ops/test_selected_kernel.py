@@ -124,51 +124,6 @@ def test_selected_dkdv_split_over_segments(qseg, nsa_device, nsa_tolerance):
         assert_close(name, g, want, nsa_tolerance(torch.float32, "grad"))
 
 
-@pytest.mark.parametrize("order", ["query", "query_heads"])
-def test_dkdv_launch_orders_are_bitwise_the_owner_order(order, nsa_device):
-    """The dK/dV programs launched by their segments' first queries (``ORDER``) compute what the
-    owner order computes, bitwise: each segment's partials keep their place, and the dQ reads the
-    same ``dS``. Segments of 3 queries, so many blocks span several; two batches, two KV heads, gated."""
-    config = _config(8, 3)
-    B, T, H = 2, 37, 2
-    q, k, v = qkv(B, T, 4 * H, H, 16, 16, torch.float32, nsa_device)
-    block_idx = random_blocks(B, T, H, 3, config.num_sel_blocks(T), nsa_device)
-    o, lse = selected_fwd(q, k, v, block_idx, 8, 0.25, 0, forced=(1, 1))
-    do, gate = torch.randn_like(o), torch.rand(*o.shape[:3], device=nsa_device)
-    out = {
-        name: selected_bwd(q, k, v, block_idx, o, lse, do, 8, 0.25, 0, forced=(1, 1), gate=gate,
-                           tiles={"dkdv": dict(QSEG=3, BQ=1, ORDER=name)})
-        for name in ("owner", order)
-    }
-    for name, got, want in zip(("dq", "dk", "dv"), out[order], out["owner"]):
-        assert torch.isfinite(want).all() and torch.equal(got, want), name
-
-
-@pytest.mark.parametrize("order", ["query", "query_heads"])
-def test_segment_order_sorts_segments_by_first_query(order, nsa_device):
-    """:func:`segment_order` is a permutation of the programs; the segments come sorted by (batch and
-    KV head, first query) or (first query, batch and KV head), and the programs past the last
-    segment come last."""
-    from nsa.ops.selected.inversion import invert_selection, segment_order
-
-    B, T, H, qseg, nb = 2, 40, 3, 4, 5
-    block_idx = random_blocks(B, T, H, 3, nb, nsa_device)
-    inv = invert_selection(block_idx, 8, 0, nb, qseg)
-    perm = segment_order(inv, nb, T, qseg, order).long()
-    assert torch.equal(perm.sort().values, torch.arange(inv["seg_owner"].numel(), device=nsa_device))
-    owner, n_owner = inv["seg_owner"].long()[perm], B * H * nb
-    n_real = int((owner < n_owner).sum())
-    assert (owner[:n_real] < n_owner).all() and (owner[n_real:] == n_owner).all()
-    seg = perm[:n_real]
-    first = inv["starts"].long()[owner[:n_real]] + (seg - inv["seg_first"].long()[owner[:n_real]]) * qseg
-    t0, bh = inv["t_sorted"].long()[first], owner[:n_real] // nb
-    key = bh * T + t0 if order == "query" else t0 * B * H + bh
-    assert (key[1:] >= key[:-1]).all()
-    assert segment_order(inv, nb, T, qseg, "owner") is None
-    with pytest.raises(ValueError, match="order='by_block'"):
-        segment_order(inv, nb, T, qseg, "by_block")
-
-
 @pytest.mark.parametrize("bq", [2, 4, 8])
 @pytest.mark.parametrize("forced, q_offset", [((1, 1), 0), ((0, 0), 5)], ids=["forced", "noforced-off5"])
 def test_selected_tiles_of_several_queries(bq, forced, q_offset, nsa_device, nsa_tolerance, monkeypatch):

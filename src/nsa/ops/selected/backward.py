@@ -149,7 +149,6 @@ def selected_bwd_dkdv_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
     BQ: tl.constexpr, QSEG: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
     n_sorted=None, ds=None, N: tl.constexpr = 1, DS_OUT: tl.constexpr = False, CAUSAL: tl.constexpr = True,
-    seg_order=None, ORDERED: tl.constexpr = False,
 ):
     """Grid ``(S,)``, one program per segment of a (batch, KV head, block) owner.
 
@@ -160,12 +159,9 @@ def selected_bwd_dkdv_kernel(
     in ``ds [B, T, H, N, G, BS]`` at the entry's place in the query's list (``n_sorted``),
     for :func:`selected_bwd_dq_ds_kernel`. ``CAUSAL`` False: the lists hold no block that
     reaches its query (each query's own block is left out, ``skip_local``), so no key needs
-    the causal mask. ``ORDERED``: program ``i`` takes segment ``seg_order[i]``
-    (:func:`nsa.ops.selected.inversion.segment_order`), else segment ``i``.
+    the causal mask.
     """
     i_p = tl.program_id(0)
-    if ORDERED:
-        i_p = tl.load(seg_order + i_p)
     i_o = tl.load(seg_owner + i_p)
     if i_o < NBHJ:
         i_b, i_h, i_j = i_o // (H * NB), (i_o // NB) % H, i_o % NB

@@ -17,8 +17,6 @@ elementwise passes.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -98,38 +96,3 @@ def invert_selection(block_idx: torch.Tensor, sel_block: int, q_offset: int, num
     if with_slots:
         inv["n_sorted"] = (order % N).to(i32)
     return inv
-
-
-#: Launch orders of the dK/dV programs (:func:`segment_order`): ``"owner"``, the segments as
-#: :func:`invert_selection` lays them out (by batch, KV head, block); ``"query"``, by batch, KV head
-#: and the segment's first query; ``"query_heads"``, by the first query, then batch and KV head.
-SEGMENT_ORDERS = ("owner", "query", "query_heads")
-
-
-def segment_order(inv: dict, num_blocks: int, T: int, qseg: int, order: str) -> Optional[torch.Tensor]:
-    """The launch order of the dK/dV programs: int32 ``[S]``, the segment each program takes
-    (None for ``"owner"``, which launches segment ``i`` as program ``i``), empty programs last.
-
-    Why: a segment walks its queries in ascending order, and a query's ``q``/``do`` rows are read
-    by every segment whose block it chose. Block ``j``'s list starts at query ``j * BS``, and every
-    block before a query is chosen by it about as often, so segments that start at the same query
-    walk forward at the same pace: launched together, they read each row at about the same time,
-    from L2. In owner order the programs in flight start at the positions of consecutive blocks
-    and drift apart in proportion to where they started. The order changes which program runs a
-    segment, not what it computes: the results are bitwise the same."""
-    if order not in SEGMENT_ORDERS:
-        raise ValueError(f"order={order!r}: expected one of {SEGMENT_ORDERS}")
-    if order == "owner":
-        return None
-    seg_owner, n_owner = inv["seg_owner"].long(), inv["starts"].numel()
-    n_bh, n_entries = n_owner // num_blocks, inv["t_sorted"].numel()
-    if n_entries == 0:
-        return None
-    seg = torch.arange(seg_owner.numel(), device=seg_owner.device)
-    owner = seg_owner.clamp(max=n_owner - 1)
-    first = inv["starts"].long()[owner] + (seg - inv["seg_first"].long()[owner]) * qseg
-    t0 = inv["t_sorted"].long()[first.clamp(max=n_entries - 1)]  # the segment's first query
-    bh = owner // num_blocks  # batch * H + KV head
-    key = bh * T + t0 if order == "query" else t0 * n_bh + bh
-    key = torch.where(seg_owner < n_owner, key, n_bh * T)  # programs past the last segment: last
-    return torch.argsort(key, stable=True).to(torch.int32)

@@ -67,7 +67,7 @@ from nsa.ops.selected.backward import (
     selected_forced_dq_kernel,
 )
 from nsa.ops.selected.forward import selected_forced_fwd_kernel, selected_fwd_kernel
-from nsa.ops.selected.inversion import invert_selection, segment_order
+from nsa.ops.selected.inversion import invert_selection
 
 
 def _group_rows(G: int) -> int:
@@ -88,8 +88,7 @@ def _group_rows(G: int) -> int:
 #: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit. The dK/dV kernel's
 #: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
 #: (H100, bitwise equal: 8k 1.90 against 2.08 ms for 2 stages, 64k 14.1 against 15.3), else 2;
-#: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`; ``ORDER`` the programs' launch order
-#: (:data:`nsa.ops.selected.inversion.SEGMENT_ORDERS`).
+#: its ``QSEG`` 0 means :func:`_dkdv_queries_per_program`.
 #: ``KV_DESC`` (see :func:`_block_loads`): the forward fetches its blocks by bulk copies where
 #: they run (H100, the whole ``nsa_attention`` forward: 8k 2.47 against 2.55-2.56 ms, 64k
 #: 36.3-36.5 against 37.0-37.1; the forward alone, after the forced-block kernel, 1.64 against
@@ -99,7 +98,7 @@ def _group_rows(G: int) -> int:
 FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
 BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
              "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None),
-             "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0, ORDER="owner")}
+             "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
 FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
 #: Where float32 is multiplied exactly (:func:`exact_float32`), every kernel takes
 #: :data:`EXACT_FLOAT32_TILES`' warps to a query's rows (twice that for heads wider than 128):
@@ -327,7 +326,6 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     num_blocks = cdiv(TK, sel_block)
     cfg["QSEG"] = cfg["QSEG"] or _dkdv_queries_per_program(tuple(block_idx.shape), num_blocks, sm_count(q.device))
     inv = invert_selection(block_idx, sel_block, q_offset, num_blocks, cfg["QSEG"], skip_local, ds is not None)
-    seg_order = segment_order(inv, num_blocks, T, cfg["QSEG"], cfg.pop("ORDER", "owner"))
     n_prog, n_owner = inv["seg_owner"].numel(), B * H * num_blocks
     dk = torch.empty(B, TK, H, DK, device=k.device, dtype=k.dtype)
     dv = torch.empty(B, TK, H, DV, device=v.device, dtype=v.dtype)
@@ -341,7 +339,6 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
         GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
         **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
-        **(dict(seg_order=seg_order, ORDERED=True) if seg_order is not None else {}),
         # with each query's own block left out, every listed block ends before its query: the
         # mask's per-element predicates took a third of the loop's instructions (H100, 8k step
         # 7.79 -> 7.67 ms; docs/perf/prefill.md, session 18)
