@@ -46,12 +46,14 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 24. **The window's dK/dV tiles** (``win_dkdv``): training's launch by query rows and stages, alone
     and in the whole forward+backward; ``win_dkdv_kernels`` the kernel list with each of two tiles,
     ``win_dkdv_step`` the whole step with each, L2 flushed or not.
-25. **The window's dQ from the dK/dV's dS** (``win_dq_ds``): the window's backward as training
-    launches it with each dQ, alone; ``win_dq_ds_kernels`` the kernel lists, ``win_dq_ds_step`` the
-    whole step with each, L2 flushed or not.
+25. **The top-n's bounded rounds** (``topn_bounds``): the forward and the whole step in ABBA
+    rounds, and the forward's kernel lists, with the radix select's rounds bounded or all 31.
 
-Session 55's sections ``sel_order``, ``sel_order_kernels`` and ``sel_order_step`` (the selected dK/dV's
-programs launched by their segments' first queries) are on the branch ``next/sel-order``.
+Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
+:func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
+``sel_order_kernels`` and ``sel_order_step`` on ``next/sel-order`` (the selected dK/dV's programs
+launched by their segments' first queries); ``win_dq_ds``, ``win_dq_ds_kernels`` and
+``win_dq_ds_step`` on ``next/window-dq-ds`` (the window's dQ from the dK/dV kernel's dS).
 """
 
 from __future__ import annotations
@@ -702,79 +704,52 @@ def window_dkdv_step(T: int, config: NSAConfig) -> None:
     step_abba(T, config, win.BWD_TILES["dkdv"], WINDOW_DKDV_SWEEP[:2], "window dK/dV")
 
 
-#: The window's dQ: recomputing its softmax (the default) or from the dS that the dK/dV kernel
-#: leaves (``nsa.ops.window.kernel.DQ_FROM_DS``), timed by ``win_dq_ds``, ``win_dq_ds_kernels`` and
-#: ``win_dq_ds_step``.
-WINDOW_DQ_DS = (("dQ recomputes its softmax", dict(enabled=False)), ("dQ from the dK/dV's dS", dict(enabled=True)))
+#: The prefill top-n's radix select: only the rounds below the first bit where its two bounds
+#: differ (the default), or all 31 (``nsa.ops._triton.block_topn.LAUNCH``); timed by ``topn_bounds``.
+TOPN_BOUNDS = (("rounds from the bounds", dict(bounds=True)), ("all 31 rounds", dict(bounds=False)))
 
 
-def window_dq_ds(T: int, config: NSAConfig) -> None:
-    """The window's backward as training launches it (the selected branch's forced blocks, gated,
-    adding to given gradients) with each dQ of :data:`WINDOW_DQ_DS`, three rounds ABA..; dq, dk and
-    dv of the second against the first's (relative error)."""
-    from nsa.ops.training import training_forward
-    from nsa.ops.window import kernel as win
-    from nsa.testing import rel_error
+def topn_bounds(T: int, config: NSAConfig) -> None:
+    """The forward (``no_grad``) and the whole forward+backward in ABBA rounds (:func:`step_abba`), and
+    the forward's kernel lists (:func:`kernels_by_default`), with each top-n of :data:`TOPN_BOUNDS`;
+    first, whether both choose the same blocks."""
+    from nsa.ops._triton import block_topn as topn
 
-    leaves = inputs(T, T + 23, backward=True)
-    q, k, v, gates, do = (x.detach() for x in leaves)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    with torch.no_grad():
-        _, _, (_, _, o_slc, lse_slc, o_win, lse_win) = training_forward(q, k, v, k_cmp, v_cmp, gates, None, None,
-                                                                         config, 0)
-    gate = torch.rand(3, 1, T, q.shape[2], device=DEV)
-    delta = torch.randn(3, 1, T, q.shape[2], device=DEV) * 0.1
-    forced = dict(config=config, lse=lse_slc, delta=delta[1], gate=gate[1])
-    scale = config.softmax_scale(D)
-    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
-
-    def launch(tiles: dict, into=grads):
-        return win.window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, 0, tiles={"dq_ds": tiles},
-                              delta=delta[2], dq=into[0], gate=gate[2], forced=forced, dkv=into[1:])
-
-    first, second = (launch(tiles, tuple(torch.zeros_like(g) for g in grads)) for _, tiles in WINDOW_DQ_DS)
-    errors = [f"{name} {rel_error(a, b):.2e}" for name, a, b in zip(("dq", "dk", "dv"), second, first)]
-    print(f"T={T} window backward, {WINDOW_DQ_DS[1][0]} against the first: {', '.join(errors)}", flush=True)
-    times = {label: [] for label, _ in WINDOW_DQ_DS}
-    for turn in range(4):
-        for label, tiles in WINDOW_DQ_DS[:: 1 if turn % 2 == 0 else -1]:
-            times[label].append(bench(lambda: launch(tiles)))
-    for label, ms in times.items():
-        print(f"T={T} window backward, {label}: {' '.join(f'{t:.3f}' for t in ms)} ms", flush=True)
+    q, k, v, _ = inputs(T, T + 25)
+    chosen = []
+    for _, tiles in TOPN_BOUNDS:
+        with tiles_as_default(topn.LAUNCH, **tiles):
+            chosen.append(select_blocks(q, mean_compress(k, config), config, backend="triton"))
+    print(f"T={T} top-n, the same blocks either way: {torch.equal(*chosen)}", flush=True)
+    step_abba(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
+    step_abba(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n")
+    kernels_by_default(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
 
 
-def window_dq_ds_kernels(T: int, config: NSAConfig) -> None:
-    """:func:`kernels_by_default` with each dQ of :data:`WINDOW_DQ_DS`."""
-    from nsa.ops.window import kernel as win
-
-    kernels_by_default(T, config, win.DQ_FROM_DS, WINDOW_DQ_DS, "window")
-
-
-def window_dq_ds_step(T: int, config: NSAConfig) -> None:
-    """:func:`step_abba` with each dQ of :data:`WINDOW_DQ_DS`."""
-    from nsa.ops.window import kernel as win
-
-    step_abba(T, config, win.DQ_FROM_DS, WINDOW_DQ_DS, "window")
-
-
-def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
-    """:func:`kernel_times` (the mean of 5 steps) with each ``(label, tiles)`` of ``variants`` over
-    the launch table ``table`` in turn, twice."""
+def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str,
+                       forward: bool = False) -> None:
+    """:func:`kernel_times` (the mean of 5 steps; with ``forward`` :func:`forward_kernel_times`) with
+    each ``(label, tiles)`` of ``variants`` over the launch table ``table`` in turn, twice."""
     for _ in range(2):
         for label, tiles in variants:
             print(f"T={T} {what} {label}:", flush=True)
             with tiles_as_default(table, **tiles):
-                kernel_times(T, config, steps=5)
+                (forward_kernel_times if forward else kernel_times)(T, config, steps=5)
 
 
-def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
-    """The whole ``nsa_attention`` forward+backward with each ``(label, tiles)`` of ``variants`` over
-    the launch table ``table``, four rounds, every other one in reverse (ABBA: in session 54's
-    first A/Bs the variant measured first in each round was the slower, whichever it was):
-    ``do_bench`` (L2 flushed before each call) and 5 calls back to back without a flush (CUDA
-    events around them)."""
+def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str, forward: bool = False) -> None:
+    """The whole ``nsa_attention`` forward+backward (with ``forward`` the forward under ``no_grad``)
+    with each ``(label, tiles)`` of ``variants`` over the launch table ``table``, four rounds, every
+    other one in reverse (ABBA: in session 54's first A/Bs the variant measured first in each round
+    was the slower, whichever it was): ``do_bench`` (L2 flushed before each call) and 5 calls back
+    to back without a flush (CUDA events around them)."""
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
     run = training_step(q, k, v, gates, config)
+    if forward:
+        def run():
+            with torch.no_grad():
+                return nsa_attention(q, k, v, gates, config, backend="triton")
+    step = "fwd" if forward else "fwd+bwd"
     for turn in range(4):
         for label, tiles in variants[:: 1 if turn % 2 == 0 else -1]:
             with tiles_as_default(table, **tiles):
@@ -787,7 +762,7 @@ def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str
                     run()
                 e1.record()
                 e1.synchronize()
-            print(f"T={T} nsa fwd+bwd, {what} {label}: {flushed:.3f} ms flushed, "
+            print(f"T={T} nsa {step}, {what} {label}: {flushed:.3f} ms flushed, "
                   f"{e0.elapsed_time(e1) / 5:.3f} back to back", flush=True)
 
 
@@ -938,8 +913,8 @@ def kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
     _list_kernels(T, "forward+backward", run, steps)
 
 
-def forward_kernel_times(T: int, config: NSAConfig) -> None:
-    """As :func:`kernel_times`, for one forward under ``no_grad`` (what the tables' forward column
+def forward_kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
+    """As :func:`kernel_times`, for the forward under ``no_grad`` (what the tables' forward column
     times)."""
     q, k, v, gates = inputs(T, T + 15)
 
@@ -947,7 +922,7 @@ def forward_kernel_times(T: int, config: NSAConfig) -> None:
         with torch.no_grad():
             return nsa_attention(q, k, v, gates, config, backend="triton")
 
-    _list_kernels(T, "forward (no_grad)", run)
+    _list_kernels(T, "forward (no_grad)", run, steps)
 
 
 def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1) -> None:
@@ -1410,7 +1385,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
-    "win_dq_ds": window_dq_ds, "win_dq_ds_kernels": window_dq_ds_kernels, "win_dq_ds_step": window_dq_ds_step,
+    "topn_bounds": topn_bounds,
 }
 
 

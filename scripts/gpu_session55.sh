@@ -32,16 +32,31 @@
 # dK/dV kernel store every step's dS^T whole (bf16, its key tile's band slots: 5.4 GB at 64k) and the
 # dQ read it, the selected branch's initial blocks still recomputed there:
 #
-#   bash scripts/gpu_session55.sh dqds REV # the window's backward as training launches it, each dQ
+#   bash scripts/gpu_session55.sh dqds REV # (ran at 58e4180, on the branch next/window-dq-ds) the window's backward as training launches it, each dQ
 #                                          # (8k, 64k); the whole forward+backward, ABBA (8k, 64k); the
 #                                          # kernel lists at 64k; the window and nsa_attention GPU tests
 #                                          # (report named after REV)
+#
+# The dQ took 3.25-3.30 ms in place at 64k against 5.03-5.16, but the dK/dV 10.71-10.99 against
+# 9.06-9.09 (the stores, and 408 bytes of spills against 360): the kernels summed to 96.87-97.59 ms
+# against 96.99-97.09, the whole step 98.06-98.38 ms flushed against 98.31-98.51 and 98.19-98.62 back
+# to back against 97.77-98.83 (8k 7.12-7.20 against 7.07-7.17). The GPU tests passed (62, 4 skipped).
+# No gain worth 5.4 GB: dropped (docs/perf/attempts/prefill_window_dq_from_ds.patch).
+#
+# The prefill top-n (1.95 ms at 64k, 8 launches) runs 31 radix rounds a row, one per key bit, each a
+# count over the row. Two cheap bounds hold the answer: the least of 16 strided groups' maxima (16
+# keys reach it) and the largest key not forced; the bits above the first where they differ are
+# theirs, so only the rounds below run:
+#
+#   bash scripts/gpu_session55.sh topn REV # the same blocks either way; the forward and the whole
+#                                          # forward+backward in ABBA rounds and the forward's kernel
+#                                          # lists (8k, 64k); the select and nsa_attention GPU tests
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV}"
+step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV | topn REV}"
 device_line
 
 case "$step" in
@@ -75,6 +90,13 @@ dqds)
         | tee "$OUT/prefill_win_dq_ds_kernels_h200.txt"
     echo "== kernels after $(( $(date +%s) - start )) s"
     reported_tests 200 "$rev" tests/ops/test_window_kernel.py tests/ops/test_nsa_attention_kernel.py
+    ;;
+topn)
+    rev="${2:?the topn step needs the commit to name the test report after}"
+    timeout 300 python scripts/gpu_prefill_probe.py --lengths 8192 65536 --only topn_bounds --kernels 6 2>&1 \
+        | tee "$OUT/prefill_topn_bounds_h200.txt"
+    echo "== probe after $(( $(date +%s) - start )) s"
+    reported_tests 200 "$rev" tests/ops/test_select_kernel.py tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

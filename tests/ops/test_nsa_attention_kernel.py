@@ -425,20 +425,13 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
                                                  init_blocks=2, local_blocks=3), id="G1-init2-local3"),
     ],
 )
-@pytest.mark.parametrize(
-    "tiles",
-    [None, {"dkdv": dict(BN=16, PHASED=True)}, {"dq_ds": dict(enabled=True)},
-     {"dkdv": dict(BN=16, PHASED=True), "dq_ds": dict(enabled=True)}],
-    ids=["walk", "phased", "dq-from-ds", "dq-from-ds-phased"],
-)
-def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, config, tiles, nsa_device):
+@pytest.mark.parametrize("phased", [False, True], ids=["walk", "phased"])
+def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, config, phased, nsa_device):
     """The window's backward with ``forced=`` adds the selected branch's forced-block share (``dq``
     over every forced block, ``dk``/``dv`` over the local ones) and the selected backward with
     ``forced_done`` leaves it out: together, every gradient equals the two branches' own
     backwards (float32 rounding), gated, and ``dkv=`` adds into the selected branch's dK/dV.
-    ``tiles``: the dK/dV kernel's band walked from a phase point, wrapping (16-key tiles); the dQ
-    from the dK/dV kernel's ``dS`` (whose stored tiles then hold both branches' share over the local
-    blocks; the initial blocks' the dQ computes)."""
+    ``phased``: the dK/dV kernel's band walked from a phase point, wrapping (16-key tiles)."""
     from nsa.ops.selected.kernel import selected_bwd, selected_fwd
     from nsa.ops.window.kernel import window_bwd, window_fwd
 
@@ -463,7 +456,7 @@ def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, con
                              delta=delta[0], dq=dq, gate=gate[0], forced_done=True)
     got = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], dq=dq,
                      gate=gate[1], forced=dict(config=config, lse=lse_slc, delta=delta[0], gate=gate[0]),
-                     dkv=(dk, dv), tiles=tiles)
+                     dkv=(dk, dv), tiles={"dkdv": dict(BN=16, PHASED=True)} if phased else None)
     assert got[1] is dk and got[2] is dv
     for name, g, a, b in zip(("dq", "dk", "dv"), got, want_slc, want_win):
         assert_close(name, g, a + b, 1e-5)

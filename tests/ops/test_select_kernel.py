@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import itertools
+
 import pytest
 import torch
 import triton
@@ -198,6 +200,55 @@ def test_block_topn_rules(nsa_device):
         # t in block 2 sees 3 <= n blocks: all of them, then -1
         assert idx[0, 9, 0].tolist() == [0, 1, 2, -1]
         assert idx[0, 0, 0].tolist() == [0, -1, -1, -1]
+
+
+def _topn_reference(scores: torch.Tensor, t_first: int, sel_block: int, n: int, init: int, local: int) -> torch.Tensor:
+    """The spec's top-n of ``scores [B, TC, H, 1, nsel]`` (float64 rules): each query's visible blocks
+    (up to its own), forced ones first, then by score, ties to the lower block; ascending, -1 padded."""
+    B, TC, H, _, nsel = scores.shape
+    out = torch.full((B, TC, H, n), -1, dtype=torch.int32)
+    for b, t, h in itertools.product(range(B), range(TC), range(H)):
+        own = (t_first + t) // sel_block
+        row = scores[b, t, h, 0, : own + 1].double().cpu()
+        key = torch.where((torch.arange(own + 1) < init) | (torch.arange(own + 1) > own - local), float("inf"), row)
+        order = torch.sort(-key, stable=True).indices[:n]
+        out[b, t, h, : order.numel()] = order.sort().values.to(torch.int32)
+    return out
+
+
+@pytest.mark.parametrize("bounds", [True, False], ids=["bounded-rounds", "all-rounds"])
+@pytest.mark.parametrize("kind", ["spread", "one-binade", "ties", "zeros", "forced-fill"])
+def test_block_topn_against_the_rule(kind, bounds, nsa_device, monkeypatch):
+    """Random rows of up to 64 blocks against :func:`_topn_reference`, including rows whose scores
+    share a binade (the radix select's bounds then fix many bits), exact ties, all-zero rows, rows
+    that see fewer blocks than n, and forced blocks that fill n by themselves; with the rounds
+    bounded (the default) and all 31."""
+    from nsa.ops._triton import block_topn as topn
+    from nsa.ops._triton.block_topn import block_topn
+
+    monkeypatch.setitem(topn.LAUNCH, "bounds", bounds)
+    torch.manual_seed(len(kind))
+    sel_block, n, T, H, t_first = 4, 6, 40, 3, 200
+    nsel = (t_first + T - 1) // sel_block + 1  # 60 blocks: the last query's own is the last
+    shape = (1, T, H, 1, nsel)
+    if kind == "spread":
+        scores = torch.rand(shape) * torch.exp2(torch.randint(-40, 10, shape).float())
+    elif kind == "one-binade":
+        scores = 1.0 + torch.rand(shape) * 1e-3
+    elif kind == "ties":
+        scores = torch.randint(0, 3, shape).float() / 4
+    else:
+        scores = torch.zeros(shape)
+    init, local = (4, 3) if kind == "forced-fill" else (1, 2)
+    # from 0 the first queries see fewer than n blocks; a chunk of 8 from 0, rows narrower than n
+    for queries, first in ((T, t_first), (T, 0), (8, 0)):
+        chunk = scores[:, :queries].contiguous()
+        buffer = torch.full((queries * H * n + 16,), 99, dtype=torch.int32, device=nsa_device)
+        idx = buffer[: queries * H * n].view(1, queries, H, n)  # 16 entries past it: a row writes only its n
+        block_topn(chunk.to(nsa_device), idx, 0, first, sel_block, init, local)
+        want = _topn_reference(chunk, first, sel_block, n, init, local)
+        assert torch.equal(idx.cpu(), want), (kind, queries, first)
+        assert (buffer[queries * H * n :] == 99).all(), (kind, queries, first)
 
 
 @triton.jit

@@ -81,35 +81,6 @@ def test_window_dkdv_phased_walk(window, q_offset, TK, nsa_device):
         assert_close(name, g, w, 1e-4)
 
 
-@pytest.mark.parametrize("window, q_offset, TK, BN, gated", [(40, 0, 90, 16, False), (33, 7, 97, 32, True), (5, 0, 23, 64, True)],
-                         ids=["W40-BN16", "W33-off7-TK97-BN32-gated", "W5-BN64-gated"])
-def test_window_dq_from_the_dkdv_kernels_ds(window, q_offset, TK, BN, gated, nsa_device):
-    """With ``DQ_FROM_DS`` the dK/dV kernel runs first and leaves every step's ``dS`` in the buffer
-    (:func:`window_ds_buffer`, NaN-filled by ``torch.empty`` in tests: a slot the dK/dV does not
-    write, or the dQ reads from the wrong place, shows), and the dQ is ``dS K``: the gradients of
-    the dQ that recomputes its softmax (float32 rounding) and the reference's."""
-    from nsa.ops.window.kernel import window_bwd, window_fwd
-
-    T, HQ, H, D = TK - q_offset, 4, 2, 16
-    q, k, v = qkv(1, T, HQ, H, D, D, torch.float32, nsa_device, TK)
-    do = torch.randn(1, T, HQ, D, device=nsa_device)
-    gate = torch.rand(1, T, HQ, device=nsa_device) if gated else None
-    scale = D**-0.5
-    o, lse = window_fwd(q, k, v, window, scale, q_offset)
-    dkdv = dict(rows=16, BN=BN, num_warps=4, num_stages=1)
-    got, want = (window_bwd(q, k, v, o, lse, do, window, scale, q_offset, gate=gate,
-                            tiles={"dkdv": dkdv, "dq_ds": dict(enabled=from_ds)})
-                 for from_ds in (True, False))
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert torch.isfinite(g).all(), name
-        assert_close(name, g, w, 1e-5)
-    if not gated:
-        ref = _forward_backward(q.double(), k.double(), v.double(), NSAConfig(window=window), q_offset, "reference",
-                                do.double())[1:]
-        for name, g, w in zip(("dq", "dk", "dv"), got, ref):
-            assert_close(name, g, w, 1e-4)
-
-
 def test_window_dk192_dv128(nsa_device, nsa_tolerance):
     q, k, v = qkv(1, 29, 4, 1, 192, 128, torch.float16, nsa_device)
     check_against_reference(q, k, v, NSAConfig(window=12), 0, nsa_tolerance)

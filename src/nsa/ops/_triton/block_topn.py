@@ -8,15 +8,18 @@ is the sum over ``s`` of plane ``s`` at ``j - s``. Per row:
 
 1. keys: the score's bit pattern (non-negative floats order like their bits),
    ``+inf`` bits for forced blocks, ``-1`` for blocks past the query's own;
-2. radix select: 31 rounds, one per bit from the top, find the largest key
-   ``thr`` that at least ``n`` keys reach - the n-th largest key;
+2. radix select: one round per bit from the top finds the largest key ``thr``
+   that at least ``n`` keys reach - the n-th largest key. Two bounds cheap to
+   reduce hold it (the least of ``n`` strided groups' maxima, the largest key
+   not forced), and the bits above the first where they differ are theirs: only
+   the rounds below run (of 31);
 3. chosen = keys above ``thr`` plus, among keys equal to ``thr``, the lowest
    block indices that fill ``n`` (the spec's tie rule, exact);
 4. a prefix sum over the chosen mask gives each block its place, so the row is
    written ascending with one scatter, then padded with ``-1``.
 
-No data-dependent loop: the work per row is ``31 * nsel`` compares whatever the
-scores look like, and rows run in parallel.
+The work per row is at most ``31 * nsel`` compares whatever the scores look like,
+and rows run in parallel.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ INF_BITS = tl.constexpr(0x7F800000)
 # 0.363-0.368 (64k), of 2048 blocks 0.514-0.615 / 0.422-0.433 / 0.377-0.393 (128k)
 # (docs/perf/prefill.md, sessions 13 and 14)
 _KEYS_PER_THREAD = 16
+#: ``bounds``: run only the radix rounds below the first bit where the answer's two bounds differ
+#: (else all 31; the same blocks either way).
+LAUNCH = dict(bounds=True)
 
 
 @triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
@@ -46,6 +52,7 @@ def block_topn_kernel(
     ROWS, NSEL, TC, TQ, T0, t_first,  # t_first: absolute position of query T0
     H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SEL: tl.constexpr,
     INIT: tl.constexpr, LOCAL: tl.constexpr, BR: tl.constexpr, NSP: tl.constexpr, PLANES: tl.constexpr,
+    NG: tl.constexpr, BOUNDS: tl.constexpr = True,
 ):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # [BR] score rows
     m_r = o_r < ROWS
@@ -65,11 +72,33 @@ def block_topn_kernel(
     b_key = tl.where(forced, INF_BITS, b_key)
     b_key = tl.where(m_vis, b_key, -1)
     # -- radix select: the largest thr with count(key >= thr) >= N (0 if fewer are visible) --
-    thr = tl.zeros([BR], dtype=tl.int32)
-    for bit in tl.static_range(30, -1, -1):
-        cand = thr | (1 << bit)
-        enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
-        thr = tl.where(enough, cand, thr)
+    # It lies in [lo, hi], so the bits above the highest one where lo and hi differ are theirs and
+    # only the rounds below it are run. lo: NG >= N keys reach the least of NG strided groups'
+    # maxima. hi: the largest key that is not forced, unless N are forced (then +inf's bits).
+    if BOUNDS:
+        b_free = tl.where(b_key == INF_BITS, -1, b_key)
+        hi = tl.max(b_free, 1)
+        hi = tl.where(tl.sum((b_key == INF_BITS).to(tl.int32), 1) >= N, INF_BITS, tl.maximum(hi, 0))
+        if NG >= N:
+            lo = tl.maximum(tl.min(tl.max(tl.reshape(b_key, [BR, NSP // NG, NG]), 1), 1), 0)
+            lo = tl.minimum(lo, hi)  # (hi 0 when nothing free is visible: then so is the answer)
+        else:  # a row narrower than N: fewer than N blocks visible, the answer is 0
+            lo = tl.zeros([BR], dtype=tl.int32)
+        differ = lo ^ hi  # [BR] >= 0
+        # bit length of `differ` from its float exponent (rounding up only adds a round)
+        length = tl.where(differ > 0, ((differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126), 0)
+        rounds = tl.minimum(tl.max(length, 0), 31)
+        thr = lo & ~((tl.full([BR], 1, tl.int64) << rounds) - 1).to(tl.int32)
+        for i in range(0, rounds):
+            cand = thr | (1 << (rounds - 1 - i))
+            enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
+            thr = tl.where(enough, cand, thr)
+    else:  # all 31 rounds, unrolled
+        thr = tl.zeros([BR], dtype=tl.int32)
+        for bit in tl.static_range(30, -1, -1):
+            cand = thr | (1 << bit)
+            enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
+            thr = tl.where(enough, cand, thr)
     # -- keys above thr, then ties at thr by ascending block index --
     above = b_key > thr[:, None]
     need = N - tl.sum(above.to(tl.int32), 1)  # [BR]
@@ -119,5 +148,5 @@ def block_topn(
     block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, PLANES=planes, num_warps=num_warps, **LAUNCH_OPTIONS,
+        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"], num_warps=num_warps, **LAUNCH_OPTIONS,
     )

@@ -7,7 +7,6 @@ import triton
 import triton.language as tl
 
 from nsa.ops._triton.attention import (
-    attn_bwd_dkdv_ds_step,
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     attn_bwd_ds,
@@ -132,12 +131,8 @@ def _dkdv_queries(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     BT: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
     FORCED: tl.constexpr = False, BS: tl.constexpr = 1, LOCAL: tl.constexpr = 0,
-    ds_tiles=None, i_first=0, DS_OUT: tl.constexpr = False,
 ):
     """dK/dV over query tiles of BT positions starting at ``i_lo, i_lo + BT, ... < i_hi``.
-
-    With ``DS_OUT`` each step also leaves its ``dS^T [BN, BM]`` (gated, unscaled, both branches'
-    where ``FORCED``) in ``ds_tiles``, the key tile's slots, at slot ``(i0 - i_first) / BT``.
 
     With ``FORCED`` (and ``MASK``), the tiles hold some of the key tile's blocks as local blocks
     of the selected branch (``t // BS - s // BS < LOCAL``, inside the band): one score tile and
@@ -171,27 +166,10 @@ def _dkdv_queries(
             b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)  # [BN, BM]
             b_dst = b_pt * (b_dpt - b_delta[None, :]) + f_pt * (b_dpt - f_delta[None, :])
             b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)  # [BN, BK]
-            if DS_OUT:
-                _store_ds_tile(ds_tiles, (i0 - i_first) // BT, b_dst, BT * GP)
-        elif DS_OUT:
-            b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
-                                                      qk_scale, MASK, GATED, PREC)
-            _store_ds_tile(ds_tiles, (i0 - i_first) // BT, b_dst, BT * GP)
         else:
             b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale,
                                             MASK, GATED, PREC)
     return b_dk, b_dv
-
-
-@triton.jit
-def _store_ds_tile(ds_tiles, slot, b_dst, BM: tl.constexpr):
-    """``dS^T [BN, BM]`` into slot ``slot`` of a key tile's ``[J, BN, BM]`` slots, whole (padding
-    rows and masked keys hold zeros), in the buffer's dtype."""
-    BN: tl.constexpr = b_dst.shape[0]
-    o_c = tl.arange(0, BN)
-    o_r = tl.arange(0, BM)
-    p = ds_tiles + slot.to(tl.int64) * (BN * BM) + o_c[:, None] * BM + o_r[None, :]
-    tl.store(p, b_dst.to(ds_tiles.dtype.element_ty))
 
 
 @triton.jit
@@ -202,7 +180,7 @@ def _dkdv_span(
     o_s, T, q_offset, W, lo, hi, i_first, i_local, mid_lo, mid_hi, i_end, o_dk, o_dv, m_dk, m_dv, qk_scale,  #
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
     BT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
-    FORCED: tl.constexpr, BS: tl.constexpr, LOCAL: tl.constexpr, ds_tiles, DS_OUT: tl.constexpr,
+    FORCED: tl.constexpr, BS: tl.constexpr, LOCAL: tl.constexpr,
 ):
     """dK/dV over the query tiles in ``[lo, hi)`` of a key tile's band, which splits into the rows
     holding the tile's blocks as local ones ``[i_first, i_local)`` (``FORCED`` only), a masked
@@ -212,23 +190,22 @@ def _dkdv_span(
         b_dk, b_dv = _dkdv_queries(
             b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
             sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, tl.maximum(lo, i_first), tl.minimum(hi, i_local),  #
-            o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC, True, BS, LOCAL, ds_tiles, i_first,
-            DS_OUT,
+            o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC, True, BS, LOCAL,
         )
     b_dk, b_dv = _dkdv_queries(
         b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, tl.maximum(lo, i_local), tl.minimum(hi, mid_lo),  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC, False, 1, 0, ds_tiles, i_first, DS_OUT,
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
         b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, tl.maximum(lo, mid_lo), tl.minimum(hi, mid_hi),  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC, False, 1, 0, ds_tiles, i_first, DS_OUT,
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, False, GATED, PREC,
     )
     b_dk, b_dv = _dkdv_queries(
         b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, lse, lse, lse, i_b, i_h, sqb, sqt, sqh, sdb, sdt, sdh,  #
         o_s, T, q_offset, W, tl.maximum(lo, mid_hi), tl.minimum(hi, i_end),  #
-        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC, False, 1, 0, ds_tiles, i_first, DS_OUT,
+        o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, True, GATED, PREC,
     )
     return b_dk, b_dv
 
@@ -242,7 +219,7 @@ def window_bwd_dkdv_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
     BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
     FORCED: tl.constexpr = False, BS: tl.constexpr = 1, LOCAL: tl.constexpr = 0,
-    PHASED: tl.constexpr = False, ds=None, J=1, DS_OUT: tl.constexpr = False,
+    PHASED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(TK, BN), B * H)``: ``dk [B, TK, H, DK]``, ``dv [B, TK, H, DV]``; with ``ACC``
     added to what they held (another branch's gradient of the same keys).
@@ -256,8 +233,6 @@ def window_bwd_dkdv_kernel(
     With ``PHASED`` the band's query tiles are walked from the run of BN positions whose index is a
     multiple of the band's run count, then from the band's start up to it: the same gradients up to
     float32 summation order (:mod:`nsa.ops.window.kernel` says why).
-    With ``DS_OUT`` every step's ``dS^T`` goes to ``ds [B, H, cdiv(TK, BN), J, BN, BT * GP]`` for
-    :func:`window_bwd_dq_ds_kernel`: the key tile's ``J`` slots hold its band's query tiles in order.
     """
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -286,9 +261,6 @@ def window_bwd_dkdv_kernel(
         i_local = tl.maximum(tl.cdiv(i_local, BT) * BT, i_first)
         mid_lo = tl.minimum(tl.maximum(mid_lo, i_local), i_end)
         mid_hi = tl.maximum(mid_hi, mid_lo)
-    ds_tiles = ds
-    if DS_OUT:
-        ds_tiles = ds + (i_bh * tl.num_programs(0) + i_n).to(tl.int64) * J * (BN * BT * GP)
     i_wrap = i_end  # the walk's last stretch ends here
     if PHASED:
         # The band spans `runs` runs of BN positions. Start at the run whose index (position // BN)
@@ -302,70 +274,16 @@ def window_bwd_dkdv_kernel(
         b_dk, b_dv = _dkdv_span(
             b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
             sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_split, i_end, i_first, i_local, mid_lo, mid_hi,
-            i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL, ds_tiles, DS_OUT,
+            i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL,
         )
         i_wrap = i_split
     b_dk, b_dv = _dkdv_span(
         b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, gate_frc, lse_frc, delta_frc, i_b, i_h,  #
         sqb, sqt, sqh, sdb, sdt, sdh, o_s, T, q_offset, W, i_first, i_wrap, i_first, i_local, mid_lo, mid_hi,
-        i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL, ds_tiles, DS_OUT,
+        i_end, o_dk, o_dv, m_dk, m_dv, qk_scale, H, G, GP, BT, GATED, PREC, FORCED, BS, LOCAL,
     )
 
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DK, H * DK, DK)
     store_scaled(dk + o_out[:, None] + o_dk[None, :], b_dk, scale, m_s[:, None] & m_dk[None, :], ACC)
     o_out = row_offsets(i_b, o_s, i_h, TK * H * DV, H * DV, DV)
     store_scaled(dv + o_out[:, None] + o_dv[None, :], b_dv, 1.0, m_s[:, None] & m_dv[None, :], ACC)
-
-
-@triton.jit(do_not_specialize=["T", "TK", "q_offset", "W", "J"])
-def window_bwd_dq_ds_kernel(
-    q, k, v, do, ds, dq, gate_frc, lse_frc, delta_frc,  #
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,  #
-    T, TK, q_offset, W, J, qk_scale, scale,  #
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,  #
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,  #
-    BT: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,  #
-    FORCED: tl.constexpr = False, INIT: tl.constexpr = 0, LOCAL: tl.constexpr = 0, BS: tl.constexpr = 1,
-):
-    """Grid ``(cdiv(T, BT), B * H)``: ``dq = scale * dS K`` over the band, ``dS`` from the dK/dV
-    kernel's ``ds`` (``DS_OUT``, the same ``BT`` and ``BN``), with ``ACC`` added to what ``dq`` held.
-
-    The band's key tiles are the dK/dV kernel's: tile ``n`` keeps query tile ``i`` in its slot
-    ``i - first(n)``. With ``FORCED`` the stored ``dS`` already holds the selected branch's share
-    over its local blocks; its initial blocks left of them (``BS`` keys each) are computed here
-    from ``q``, ``do`` and its lse, delta and gate (``*_frc``), as in :func:`window_bwd_dq_kernel`."""
-    i_t, i_b, i_h, o_i, o_hq, m_r, o_pos = query_tile_program(T, q_offset, H, G, GP, BT)  # rows [BM] each
-    HQ: tl.constexpr = H * G
-    BM: tl.constexpr = BT * GP
-    o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
-    p_k, p_v = kv_head_bases(k, v, i_b, i_h, skb, skh, svb, svh)
-    t_lo = q_offset + i_t * BT
-    t_hi = tl.minimum(t_lo + BT, q_offset + T) - 1
-    o_c = tl.arange(0, BN)
-    o_r = tl.arange(0, BM)
-    ds_tiles = ds + (i_b * H + i_h).to(tl.int64) * tl.cdiv(TK, BN) * J * (BN * BM)
-
-    b_dq = tl.zeros([BM, BK], dtype=tl.float32)
-    for n in range(tl.maximum(t_lo - W + 1, 0) // BN, t_hi // BN + 1):
-        slot = i_t - tl.maximum(n * BN - q_offset, 0) // BT  # the dK/dV's slot of this query tile
-        p_ds = ds_tiles + (n * J + slot).to(tl.int64) * (BN * BM) + o_c[None, :] * BM + o_r[:, None]
-        b_ds = tl.load(p_ds)  # [BM, BN]
-        o_s = n * BN + o_c
-        b_k = tl.load(p_k + o_s.to(tl.int64)[:, None] * skt + o_dk[None, :], mask=(o_s < TK)[:, None] & m_dk[None, :],
-                      other=0.0)  # [BN, BK]
-        b_dq += tl.dot(b_ds, b_k, input_precision=PREC)
-    if FORCED:
-        # the initial blocks left of the local ones: the selected branch's alone, unmasked
-        s_local = tl.maximum(t_lo // BS - LOCAL + 1, 0) * BS
-        if s_local > 0:
-            f_q, f_do, f_g, f_lse, f_delta, o_row = load_bwd_rows(
-                q, do, gate_frc, lse_frc, delta_frc, i_b, o_i, o_hq, m_r, sqb, sqt, sqh, sdb, sdt, sdh, o_dk, o_dv,
-                m_dk, m_dv, T, HQ, GATED,
-            )
-            for s0 in range(0, tl.minimum(INIT * BS, s_local), BS):
-                b_k, b_v, m_unused = band_kv(p_k, p_v, skt, svt, s0, o_pos, t_hi, W, o_dk, o_dv, m_dk, m_dv, BS, False)
-                b_dq = attn_bwd_dq_step(f_q, f_do, f_lse, f_delta, f_g, b_k, b_v, b_dq, m_unused, qk_scale, False,
-                                        GATED, PREC)
-
-    p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
-    store_scaled(p_dq, b_dq, scale, m_r[:, None] & m_dk[None, :], ACC)

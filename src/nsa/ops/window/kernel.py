@@ -61,7 +61,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
-from nsa.ops.window.backward import window_bwd_dkdv_kernel, window_bwd_dq_ds_kernel, window_bwd_dq_kernel
+from nsa.ops.window.backward import window_bwd_dkdv_kernel, window_bwd_dq_kernel
 from nsa.ops.window.forward import window_fwd_kernel
 
 
@@ -181,10 +181,6 @@ def window_fwd_summed(
 #: 64k on another machine (docs/perf/prefill.md).
 BWD_TILES = {"dq": dict(rows=64, num_warps=4, num_stages=2),
              "dkdv": dict(rows=64, BN=128, num_warps=8, num_stages=3, PHASED=True)}
-#: The ``dQ`` from the ``dS`` that the dK/dV kernel leaves (``enabled``; its launch's warps and
-#: stages): one product a step instead of three, against a ``dS`` buffer written and read back
-#: (:func:`window_ds_buffer`).
-DQ_FROM_DS = dict(enabled=False, num_warps=4, num_stages=2)
 #: dK/dV tiles where :data:`BWD_TILES`' do not fit (:func:`hopper_tiles_fit`): heads wider than
 #: 128, whose 128-key accumulators would not fit; float32 inputs, whose 128-key tiles in 3 stages
 #: take 289 KiB of shared memory (the H100 has 227: out of resources at the launch, session 25);
@@ -259,52 +255,11 @@ def _forced_tiles(cfg: dict, config: NSAConfig, q_offset: int) -> dict:
     return cfg
 
 
-def window_ds_buffer(q: torch.Tensor, k: torch.Tensor, window: int, cfg: dict) -> torch.Tensor:
-    """The buffer ``[B, H, cdiv(TK, BN), J, BN, BT * GP]`` (q's dtype) in which the dK/dV kernel of
-    launch options ``cfg`` leaves each step's ``dS^T``: key tile ``n`` of KV head ``h`` keeps its
-    band's query tiles in its ``J`` slots, in order (a band spans at most ``BN + W - 1`` positions
-    from a tile-aligned start)."""
-    B, TK, H = k.shape[:3]
-    BN, BT, GP = cfg["BN"], cfg["BT"], cfg["GP"]
-    slots = cdiv(BN + window + BT - 2, BT)
-    return torch.empty(B, H, cdiv(TK, BN), slots, BN, BT * GP, device=q.device, dtype=q.dtype)
-
-
-def window_bwd_dq_ds(q, k, v, do, ds, window: int, scale: float, q_offset: int, cfg: dict, launch: dict,
-                     dq: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
-                     forced: Optional[dict] = None) -> torch.Tensor:
-    """Launch the ``dQ`` kernel that reads ``ds`` (:func:`window_ds_buffer`, written by the dK/dV
-    kernel of launch options ``cfg``, whose tiles it takes; ``launch``: its warps and stages);
-    ``dq``, ``gate`` and ``forced`` as in :func:`window_bwd_dq`."""
-    B, T, HQ, DK = q.shape
-    TK, H = k.shape[1], k.shape[2]
-    acc = dq is not None
-    dq = dq if acc else torch.empty(B, T, HQ, DK, device=q.device, dtype=q.dtype)
-    frc = dict(FORCED=False)
-    if forced is not None:
-        config = forced["config"]
-        if q_offset % cfg["BT"] or cfg["BT"] > config.sel_block:
-            raise ValueError(f"window_bwd_dq_ds: q_offset={q_offset} must be a multiple of the tile's {cfg['BT']} "
-                             f"positions, which one selection block of {config.sel_block} must hold")
-        frc = dict(FORCED=True, INIT=config.init_blocks, LOCAL=config.local_blocks, BS=config.sel_block)
-    lse_unused = ds  # the forced arguments' placeholders without forced blocks
-    window_bwd_dq_ds_kernel[(cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, ds, dq, *_forced_args(forced, gate, lse_unused, "window_bwd_dq_ds"),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
-        T, TK, q_offset, window, ds.shape[3], scale * LOG2E, scale,  #
-        H=H, G=HQ // H, GP=cfg["GP"], DK=DK, DV=v.shape[-1], BK=cfg["BK"], BV=cfg["BV"], BT=cfg["BT"], BN=cfg["BN"],
-        ACC=acc, GATED=gate is not None, PREC=dot_precision(q.dtype, q.device, max(DK, v.shape[-1])), **frc,
-        **launch, **LAUNCH_OPTIONS,
-    )
-    return dq
-
-
 def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset: int, cfg: dict,
                     gate: Optional[torch.Tensor] = None, forced: Optional[dict] = None,
-                    dkv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, ds: Optional[torch.Tensor] = None):
+                    dkv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
     """Launch the ``dK``/``dV`` kernel: one writer per key tile, no atomics (``gate``,
-    ``forced`` and ``dkv`` as in :func:`window_bwd`; ``ds``: :func:`window_ds_buffer`'s, for
-    each step's ``dS``)."""
+    ``forced`` and ``dkv`` as in :func:`window_bwd`)."""
     B, T, HQ, DK = q.shape
     TK, H, DV = k.shape[1], k.shape[2], v.shape[-1]
     if dkv is None:
@@ -324,8 +279,7 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
         H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=check_gate(gate, (B, T, HQ)),
-        PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg,
-        **(dict(ds=ds, J=ds.shape[3], DS_OUT=True) if ds is not None else {}), **LAUNCH_OPTIONS,
+        PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg, **LAUNCH_OPTIONS,
     )
     return dk, dv
 
@@ -355,16 +309,10 @@ def window_bwd(
     do = last_dim_contiguous(do)
     if delta is None:
         delta = attn_bwd_delta(o, do)  # [B, T, HQ]: rowsum(o * do) of the softmax backward
-    kv_cfg = _bwd_cfg("dkdv", G, DK, DV, tiles, q.dtype, q.device)
-    from_ds = dict(DQ_FROM_DS, **(tiles or {}).get("dq_ds", {}))
-    if from_ds.pop("enabled"):
-        ds = window_ds_buffer(q, k, window, kv_cfg)
-        dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, kv_cfg, gate, forced, dkv, ds)
-        dq = window_bwd_dq_ds(q, k, v, do, ds, window, scale, q_offset, kv_cfg, from_ds, dq, gate, forced)
-        return dq, dk, dv
     dq = window_bwd_dq(q, k, v, do, lse, delta, window, scale, q_offset,
                        _bwd_cfg("dq", G, DK, DV, tiles, q.dtype, q.device), dq, gate, forced)
-    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset, kv_cfg, gate, forced, dkv)
+    dk, dv = window_bwd_dkdv(q, k, v, do, lse, delta, window, scale, q_offset,
+                             _bwd_cfg("dkdv", G, DK, DV, tiles, q.dtype, q.device), gate, forced, dkv)
     return dq, dk, dv
 
 
