@@ -48,15 +48,23 @@
 # keys reach it) and the largest key not forced; the bits above the first where they differ are
 # theirs, so only the rounds below run:
 #
-#   bash scripts/gpu_session55.sh topn REV # the same blocks either way; the forward and the whole
+#   bash scripts/gpu_session55.sh topn REV # (ran at 3faaa25) the same blocks either way; the forward and the whole
 #                                          # forward+backward in ABBA rounds and the forward's kernel
 #                                          # lists (8k, 64k); the select and nsa_attention GPU tests
+#
+# The same blocks at 8k and 64k; the top-n's 8 launches at 64k took 1.60-1.63 ms in place against
+# 1.89-1.93, the forward 33.98-34.38 ms flushed against 34.63-34.77 (every round), the whole
+# forward+backward 95.89-97.22 against 97.15-97.36 (back to back 97.07-97.87 against 97.11-97.43); 8k
+# unchanged (0.046 ms, rows of at most 128 blocks). The GPU tests passed (73, 4 skipped). Kept. The
+# prefill table at these kernels:
+#
+#   bash scripts/gpu_session55.sh final    # nsa-bench prefill (8k-64k, dense in the same run)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV | topn REV}"
+step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV | topn REV | final}"
 device_line
 
 case "$step" in
@@ -97,6 +105,10 @@ topn)
         | tee "$OUT/prefill_topn_bounds_h200.txt"
     echo "== probe after $(( $(date +%s) - start )) s"
     reported_tests 200 "$rev" tests/ops/test_select_kernel.py tests/ops/test_nsa_attention_kernel.py
+    ;;
+final)
+    h200_prefill
+    echo "== table after $(( $(date +%s) - start )) s"
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
