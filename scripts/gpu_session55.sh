@@ -3,7 +3,7 @@
 # Hopper tiles' default, e758777) but took no prefill table at those kernels, and the window and
 # nsa_attention GPU tests last ran on them at ea3a887. Both first, on main:
 #
-#   bash scripts/gpu_session55.sh table REV  # nsa-bench prefill (8k-64k, dense in the same run), then
+#   bash scripts/gpu_session55.sh table REV  # (ran at 9ce9529) nsa-bench prefill (8k-64k, dense in the same run), then
 #                                            # the window and nsa_attention GPU tests (report named
 #                                            # after REV)
 #
@@ -58,7 +58,12 @@
 # unchanged (0.046 ms, rows of at most 128 blocks). The GPU tests passed (73, 4 skipped). Kept. The
 # prefill table at these kernels:
 #
-#   bash scripts/gpu_session55.sh final    # nsa-bench prefill (8k-64k, dense in the same run)
+#   bash scripts/gpu_session55.sh final    # (ran at 5869bba) nsa-bench prefill (8k-64k, dense in the
+#                                          # same run)
+#
+# On another machine: 8k forward 2.191 / 1.921 ms (0.88x), forward+backward 7.160 / 7.477 (1.04x); 64k
+# 34.46 / 116.2 (3.37x) and 98.27 / 444.7 (4.53x). The table step's, at 9ce9529: 8k 0.90x and 1.06x,
+# 64k 3.41x and 4.54x (100.0 / 454.0); the GPU tests there passed (53, 4 skipped).
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
