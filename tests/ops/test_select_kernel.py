@@ -11,7 +11,6 @@ exists; exact ties are tested separately with inputs whose scores are exact.
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 
 import pytest

@@ -82,8 +82,8 @@ def block_topn_kernel(
         hi = tl.max(b_free, 1)
         hi = tl.where(tl.sum((b_key == INF_BITS).to(tl.int32), 1) >= N, INF_BITS, tl.maximum(hi, 0))
         if NG >= N:
+            # (<= hi: all NG groups reach +inf's bits only when N keys are forced, and then so does hi)
             lo = tl.maximum(tl.min(tl.max(tl.reshape(b_key, [BR, NSP // NG, NG]), 1), 1), 0)
-            lo = tl.minimum(lo, hi)  # (hi 0 when nothing free is visible: then so is the answer)
         else:  # a row narrower than N: fewer than N blocks visible, the answer is 0
             lo = tl.zeros([BR], dtype=tl.int32)
         differ = lo ^ hi  # [BR] >= 0
@@ -150,5 +150,6 @@ def block_topn(
     block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"], num_warps=num_warps, **LAUNCH_OPTIONS,
+        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"],
+        num_warps=num_warps, **LAUNCH_OPTIONS,
     )
