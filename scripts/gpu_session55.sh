@@ -63,13 +63,17 @@
 #
 # On another machine: 8k forward 2.191 / 1.921 ms (0.88x), forward+backward 7.160 / 7.477 (1.04x); 64k
 # 34.46 / 116.2 (3.37x) and 98.27 / 444.7 (4.53x). The table step's, at 9ce9529: 8k 0.90x and 1.06x,
-# 64k 3.41x and 4.54x (100.0 / 454.0); the GPU tests there passed (53, 4 skipped).
+# 64k 3.41x and 4.54x (100.0 / 454.0); the GPU tests there passed (53, 4 skipped). After the review
+# (the top-n's lower bound without a clamp it never needed), the GPU tests of the changed kernel:
+#
+#   bash scripts/gpu_session55.sh tests REV  # the select and nsa_attention GPU tests (report named
+#                                            # after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV | topn REV | final}"
+step="${1:?usage: scripts/gpu_session55.sh table REV | order | dqds REV | topn REV | final | tests REV}"
 device_line
 
 case "$step" in
@@ -114,6 +118,10 @@ topn)
 final)
     h200_prefill
     echo "== table after $(( $(date +%s) - start )) s"
+    ;;
+tests)
+    reported_tests 200 "${2:?the tests step needs the commit to name the test report after}" \
+        tests/ops/test_select_kernel.py tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
