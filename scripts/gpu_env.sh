@@ -88,6 +88,15 @@ h200_prefill() {
         2>&1 | tail -8
 }
 
+# One scripts/gpu_prefill_probe.py run under a time limit, its output shown and kept as
+# $OUT/prefill_NAME_h200.txt, then the elapsed time: probe_run LIMIT NAME PROBE-ARG...
+probe_run() {
+    local limit="$1" name="$2"
+    shift 2
+    timeout "$limit" python scripts/gpu_prefill_probe.py "$@" 2>&1 | tee "$OUT/prefill_${name}_h200.txt"
+    echo "== $name after $(( $(date +%s) - start )) s"
+}
+
 # One pytest of GPU tests under its own time limit, so that a slow group cannot hide another's
 # failures: run_group NAME LIMIT WORKERS TEST... writes $OUT/${step}_NAME.txt (step: the calling
 # script's step) and shows its tail; $start is the calling script's start time.

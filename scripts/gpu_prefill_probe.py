@@ -141,6 +141,16 @@ def fwd_bwd(fn: Callable[[], torch.Tensor], inputs: List[torch.Tensor]) -> Calla
     return lambda: torch.autograd.grad(fn(), inputs, grad)
 
 
+def forward_call(q, k, v, gates, config: NSAConfig) -> Callable[[], object]:
+    """One ``nsa_attention`` forward (Triton) under ``no_grad`` on these inputs, as a call (what the
+    tables' forward column times)."""
+    def run():
+        with torch.no_grad():
+            return nsa_attention(q, k, v, gates, config, backend="triton")
+
+    return run
+
+
 def training_step(q, k, v, gates, config: NSAConfig) -> Callable[[], object]:
     """One ``nsa_attention`` forward+backward (Triton) on these inputs, as a call."""
     return fwd_bwd(lambda: nsa_attention(q, k, v, gates, config, backend="triton"), [q, k, v, gates])
@@ -744,11 +754,7 @@ def step_abba(T: int, config: NSAConfig, table: dict, variants: tuple, what: str
     was the slower, whichever it was): ``do_bench`` (L2 flushed before each call) and 5 calls back
     to back without a flush (CUDA events around them)."""
     q, k, v, gates, _ = inputs(T, T + 15, backward=True)
-    run = training_step(q, k, v, gates, config)
-    if forward:
-        def run():
-            with torch.no_grad():
-                return nsa_attention(q, k, v, gates, config, backend="triton")
+    run = forward_call(q, k, v, gates, config) if forward else training_step(q, k, v, gates, config)
     step = "fwd" if forward else "fwd+bwd"
     for turn in range(4):
         for label, tiles in variants[:: 1 if turn % 2 == 0 else -1]:
@@ -917,12 +923,7 @@ def forward_kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
     """As :func:`kernel_times`, for the forward under ``no_grad`` (what the tables' forward column
     times)."""
     q, k, v, gates = inputs(T, T + 15)
-
-    def run():
-        with torch.no_grad():
-            return nsa_attention(q, k, v, gates, config, backend="triton")
-
-    _list_kernels(T, "forward (no_grad)", run, steps)
+    _list_kernels(T, "forward (no_grad)", forward_call(q, k, v, gates, config), steps)
 
 
 def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1) -> None:
