@@ -48,6 +48,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``win_dkdv_step`` the whole step with each, L2 flushed or not.
 25. **The top-n's bounded rounds** (``topn_bounds``): the forward and the whole step in ABBA
     rounds, and the forward's kernel lists, with the radix select's rounds bounded or all 31.
+26. **Pass 2 apart** (``pass2_apart``): the compressed forward with its scoring pass in launches of
+    its own, by their tiles, checked against the fused launch; the fastest in the whole forward and
+    forward+backward (ABBA) and in the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -736,6 +739,53 @@ def topn_bounds(T: int, config: NSAConfig) -> None:
     kernels_by_default(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
 
 
+#: Pass 2 of the compressed forward in a launch of its own (``compressed_fwd.PASS2_APART``): the
+#: fused default, then pass-2 launches by (blocks a step, stages, warps, register cap). Compiled for
+#: sm_90 (Triton 3.6, head dim 128): the fused kernel 187 registers and 113 KiB of shared memory
+#: (2 programs an SM); pass 2 alone 127 / 113 KiB (32 blocks, 3 stages), 128 / 81 KiB (32, 2), 70 /
+#: 65 KiB (16, 3: 3 an SM), 76 / 49 KiB (16, 2: 4 an SM).
+PASS2_SPLITS = (
+    ("fused", dict(enabled=False)),
+    ("apart 32 blocks, 3 stages", dict(enabled=True, blocks_per_step=32, num_stages=3, num_warps=4, maxnreg=None)),
+    ("apart 32 blocks, 2 stages", dict(enabled=True, blocks_per_step=32, num_stages=2, num_warps=4, maxnreg=None)),
+    ("apart 16 blocks, 3 stages", dict(enabled=True, blocks_per_step=16, num_stages=3, num_warps=4, maxnreg=None)),
+    ("apart 16 blocks, 2 stages", dict(enabled=True, blocks_per_step=16, num_stages=2, num_warps=4, maxnreg=None)),
+    ("apart 8 blocks, 3 stages", dict(enabled=True, blocks_per_step=8, num_stages=3, num_warps=4, maxnreg=None)),
+    ("apart 32 blocks, 3 stages, 8 warps", dict(enabled=True, blocks_per_step=32, num_stages=3, num_warps=8,
+                                                maxnreg=None)),
+)
+
+
+def pass2_apart(T: int, config: NSAConfig) -> None:
+    """The compressed forward with selection (as ``nsa_attention`` calls it) with each launch of
+    :data:`PASS2_SPLITS`, two rounds of each in turn, checked bitwise against the fused launch; then
+    the fastest split against the fused launch in the whole forward and forward+backward (ABBA,
+    :func:`step_abba`) and the forward's kernel lists."""
+    from nsa.ops._triton import compressed_fwd as module
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    call = lambda: compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=True, select=True)
+    fused = call()
+    times = {label: [] for label, _ in PASS2_SPLITS}
+    for _ in range(2):
+        for label, tiles in PASS2_SPLITS:
+            with tiles_as_default(module.PASS2_APART, **tiles):
+                out = call()
+                same = all(torch.equal(a, b) for a, b in zip(out, fused))
+                times[label].append(bench(call))
+                print(f"T={T} compressed forward with selection, {label}: {times[label][-1]:.3f} ms "
+                      f"(o, lse and blocks equal to the fused launch's: {same})", flush=True)
+    best = min(PASS2_SPLITS[1:], key=lambda split: statistics.mean(times[split[0]]))
+    print(f"T={T} fastest split: {best[0]}", flush=True)
+    variants = (PASS2_SPLITS[0], best)
+    step_abba(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+    step_abba(T, config, module.PASS2_APART, variants, "pass 2")
+    kernels_by_default(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+
+
 def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str,
                        forward: bool = False) -> None:
     """:func:`kernel_times` (the mean of 5 steps; with ``forward`` :func:`forward_kernel_times`) with
@@ -1386,7 +1436,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
-    "topn_bounds": topn_bounds,
+    "topn_bounds": topn_bounds, "pass2_apart": pass2_apart,
 }
 
 

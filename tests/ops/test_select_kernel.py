@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from _kernel_inputs import spy_launches
+from _kernel_inputs import every_launch, spy_launches
 from nsa import NSAConfig
 from nsa.ops import select_blocks
 from nsa.ops._triton.compressed_fwd import _step_tokens
@@ -117,6 +117,36 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
         assert torch.equal(a, b)
     ref = select_blocks(q.double(), k.double(), config, q_offset=9, backend="reference")
     assert torch.equal(chunked[2].long(), ref.long())
+
+
+def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
+    """``PASS2_APART``: pass 1 once over every query (``o``, ``lse`` and the log2-domain lse), then
+    each query chunk's pass 2 in a launch of its own, with its own blocks a step (8 against the
+    fused launch's 32). ``o``, ``lse`` and the blocks equal the fused launch's bitwise (padding head
+    rows, B > 1, a query offset, three chunks; queries that choose 2 of up to 10 free blocks), and the
+    blocks are the reference's."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    config = dataclasses.replace(SMALL, sel_block=8, sel_count=5)
+    B, T, HQ, H, D, q_offset = 2, 100, 6, 2, 16, 9  # G = 3, padded to 4 head rows
+    q = torch.randn(B, T, HQ, D, device=nsa_device)
+    k, v = (torch.randn(B, config.num_cmp(q_offset + T), H, D, device=nsa_device) for _ in range(2))
+    scale = config.softmax_scale(D)
+    planes = module._score_geometry(config)["NSPILL"]
+    budget = 40 * B * H * config.num_sel_blocks(q_offset + T) * planes * 4  # chunks of 40, 40 and 20 queries
+    run = lambda: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True, rows=8,
+                                        score_buffer_bytes=budget)
+    fused = run()
+    monkeypatch.setitem(module.PASS2_APART, "enabled", True)
+    monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
+    with every_launch() as launches:
+        apart = run()
+    passes = [(kw.get("PASS1", True), kw["SELECT"], kw["NB"]) for name, kw in launches if name == "compressed_fwd_kernel"]
+    assert passes == [(True, False, 32)] + [(False, True, 8)] * 3
+    for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
+        assert torch.equal(a, b), name
+    ref = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
+    assert_valid_selection(apart[2], ref, block_scores(q, k, config, q_offset=q_offset), config, q_offset=q_offset)
 
 
 def test_short_tiles_while_no_query_sees_more_than_short_tokens(nsa_device, monkeypatch):

@@ -62,6 +62,13 @@ SCORE_BUFFER_BYTES = 256 * 1024 * 1024
 SHORT_TILES = dict(block_n=32, blocks_per_step=16, num_stages=2, maxnreg=128)
 SHORT_TOKENS = 1024
 
+#: Pass 2 as a launch of its own (``enabled``) where the launch selects, stores ``o`` and takes the
+#: long walks' tiles (not :data:`SHORT_TILES`): pass 1 runs once over every query and leaves the
+#: log2-domain lse, then each query chunk's pass-2 launch, with these options, and its top-n.
+#: Without ``p @ v`` and its accumulator, pass 2 alone needs fewer registers and less shared
+#: memory than the fused kernel, so more programs share an SM.
+PASS2_APART = dict(enabled=False, blocks_per_step=32, num_warps=4, num_stages=3, maxnreg=None)
+
 
 @triton.jit
 def visible_cmp(t, NC, L: tl.constexpr, S: tl.constexpr):
@@ -251,7 +258,12 @@ def compressed_fwd_kernel(
     L: tl.constexpr, S: tl.constexpr, SEL: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KC: tl.constexpr, NSPILL: tl.constexpr, NB: tl.constexpr,
     STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
+    lse2=None,  # [B, TQ, HQ] float32 log2-domain lse: written with LSE2_OUT, read without PASS1
+    PASS1: tl.constexpr = True, LSE2_OUT: tl.constexpr = False,
 ):
+    """Grid ``(query tiles of [T0, T1), B * H)``. Without ``PASS1`` only pass 2 runs, from the
+    log2-domain lse that a ``PASS1`` launch with ``LSE2_OUT`` left in ``lse2``
+    (:data:`PASS2_APART`)."""
     M: tl.constexpr = BT * GP
     # queries [T0, T1) with T0 a multiple of BT; the last tiles see the most tokens: launch them first
     i_t = T0 // BT + tl.cdiv(T1 - T0, BT) - 1 - tl.program_id(0)
@@ -267,24 +279,29 @@ def compressed_fwd_kernel(
     n_hi = visible_cmp(t_last, NC, L, S)
     p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
     p_v = v + (i_b.to(tl.int64) * NC * H + i_h) * DV
-    # -- pass 1: online softmax, lse and o --
-    b_m = tl.full([M], float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros([M], dtype=tl.float32)
-    b_acc = tl.zeros([M, BDV], dtype=tl.float32)
-    n_full = (n_lo // BN) * BN
-    for i_n in range(0, n_full, BN):
-        b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
-                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, False, STORE_O, PREC)
-    for i_n in range(n_full, n_hi, BN):
-        b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
-                                         BN, BDK, BDV, DK, DV, H * DK, H * DV, True, STORE_O, PREC)
-    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-    # stored before pass 2, so that o's registers are free there
-    if STORE_O:
-        o_dv = tl.arange(0, BDV)
-        tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
-                 mask=m_row[:, None] & (o_dv < DV)[None, :])
-        tl.store(lse + o_q, b_lse * 0.6931471805599453, mask=m_row)
+    if PASS1:
+        # -- pass 1: online softmax, lse and o --
+        b_m = tl.full([M], float("-inf"), dtype=tl.float32)
+        b_l = tl.zeros([M], dtype=tl.float32)
+        b_acc = tl.zeros([M, BDV], dtype=tl.float32)
+        n_full = (n_lo // BN) * BN
+        for i_n in range(0, n_full, BN):
+            b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
+                                             BN, BDK, BDV, DK, DV, H * DK, H * DV, False, STORE_O, PREC)
+        for i_n in range(n_full, n_hi, BN):
+            b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
+                                             BN, BDK, BDV, DK, DV, H * DK, H * DV, True, STORE_O, PREC)
+        b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
+        # stored before pass 2, so that o's registers are free there
+        if STORE_O:
+            o_dv = tl.arange(0, BDV)
+            tl.store(o + (o_q * DV)[:, None] + o_dv[None, :], b_o.to(o.dtype.element_ty),
+                     mask=m_row[:, None] & (o_dv < DV)[None, :])
+            tl.store(lse + o_q, b_lse * 0.6931471805599453, mask=m_row)
+        if LSE2_OUT:
+            tl.store(lse2 + o_q, b_lse, mask=m_row)
+    else:
+        b_lse = tl.load(lse2 + o_q, mask=m_row, other=0.0)  # padding rows shift by +inf below
     # -- pass 2: exact probabilities -> block masses --
     if SELECT:
         o_t = i_t * BT + tl.arange(0, BT)
@@ -367,8 +384,9 @@ def compressed_fwd(
     rows = rows or defaults["rows"]
     BT = max(1, rows // GP)
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
-    if (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
-            config.num_cmp(q_offset + TQ) <= SHORT_TOKENS:
+    short_walks = (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
+        config.num_cmp(q_offset + TQ) <= SHORT_TOKENS
+    if short_walks:
         block_n, blocks_per_step = SHORT_TILES["block_n"], SHORT_TILES["blocks_per_step"]
         num_stages = SHORT_TILES["num_stages"]
         # a launch option of the GPU; the interpreter runs the same tiles without it
@@ -396,13 +414,31 @@ def compressed_fwd(
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
+    apart = PASS2_APART["enabled"] and select and store_o and not short_walks
+    if apart:
+        # pass 1 once over every query, then pass 2 by chunks in launches of their own
+        lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
+        compressed_fwd_kernel[(cdiv(TQ, BT), B * H)](
+            q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
+            **dict(launch, SELECT=False), lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
+        )
+        geo2 = _score_geometry(config, PASS2_APART["blocks_per_step"])
+        pass2 = dict(launch, **geo2, STORE_O=False, num_warps=PASS2_APART["num_warps"],
+                     num_stages=PASS2_APART["num_stages"],
+                     **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}))
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
-        compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
-            q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
-            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch, **LAUNCH_OPTIONS,
-        )
+        if apart:
+            compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
+                q, k_cmp, v_cmp, q, q, sc, TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel,
+                **pass2, lse2=lse2, PASS1=False, **LAUNCH_OPTIONS,
+            )
+        else:
+            compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
+                q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
+                TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch, **LAUNCH_OPTIONS,
+            )
         if select:
             block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
     return o, lse, idx
