@@ -50,7 +50,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     rounds, and the forward's kernel lists, with the radix select's rounds bounded or all 31.
 26. **Pass 2 apart** (``pass2_apart``): the compressed forward with its scoring pass in launches of
     its own, by their tiles, checked against the fused launch; the fastest in the whole forward and
-    forward+backward (ABBA) and in the forward's kernel lists.
+    forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -739,28 +739,38 @@ def topn_bounds(T: int, config: NSAConfig) -> None:
     kernels_by_default(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
 
 
-#: Pass 2 of the compressed forward in a launch of its own (``compressed_fwd.PASS2_APART``): the
-#: fused default, then pass-2 launches by (blocks a step, stages, warps, register cap). Compiled for
-#: sm_90 (Triton 3.6, head dim 128): the fused kernel 187 registers and 113 KiB of shared memory
-#: (2 programs an SM); pass 2 alone 127 / 113 KiB (32 blocks, 3 stages), 128 / 81 KiB (32, 2), 70 /
-#: 65 KiB (16, 3: 3 an SM), 76 / 49 KiB (16, 2: 4 an SM).
+#: Pass 2 of the compressed forward in a launch of its own (``compressed_fwd.PASS2_APART``): fused,
+#: then pass-2 launches by blocks a step, stages, warps and rows (``rows`` None: pass 1's 64). Compiled
+#: for sm_90 (Triton 3.6, head dim 128), registers / shared memory: the fused kernel 187 / 113 KiB (2
+#: programs an SM); pass 2 alone 127 / 113 KiB (32 blocks, 3 stages), 128 / 81 KiB (32, 2), 70 / 65
+#: KiB (16, 3), 76 / 49 KiB (16, 2), 46 / 32 KiB (8, 2); 128 rows of 8 warps 76 / 64 KiB (16, 2), 72
+#: / 81 KiB (16, 3). Session 56's first call swept the first seven (``pass2_apart``), its second the
+#: rest around the fastest, (16, 2) (``pass2_tiles``).
+_APART = dict(enabled=True, num_warps=4, maxnreg=None, rows=None)
 PASS2_SPLITS = (
     ("fused", dict(enabled=False)),
-    ("apart 32 blocks, 3 stages", dict(enabled=True, blocks_per_step=32, num_stages=3, num_warps=4, maxnreg=None)),
-    ("apart 32 blocks, 2 stages", dict(enabled=True, blocks_per_step=32, num_stages=2, num_warps=4, maxnreg=None)),
-    ("apart 16 blocks, 3 stages", dict(enabled=True, blocks_per_step=16, num_stages=3, num_warps=4, maxnreg=None)),
-    ("apart 16 blocks, 2 stages", dict(enabled=True, blocks_per_step=16, num_stages=2, num_warps=4, maxnreg=None)),
-    ("apart 8 blocks, 3 stages", dict(enabled=True, blocks_per_step=8, num_stages=3, num_warps=4, maxnreg=None)),
-    ("apart 32 blocks, 3 stages, 8 warps", dict(enabled=True, blocks_per_step=32, num_stages=3, num_warps=8,
-                                                maxnreg=None)),
+    ("apart 32 blocks, 3 stages", dict(_APART, blocks_per_step=32, num_stages=3)),
+    ("apart 32 blocks, 2 stages", dict(_APART, blocks_per_step=32, num_stages=2)),
+    ("apart 16 blocks, 3 stages", dict(_APART, blocks_per_step=16, num_stages=3)),
+    ("apart 16 blocks, 2 stages", dict(_APART, blocks_per_step=16, num_stages=2)),
+    ("apart 8 blocks, 3 stages", dict(_APART, blocks_per_step=8, num_stages=3)),
+    ("apart 32 blocks, 3 stages, 8 warps", dict(_APART, blocks_per_step=32, num_stages=3, num_warps=8)),
+)
+PASS2_TILES = (
+    ("fused", dict(enabled=False)),
+    ("apart 16 blocks, 2 stages", dict(_APART, blocks_per_step=16, num_stages=2)),
+    ("apart 8 blocks, 2 stages", dict(_APART, blocks_per_step=8, num_stages=2)),
+    ("apart 16 blocks, 4 stages", dict(_APART, blocks_per_step=16, num_stages=4)),
+    ("apart 128 rows, 16 blocks, 2 stages", dict(_APART, blocks_per_step=16, num_stages=2, num_warps=8, rows=128)),
+    ("apart 128 rows, 16 blocks, 3 stages", dict(_APART, blocks_per_step=16, num_stages=3, num_warps=8, rows=128)),
+    ("apart 128 rows, 32 blocks, 2 stages", dict(_APART, blocks_per_step=32, num_stages=2, num_warps=8, rows=128)),
 )
 
 
-def pass2_apart(T: int, config: NSAConfig) -> None:
+def _pass2_sweep(T: int, config: NSAConfig, splits: tuple) -> dict:
     """The compressed forward with selection (as ``nsa_attention`` calls it) with each launch of
-    :data:`PASS2_SPLITS`, two rounds of each in turn, checked bitwise against the fused launch; then
-    the fastest split against the fused launch in the whole forward and forward+backward (ABBA,
-    :func:`step_abba`) and the forward's kernel lists."""
+    ``splits``, two rounds of each in turn, checked bitwise against the fused launch: ``{label:
+    [ms, ms]}``."""
     from nsa.ops._triton import compressed_fwd as module
     from nsa.ops._triton.compressed_fwd import compressed_fwd
 
@@ -768,22 +778,37 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
     k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
     scale = config.softmax_scale(D)
     call = lambda: compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=True, select=True)
-    fused = call()
-    times = {label: [] for label, _ in PASS2_SPLITS}
+    with tiles_as_default(module.PASS2_APART, enabled=False):
+        fused = call()
+    times = {label: [] for label, _ in splits}
     for _ in range(2):
-        for label, tiles in PASS2_SPLITS:
+        for label, tiles in splits:
             with tiles_as_default(module.PASS2_APART, **tiles):
                 out = call()
                 same = all(torch.equal(a, b) for a, b in zip(out, fused))
                 times[label].append(bench(call))
                 print(f"T={T} compressed forward with selection, {label}: {times[label][-1]:.3f} ms "
                       f"(o, lse and blocks equal to the fused launch's: {same})", flush=True)
+    return times
+
+
+def pass2_apart(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS2_SPLITS`, then the fastest split against the fused launch
+    in the whole forward and forward+backward (ABBA, :func:`step_abba`) and the forward's kernel lists."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    times = _pass2_sweep(T, config, PASS2_SPLITS)
     best = min(PASS2_SPLITS[1:], key=lambda split: statistics.mean(times[split[0]]))
     print(f"T={T} fastest split: {best[0]}", flush=True)
     variants = (PASS2_SPLITS[0], best)
     step_abba(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
     step_abba(T, config, module.PASS2_APART, variants, "pass 2")
     kernels_by_default(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+
+
+def pass2_tiles(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS2_TILES`."""
+    _pass2_sweep(T, config, PASS2_TILES)
 
 
 def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str,
@@ -1436,7 +1461,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
-    "topn_bounds": topn_bounds, "pass2_apart": pass2_apart,
+    "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles,
 }
 
 

@@ -7,22 +7,39 @@
 # compressed_fwd.PASS2_APART (new) runs pass 1 once over every query, leaving the log2-domain lse,
 # then each query chunk's pass 2 in a launch of its own (bitwise the same results):
 #
-#   bash scripts/gpu_session56.sh pass2    # the compressed forward with selection by pass-2 launch
-#                                          # (fused, and apart by blocks a step, stages, warps), checked
-#                                          # against the fused one; the fastest against the fused in
-#                                          # the whole forward and forward+backward (ABBA) and the
-#                                          # forward's kernel lists (64k, then 32k)
+#   bash scripts/gpu_session56.sh pass2    # (ran at 2798466) the compressed forward with selection by
+#                                          # pass-2 launch (fused, and apart by blocks a step, stages,
+#                                          # warps), checked against the fused one; the fastest against
+#                                          # the fused in the whole forward and forward+backward (ABBA)
+#                                          # and the forward's kernel lists (64k, then 32k)
+#
+# Every split gave the fused launch's o, lse and blocks bitwise. The fastest, 16 blocks a step in 2
+# stages (4 programs an SM): the launch alone 17.49-17.67 ms at 64k against 17.69-17.92 fused, 4.76
+# against 4.88-4.95 at 32k; the whole forward shorter in every ABBA round (64k 34.11-34.38 against
+# 34.21-34.78, 32k 12.84-12.91 against 12.98-13.01), the compressed kernels in place 15.23-15.42
+# against 15.46-15.87 at 64k; forward+backward the same within noise (64k 97.86-98.90 against
+# 97.76-98.93). Kept as the default (PASS2_APART); its tiles around that point, and the GPU tests
+# (a new one at 20k tokens, where pass 2 runs apart, against the fused launch):
+#
+#   bash scripts/gpu_session56.sh tiles REV  # pass-2 tiles (64k, 32k); the select, compressed and
+#                                            # nsa_attention GPU tests (report named after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV}"
 device_line
 
 case "$step" in
 pass2)
     probe_run 540 pass2_apart --lengths 65536 32768 --only pass2_apart --kernels 8
+    ;;
+tiles)
+    rev="${2:?the tiles step needs the commit to name the test report after}"
+    probe_run 240 pass2_tiles --lengths 65536 32768 --only pass2_tiles
+    reported_tests 300 "$rev" tests/ops/test_select_kernel.py tests/ops/test_compressed_kernel.py \
+        tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

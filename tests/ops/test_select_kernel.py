@@ -121,10 +121,10 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
 
 def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     """``PASS2_APART``: pass 1 once over every query (``o``, ``lse`` and the log2-domain lse), then
-    each query chunk's pass 2 in a launch of its own, with its own blocks a step (8 against the
-    fused launch's 32). ``o``, ``lse`` and the blocks equal the fused launch's bitwise (padding head
-    rows, B > 1, a query offset, three chunks; queries that choose 2 of up to 10 free blocks), and the
-    blocks are the reference's."""
+    each query chunk's pass 2 in a launch of its own, with its own tiles (8 blocks a step and query
+    tiles of 4 positions, against the fused launch's 32 and 2). ``o``, ``lse`` and the blocks equal
+    the fused launch's bitwise (padding head rows, B > 1, a query offset, three chunks; queries that
+    choose 2 of up to 10 free blocks), and the blocks are the reference's."""
     from nsa.ops._triton import compressed_fwd as module
 
     config = dataclasses.replace(SMALL, sel_block=8, sel_count=5)
@@ -136,17 +136,40 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     budget = 40 * B * H * config.num_sel_blocks(q_offset + T) * planes * 4  # chunks of 40, 40 and 20 queries
     run = lambda: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True, rows=8,
                                         score_buffer_bytes=budget)
+    monkeypatch.setitem(module.PASS2_APART, "enabled", False)
     fused = run()
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
+    monkeypatch.setitem(module.PASS2_APART, "rows", 16)
     with every_launch() as launches:
         apart = run()
-    passes = [(kw.get("PASS1", True), kw["SELECT"], kw["NB"]) for name, kw in launches if name == "compressed_fwd_kernel"]
-    assert passes == [(True, False, 32)] + [(False, True, 8)] * 3
+    passes = [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
+              for name, kw in launches if name == "compressed_fwd_kernel"]
+    assert passes == [(True, False, 32, 2)] + [(False, True, 8, 4)] * 3
     for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
         assert torch.equal(a, b), name
     ref = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
     assert_valid_selection(apart[2], ref, block_scores(q, k, config, q_offset=q_offset), config, q_offset=q_offset)
+
+
+@pytest.mark.gpu
+def test_pass2_apart_equals_the_fused_launch_real_size(nsa_device, monkeypatch):
+    """At 20k tokens every query chunk takes the long walks' tiles, and pass 2 runs apart by
+    default: ``o``, ``lse`` and the blocks equal the fused launch's bitwise (bf16, the paper's
+    geometry)."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    config = NSAConfig()
+    T = 20000 + 37
+    assert config.num_cmp(T) > module.SHORT_TOKENS and module.PASS2_APART["enabled"]
+    q = torch.randn(1, T, 64, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, config.num_cmp(T), 4, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    run = lambda: module.compressed_fwd(q, k, v, config, config.softmax_scale(128), 0, select=True)
+    apart = run()
+    monkeypatch.setitem(module.PASS2_APART, "enabled", False)
+    fused = run()
+    for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
+        assert torch.equal(a, b), name
 
 
 def test_short_tiles_while_no_query_sees_more_than_short_tokens(nsa_device, monkeypatch):

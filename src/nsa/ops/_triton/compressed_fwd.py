@@ -64,10 +64,16 @@ SHORT_TOKENS = 1024
 
 #: Pass 2 as a launch of its own (``enabled``) where the launch selects, stores ``o`` and takes the
 #: long walks' tiles (not :data:`SHORT_TILES`): pass 1 runs once over every query and leaves the
-#: log2-domain lse, then each query chunk's pass-2 launch, with these options, and its top-n.
-#: Without ``p @ v`` and its accumulator, pass 2 alone needs fewer registers and less shared
-#: memory than the fused kernel, so more programs share an SM.
-PASS2_APART = dict(enabled=False, blocks_per_step=32, num_warps=4, num_stages=3, maxnreg=None)
+#: log2-domain lse, then each query chunk's pass 2, with these options (``rows`` None: pass 1's),
+#: and its top-n; bitwise the fused launch's results. Without ``p @ v`` and its accumulator, pass 2
+#: alone needs fewer registers and less shared memory: compiled for sm_90 (head dim 128) the fused
+#: kernel takes 187 registers and 113 KiB (2 programs an SM), pass 2 alone in 16-block steps and 2
+#: stages 76 and 49 KiB (4 an SM). H200, the compressed forward with selection, ms: 64k 17.49-17.67
+#: against 17.69-17.92 fused (32 blocks in 3 stages 17.62-18.00, 16 in 3 17.64-17.96), 32k
+#: 4.76 against 4.88-4.95; the whole forward, ABBA: 64k 34.11-34.38 against 34.21-34.78, 32k
+#: 12.84-12.91 against 12.98-13.01; forward+backward the same within noise
+#: (docs/perf/prefill.md, session 56).
+PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=4, num_stages=2, maxnreg=None, rows=None)
 
 
 @triton.jit
@@ -403,7 +409,10 @@ def compressed_fwd(
         return o, lse, idx
     nsel = config.num_sel_blocks(q_offset + TQ) if select else 0
     planes = geo["NSPILL"]
-    chunk = query_chunk(B, TQ, H, planes * nsel, BT, score_buffer_bytes) if select else cdiv(TQ, BT) * BT
+    apart = PASS2_APART["enabled"] and select and store_o and not short_walks
+    bt2 = max(1, PASS2_APART["rows"] // GP) if apart and PASS2_APART["rows"] else BT  # pass 2's query tile
+    # chunks start on a tile of either pass (both powers of two)
+    chunk = query_chunk(B, TQ, H, planes * nsel, max(BT, bt2), score_buffer_bytes) if select else cdiv(TQ, BT) * BT
     # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
     scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
@@ -414,7 +423,6 @@ def compressed_fwd(
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    apart = PASS2_APART["enabled"] and select and store_o and not short_walks
     if apart:
         # pass 1 once over every query, then pass 2 by chunks in launches of their own
         lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
@@ -423,14 +431,14 @@ def compressed_fwd(
             **dict(launch, SELECT=False), lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
         )
         geo2 = _score_geometry(config, PASS2_APART["blocks_per_step"])
-        pass2 = dict(launch, **geo2, STORE_O=False, num_warps=PASS2_APART["num_warps"],
+        pass2 = dict(launch, **geo2, BT=bt2, STORE_O=False, num_warps=PASS2_APART["num_warps"],
                      num_stages=PASS2_APART["num_stages"],
                      **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}))
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
         if apart:
-            compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
+            compressed_fwd_kernel[(cdiv(t1 - t0, bt2), B * H)](
                 q, k_cmp, v_cmp, q, q, sc, TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel,
                 **pass2, lse2=lse2, PASS1=False, **LAUNCH_OPTIONS,
             )
