@@ -50,7 +50,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     rounds, and the forward's kernel lists, with the radix select's rounds bounded or all 31.
 26. **Pass 2 apart** (``pass2_apart``): the compressed forward with its scoring pass in launches of
     its own, by their tiles, checked against the fused launch; the fastest in the whole forward and
-    forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles.
+    forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles;
+    ``pass2_wide``: wider query tiles, and the default against the fused launch as ``pass2_apart``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -744,8 +745,9 @@ def topn_bounds(T: int, config: NSAConfig) -> None:
 #: for sm_90 (Triton 3.6, head dim 128), registers / shared memory: the fused kernel 187 / 113 KiB (2
 #: programs an SM); pass 2 alone 127 / 113 KiB (32 blocks, 3 stages), 128 / 81 KiB (32, 2), 70 / 65
 #: KiB (16, 3), 76 / 49 KiB (16, 2), 46 / 32 KiB (8, 2); 128 rows of 8 warps 76 / 64 KiB (16, 2), 72
-#: / 81 KiB (16, 3). Session 56's first call swept the first seven (``pass2_apart``), its second the
-#: rest around the fastest, (16, 2) (``pass2_tiles``).
+#: / 81 KiB (16, 3); 256 rows of 16 warps 96 / 97 KiB (16, 2), 46 / 80 KiB (8, 2). Session 56's first
+#: call swept the first seven (``pass2_apart``), its second those around the fastest, (16, 2)
+#: (``pass2_tiles``), its third wider ones (``pass2_wide``).
 _APART = dict(enabled=True, num_warps=4, maxnreg=None, rows=None)
 PASS2_SPLITS = (
     ("fused", dict(enabled=False)),
@@ -764,6 +766,17 @@ PASS2_TILES = (
     ("apart 128 rows, 16 blocks, 2 stages", dict(_APART, blocks_per_step=16, num_stages=2, num_warps=8, rows=128)),
     ("apart 128 rows, 16 blocks, 3 stages", dict(_APART, blocks_per_step=16, num_stages=3, num_warps=8, rows=128)),
     ("apart 128 rows, 32 blocks, 2 stages", dict(_APART, blocks_per_step=32, num_stages=2, num_warps=8, rows=128)),
+)
+
+
+PASS2_WIDE = (
+    ("fused", dict(enabled=False)),
+    ("the default (128 rows, 16 blocks, 2 stages, 8 warps)", {}),
+    ("apart 128 rows, 8 blocks, 2 stages", dict(_APART, blocks_per_step=8, num_stages=2, num_warps=8, rows=128)),
+    ("apart 256 rows, 16 blocks, 2 stages, 16 warps", dict(_APART, blocks_per_step=16, num_stages=2, num_warps=16,
+                                                            rows=256)),
+    ("apart 256 rows, 8 blocks, 2 stages, 16 warps", dict(_APART, blocks_per_step=8, num_stages=2, num_warps=16,
+                                                           rows=256)),
 )
 
 
@@ -809,6 +822,19 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
 def pass2_tiles(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_TILES`."""
     _pass2_sweep(T, config, PASS2_TILES)
+
+
+def pass2_wide(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS2_WIDE` (wider query tiles than the default's), then the
+    default against the fused launch in the whole forward and forward+backward (ABBA) and the
+    forward's kernel lists."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    _pass2_sweep(T, config, PASS2_WIDE)
+    variants = PASS2_WIDE[:2]
+    step_abba(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+    step_abba(T, config, module.PASS2_APART, variants, "pass 2")
+    kernels_by_default(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
 
 
 def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str,
@@ -1461,7 +1487,7 @@ SECTIONS = {
     "dq_ds": dq_from_ds, "sel_dkdv_ds": sel_dkdv_ds_variants, "cmp_dq_ds": cmp_dq_from_ds, "cmp_dkdv_ds": cmp_dkdv_with_ds,
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
-    "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles,
+    "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
 }
 
 

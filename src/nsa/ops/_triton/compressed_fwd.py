@@ -67,13 +67,12 @@ SHORT_TOKENS = 1024
 #: log2-domain lse, then each query chunk's pass 2, with these options (``rows`` None: pass 1's),
 #: and its top-n; bitwise the fused launch's results. Without ``p @ v`` and its accumulator, pass 2
 #: alone needs fewer registers and less shared memory: compiled for sm_90 (head dim 128) the fused
-#: kernel takes 187 registers and 113 KiB (2 programs an SM), pass 2 alone in 16-block steps and 2
-#: stages 76 and 49 KiB (4 an SM). H200, the compressed forward with selection, ms: 64k 17.49-17.67
-#: against 17.69-17.92 fused (32 blocks in 3 stages 17.62-18.00, 16 in 3 17.64-17.96), 32k
-#: 4.76 against 4.88-4.95; the whole forward, ABBA: 64k 34.11-34.38 against 34.21-34.78, 32k
-#: 12.84-12.91 against 12.98-13.01; forward+backward the same within noise
+#: kernel takes 187 registers and 113 KiB (2 programs of 4 warps an SM), pass 2 alone in tiles of 128
+#: rows (8 query positions), 16-block steps and 2 stages 76 and 64 KiB (3 programs of 8 warps).
+#: H200, the compressed forward with selection, ms: 64k 16.63-16.90 against 17.43-17.62 fused (64
+#: rows of 4 warps 17.18-17.67, 32 blocks a step 17.62-18.00), 32k 4.57 against 4.87-4.95
 #: (docs/perf/prefill.md, session 56).
-PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=4, num_stages=2, maxnreg=None, rows=None)
+PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128)
 
 
 @triton.jit
