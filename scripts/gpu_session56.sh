@@ -32,15 +32,25 @@
 # fused, which its own tests cover). The 128-row tiles are the default now; wider ones, and the
 # default against the fused launch in the whole forward and forward+backward:
 #
-#   bash scripts/gpu_session56.sh wide REV   # pass-2 tiles of 128 and 256 rows, then the default against
-#                                            # fused in ABBA rounds and the kernel lists (64k); the select
-#                                            # and compressed GPU tests (report named after REV)
+#   bash scripts/gpu_session56.sh wide REV   # (ran at 22d23a2) pass-2 tiles of 128 and 256 rows, then
+#                                            # the default against fused in ABBA rounds and the kernel
+#                                            # lists (64k); the select and compressed GPU tests (report
+#                                            # named after REV)
+#
+# 256 rows (16 warps) slower (18.14-18.80 ms), 128 rows in 8-block steps too (17.72-18.16); the
+# default 16.89-17.21 against 17.70-17.94 fused. The whole forward shorter in every ABBA round:
+# 33.61-33.88 ms flushed against 34.16-34.78; forward+backward 96.86-97.25 against 97.02-98.15 (three
+# rounds of four shorter); the compressed kernels in place 14.81-14.98 against 15.83-15.90 ms. The
+# GPU tests passed (66). The tables at these kernels:
+#
+#   bash scripts/gpu_session56.sh final      # nsa-bench prefill (8k-64k), then nsa-bench decode
+#                                            # (batch 1-64, graph replay); dense in the same runs
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final}"
 device_line
 
 case "$step" in
@@ -57,6 +67,11 @@ wide)
     rev="${2:?the wide step needs the commit to name the test report after}"
     probe_run 300 pass2_wide --lengths 65536 --only pass2_wide --kernels 6
     reported_tests 240 "$rev" tests/ops/test_select_kernel.py tests/ops/test_compressed_kernel.py
+    ;;
+final)
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
