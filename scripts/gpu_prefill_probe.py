@@ -51,7 +51,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 26. **Pass 2 apart** (``pass2_apart``): the compressed forward with its scoring pass in launches of
     its own, by their tiles, checked against the fused launch; the fastest in the whole forward and
     forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles;
-    ``pass2_wide``: wider query tiles, and the default against the fused launch as ``pass2_apart``.
+    ``pass2_wide``: wider query tiles, and the default against the fused launch as ``pass2_apart``;
+    ``pass1_tiles``: pass 1's tiles where pass 2 runs apart.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -780,6 +781,20 @@ PASS2_WIDE = (
 )
 
 
+#: Pass 1's launch where pass 2 runs apart (``PASS2_APART["pass1"]``), with the default pass 2.
+#: Compiled for sm_90 (registers / shared memory): 64 rows, 64-token tiles, 3 stages (the fused
+#: launch's) 174 / 112 KiB, 2 programs an SM; 32-token tiles in 3 stages 124 / 64 KiB, 3 an SM; in 4
+#: stages 126 / 80 KiB; 128 rows of 8 warps, 64-token tiles, 2 stages 191 / 96 KiB, 1 an SM.
+PASS1_TILES = (
+    ("fused", dict(enabled=False)),
+    ("pass 1 as fused (64 rows, 64 tokens, 3 stages)", dict(pass1=None)),
+    ("pass 1 in 32-token tiles, 3 stages", dict(pass1=dict(BN=32, num_stages=3))),
+    ("pass 1 in 32-token tiles, 4 stages", dict(pass1=dict(BN=32, num_stages=4))),
+    ("pass 1 in 32-token tiles, 2 stages", dict(pass1=dict(BN=32, num_stages=2))),
+    ("pass 1 in 128 rows of 8 warps, 2 stages", dict(pass1=dict(BT=8, num_warps=8, num_stages=2))),
+)
+
+
 def _pass2_sweep(T: int, config: NSAConfig, splits: tuple) -> dict:
     """The compressed forward with selection (as ``nsa_attention`` calls it) with each launch of
     ``splits``, two rounds of each in turn, checked bitwise against the fused launch: ``{label:
@@ -800,8 +815,11 @@ def _pass2_sweep(T: int, config: NSAConfig, splits: tuple) -> dict:
                 out = call()
                 same = all(torch.equal(a, b) for a, b in zip(out, fused))
                 times[label].append(bench(call))
+                close = "" if same else (
+                    f"; o within {(out[0].float() - fused[0].float()).abs().max().item():.2e}, "
+                    f"{(out[2] == fused[2]).all(-1).float().mean().item():.5f} of block rows equal")
                 print(f"T={T} compressed forward with selection, {label}: {times[label][-1]:.3f} ms "
-                      f"(o, lse and blocks equal to the fused launch's: {same})", flush=True)
+                      f"(o, lse and blocks equal to the fused launch's: {same}{close})", flush=True)
     return times
 
 
@@ -822,6 +840,11 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
 def pass2_tiles(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_TILES`."""
     _pass2_sweep(T, config, PASS2_TILES)
+
+
+def pass1_tiles(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS1_TILES` (pass 1's tiles where pass 2 runs apart)."""
+    _pass2_sweep(T, config, PASS1_TILES)
 
 
 def pass2_wide(T: int, config: NSAConfig) -> None:
@@ -1488,6 +1511,7 @@ SECTIONS = {
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
+    "pass1_tiles": pass1_tiles,
 }
 
 

@@ -43,14 +43,22 @@
 # rounds of four shorter); the compressed kernels in place 14.81-14.98 against 15.83-15.90 ms. The
 # GPU tests passed (66). The tables at these kernels:
 #
-#   bash scripts/gpu_session56.sh final      # nsa-bench prefill (8k-64k), then nsa-bench decode
-#                                            # (batch 1-64, graph replay); dense in the same runs
+#   bash scripts/gpu_session56.sh final      # (ran at dbdd126) nsa-bench prefill (8k-64k), then
+#                                            # nsa-bench decode (batch 1-64, graph replay); dense in the
+#                                            # same runs
+#
+# Prefill: 8k 2.185 / 1.904 ms (0.87x) and 7.101 / 7.551 (1.06x); 64k 33.92 / 118.5 (3.49x) and 97.03
+# / 446.5 (4.60x). Decode at 64k: batch 1 19.12 / 49.30 us (2.58x), batch 16 71.04 / 487.3 (6.86x).
+# With pass 2 apart, pass 1 runs alone too, and its tiles need not be the fused kernel's
+# (PASS2_APART["pass1"], new):
+#
+#   bash scripts/gpu_session56.sh pass1      # pass 1's tiles where pass 2 runs apart (64k, 32k)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1}"
 device_line
 
 case "$step" in
@@ -72,6 +80,9 @@ final)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+pass1)
+    probe_run 240 pass1_tiles --lengths 65536 32768 --only pass1_tiles
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

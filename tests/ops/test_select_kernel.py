@@ -120,36 +120,43 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
 
 
 def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
-    """``PASS2_APART``: pass 1 once over every query (``o``, ``lse`` and the log2-domain lse), then
-    each query chunk's pass 2 in a launch of its own, with its own tiles (8 blocks a step and query
-    tiles of 4 positions, against the fused launch's 32 and 2). ``o``, ``lse`` and the blocks equal
-    the fused launch's bitwise (padding head rows, B > 1, a query offset, three chunks; queries that
-    choose 2 of up to 10 free blocks), and the blocks are the reference's."""
+    """``PASS2_APART``: where the long walks take their default tiles tuned on Hopper (16-bit inputs;
+    ``SHORT_TOKENS`` 0 here), pass 1 runs once over every query (``o``, ``lse`` and the log2-domain
+    lse), then each query chunk's pass 2 in a launch of its own with its own tiles (8 blocks a step
+    and query tiles of 8 positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the
+    blocks equal the fused launch's bitwise (padding head rows, B > 1, a query offset, four chunks;
+    queries that choose 2 of up to 10 free blocks), and the blocks are the reference's. A caller's
+    tiles keep pass 2 fused."""
     from nsa.ops._triton import compressed_fwd as module
 
+    monkeypatch.setattr(module, "SHORT_TOKENS", 0)
     config = dataclasses.replace(SMALL, sel_block=8, sel_count=5)
     B, T, HQ, H, D, q_offset = 2, 100, 6, 2, 16, 9  # G = 3, padded to 4 head rows
-    q = torch.randn(B, T, HQ, D, device=nsa_device)
-    k, v = (torch.randn(B, config.num_cmp(q_offset + T), H, D, device=nsa_device) for _ in range(2))
+    q = torch.randn(B, T, HQ, D, device=nsa_device, dtype=torch.float16)
+    k, v = (torch.randn(B, config.num_cmp(q_offset + T), H, D, device=nsa_device, dtype=torch.float16)
+            for _ in range(2))
     scale = config.softmax_scale(D)
     planes = module._score_geometry(config)["NSPILL"]
-    budget = 40 * B * H * config.num_sel_blocks(q_offset + T) * planes * 4  # chunks of 40, 40 and 20 queries
-    run = lambda: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True, rows=8,
-                                        score_buffer_bytes=budget)
+    budget = 40 * B * H * config.num_sel_blocks(q_offset + T) * planes * 4  # chunks of 32, 32, 32 and 4 queries
+    run = lambda **tiles: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True,
+                                                score_buffer_bytes=budget, **tiles)
     monkeypatch.setitem(module.PASS2_APART, "enabled", False)
     fused = run()
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
-    monkeypatch.setitem(module.PASS2_APART, "rows", 16)
+    monkeypatch.setitem(module.PASS2_APART, "rows", 32)
+    launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
+                                    for name, kw in launches if name == "compressed_fwd_kernel"]
     with every_launch() as launches:
         apart = run()
-    passes = [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
-              for name, kw in launches if name == "compressed_fwd_kernel"]
-    assert passes == [(True, False, 32, 2)] + [(False, True, 8, 4)] * 3
+    assert launches_of(launches) == [(True, False, 32, 16)] + [(False, True, 8, 8)] * 4
     for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
         assert torch.equal(a, b), name
     ref = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
     assert_valid_selection(apart[2], ref, block_scores(q, k, config, q_offset=q_offset), config, q_offset=q_offset)
+    with every_launch(execute=False) as launches:
+        run(block_n=64)
+    assert launches_of(launches) == [(True, True, 32, 16)] * 4
 
 
 @pytest.mark.gpu

@@ -43,6 +43,7 @@ from nsa.ops._triton.attention import (
     attn_fwd_step,
     dot_precision,
     exact_float32_tiles,
+    hopper_tiles_fit,
     next_pow2,
     pipeline_stages,
 )
@@ -63,16 +64,21 @@ SHORT_TILES = dict(block_n=32, blocks_per_step=16, num_stages=2, maxnreg=128)
 SHORT_TOKENS = 1024
 
 #: Pass 2 as a launch of its own (``enabled``) where the launch selects, stores ``o`` and takes the
-#: long walks' tiles (not :data:`SHORT_TILES`): pass 1 runs once over every query and leaves the
-#: log2-domain lse, then each query chunk's pass 2, with these options (``rows`` None: pass 1's),
-#: and its top-n; bitwise the fused launch's results. Without ``p @ v`` and its accumulator, pass 2
-#: alone needs fewer registers and less shared memory: compiled for sm_90 (head dim 128) the fused
-#: kernel takes 187 registers and 113 KiB (2 programs of 4 warps an SM), pass 2 alone in tiles of 128
-#: rows (8 query positions), 16-block steps and 2 stages 76 and 64 KiB (3 programs of 8 warps).
-#: H200, the compressed forward with selection, ms: 64k 16.63-16.90 against 17.43-17.62 fused (64
-#: rows of 4 warps 17.18-17.67, 32 blocks a step 17.62-18.00), 32k 4.57 against 4.87-4.95
-#: (docs/perf/prefill.md, session 56).
-PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128)
+#: long walks' default tiles (not :data:`SHORT_TILES`, nor a caller's) on a GPU where the tiles
+#: tuned on Hopper fit (``hopper_tiles_fit``: 16-bit heads up to 128 wide, 227 KiB a program): pass
+#: 1 runs once over every query and leaves the log2-domain lse, then each query chunk's pass 2, with
+#: these options (``rows`` None: pass 1's; ``pass1``: launch options of pass 1 over the fused
+#: launch's, ``BT``, ``BN``, ``num_warps``, ``num_stages``), and its top-n; bitwise the fused launch's
+#: results where ``pass1`` keeps the fused launch's ``BN``.
+#: Without ``p @ v`` and its accumulator, pass 2 alone needs fewer registers and less shared memory:
+#: compiled for sm_90 (head dim 128) the fused kernel takes 187 registers and 113 KiB (2 programs of
+#: 4 warps an SM), pass 2 alone in tiles of 128 rows (8 query positions), 16-block steps and 2
+#: stages 76 and 64 KiB (3 programs of 8 warps). H200, the compressed forward with selection, ms:
+#: 64k 16.63-17.21 against 17.43-17.94 fused (64 rows of 4 warps 17.18-17.67, 32 blocks a step
+#: 17.62-18.00, 256 rows 18.14-18.80), 32k 4.57 against 4.87-4.95; the whole 64k forward 33.61-33.88
+#: against 34.16-34.78 (ABBA; docs/perf/prefill.md, session 56).
+PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
+                   pass1=None)
 
 
 @triton.jit
@@ -370,7 +376,8 @@ def compressed_fwd(
             on registers a thread (Triton's launch option; none by default). Where none of
             block_n, blocks_per_step, num_stages and maxnreg is given and no query sees more
             than :data:`SHORT_TOKENS` compressed tokens, the launch takes :data:`SHORT_TILES`
-            (16-bit inputs, heads up to 128 wide);
+            (16-bit inputs, heads up to 128 wide); where none of the tiles is given and queries
+            see more, pass 2 may run in launches of its own (:data:`PASS2_APART`);
             score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
 
     Returns:
@@ -383,6 +390,7 @@ def compressed_fwd(
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
     G = HQ // H
     GP = next_power_of_2(G)
+    callers_tiles = (rows, block_n, blocks_per_step, num_warps, num_stages, maxnreg) != (None,) * 6
     # 64 rows, 4 warps measured fastest on H100/H200 at 8k-64k tokens (docs/perf/compressed_select.md);
     # a third pipeline stage fits shared memory for 16-bit heads up to 128 wide
     defaults = exact_float32_tiles(q.dtype, q.device, max(DK, DV)) or dict(rows=64, BN=64, num_warps=None)
@@ -391,6 +399,9 @@ def compressed_fwd(
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
     short_walks = (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
         config.num_cmp(q_offset + TQ) <= SHORT_TOKENS
+    # pass 2 apart where the fused launch takes the long walks' tiles tuned on Hopper, not a caller's
+    apart = PASS2_APART["enabled"] and select and store_o and not short_walks and not callers_tiles and \
+        hopper_tiles_fit(q.dtype, max(DK, DV), q.device)
     if short_walks:
         block_n, blocks_per_step = SHORT_TILES["block_n"], SHORT_TILES["blocks_per_step"]
         num_stages = SHORT_TILES["num_stages"]
@@ -408,7 +419,6 @@ def compressed_fwd(
         return o, lse, idx
     nsel = config.num_sel_blocks(q_offset + TQ) if select else 0
     planes = geo["NSPILL"]
-    apart = PASS2_APART["enabled"] and select and store_o and not short_walks
     bt2 = max(1, PASS2_APART["rows"] // GP) if apart and PASS2_APART["rows"] else BT  # pass 2's query tile
     # chunks start on a tile of either pass (both powers of two)
     chunk = query_chunk(B, TQ, H, planes * nsel, max(BT, bt2), score_buffer_bytes) if select else cdiv(TQ, BT) * BT
@@ -422,30 +432,27 @@ def compressed_fwd(
         num_warps=num_warps or (4 if BT * GP <= 64 else 8), num_stages=num_stages,
         **geo, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
+    chunk_launch, outputs = launch, ((o, lse) if store_o else (q, q))
     if apart:
         # pass 1 once over every query, then pass 2 by chunks in launches of their own
         lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
-        compressed_fwd_kernel[(cdiv(TQ, BT), B * H)](
+        pass1 = dict(launch, SELECT=False, **(PASS2_APART["pass1"] or {}))
+        compressed_fwd_kernel[(cdiv(TQ, pass1["BT"]), B * H)](
             q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
-            **dict(launch, SELECT=False), lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
+            **pass1, lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
         )
-        geo2 = _score_geometry(config, PASS2_APART["blocks_per_step"])
-        pass2 = dict(launch, **geo2, BT=bt2, STORE_O=False, num_warps=PASS2_APART["num_warps"],
-                     num_stages=PASS2_APART["num_stages"],
-                     **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}))
+        chunk_launch = dict(launch, **_score_geometry(config, PASS2_APART["blocks_per_step"]), BT=bt2, STORE_O=False,
+                            num_warps=PASS2_APART["num_warps"], num_stages=PASS2_APART["num_stages"],
+                            **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}),
+                            lse2=lse2, PASS1=False)
+        outputs = (q, q)  # pass 1 wrote them
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
-        if apart:
-            compressed_fwd_kernel[(cdiv(t1 - t0, bt2), B * H)](
-                q, k_cmp, v_cmp, q, q, sc, TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel,
-                **pass2, lse2=lse2, PASS1=False, **LAUNCH_OPTIONS,
-            )
-        else:
-            compressed_fwd_kernel[(cdiv(t1 - t0, BT), B * H)](
-                q, k_cmp, v_cmp, o if store_o else q, lse if store_o else q, sc,  #
-                TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **launch, **LAUNCH_OPTIONS,
-            )
+        compressed_fwd_kernel[(cdiv(t1 - t0, chunk_launch["BT"]), B * H)](
+            q, k_cmp, v_cmp, *outputs, sc,  #
+            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **chunk_launch, **LAUNCH_OPTIONS,
+        )
         if select:
             block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
     return o, lse, idx
