@@ -52,7 +52,12 @@
 # With pass 2 apart, pass 1 runs alone too, and its tiles need not be the fused kernel's
 # (PASS2_APART["pass1"], new):
 #
-#   bash scripts/gpu_session56.sh pass1      # pass 1's tiles where pass 2 runs apart (64k, 32k)
+#   bash scripts/gpu_session56.sh pass1      # (ran at 707c4bd) pass 1's tiles where pass 2 runs apart
+#                                            # (64k, 32k)
+#
+# The fused launch's own tiles stay fastest for pass 1 (64k 16.88-17.12 ms; 32-token tiles 17.57-18.73,
+# 128 rows of 8 warps 17.54-17.67; 32k 4.60 against 4.68-4.99); the fused launch itself 17.54-18.00
+# and 4.92-4.93. Nothing changed.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

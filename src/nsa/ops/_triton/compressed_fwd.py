@@ -76,7 +76,9 @@ SHORT_TOKENS = 1024
 #: stages 76 and 64 KiB (3 programs of 8 warps). H200, the compressed forward with selection, ms:
 #: 64k 16.63-17.21 against 17.43-17.94 fused (64 rows of 4 warps 17.18-17.67, 32 blocks a step
 #: 17.62-18.00, 256 rows 18.14-18.80), 32k 4.57 against 4.87-4.95; the whole 64k forward 33.61-33.88
-#: against 34.16-34.78 (ABBA; docs/perf/prefill.md, session 56).
+#: against 34.16-34.78 (ABBA). Pass 1 alone keeps the fused launch's tiles: 16.88-17.12 ms in all at
+#: 64k against 17.54-17.67 for 128 rows of 8 warps and 17.57-18.73 for 32-token tiles
+#: (docs/perf/prefill.md, session 56).
 PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
                    pass1=None)
 
