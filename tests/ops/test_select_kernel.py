@@ -122,11 +122,12 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
 def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     """``PASS2_APART``: where the long walks take their default tiles tuned on Hopper (16-bit inputs;
     ``SHORT_TOKENS`` 0 here), pass 1 runs once over every query (``o``, ``lse`` and the log2-domain
-    lse), then each query chunk's pass 2 in a launch of its own with its own tiles (8 blocks a step
-    and query tiles of 8 positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the
-    blocks equal the fused launch's bitwise (padding head rows, B > 1, a query offset, four chunks;
-    queries that choose 2 of up to 10 free blocks), and the blocks are the reference's. A caller's
-    tiles keep pass 2 fused."""
+    lse; here in query tiles of 4 positions, ``PASS2_APART["pass1"]``), then each query chunk's
+    pass 2 in a launch of its own with its own tiles (8 blocks a step and query tiles of 8
+    positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the blocks equal the fused
+    launch's bitwise (padding head rows, B > 1, a query offset, four chunks; queries that choose 2
+    of up to 10 free blocks), and the blocks are the reference's. A caller's tiles keep pass 2
+    fused."""
     from nsa.ops._triton import compressed_fwd as module
 
     monkeypatch.setattr(module, "SHORT_TOKENS", 0)
@@ -145,11 +146,12 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
     monkeypatch.setitem(module.PASS2_APART, "rows", 32)
+    monkeypatch.setitem(module.PASS2_APART, "pass1", dict(BT=4))
     launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
                                     for name, kw in launches if name == "compressed_fwd_kernel"]
     with every_launch() as launches:
         apart = run()
-    assert launches_of(launches) == [(True, False, 32, 16)] + [(False, True, 8, 8)] * 4
+    assert launches_of(launches) == [(True, False, 32, 4)] + [(False, True, 8, 8)] * 4
     for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
         assert torch.equal(a, b), name
     ref = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
