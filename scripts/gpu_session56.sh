@@ -59,11 +59,20 @@
 # 128 rows of 8 warps 17.54-17.67; 32k 4.60 against 4.68-4.99); the fused launch itself 17.54-18.00
 # and 4.92-4.93. Nothing changed.
 #
+# Pass 2's three programs of 8 warps an SM leave registers and warp slots for one of the top-n's
+# (2 warps, 70 registers). PASS2_APART["topn_beside"] (new, off) runs each chunk's top-n on a second
+# stream of high priority beside the next chunk's pass 2, two score buffers in turn:
+#
+#   bash scripts/gpu_session56.sh beside REV # the compressed forward alone, the whole forward and
+#                                            # forward+backward (ABBA) and the kernel lists with the
+#                                            # top-n after or beside (64k, 32k); the select GPU tests
+#                                            # (report named after REV)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV}"
 device_line
 
 case "$step" in
@@ -88,6 +97,11 @@ final)
     ;;
 pass1)
     probe_run 240 pass1_tiles --lengths 65536 32768 --only pass1_tiles
+    ;;
+beside)
+    rev="${2:?the beside step needs the commit to name the test report after}"
+    probe_run 300 topn_beside --lengths 65536 32768 --only topn_beside --kernels 6
+    reported_tests 200 "$rev" tests/ops/test_select_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
