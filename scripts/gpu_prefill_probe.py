@@ -52,8 +52,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     its own, by their tiles, checked against the fused launch; the fastest in the whole forward and
     forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles;
     ``pass2_wide``: wider query tiles, and the default against the fused launch as ``pass2_apart``;
-    ``pass1_tiles``: pass 1's tiles where pass 2 runs apart; ``topn_beside``: each chunk's top-n on a
-    second stream beside the next chunk's pass 2.
+    ``pass1_tiles``: pass 1's tiles where pass 2 runs apart.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -848,23 +847,6 @@ def pass1_tiles(T: int, config: NSAConfig) -> None:
     _pass2_sweep(T, config, PASS1_TILES)
 
 
-TOPN_BESIDE = (("top-n after each pass 2", dict(topn_beside=False)),
-               ("top-n beside the next pass 2", dict(topn_beside=True)))
-
-
-def topn_beside(T: int, config: NSAConfig) -> None:
-    """Pass 2 apart with each chunk's top-n after it on the stream, or on a second stream beside the
-    next chunk's pass 2 (``PASS2_APART["topn_beside"]``): the compressed forward alone
-    (:func:`_pass2_sweep`, checked bitwise), then the whole forward and forward+backward in ABBA
-    rounds and the forward's kernel lists."""
-    from nsa.ops._triton import compressed_fwd as module
-
-    _pass2_sweep(T, config, TOPN_BESIDE)
-    step_abba(T, config, module.PASS2_APART, TOPN_BESIDE, "top-n", forward=True)
-    step_abba(T, config, module.PASS2_APART, TOPN_BESIDE, "top-n")
-    kernels_by_default(T, config, module.PASS2_APART, TOPN_BESIDE, "top-n", forward=True)
-
-
 def pass2_wide(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_WIDE` (wider query tiles than the default's), then the
     default against the fused launch in the whole forward and forward+backward (ABBA) and the
@@ -1529,7 +1511,7 @@ SECTIONS = {
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
-    "pass1_tiles": pass1_tiles, "topn_beside": topn_beside,
+    "pass1_tiles": pass1_tiles,
 }
 
 

@@ -63,10 +63,17 @@
 # (2 warps, 70 registers). PASS2_APART["topn_beside"] (new, off) runs each chunk's top-n on a second
 # stream of high priority beside the next chunk's pass 2, two score buffers in turn:
 #
-#   bash scripts/gpu_session56.sh beside REV # the compressed forward alone, the whole forward and
+#   bash scripts/gpu_session56.sh beside REV # (ran at 1ffd232, on the branch next/topn-beside) the
+#                                            # compressed forward alone, the whole forward and
 #                                            # forward+backward (ABBA) and the kernel lists with the
 #                                            # top-n after or beside (64k, 32k); the select GPU tests
 #                                            # (report named after REV)
+#
+# Bitwise the same results (the GPU tests passed, 43, a real-size one with it on among them), but no
+# faster: the 64k forward 33.78-34.00 ms flushed against 33.40-33.98, forward+backward 96.59-96.86
+# against 95.69-97.37; in place pass 2 took longer beside the top-n (the compressed kernels 15.37-15.41
+# ms against 14.57-14.67), and the top-n no shorter (1.66-1.67 against 1.60-1.61). 32k the same within
+# noise. Dropped (docs/perf/attempts/prefill_topn_beside.patch).
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

@@ -162,12 +162,10 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("beside", [False, True], ids=["topn-after", "topn-beside"])
-def test_pass2_apart_equals_the_fused_launch_real_size(beside, nsa_device, monkeypatch):
-    """At 20k tokens every query chunk takes the long walks' tiles, and pass 2 runs apart: ``o``,
-    ``lse`` and the blocks equal the fused launch's bitwise (bf16, the paper's geometry), also with
-    each chunk's top-n on a second stream beside the next chunk's pass 2 (``topn_beside``; a score
-    buffer of 5 chunks, so that each of the two buffers is filled again while a top-n may read it)."""
+def test_pass2_apart_equals_the_fused_launch_real_size(nsa_device, monkeypatch):
+    """At 20k tokens every query chunk takes the long walks' tiles, and pass 2 runs apart by
+    default: ``o``, ``lse`` and the blocks equal the fused launch's bitwise (bf16, the paper's
+    geometry)."""
     from nsa.ops._triton import compressed_fwd as module
 
     config = NSAConfig()
@@ -175,10 +173,7 @@ def test_pass2_apart_equals_the_fused_launch_real_size(beside, nsa_device, monke
     assert config.num_cmp(T) > module.SHORT_TOKENS and module.PASS2_APART["enabled"]
     q = torch.randn(1, T, 64, 128, device=nsa_device, dtype=torch.bfloat16)
     k, v = (torch.randn(1, config.num_cmp(T), 4, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    budget = 4096 * 4 * module._score_geometry(config)["NSPILL"] * config.num_sel_blocks(T) * 4  # chunks of 4096
-    run = lambda: module.compressed_fwd(q, k, v, config, config.softmax_scale(128), 0, select=True,
-                                        score_buffer_bytes=budget)
-    monkeypatch.setitem(module.PASS2_APART, "topn_beside", beside)
+    run = lambda: module.compressed_fwd(q, k, v, config, config.softmax_scale(128), 0, select=True)
     apart = run()
     monkeypatch.setitem(module.PASS2_APART, "enabled", False)
     fused = run()

@@ -30,7 +30,6 @@ them in a separate, fully parallel kernel is cheaper.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -80,18 +79,8 @@ SHORT_TOKENS = 1024
 #: against 34.16-34.78 (ABBA). Pass 1 alone keeps the fused launch's tiles: 16.88-17.12 ms in all at
 #: 64k against 17.54-17.67 for 128 rows of 8 warps and 17.57-18.73 for 32-token tiles
 #: (docs/perf/prefill.md, session 56).
-#: ``topn_beside``: on a GPU, each chunk's top-n runs on a second stream of high priority beside the
-#: next chunk's pass 2 (two score buffers in turn), whose three programs an SM leave registers and
-#: warp slots for a top-n program.
 PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
-                   pass1=None, topn_beside=False)
-
-
-@lru_cache(maxsize=None)
-def _topn_stream(index: int) -> "torch.cuda.Stream":
-    """The second stream of :data:`PASS2_APART`'s ``topn_beside`` on CUDA device ``index`` (one for
-    the process, made at its first use)."""
-    return torch.cuda.Stream(device=index, priority=-1)
+                   pass1=None)
 
 
 @triton.jit
@@ -435,11 +424,8 @@ def compressed_fwd(
     bt2 = max(1, PASS2_APART["rows"] // GP) if apart and PASS2_APART["rows"] else BT  # pass 2's query tile
     # chunks start on a tile of either pass (both powers of two)
     chunk = query_chunk(B, TQ, H, planes * nsel, max(BT, bt2), score_buffer_bytes) if select else cdiv(TQ, BT) * BT
-    # the top-n beside the next chunk's pass 2 reads one buffer while pass 2 fills the other
-    beside = apart and PASS2_APART["topn_beside"] and q.device.type == "cuda" and chunk < TQ
-    # flat buffers: each chunk views its buffer's prefix as a contiguous [B, chunk, H, planes, nsel]
-    scores = torch.empty(2 if beside else 1, B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32,
-                         device=q.device) if select else None
+    # one flat buffer: each chunk views its prefix as a contiguous [B, chunk, H, planes, nsel]
+    scores = torch.empty(B * min(chunk, TQ) * H * planes * nsel, dtype=torch.float32, device=q.device) if select else None
     launch = dict(
         H=H, G=G, GP=GP, BT=BT, BN=block_n,
         DK=DK, DV=DV, BDK=next_pow2(DK), BDV=next_pow2(DV),
@@ -462,26 +448,13 @@ def compressed_fwd(
                             **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}),
                             lse2=lse2, PASS1=False)
         outputs = (q, q)  # pass 1 wrote them
-    if beside:
-        main, side = torch.cuda.current_stream(q.device), _topn_stream(q.device.index)
-        read = [None, None]  # per buffer: its last top-n done, on the side stream
-    for i, t0 in enumerate(range(0, TQ, chunk)):
+    for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
-        sc = scores[i % 2 if beside else 0, : B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) \
-            if select else q
-        if beside and read[i % 2] is not None:
-            main.wait_event(read[i % 2])  # before pass 2 overwrites the masses that top-n reads
+        sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
         compressed_fwd_kernel[(cdiv(t1 - t0, chunk_launch["BT"]), B * H)](
             q, k_cmp, v_cmp, *outputs, sc,  #
             TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **chunk_launch, **LAUNCH_OPTIONS,
         )
-        if beside:
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
-                read[i % 2] = side.record_event()
-        elif select:
+        if select:
             block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
-    if beside:
-        main.wait_stream(side)  # block_idx complete, and the buffers free for the allocator
     return o, lse, idx
