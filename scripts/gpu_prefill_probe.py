@@ -53,6 +53,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     forward+backward (ABBA) and in the forward's kernel lists. ``pass2_tiles``: more of its tiles;
     ``pass2_wide``: wider query tiles, and the default against the fused launch as ``pass2_apart``;
     ``pass1_tiles``: pass 1's tiles where pass 2 runs apart.
+27. **Where the forced blocks go** (``forced_place``): the ``NSA_FORCED_IN_WINDOW`` flag on and off,
+    the whole forward and forward+backward (ABBA) and the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -847,6 +849,21 @@ def pass1_tiles(T: int, config: NSAConfig) -> None:
     _pass2_sweep(T, config, PASS1_TILES)
 
 
+FORCED_PLACES = (("forced blocks in the window kernels (default)", {}),
+                 ("forced blocks in their own kernels", {"NSA_FORCED_IN_WINDOW": "0"}))
+
+
+def forced_place(T: int, config: NSAConfig) -> None:
+    """The ``NSA_FORCED_IN_WINDOW`` flag on (default) and off: the whole forward and
+    forward+backward in ABBA rounds and the forward's kernel lists (the flag is read at each call,
+    so the environment is the launch table here)."""
+    import os
+
+    step_abba(T, config, os.environ, FORCED_PLACES, "flag", forward=True)
+    step_abba(T, config, os.environ, FORCED_PLACES, "flag")
+    kernels_by_default(T, config, os.environ, FORCED_PLACES, "flag", forward=True)
+
+
 def pass2_wide(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_WIDE` (wider query tiles than the default's), then the
     default against the fused launch in the whole forward and forward+backward (ABBA) and the
@@ -1511,7 +1528,7 @@ SECTIONS = {
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
-    "pass1_tiles": pass1_tiles,
+    "pass1_tiles": pass1_tiles, "forced_place": forced_place,
 }
 
 

@@ -75,11 +75,18 @@
 # ms against 14.57-14.67), and the top-n no shorter (1.66-1.67 against 1.60-1.61). 32k the same within
 # noise. Dropped (docs/perf/attempts/prefill_topn_beside.patch).
 #
+# The window kernels also compute the selected branch's forced blocks (NSA_FORCED_IN_WINDOW, on since
+# session 15, chosen on an H100 with that session's kernels), at the price of a second accumulator:
+# 220 registers, two programs an SM. The flag on and off again, at this session's kernels:
+#
+#   bash scripts/gpu_session56.sh forced     # the whole forward and forward+backward (ABBA) and the
+#                                            # forward's kernel lists, the flag on and off (8k, 64k)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV | forced}"
 device_line
 
 case "$step" in
@@ -109,6 +116,9 @@ beside)
     rev="${2:?the beside step needs the commit to name the test report after}"
     probe_run 300 topn_beside --lengths 65536 32768 --only topn_beside --kernels 6
     reported_tests 200 "$rev" tests/ops/test_select_kernel.py
+    ;;
+forced)
+    probe_run 300 forced_place --lengths 8192 65536 --only forced_place --kernels 8
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
