@@ -79,8 +79,14 @@
 # session 15, chosen on an H100 with that session's kernels), at the price of a second accumulator:
 # 220 registers, two programs an SM. The flag on and off again, at this session's kernels:
 #
-#   bash scripts/gpu_session56.sh forced     # the whole forward and forward+backward (ABBA) and the
-#                                            # forward's kernel lists, the flag on and off (8k, 64k)
+#   bash scripts/gpu_session56.sh forced     # (ran at 8456e10) the whole forward and forward+backward
+#                                            # (ABBA) and the forward's kernel lists, the flag on and
+#                                            # off (8k, 64k)
+#
+# On stays faster: 8k forward 2.197-2.253 ms against 2.365-2.422, forward+backward 7.137-7.358
+# against 7.593-7.793; 64k 33.53-33.96 against 35.17-35.32 and 97.04-98.64 against 100.6-102.5. The
+# window forward without the forced blocks took 4.19-4.25 ms at 64k against 4.58-4.63 with them, but
+# the forced-block kernel 2.07-2.12. Nothing changed.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
