@@ -14,6 +14,10 @@ compressed tokens:
    at the paper's defaults), are written for a bounded chunk of queries at a time and turned
    into ``block_idx`` by :mod:`nsa.ops._triton.block_topn`.
 
+Both passes run in one program, or, where the walks are long, pass 1 over every query and then
+pass 2 in launches of its own, whose programs need neither ``p @ v``'s accumulator nor V's tiles
+and so fit more to an SM (:data:`PASS2_APART`; the same results bitwise).
+
 Pass 2 walks selection blocks in steps of ``NB``: a step covers the compressed
 tokens whose first raw position lies in those blocks, ``RP`` a block (``R =
 sel_block / cmp_stride`` tokens, padded to a power of two), in the column order of
