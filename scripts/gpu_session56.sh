@@ -88,11 +88,15 @@
 # window forward without the forced blocks took 4.19-4.25 ms at 64k against 4.58-4.63 with them, but
 # the forced-block kernel 2.07-2.12. Nothing changed.
 #
+# The prefill table once more, on another machine, at the final code:
+#
+#   bash scripts/gpu_session56.sh table2     # nsa-bench prefill (8k-64k, dense in the same run)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV | forced}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV | forced | table2}"
 device_line
 
 case "$step" in
@@ -125,6 +129,9 @@ beside)
     ;;
 forced)
     probe_run 300 forced_place --lengths 8192 65536 --only forced_place --kernels 8
+    ;;
+table2)
+    h200_prefill
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
