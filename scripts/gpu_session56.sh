@@ -94,13 +94,17 @@
 #                                            # same run)
 #
 # 8k 2.178 / 1.796 ms (0.82x, dense fast on this machine) and 7.137 / 7.572 (1.06x); 64k 33.77 / 117.8
-# (3.49x again) and 98.41 / 450.2 (4.57x).
+# (3.49x again) and 98.41 / 450.2 (4.57x). Last, the GPU tests of the files that run the compressed
+# forward, at the final code:
+#
+#   bash scripts/gpu_session56.sh tests REV  # the select, compressed and nsa_attention GPU tests
+#                                            # (report named after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV | forced | table2}"
+step="${1:?usage: scripts/gpu_session56.sh pass2 | tiles REV | wide REV | final | pass1 | beside REV | forced | table2 | tests REV}"
 device_line
 
 case "$step" in
@@ -136,6 +140,10 @@ forced)
     ;;
 table2)
     h200_prefill
+    ;;
+tests)
+    reported_tests 200 "${2:?the tests step needs the commit to name the test report after}" \
+        tests/ops/test_select_kernel.py tests/ops/test_compressed_kernel.py tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
