@@ -738,9 +738,7 @@ def topn_bounds(T: int, config: NSAConfig) -> None:
         with tiles_as_default(topn.LAUNCH, **tiles):
             chosen.append(select_blocks(q, mean_compress(k, config), config, backend="triton"))
     print(f"T={T} top-n, the same blocks either way: {torch.equal(*chosen)}", flush=True)
-    step_abba(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
-    step_abba(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n")
-    kernels_by_default(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n", forward=True)
+    ab_rounds_and_lists(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n")
 
 
 #: Pass 2 of the compressed forward in a launch of its own (``compressed_fwd.PASS2_APART``): fused,
@@ -834,9 +832,7 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
     best = min(PASS2_SPLITS[1:], key=lambda split: statistics.mean(times[split[0]]))
     print(f"T={T} fastest split: {best[0]}", flush=True)
     variants = (PASS2_SPLITS[0], best)
-    step_abba(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
-    step_abba(T, config, module.PASS2_APART, variants, "pass 2")
-    kernels_by_default(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+    ab_rounds_and_lists(T, config, module.PASS2_APART, variants, "pass 2")
 
 
 def pass2_tiles(T: int, config: NSAConfig) -> None:
@@ -859,9 +855,7 @@ def forced_place(T: int, config: NSAConfig) -> None:
     so the environment is the launch table here)."""
     import os
 
-    step_abba(T, config, os.environ, FORCED_PLACES, "flag", forward=True)
-    step_abba(T, config, os.environ, FORCED_PLACES, "flag")
-    kernels_by_default(T, config, os.environ, FORCED_PLACES, "flag", forward=True)
+    ab_rounds_and_lists(T, config, os.environ, FORCED_PLACES, "flag")
 
 
 def pass2_wide(T: int, config: NSAConfig) -> None:
@@ -872,9 +866,16 @@ def pass2_wide(T: int, config: NSAConfig) -> None:
 
     _pass2_sweep(T, config, PASS2_WIDE)
     variants = PASS2_WIDE[:2]
-    step_abba(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
-    step_abba(T, config, module.PASS2_APART, variants, "pass 2")
-    kernels_by_default(T, config, module.PASS2_APART, variants, "pass 2", forward=True)
+    ab_rounds_and_lists(T, config, module.PASS2_APART, variants, "pass 2")
+
+
+def ab_rounds_and_lists(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
+    """The A/B of a launch table's variants that every section of sessions 55-56 ran: the forward and
+    the whole forward+backward in ABBA rounds (:func:`step_abba`), then the forward's kernel lists
+    (:func:`kernels_by_default`)."""
+    step_abba(T, config, table, variants, what, forward=True)
+    step_abba(T, config, table, variants, what)
+    kernels_by_default(T, config, table, variants, what, forward=True)
 
 
 def kernels_by_default(T: int, config: NSAConfig, table: dict, variants: tuple, what: str,
