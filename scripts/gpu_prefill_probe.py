@@ -55,6 +55,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``pass1_tiles``: pass 1's tiles where pass 2 runs apart.
 27. **Where the forced blocks go** (``forced_place``): the ``NSA_FORCED_IN_WINDOW`` flag on and off,
     the whole forward and forward+backward (ABBA) and the forward's kernel lists.
+28. **The compressed dK/dV's dS by bulk copies** (``ds_bulk``): the threads' stores against one
+    tensor-descriptor copy a tile, in the compressed backward (ABBA, bitwise checked) and its
+    kernels (and without the dS buffer), then the whole forward+backward (ABBA) and its kernels.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -1407,6 +1410,41 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
         _cmp_dkdv_whole_step(T, config, (CMP_DKDV_DS_SWEEP[0], best))
 
 
+#: The two ways the compressed dK/dV kernel stores its ``dS`` tiles (``DS_STORE``): the default first.
+DS_STORES = (("threads' stores", dict(bulk=False)), ("bulk copies", dict(bulk=True)))
+
+
+def ds_bulk_store(T: int, config: NSAConfig) -> None:
+    """The compressed dK/dV kernel's ``dS`` tiles by the threads' stores and by one bulk copy a tile
+    (``DS_STORE``): the compressed backward as training calls it in ABBA rounds (L2 flushed; dq, dk
+    and dv bitwise against the threads' stores), its kernels (the mean of 5 calls) with either store
+    and without the ``dS`` buffer (the dK/dV then stores nothing: what the stores cost), then the
+    whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernels."""
+    import os
+    from unittest import mock
+
+    from nsa.ops.compressed import kernel as cmp
+
+    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
+    call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta, gate=gate)
+    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": str(1 << 20)}):
+        want = call()
+        for turn in range(4):
+            for label, store in DS_STORES[:: 1 if turn % 2 == 0 else -1]:
+                with tiles_as_default(cmp.DS_STORE, **store):
+                    same = all(torch.equal(a, b) for a, b in zip(call(), want))
+                    print(f"T={T} compressed backward, dS by {label}: {bench(call):.3f} ms (bitwise equal: {same})",
+                          flush=True)
+        for label, store in DS_STORES:
+            with tiles_as_default(cmp.DS_STORE, **store):
+                _list_kernels(T, f"compressed backward, dS by {label}", call, steps=5)
+    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": "0"}):
+        _list_kernels(T, "compressed backward without the dS buffer", call, steps=5)
+    del q, k_cmp, v_cmp, o, lse, do, delta, gate, want
+    step_abba(T, config, cmp.DS_STORE, DS_STORES, "dS by")
+    kernels_by_default(T, config, cmp.DS_STORE, DS_STORES, "dS by")
+
+
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
                            t1: Optional[int] = None) -> torch.Tensor:
     """The selected forward with the branches' gated sum, as the inference path runs it, over
@@ -1529,7 +1567,7 @@ SECTIONS = {
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
-    "pass1_tiles": pass1_tiles, "forced_place": forced_place,
+    "pass1_tiles": pass1_tiles, "forced_place": forced_place, "ds_bulk": ds_bulk_store,
 }
 
 

@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
@@ -45,7 +46,7 @@ from nsa.ops._triton.attention import (
     store_scaled,
     wide_heads_on_small_gpu,
 )
-from nsa.ops._triton.device import sm_count
+from nsa.ops._triton.device import bulk_copies_supported, sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
@@ -161,14 +162,15 @@ def compressed_bwd_dq_ds_kernel(
 
 
 @triton.jit
-def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
-               ds, ds_off, TOTAL,
+def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, n0, o_n, TQ, NC, q_offset, qk_scale,
+               ds, ds_off, TOTAL, ds_desc,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-               DS_OUT: tl.constexpr):
+               DS_OUT: tl.constexpr, DS_DESC: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group); with
-    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`)."""
+    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`), by one bulk
+    copy through ``ds_desc`` with ``DS_DESC``."""
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
@@ -183,7 +185,14 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n
                                                   qk_scale, MASK, GATED, PREC)
         # masked and padding entries are exact zeros (P = 0, or q = do = 0 with delta = 0): the dQ
         # reads whole tiles
-        tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty))
+        if DS_DESC:
+            # the tile's rows are contiguous (_ds_rows): one bulk copy from shared memory, issued by one
+            # thread, in place of every thread's 16-byte stores after the same trip through shared memory
+            # (the launch makes sure that every row index fits the copy's 32-bit coordinates)
+            row0 = ((i_b * H + i_h) * TOTAL + tl.load(ds_off + i_t) + n0).to(tl.int32)
+            ds_desc.store([row0, 0], b_dst.to(ds_desc.dtype))
+        else:
+            tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty))
     else:
         b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
                                         GATED, PREC)
@@ -210,7 +219,7 @@ def compressed_bwd_dkdv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-    ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False,
+    ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False, ds_desc=None, DS_DESC: tl.constexpr = False,
 ):
     """Grid ``(token tiles, SPLIT, B * H)``. With ``DS_OUT`` every (query tile, token tile) pair
     also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`."""
@@ -242,14 +251,14 @@ def compressed_bwd_dkdv_kernel(
     i_z = tl.minimum(i_s * seg + seg, NT)
     i_m = tl.maximum(i_a, i_full)  # unmasked tiles [i_m, i_z), then masked ones [i_a, min(i_z, i_full))
     for i in range(0, i_z - i_m):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
-                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
-                                GATED, PREC, DS_OUT)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, i_n * BN, o_n, TQ, NC,
+                                q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
+                                GATED, PREC, DS_OUT, DS_DESC)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
-                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
-                                GATED, PREC, DS_OUT)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, i_n * BN, o_n, TQ, NC,
+                                q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
+                                GATED, PREC, DS_OUT, DS_DESC)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -275,6 +284,10 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     return max(1, min(cap, cdiv(target, max(programs, 1))))
 
 
+#: How the dK/dV kernel stores its ``dS`` tiles (``DS_OUT``): ``bulk`` True by one tensor-descriptor
+#: (TMA) copy a tile where bulk copies run (:func:`bulk_copies_supported`), the tile fits a copy and
+#: every row index fits its 32-bit coordinates; False by the threads' own stores.
+DS_STORE = dict(bulk=False)
 #: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
 #: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads. H100, the
 #: compressed backward as training calls it: 8k 0.712 ms against 0.801 recomputing, 64k 29.09
@@ -394,7 +407,8 @@ def compressed_bwd(
             dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)
         else:
             dk_part, dv_part = dk, dv
-        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
+        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True, ds_desc=ds.get("desc"),
+                       DS_DESC="desc" in ds) if ds else {}
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
             scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
@@ -428,7 +442,11 @@ def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset
     if total == 0 or B * H * total * M * q.element_size() > budget:
         return None
     buffer = torch.empty(B * H * total * M, device=q.device, dtype=q.dtype)
-    return dict(buffer=buffer, offsets=offsets, total=total, tiles=tiles)
+    found = dict(buffer=buffer, offsets=offsets, total=total, tiles=tiles)
+    rows = B * H * total
+    if DS_STORE["bulk"] and bulk_copies_supported(q.device) and max(kv["BN"], M) <= 256 and rows < 2**31:
+        found["desc"] = TensorDescriptor(buffer.view(rows, M), [rows, M], [M, 1], [kv["BN"], M])
+    return found
 
 
 class CompressedAttentionFunction(torch.autograd.Function):

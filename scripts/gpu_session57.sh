@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU calls of session 57 (H200). The compressed dK/dV kernel (21.4 ms of the 64k
+# forward+backward, its longest kernel) stores every (query tile, token tile) pair's dS for the dQ:
+# 16.5 GiB at 64k. Compiled for sm_90 each step's store is the threads' own: the tile to shared
+# memory, a barrier, back to registers, then 16-byte global stores (session 19: on an H100 at 8k the
+# kernel took 0.509 ms with the stores against 0.414 without). Each tile's rows are contiguous in
+# the buffer, so one tensor-descriptor (TMA) copy can store it from shared memory: 608 instructions
+# a step against 630, no stack (16 bytes before). compressed.kernel.DS_STORE["bulk"] (new, off):
+#
+#   bash scripts/gpu_session57.sh bulk REV    # the compressed backward with either store (ABBA,
+#                                             # bitwise checked), its kernels with either and without
+#                                             # the dS buffer, the whole forward+backward (ABBA) and its
+#                                             # kernels (8k, 64k); the compressed GPU tests (report
+#                                             # named after REV)
+#
+# Everything it prints or writes goes to $OUT (the device tool brings that folder back).
+here="$(dirname "$0")"
+. "$here/gpu_env.sh"
+
+step="${1:?usage: scripts/gpu_session57.sh bulk REV}"
+device_line
+
+case "$step" in
+bulk)
+    rev="${2:?the bulk step needs the commit to name the test report after}"
+    probe_run 330 ds_bulk --lengths 65536 8192 --only ds_bulk --kernels 8
+    reported_tests 200 "$rev" tests/ops/test_compressed_kernel.py
+    ;;
+*) echo "unknown step $step" >&2; exit 2 ;;
+esac
