@@ -56,7 +56,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 27. **Where the forced blocks go** (``forced_place``): the ``NSA_FORCED_IN_WINDOW`` flag on and off,
     the whole forward and forward+backward (ABBA) and the forward's kernel lists.
 28. **The compressed dK/dV's dS by bulk copies** (``ds_bulk``): the threads' stores against one
-    tensor-descriptor copy a tile, in the compressed backward (ABBA, bitwise checked) and its
+    tensor-descriptor copy a tile and against stores marked first to leave L2, in the compressed backward (ABBA, bitwise checked) and its
     kernels (and without the dS buffer), then the whole forward+backward (ABBA) and its kernels.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
@@ -1411,15 +1411,17 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
 
 
 #: The two ways the compressed dK/dV kernel stores its ``dS`` tiles (``DS_STORE``): the default first.
-DS_STORES = (("threads' stores", dict(bulk=False)), ("bulk copies", dict(bulk=True)))
+DS_STORES = (("threads' stores", dict(bulk=False, eviction="")), ("bulk copies", dict(bulk=True, eviction="")),
+             ("threads' stores, evict first", dict(bulk=False, eviction="evict_first")))
 
 
 def ds_bulk_store(T: int, config: NSAConfig) -> None:
-    """The compressed dK/dV kernel's ``dS`` tiles by the threads' stores and by one bulk copy a tile
-    (``DS_STORE``): the compressed backward as training calls it in ABBA rounds (L2 flushed; dq, dk
-    and dv bitwise against the threads' stores), its kernels (the mean of 5 calls) with either store
-    and without the ``dS`` buffer (the dK/dV then stores nothing: what the stores cost), then the
-    whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernels."""
+    """The compressed dK/dV kernel's ``dS`` tiles by the threads' stores, by one bulk copy a tile and
+    by the threads' stores marked first to leave L2 (``DS_STORE``, :data:`DS_STORES`): the compressed
+    backward as training calls it in ABBA rounds (L2 flushed; dq, dk and dv bitwise against the
+    threads' stores), its kernels (the mean of 5 calls) with each store and without the ``dS``
+    buffer (the dK/dV then stores nothing: what the stores cost), then the whole forward+backward in
+    ABBA rounds (:func:`step_abba`) and its kernels."""
     import os
     from unittest import mock
 

@@ -13,11 +13,23 @@
 #                                             # kernels (8k, 64k); the compressed GPU tests (report
 #                                             # named after REV)
 #
+# Bitwise the same results, but no faster: the compressed backward alone 27.94-28.13 ms at 64k against
+# 28.24-28.33 (ABBA), its dK/dV kernel 22.51 against 22.37 in the profiler; the whole forward+backward
+# 97.25-97.96 flushed against 97.11-97.86; 8k the same within 0.01 ms. Without the dS buffer the dK/dV
+# takes 18.57 ms (8k 0.412 against 0.504): the stores cost 3.8 ms of it, but not in instructions. The
+# GPU tests passed (27). One guess is L2: 16.5 GiB of dS written through it while the programs of a
+# query chunk share their q and do tiles there. The stores marked evict-first (DS_STORE["eviction"]),
+# then the prefill table at the default:
+#
+#   bash scripts/gpu_session57.sh evict       # ds_bulk again with the evict-first stores as a third
+#                                             # variant (64k, 8k); nsa-bench prefill (8k-64k, dense in
+#                                             # the same run)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict}"
 device_line
 
 case "$step" in
@@ -25,6 +37,10 @@ bulk)
     rev="${2:?the bulk step needs the commit to name the test report after}"
     probe_run 330 ds_bulk --lengths 65536 8192 --only ds_bulk --kernels 8
     reported_tests 200 "$rev" tests/ops/test_compressed_kernel.py
+    ;;
+evict)
+    probe_run 300 ds_bulk --lengths 65536 8192 --only ds_bulk --kernels 8
+    h200_prefill
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -243,7 +243,8 @@ def test_ds_bulk_store_equals_the_threads_stores(dtype, B, q_offset, gated, tile
     """With ``DS_STORE["bulk"]`` the dK/dV kernel stores each ``dS`` tile by one tensor-descriptor
     copy at the row where the threads' stores put it: the dQ read from that buffer (``torch.empty``
     NaN-filled, so a tile copied to a wrong row leaves NaNs or wrong rows) and dK/dV are bitwise
-    those of the threads' stores, and the launch did take the copy."""
+    those of the threads' stores, and the launch did take the copy. Stores with an eviction policy
+    (``DS_STORE["eviction"]``) give the same bits."""
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import kernel
 
@@ -256,14 +257,17 @@ def test_ds_bulk_store_equals_the_threads_stores(dtype, B, q_offset, gated, tile
     delta = (o.float() * do.float()).sum(-1)
     monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "4096")
     out = {}
-    for bulk in (True, False):
-        monkeypatch.setitem(kernel.DS_STORE, "bulk", bulk)
-        out[bulk] = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, q_offset, delta=delta, gate=gate,
-                                          **tiles)
-    assert launches == [True, False]
-    for name, got, want in zip(("dq", "dk", "dv"), out[True], out[False]):
-        assert torch.isfinite(got).all()
-        assert torch.equal(got, want), name
+    for store in (dict(bulk=True, eviction=""), dict(bulk=False, eviction="evict_first"),
+                  dict(bulk=False, eviction="")):
+        monkeypatch.setattr(kernel, "DS_STORE", store)
+        out[tuple(store.values())] = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, q_offset,
+                                                           delta=delta, gate=gate, **tiles)
+    assert launches == [True, False, False]
+    want = out[(False, "")]
+    for store in ((True, ""), (False, "evict_first")):
+        for name, got, ref in zip(("dq", "dk", "dv"), out[store], want):
+            assert torch.isfinite(got).all()
+            assert torch.equal(got, ref), (store, name)
 
 
 @pytest.mark.gpu

@@ -167,7 +167,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, n0,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-               DS_OUT: tl.constexpr, DS_DESC: tl.constexpr):
+               DS_OUT: tl.constexpr, DS_DESC: tl.constexpr, DS_EVICT: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group); with
     ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`), by one bulk
     copy through ``ds_desc`` with ``DS_DESC``."""
@@ -192,7 +192,8 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, n0,
             row0 = ((i_b * H + i_h) * TOTAL + tl.load(ds_off + i_t) + n0).to(tl.int32)
             ds_desc.store([row0, 0], b_dst.to(ds_desc.dtype))
         else:
-            tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty))
+            tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty),
+                     eviction_policy=DS_EVICT)
     else:
         b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
                                         GATED, PREC)
@@ -220,6 +221,7 @@ def compressed_bwd_dkdv_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
     ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False, ds_desc=None, DS_DESC: tl.constexpr = False,
+    DS_EVICT: tl.constexpr = "",
 ):
     """Grid ``(token tiles, SPLIT, B * H)``. With ``DS_OUT`` every (query tile, token tile) pair
     also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`."""
@@ -253,12 +255,12 @@ def compressed_bwd_dkdv_kernel(
     for i in range(0, i_z - i_m):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, i_n * BN, o_n, TQ, NC,
                                 q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
-                                GATED, PREC, DS_OUT, DS_DESC)
+                                GATED, PREC, DS_OUT, DS_DESC, DS_EVICT)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, i_n * BN, o_n, TQ, NC,
                                 q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
-                                GATED, PREC, DS_OUT, DS_DESC)
+                                GATED, PREC, DS_OUT, DS_DESC, DS_EVICT)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -287,7 +289,7 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
 #: How the dK/dV kernel stores its ``dS`` tiles (``DS_OUT``): ``bulk`` True by one tensor-descriptor
 #: (TMA) copy a tile where bulk copies run (:func:`bulk_copies_supported`), the tile fits a copy and
 #: every row index fits its 32-bit coordinates; False by the threads' own stores.
-DS_STORE = dict(bulk=False)
+DS_STORE = dict(bulk=False, eviction="")
 #: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
 #: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads. H100, the
 #: compressed backward as training calls it: 8k 0.712 ms against 0.801 recomputing, 64k 29.09
@@ -408,7 +410,7 @@ def compressed_bwd(
         else:
             dk_part, dv_part = dk, dv
         ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True, ds_desc=ds.get("desc"),
-                       DS_DESC="desc" in ds) if ds else {}
+                       DS_DESC="desc" in ds, DS_EVICT=DS_STORE["eviction"]) if ds else {}
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
             scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
