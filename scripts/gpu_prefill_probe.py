@@ -58,6 +58,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 28. **The compressed dK/dV's dS by bulk copies** (``ds_bulk``): the threads' stores against one
     tensor-descriptor copy a tile and against stores marked first to leave L2, in the compressed backward (ABBA, bitwise checked) and its
     kernels (and without the dS buffer), then the whole forward+backward (ABBA) and its kernels.
+29. **The compressed dQ from dS by its launch** (``dq_ds_tiles``): tokens a step, warps, stages and
+    query tiles a program, in the compressed backward and its kernel lists; the fastest against the
+    default in the whole forward+backward (ABBA) and its kernels.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -1071,9 +1074,11 @@ def forward_kernel_times(T: int, config: NSAConfig, steps: int = 1) -> None:
     _list_kernels(T, "forward (no_grad)", forward_call(q, k, v, gates, config), steps)
 
 
-def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1) -> None:
+def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1,
+                  kernel: Optional[str] = None) -> Optional[float]:
     """Device time of every kernel of ``run()`` (torch profiler, after two warm-up calls), largest
-    first: the mean over ``steps`` calls profiled back to back."""
+    first: the mean over ``steps`` calls profiled back to back. Returns the mean ms of the kernel
+    named ``kernel`` (None: of none)."""
     from torch.profiler import ProfilerActivity, profile
 
     run(), run()
@@ -1090,6 +1095,7 @@ def _list_kernels(T: int, what: str, run: Callable[[], object], steps: int = 1) 
     for e in events[:KERNELS_LISTED]:
         print(f"T={T}   {e.self_device_time_total / 1e3 / steps:8.3f} ms  x{e.count // steps:<3d} {e.key[:90]}",
               flush=True)
+    return next((e.self_device_time_total / 1e3 / steps for e in events if e.key == kernel), None)
 
 
 def _ptx_counts(fn) -> List[str]:
@@ -1447,6 +1453,57 @@ def ds_bulk_store(T: int, config: NSAConfig) -> None:
     kernels_by_default(T, config, cmp.DS_STORE, DS_STORES, "dS by")
 
 
+#: The compressed dQ from ``dS`` by ``(block_n, num_warps, num_stages, query_tiles)``
+#: (``DQ_DS_TILES``), the default first. Compiled for sm_90 (Triton 3.6, 64-token steps in 3 stages;
+#: registers / shared memory): one query tile a program 92 / 72 KiB with 4 warps (3 programs an SM),
+#: 58 with 8; two tiles 167 / 96 KiB with 4 warps, 94 with 8 (2 an SM); four 170 / 144 KiB with 8
+#: warps (1 an SM; with 4 it spills). Each ``K`` tile serves every query tile of its program, so two
+#: tiles a program load a third fewer bytes a tile from L2 (the 16 KiB ``K`` tile once for two 8 KiB
+#: ``dS`` tiles).
+DQ_DS_SWEEP = ((64, 4, 3, 1), (64, 8, 3, 2), (64, 8, 2, 2), (64, 4, 3, 2), (64, 8, 3, 4), (64, 8, 3, 1),
+               (32, 8, 3, 2))
+
+
+def dq_ds_tiles(T: int, config: NSAConfig) -> None:
+    """The compressed dQ from ``dS`` by its launch (:data:`DQ_DS_SWEEP`): the compressed backward as
+    training calls it (dq against the first variant's), each variant's kernels (the mean of 5 calls),
+    then the fastest dQ against the default in the whole forward+backward (ABBA, :func:`step_abba`)
+    and its kernels."""
+    import os
+    from unittest import mock
+
+    from nsa.ops.compressed import kernel as cmp
+
+    keys = ("block_n", "num_warps", "num_stages", "query_tiles")
+    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
+    first, times = None, {}
+    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": str(1 << 20)}):
+        for tiles in DQ_DS_SWEEP:
+            call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
+                                              gate=gate, dq_ds=tiles)  # fmt: skip
+            first, _ = timed_variant(T, f"compressed backward, dQ from dS {tiles}", call, first, slice(0, 1))
+        for tiles in DQ_DS_SWEEP:
+            with tiles_as_default(cmp.DQ_DS_TILES, **dict(zip(keys, tiles))):
+                call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
+                                                  gate=gate)  # fmt: skip
+                try:
+                    times[tiles] = _list_kernels(T, f"compressed backward, dQ from dS {tiles}", call, steps=5,
+                                                 kernel="compressed_bwd_dq_ds_kernel")
+                except Exception as err:  # noqa: BLE001
+                    print(f"T={T} dQ from dS {tiles}: {type(err).__name__}: {err}", flush=True)
+    del q, k_cmp, v_cmp, o, lse, do, delta, gate, first
+    times = {tiles: ms for tiles, ms in times.items() if ms is not None}
+    if DQ_DS_SWEEP[0] not in times:
+        return
+    best = min(times, key=times.get)
+    print(f"T={T} fastest dQ from dS in the lists: {best} ({times[best]:.3f} ms, the default "
+          f"{times[DQ_DS_SWEEP[0]]:.3f})", flush=True)
+    if best != DQ_DS_SWEEP[0]:
+        variants = tuple((str(tiles), dict(zip(keys, tiles))) for tiles in (DQ_DS_SWEEP[0], best))
+        step_abba(T, config, cmp.DQ_DS_TILES, variants, "dQ from dS")
+        kernels_by_default(T, config, cmp.DQ_DS_TILES, variants, "dQ from dS")
+
+
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
                            t1: Optional[int] = None) -> torch.Tensor:
     """The selected forward with the branches' gated sum, as the inference path runs it, over
@@ -1570,6 +1627,7 @@ SECTIONS = {
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "ds_bulk": ds_bulk_store,
+    "dq_ds_tiles": dq_ds_tiles,
 }
 
 

@@ -25,11 +25,26 @@
 #                                             # variant (64k, 8k); nsa-bench prefill (8k-64k, dense in
 #                                             # the same run)
 #
+# The evict-first stores no faster either: the compressed backward 27.63-27.80 ms against 27.71-27.90
+# (bulk copies 27.63-27.79), the whole forward+backward 96.84-97.15 flushed with any of the three; 8k
+# the same. The prefill table at 9f0b258 (the default stores): 8k 2.184 / 1.824 ms (0.84x) and 7.088 /
+# 7.487 (1.06x); 64k 34.01 / 117.6 (3.46x) and 96.73 / 447.9 (4.63x). Both options dropped.
+#
+# The dQ from dS (4.9 ms at 64k) reads 16.5 GiB of dS from DRAM, about 3.4 TB/s, and with each 8 KiB
+# dS tile a 16 KiB K tile from L2. A program of QT query tiles loads each K tile once for all of them
+# (compressed_bwd_dq_ds_kernel's QT, DQ_DS_TILES["query_tiles"], new):
+#
+#   bash scripts/gpu_session57.sh dqds REV    # the compressed backward by the dQ's launch (tokens a
+#                                             # step, warps, stages, query tiles), each with its kernel
+#                                             # list; the fastest against the default in the whole
+#                                             # forward+backward (ABBA) and its kernels (64k, 8k); the
+#                                             # compressed GPU tests (report named after REV)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV}"
 device_line
 
 case "$step" in
@@ -41,6 +56,11 @@ bulk)
 evict)
     probe_run 300 ds_bulk --lengths 65536 8192 --only ds_bulk --kernels 8
     h200_prefill
+    ;;
+dqds)
+    rev="${2:?the dqds step needs the commit to name the test report after}"
+    probe_run 360 dq_ds_tiles --lengths 65536 8192 --only dq_ds_tiles --kernels 6
+    reported_tests 150 "$rev" tests/ops/test_compressed_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

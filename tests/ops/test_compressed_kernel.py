@@ -197,14 +197,19 @@ def test_compressed_backward_takes_delta_or_dlse_not_both(nsa_device):
         (torch.float32, 2, 5, True, {}),
         (torch.float16, 1, 0, False, {}),
         (torch.float32, 1, 3, False, dict(dkdv=(16, 32, 4, 2), dq_ds=(16, 4, 2), max_splits=3)),
+        (torch.float32, 2, 5, True, dict(dkdv=(16, 16, 4, 2), dq_ds=(16, 4, 2, 2))),
+        (torch.float16, 1, 3, False, dict(dkdv=(16, 16, 4, 2), dq_ds=(16, 4, 2, 4))),
     ],
-    ids=["fp32-B2-off5-gated", "fp16-default-tiles", "fp32-tiles-of-16-and-32-chunks"],
+    ids=["fp32-B2-off5-gated", "fp16-default-tiles", "fp32-tiles-of-16-and-32-chunks", "fp32-2-query-tiles-a-dq",
+         "fp16-4-query-tiles-a-dq"],
 )
 def test_dq_from_the_dkdv_kernels_ds(dtype, B, q_offset, gated, tiles, nsa_device, monkeypatch):
     """Given ``delta`` (as training gives it), the dK/dV kernel runs first and leaves every (query
     tile, token tile) pair's ``dS`` in a staircase buffer, from which the dQ takes one product a
     tile: the same gradients as with ``NSA_COMPRESSED_DQ_FROM_DS_MIB=0`` up to rounding, with gates,
-    ``q_offset``, a batch, query chunks and token tiles of the dQ narrower than the dK/dV's.
+    ``q_offset``, a batch, query chunks, token tiles of the dQ narrower than the dK/dV's, and dQ
+    programs of several query tiles (83 positions in tiles of 4: a last program of fewer tiles; with
+    16-token tiles a program's query tiles own staircase rows of different widths).
     ``torch.empty`` is NaN-filled in tests: a row of the staircase that the dK/dV kernel did not
     write would reach ``dq``."""
     from nsa.ops._triton.compressed_fwd import compressed_fwd
@@ -223,7 +228,7 @@ def test_dq_from_the_dkdv_kernels_ds(dtype, B, q_offset, gated, tiles, nsa_devic
         out[mib] = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, q_offset, delta=delta, gate=gate,
                                          **tiles)
     # the first call alone; by default the dK/dV's token tile where that is narrower (exact float32's)
-    default = min(kernel.DQ_DS_TILES[0], EXACT_FLOAT32_TILES["BN"] if dtype == torch.float32 else 128)
+    default = min(kernel.DQ_DS_TILES["block_n"], EXACT_FLOAT32_TILES["BN"] if dtype == torch.float32 else 128)
     assert launches == [tiles.get("dq_ds", (default,))[0]]
     tol = 1e-5 if dtype == torch.float32 else 1e-3
     for name, got, want in zip(("dq", "dk", "dv"), out["4096"], out["0"]):
@@ -295,6 +300,33 @@ def test_ds_bulk_store_equals_the_threads_stores_real_size(nsa_device, monkeypat
     for name, got, want in zip(("dq", "dk", "dv"), out[True], out[False]):
         assert torch.isfinite(got).all()
         assert torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq_ds", [(64, 8, 3, 2), (64, 8, 3, 4), (64, 4, 3, 2)], ids=lambda t: "-".join(map(str, t)))
+def test_dq_ds_over_several_query_tiles_real_size(dq_ds, nsa_device, monkeypatch):
+    """At a real size (bf16, 64 query heads, 4 KV heads, the paper's geometry, 6k tokens, the GPU's
+    dK/dV tiles) the dQ programs of several query tiles give the one-tile programs' dq within bf16
+    rounding, with every row finite (``torch.empty`` NaN-filled)."""
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed import kernel
+
+    config, T = NSAConfig(), 6000 + 11
+    q = torch.randn(1, T, 64, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, config.num_cmp(T), 4, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    scale = config.softmax_scale(128)
+    o, lse, _ = compressed_fwd(q, k, v, config, scale, 0)
+    do = torch.randn_like(o)
+    gate = torch.rand(*o.shape[:3], device=nsa_device)
+    delta = (o.float() * do.float()).sum(-1)
+    monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "4096")
+    run = lambda tiles: kernel.compressed_bwd(q, k, v, o, lse, do, None, config, scale, 0, delta=delta, gate=gate,
+                                              dq_ds=tiles)
+    want, got = run((64, 4, 3, 1)), run(dq_ds)
+    assert torch.isfinite(got[0]).all()
+    assert_close("dq", got[0], want[0], 1e-3)
+    for name, a, b in zip(("dk", "dv"), got[1:], want[1:]):
+        assert torch.equal(a, b), name
 
 
 def test_ds_layout_and_budget(nsa_device, monkeypatch):

@@ -137,23 +137,38 @@ def compressed_bwd_dq_ds_kernel(
     TQ, NC, q_offset, TOTAL, scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, BDK: tl.constexpr, L: tl.constexpr, S: tl.constexpr, PREC: tl.constexpr,
+    QT: tl.constexpr = 1,
 ):
-    """Grid ``(query tiles, B * H)``: ``dq = scale * dS K`` over the tokens that the query tile
-    sees, ``dS`` read from the dK/dV kernel (``DS_OUT``) in whole ``BN``-token tiles, which that
+    """Grid ``(cdiv(query tiles, QT), B * H)``: ``dq = scale * dS K`` over the tokens that the query
+    tiles see, ``dS`` read from the dK/dV kernel (``DS_OUT``) in whole ``BN``-token tiles, which that
     kernel wrote in full (``BN`` divides its token tile) with zeros where a row does not see a
-    token. One product a tile instead of three, and no softmax."""
+    token. One product a tile instead of three, and no softmax. A program takes ``QT`` consecutive
+    query tiles (of the dK/dV's ``BT`` positions) as one tile of ``QT * BT * GP`` rows, so that each
+    ``K`` tile it loads serves them all; the earlier tiles' ``dS`` rows end sooner (the staircase),
+    so those loads are masked by each row's visible tokens."""
     M: tl.constexpr = BT * GP
-    i_t = tl.cdiv(TQ, BT) - 1 - tl.program_id(0)  # the longest rows first, as the dq kernel
+    i_t = tl.cdiv(tl.cdiv(TQ, BT), QT) - 1 - tl.program_id(0)  # the longest rows first, as the dq kernel
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
+    o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT * QT)
     o_dk = tl.arange(0, BDK)
-    n_hi = visible_cmp(q_offset + tl.minimum(i_t * BT + BT, TQ) - 1, NC, L, S)
+    n_hi = visible_cmp(q_offset + tl.minimum((i_t + 1) * BT * QT, TQ) - 1, NC, L, S)
     p_k = k + (i_b.to(tl.int64) * NC * H + i_h) * DK
-    b_dq = tl.zeros([M, BDK], dtype=tl.float32)
+    if QT > 1:
+        # row m belongs to query tile i_t * QT + m // M, whose dS rows start at its own offset
+        o_m = tl.arange(0, QT * M)
+        i_tile = i_t * QT + o_m // M
+        m_tile = i_tile < tl.cdiv(TQ, BT)
+        row0 = (i_b * H + i_h).to(tl.int64) * TOTAL + tl.load(ds_off + i_tile, mask=m_tile, other=0)
+        nv = tl.where(m_row, visible_cmp(q_offset + o_tq, NC, L, S), 0)  # [QT * M]
+    b_dq = tl.zeros([QT * M, BDK], dtype=tl.float32)
     for i_n in range(0, n_hi, BN):
         o_n = i_n + tl.arange(0, BN)
-        b_dst = tl.load(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, M))  # [BN, M]
+        if QT > 1:
+            b_dst = tl.load(ds + ((row0[None, :] + o_n[:, None]) * M + (o_m % M)[None, :]),
+                            mask=o_n[:, None] < nv[None, :], other=0.0)  # [BN, QT * M]
+        else:
+            b_dst = tl.load(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, M))  # [BN, M]
         # tokens past NC meet dS = 0, but their K must not be garbage (0 * NaN)
         b_k = tl.load(p_k + (o_n.to(tl.int64) * H * DK)[:, None] + o_dk[None, :],
                       mask=(o_n < NC)[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
@@ -290,12 +305,13 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
 #: (TMA) copy a tile where bulk copies run (:func:`bulk_copies_supported`), the tile fits a copy and
 #: every row index fits its 32-bit coordinates; False by the threads' own stores.
 DS_STORE = dict(bulk=False, eviction="")
-#: ``(block_n, num_warps, num_stages)`` of the dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`);
-#: ``block_n`` must divide the dK/dV kernel's token tile, whose ``dS`` tiles it reads. H100, the
-#: compressed backward as training calls it: 8k 0.712 ms against 0.801 recomputing, 64k 29.09
-#: against 30.10; (32, 4, 3) 0.701 and 30.00, (128, 4, 2) 0.760 and 32.44 (docs/perf/prefill.md,
-#: session 19).
-DQ_DS_TILES = (64, 4, 3)
+#: The dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`): ``block_n`` tokens a step (it must divide
+#: the dK/dV kernel's token tile, whose ``dS`` tiles it reads; by default the narrower of the two),
+#: ``num_warps``, ``num_stages``, and ``query_tiles`` of the dK/dV's query tiles a program (a caller's
+#: ``dq_ds`` 3-tuple means one). H100, the compressed backward as training calls it: 8k 0.712 ms
+#: against 0.801 recomputing, 64k 29.09 against 30.10; (32, 4, 3) 0.701 and 30.00, (128, 4, 2) 0.760
+#: and 32.44 (docs/perf/prefill.md, session 19).
+DQ_DS_TILES = dict(block_n=64, num_warps=4, num_stages=3, query_tiles=1)
 #: dK/dV tiles ``(rows, block_n, num_warps, num_stages)`` for heads wider than 128 on a GPU with
 #: less than 128 KiB of shared memory a program (:func:`wide_heads_on_small_gpu`): 64-token tiles
 #: ask 104 KiB even in one stage, 32-token ones 76.5 KiB in two (sm_89 compiles, RTX 4090: 99).
@@ -345,7 +361,7 @@ def compressed_bwd(
     max_splits: Optional[int] = None,
     delta: Optional[torch.Tensor] = None,
     gate: Optional[torch.Tensor] = None,
-    dq_ds: Optional[Tuple[int, int, int]] = None,
+    dq_ds: Optional[Tuple[int, ...]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
@@ -418,22 +434,25 @@ def compressed_bwd(
             dk.copy_(dk_part.sum(0))
             dv.copy_(dv_part.sum(0))
     if ds is not None:
-        ds_bn, ds_warps, ds_stages = ds["tiles"]
-        compressed_bwd_dq_ds_kernel[(cdiv(TQ, kv["BT"]), B * H)](
+        ds_bn, ds_warps, ds_stages, ds_qt = ds["tiles"]
+        compressed_bwd_dq_ds_kernel[(cdiv(cdiv(TQ, kv["BT"]), ds_qt), B * H)](
             k_cmp, ds["buffer"], ds["offsets"], dq, TQ, NC, q_offset, ds["total"], scale,
             H=H, G=G, GP=GP, BT=kv["BT"], BN=ds_bn, DK=DK, BDK=next_pow2(DK), L=config.cmp_block,
-            S=config.cmp_stride, PREC=common["PREC"], num_warps=ds_warps, num_stages=ds_stages, **LAUNCH_OPTIONS)
+            S=config.cmp_stride, PREC=common["PREC"], QT=ds_qt, num_warps=ds_warps, num_stages=ds_stages,
+            **LAUNCH_OPTIONS)
     return dq, dk, dv
 
 
 def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset: int, kv: dict,
-               tiles: Optional[Tuple[int, int, int]]) -> Optional[dict]:
+               tiles: Optional[Tuple[int, ...]]) -> Optional[dict]:
     """The dK/dV kernel's ``dS`` buffer for the dQ (:func:`ds_layout`), with its offsets, rows and the
     dQ's tiles; None where it would pass ``NSA_COMPRESSED_DQ_FROM_DS_MIB`` or the problem is empty."""
     B, TQ, HQ, _ = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     # by default the dK/dV's token tile where it is narrower (heads wider than 128 on a small GPU)
-    tiles = tuple(tiles or (min(DQ_DS_TILES[0], kv["BN"]), *DQ_DS_TILES[1:]))
+    own = DQ_DS_TILES
+    tiles = tuple(tiles or (min(own["block_n"], kv["BN"]), own["num_warps"], own["num_stages"], own["query_tiles"]))
+    tiles = tiles if len(tiles) == 4 else (*tiles, 1)
     if kv["BN"] % tiles[0]:
         raise ValueError(f"dq_ds block_n {tiles[0]} must divide the dK/dV kernel's token tile {kv['BN']}")
     budget = dq_from_ds_budget("NSA_COMPRESSED_DQ_FROM_DS_MIB", q.device)
