@@ -55,10 +55,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``pass1_tiles``: pass 1's tiles where pass 2 runs apart.
 27. **Where the forced blocks go** (``forced_place``): the ``NSA_FORCED_IN_WINDOW`` flag on and off,
     the whole forward and forward+backward (ABBA) and the forward's kernel lists.
-28. **The compressed dK/dV's dS by bulk copies** (``ds_bulk``): the threads' stores against one
-    tensor-descriptor copy a tile and against stores marked first to leave L2, in the compressed backward (ABBA, bitwise checked) and its
-    kernels (and without the dS buffer), then the whole forward+backward (ABBA) and its kernels.
-29. **The compressed dQ from dS by its launch** (``dq_ds_tiles``): tokens a step, warps, stages and
+28. **The compressed dQ from dS by its launch** (``dq_ds_tiles``): tokens a step, warps, stages and
     query tiles a program, in the compressed backward and its kernel lists; the fastest against the
     default in the whole forward+backward (ABBA) and its kernels.
 
@@ -1331,8 +1328,8 @@ def _whole_op_with_buffer(T: int, config: NSAConfig, flag: str, what: str) -> No
     del os.environ[flag]
 
 
-#: ``(block_n, num_warps, num_stages)`` of the compressed dQ from ``dS`` tried by ``cmp_dq_ds``; the
-#: first is the default (``DQ_DS_TILES``)
+#: ``(block_n, num_warps, num_stages)`` of the compressed dQ from ``dS`` tried by ``cmp_dq_ds`` (one
+#: query tile a program); the first was the default (``DQ_DS_TILES``) until session 57
 CMP_DQ_DS_SWEEP = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2), (32, 4, 3))
 
 
@@ -1416,52 +1413,17 @@ def cmp_dkdv_with_ds(T: int, config: NSAConfig) -> None:
         _cmp_dkdv_whole_step(T, config, (CMP_DKDV_DS_SWEEP[0], best))
 
 
-#: The two ways the compressed dK/dV kernel stores its ``dS`` tiles (``DS_STORE``): the default first.
-DS_STORES = (("threads' stores", dict(bulk=False, eviction="")), ("bulk copies", dict(bulk=True, eviction="")),
-             ("threads' stores, evict first", dict(bulk=False, eviction="evict_first")))
-
-
-def ds_bulk_store(T: int, config: NSAConfig) -> None:
-    """The compressed dK/dV kernel's ``dS`` tiles by the threads' stores, by one bulk copy a tile and
-    by the threads' stores marked first to leave L2 (``DS_STORE``, :data:`DS_STORES`): the compressed
-    backward as training calls it in ABBA rounds (L2 flushed; dq, dk and dv bitwise against the
-    threads' stores), its kernels (the mean of 5 calls) with each store and without the ``dS``
-    buffer (the dK/dV then stores nothing: what the stores cost), then the whole forward+backward in
-    ABBA rounds (:func:`step_abba`) and its kernels."""
-    import os
-    from unittest import mock
-
-    from nsa.ops.compressed import kernel as cmp
-
-    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
-    call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta, gate=gate)
-    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": str(1 << 20)}):
-        want = call()
-        for turn in range(4):
-            for label, store in DS_STORES[:: 1 if turn % 2 == 0 else -1]:
-                with tiles_as_default(cmp.DS_STORE, **store):
-                    same = all(torch.equal(a, b) for a, b in zip(call(), want))
-                    print(f"T={T} compressed backward, dS by {label}: {bench(call):.3f} ms (bitwise equal: {same})",
-                          flush=True)
-        for label, store in DS_STORES:
-            with tiles_as_default(cmp.DS_STORE, **store):
-                _list_kernels(T, f"compressed backward, dS by {label}", call, steps=5)
-    with mock.patch.dict(os.environ, {"NSA_COMPRESSED_DQ_FROM_DS_MIB": "0"}):
-        _list_kernels(T, "compressed backward without the dS buffer", call, steps=5)
-    del q, k_cmp, v_cmp, o, lse, do, delta, gate, want
-    step_abba(T, config, cmp.DS_STORE, DS_STORES, "dS by")
-    kernels_by_default(T, config, cmp.DS_STORE, DS_STORES, "dS by")
-
-
 #: The compressed dQ from ``dS`` by ``(block_n, num_warps, num_stages, query_tiles)``
-#: (``DQ_DS_TILES``), the default first. Compiled for sm_90 (Triton 3.6, 64-token steps in 3 stages;
-#: registers / shared memory): one query tile a program 92 / 72 KiB with 4 warps (3 programs an SM),
-#: 58 with 8; two tiles 167 / 96 KiB with 4 warps, 94 with 8 (2 an SM); four 170 / 144 KiB with 8
-#: warps (1 an SM; with 4 it spills). Each ``K`` tile serves every query tile of its program, so two
-#: tiles a program load a third fewer bytes a tile from L2 (the 16 KiB ``K`` tile once for two 8 KiB
-#: ``dS`` tiles).
-DQ_DS_SWEEP = ((64, 4, 3, 1), (64, 8, 3, 2), (64, 8, 2, 2), (64, 4, 3, 2), (64, 8, 3, 4), (64, 8, 3, 1),
-               (32, 8, 3, 2))
+#: (``DQ_DS_HOPPER_TILES``), the default first. Compiled for sm_90 (Triton 3.6, 64-token steps in 3
+#: stages; registers / shared memory): one query tile a program 92 / 72 KiB with 4 warps (3 programs
+#: an SM), 58 with 8; two tiles 167 / 96 KiB with 4 warps, 94 with 8 (2 an SM); four 170 / 144 KiB
+#: with 8 warps (1 an SM; with 4 it spills). Each ``K`` tile serves every query tile of its program,
+#: so two tiles a program load a third fewer bytes a tile from L2 (the 16 KiB ``K`` tile once for two
+#: 8 KiB ``dS`` tiles). Session 57 (H200, the kernel in the profiler, ms at 64k / 8k): (64, 4, 3, 1),
+#: the default until then, 5.226 / 0.141; (64, 8, 3, 2) 4.628 / 0.130; (64, 8, 2, 2) 5.330 / 0.141;
+#: (64, 4, 3, 2) 4.645 / 0.128; (64, 8, 3, 4) 4.999 / 0.141; (64, 8, 3, 1) 5.445 / 0.146; (32, 8, 3, 2)
+#: 5.097 / 0.135.
+DQ_DS_SWEEP = ((64, 8, 3, 2), (64, 4, 3, 1), (64, 4, 3, 2), (64, 8, 3, 4))
 
 
 def dq_ds_tiles(T: int, config: NSAConfig) -> None:
@@ -1483,7 +1445,7 @@ def dq_ds_tiles(T: int, config: NSAConfig) -> None:
                                               gate=gate, dq_ds=tiles)  # fmt: skip
             first, _ = timed_variant(T, f"compressed backward, dQ from dS {tiles}", call, first, slice(0, 1))
         for tiles in DQ_DS_SWEEP:
-            with tiles_as_default(cmp.DQ_DS_TILES, **dict(zip(keys, tiles))):
+            with tiles_as_default(cmp.DQ_DS_HOPPER_TILES, **dict(zip(keys, tiles))):
                 call = lambda: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0, delta=delta,
                                                   gate=gate)  # fmt: skip
                 try:
@@ -1500,8 +1462,8 @@ def dq_ds_tiles(T: int, config: NSAConfig) -> None:
           f"{times[DQ_DS_SWEEP[0]]:.3f})", flush=True)
     if best != DQ_DS_SWEEP[0]:
         variants = tuple((str(tiles), dict(zip(keys, tiles))) for tiles in (DQ_DS_SWEEP[0], best))
-        step_abba(T, config, cmp.DQ_DS_TILES, variants, "dQ from dS")
-        kernels_by_default(T, config, cmp.DQ_DS_TILES, variants, "dQ from dS")
+        step_abba(T, config, cmp.DQ_DS_HOPPER_TILES, variants, "dQ from dS")
+        kernels_by_default(T, config, cmp.DQ_DS_HOPPER_TILES, variants, "dQ from dS")
 
 
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
@@ -1626,8 +1588,7 @@ SECTIONS = {
     "win_beside": window_beside_compressed, "win_slc_pipe": window_selected_pipelined,
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
-    "pass1_tiles": pass1_tiles, "forced_place": forced_place, "ds_bulk": ds_bulk_store,
-    "dq_ds_tiles": dq_ds_tiles,
+    "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
 }
 
 

@@ -40,11 +40,24 @@
 #                                             # forward+backward (ABBA) and its kernels (64k, 8k); the
 #                                             # compressed GPU tests (report named after REV)
 #
+# dq bitwise the same for every launch. The kernel alone (profiler) at 64k: 4.63 ms for two query tiles
+# in 8 warps against 5.23 for one (the default), 4.65 in 4 warps, 5.00 for four tiles; 8k 0.128-0.130
+# against 0.141. The whole 64k forward+backward with two tiles (ABBA, flushed) 98.48-98.88 ms against
+# 97.99-99.91, back to back 97.85-98.97 against 99.71-100.1; 8k the same within noise. Two tiles in 8
+# warps are the default now where the dK/dV's Hopper tiles apply (DQ_DS_HOPPER_TILES); the bulk-copy
+# and evict-first stores left main (branch next/ds-store, docs/perf/attempts/prefill_compressed_ds_store.patch).
+# The tables at the final code, and the GPU tests of the files that run the compressed backward:
+#
+#   bash scripts/gpu_session57.sh final REV   # nsa-bench prefill (8k-64k), nsa-bench decode (batch
+#                                             # 1-64, graph replay), dense in the same runs; the
+#                                             # compressed, select and nsa_attention GPU tests (report
+#                                             # named after REV)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV}"
 device_line
 
 case "$step" in
@@ -61,6 +74,14 @@ dqds)
     rev="${2:?the dqds step needs the commit to name the test report after}"
     probe_run 360 dq_ds_tiles --lengths 65536 8192 --only dq_ds_tiles --kernels 6
     reported_tests 150 "$rev" tests/ops/test_compressed_kernel.py
+    ;;
+final)
+    rev="${2:?the final step needs the commit to name the test report after}"
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    reported_tests 200 "$rev" tests/ops/test_compressed_kernel.py tests/ops/test_select_kernel.py \
+        tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

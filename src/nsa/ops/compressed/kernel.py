@@ -27,7 +27,6 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
@@ -46,7 +45,7 @@ from nsa.ops._triton.attention import (
     store_scaled,
     wide_heads_on_small_gpu,
 )
-from nsa.ops._triton.device import bulk_copies_supported, sm_count
+from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
@@ -177,15 +176,14 @@ def compressed_bwd_dq_ds_kernel(
 
 
 @triton.jit
-def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, n0, o_n, TQ, NC, q_offset, qk_scale,
-               ds, ds_off, TOTAL, ds_desc,
+def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n, TQ, NC, q_offset, qk_scale,
+               ds, ds_off, TOTAL,
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-               DS_OUT: tl.constexpr, DS_DESC: tl.constexpr, DS_EVICT: tl.constexpr):
+               DS_OUT: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group); with
-    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`), by one bulk
-    copy through ``ds_desc`` with ``DS_DESC``."""
+    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`)."""
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
@@ -200,15 +198,7 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, n0,
                                                   qk_scale, MASK, GATED, PREC)
         # masked and padding entries are exact zeros (P = 0, or q = do = 0 with delta = 0): the dQ
         # reads whole tiles
-        if DS_DESC:
-            # the tile's rows are contiguous (_ds_rows): one bulk copy from shared memory, issued by one
-            # thread, in place of every thread's 16-byte stores after the same trip through shared memory
-            # (the launch makes sure that every row index fits the copy's 32-bit coordinates)
-            row0 = ((i_b * H + i_h) * TOTAL + tl.load(ds_off + i_t) + n0).to(tl.int32)
-            ds_desc.store([row0, 0], b_dst.to(ds_desc.dtype))
-        else:
-            tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty),
-                     eviction_policy=DS_EVICT)
+        tl.store(_ds_rows(ds, ds_off, TOTAL, i_b, i_h, i_t, o_n, H, BT * GP), b_dst.to(ds.dtype.element_ty))
     else:
         b_dk, b_dv = attn_bwd_dkdv_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq, qk_scale, MASK,
                                         GATED, PREC)
@@ -235,8 +225,7 @@ def compressed_bwd_dkdv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-    ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False, ds_desc=None, DS_DESC: tl.constexpr = False,
-    DS_EVICT: tl.constexpr = "",
+    ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False,
 ):
     """Grid ``(token tiles, SPLIT, B * H)``. With ``DS_OUT`` every (query tile, token tile) pair
     also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`."""
@@ -268,14 +257,14 @@ def compressed_bwd_dkdv_kernel(
     i_z = tl.minimum(i_s * seg + seg, NT)
     i_m = tl.maximum(i_a, i_full)  # unmasked tiles [i_m, i_z), then masked ones [i_a, min(i_z, i_full))
     for i in range(0, i_z - i_m):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, i_n * BN, o_n, TQ, NC,
-                                q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
-                                GATED, PREC, DS_OUT, DS_DESC, DS_EVICT)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
+                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
+                                GATED, PREC, DS_OUT)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
-        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, i_n * BN, o_n, TQ, NC,
-                                q_offset, qk_scale, ds, ds_off, TOTAL, ds_desc, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
-                                GATED, PREC, DS_OUT, DS_DESC, DS_EVICT)
+        b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
+                                q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
+                                GATED, PREC, DS_OUT)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -301,10 +290,6 @@ def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
     return max(1, min(cap, cdiv(target, max(programs, 1))))
 
 
-#: How the dK/dV kernel stores its ``dS`` tiles (``DS_OUT``): ``bulk`` True by one tensor-descriptor
-#: (TMA) copy a tile where bulk copies run (:func:`bulk_copies_supported`), the tile fits a copy and
-#: every row index fits its 32-bit coordinates; False by the threads' own stores.
-DS_STORE = dict(bulk=False, eviction="")
 #: The dQ from ``dS`` (:func:`compressed_bwd_dq_ds_kernel`): ``block_n`` tokens a step (it must divide
 #: the dK/dV kernel's token tile, whose ``dS`` tiles it reads; by default the narrower of the two),
 #: ``num_warps``, ``num_stages``, and ``query_tiles`` of the dK/dV's query tiles a program (a caller's
@@ -312,6 +297,12 @@ DS_STORE = dict(bulk=False, eviction="")
 #: against 0.801 recomputing, 64k 29.09 against 30.10; (32, 4, 3) 0.701 and 30.00, (128, 4, 2) 0.760
 #: and 32.44 (docs/perf/prefill.md, session 19).
 DQ_DS_TILES = dict(block_n=64, num_warps=4, num_stages=3, query_tiles=1)
+#: The same where :data:`DKDV_TILES` apply (:func:`hopper_tiles_fit`): two query tiles a program, so
+#: that each 16 KiB ``K`` tile it loads from L2 serves two 8 KiB ``dS`` tiles (a third fewer bytes a
+#: tile), in 8 warps (94 registers and 96 KiB of shared memory for sm_90: two programs an SM). H200,
+#: 64k, the kernel alone in the profiler: 4.63 ms against 5.23 for one tile; 8k 0.130 against 0.141;
+#: dq bitwise the same (docs/perf/prefill.md, session 57).
+DQ_DS_HOPPER_TILES = dict(block_n=64, num_warps=8, num_stages=3, query_tiles=2)
 #: dK/dV tiles ``(rows, block_n, num_warps, num_stages)`` for heads wider than 128 on a GPU with
 #: less than 128 KiB of shared memory a program (:func:`wide_heads_on_small_gpu`): 64-token tiles
 #: ask 104 KiB even in one stage, 32-token ones 76.5 KiB in two (sm_89 compiles, RTX 4090: 99).
@@ -373,7 +364,9 @@ def compressed_bwd(
     ``delta``: ``rowsum(o * do)`` float32 ``[B, Tq, HQ]`` already computed (then ``o`` is not
     read, and ``dlse`` must be None). With it, and where the buffer fits
     ``NSA_COMPRESSED_DQ_FROM_DS_MIB``, the dK/dV kernel runs first and leaves ``dS`` for the dQ
-    (:func:`compressed_bwd_dq_ds_kernel`, tiles ``dq_ds``, default :data:`DQ_DS_TILES`).
+    (:func:`compressed_bwd_dq_ds_kernel`, tiles ``dq_ds = (block_n, num_warps, num_stages[,
+    query_tiles])``, by default :data:`DQ_DS_HOPPER_TILES` where :data:`DKDV_TILES` apply, else
+    :data:`DQ_DS_TILES`).
     ``gate``: ``do`` is the gradient of the gated sum, and this branch's is ``gate[..., None] * do``
     (``gate`` float32 ``[B, Tq, HQ]``, see :func:`check_gate`); ``delta`` is then ``rowsum(o * do)`` of
     that ``do``, and ``dlse`` must be None.
@@ -404,14 +397,15 @@ def compressed_bwd(
                   L=config.cmp_block, S=config.cmp_stride, PREC=dot_precision(q.dtype, q.device, max(DK, DV)),
                   num_warps=num_warps, num_stages=num_stages)
     kv = dict(common)
-    if dkdv is None and hopper_tiles_fit(q.dtype, max(DK, DV), q.device):
+    hopper = hopper_tiles_fit(q.dtype, max(DK, DV), q.device)
+    if dkdv is None and hopper:
         dkdv = DKDV_TILES["tiles"]
     elif dkdv is None and wide_heads_on_small_gpu(max(DK, DV), q.device) and not exact:
         dkdv = WIDE_ON_SMALL_GPU_DKDV_TILES
     if dkdv is not None:
         kv_rows, kv_block_n, kv_warps, kv_stages = dkdv
         kv.update(BT=max(1, kv_rows // GP), BN=kv_block_n, num_warps=kv_warps, num_stages=kv_stages)
-    ds = _ds_buffer(q, k_cmp, config, q_offset, kv, dq_ds) if has_delta and B * NC * H else None
+    ds = _ds_buffer(q, k_cmp, config, q_offset, kv, dq_ds, hopper) if has_delta and B * NC * H else None
     if B * TQ * HQ and ds is None:
         compressed_bwd_dq_kernel[(cdiv(TQ, BT), B * H)](
             q, k_cmp, v_cmp, o, do, do if gate is None else gate, lse, dlse if dlse is not None else lse, delta, dq,
@@ -425,8 +419,7 @@ def compressed_bwd(
             dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)
         else:
             dk_part, dv_part = dk, dv
-        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True, ds_desc=ds.get("desc"),
-                       DS_DESC="desc" in ds, DS_EVICT=DS_STORE["eviction"]) if ds else {}
+        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
             scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
@@ -444,13 +437,14 @@ def compressed_bwd(
 
 
 def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset: int, kv: dict,
-               tiles: Optional[Tuple[int, ...]]) -> Optional[dict]:
+               tiles: Optional[Tuple[int, ...]], hopper: bool = False) -> Optional[dict]:
     """The dK/dV kernel's ``dS`` buffer for the dQ (:func:`ds_layout`), with its offsets, rows and the
-    dQ's tiles; None where it would pass ``NSA_COMPRESSED_DQ_FROM_DS_MIB`` or the problem is empty."""
+    dQ's tiles (by default :data:`DQ_DS_HOPPER_TILES` with ``hopper``, else :data:`DQ_DS_TILES`); None
+    where it would pass ``NSA_COMPRESSED_DQ_FROM_DS_MIB`` or the problem is empty."""
     B, TQ, HQ, _ = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     # by default the dK/dV's token tile where it is narrower (heads wider than 128 on a small GPU)
-    own = DQ_DS_TILES
+    own = DQ_DS_HOPPER_TILES if hopper else DQ_DS_TILES
     tiles = tuple(tiles or (min(own["block_n"], kv["BN"]), own["num_warps"], own["num_stages"], own["query_tiles"]))
     tiles = tiles if len(tiles) == 4 else (*tiles, 1)
     if kv["BN"] % tiles[0]:
@@ -463,11 +457,7 @@ def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset
     if total == 0 or B * H * total * M * q.element_size() > budget:
         return None
     buffer = torch.empty(B * H * total * M, device=q.device, dtype=q.dtype)
-    found = dict(buffer=buffer, offsets=offsets, total=total, tiles=tiles)
-    rows = B * H * total
-    if DS_STORE["bulk"] and bulk_copies_supported(q.device) and max(kv["BN"], M) <= 256 and rows < 2**31:
-        found["desc"] = TensorDescriptor(buffer.view(rows, M), [rows, M], [M, 1], [kv["BN"], M])
-    return found
+    return dict(buffer=buffer, offsets=offsets, total=total, tiles=tiles)
 
 
 class CompressedAttentionFunction(torch.autograd.Function):
