@@ -58,6 +58,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 28. **The compressed dQ from dS by its launch** (``dq_ds_tiles``): tokens a step, warps, stages and
     query tiles a program, in the compressed backward and its kernel lists; the fastest against the
     default in the whole forward+backward (ABBA) and its kernels.
+29. **Pass 1 in 128-row tiles** (``pass1_wide``): pass 1 of the compressed forward (where pass 2
+    runs apart) in tiles of 8 query positions at two programs an SM, against the default; the
+    fastest in the whole forward and forward+backward (ABBA) and the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -848,6 +851,36 @@ def pass1_tiles(T: int, config: NSAConfig) -> None:
     _pass2_sweep(T, config, PASS1_TILES)
 
 
+#: Pass 1 in 128-row tiles (8 query positions) at two programs an SM, so that each K/V tile it loads
+#: from L2 serves twice the rows (session 57; the default first). Compiled for sm_90 (registers /
+#: shared memory, instructions a step): the default (64 rows, 64 tokens, 4 warps, 3 stages) 174 / 112
+#: KiB, 356 for 64 x 64 row-tokens, 2 programs an SM; 128 rows of 8 warps in 32-token tiles 127 / 80
+#: KiB in 3 stages, 123 / 96 KiB in 4, 266-270 for 128 x 32 (2 an SM); in 64-token tiles capped at
+#: 128 registers 128 / 96 KiB in 2 stages, 383 for 128 x 64, but ptxas then waits for every product
+#: of a group (2 an SM). Session 56 measured 128 rows of 8 warps in 64-token tiles uncapped (191
+#: registers, 1 an SM): slower.
+PASS1_WIDE = (
+    ("pass 1 as fused (64 rows, 64 tokens, 4 warps, 3 stages)", dict(pass1=None)),
+    ("pass 1 in 128 rows of 8 warps, 32 tokens, 3 stages", dict(pass1=dict(BT=8, BN=32, num_warps=8, num_stages=3))),
+    ("pass 1 in 128 rows of 8 warps, 32 tokens, 4 stages", dict(pass1=dict(BT=8, BN=32, num_warps=8, num_stages=4))),
+    ("pass 1 in 128 rows of 8 warps, 64 tokens, 2 stages, 128 registers",
+     dict(pass1=dict(BT=8, BN=64, num_warps=8, num_stages=2, maxnreg=128))),
+)
+
+
+def pass1_wide(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS1_WIDE`; where another launch is faster than the default
+    in both rounds, it against the default in the whole forward and forward+backward (ABBA) and the
+    forward's kernel lists (:func:`ab_rounds_and_lists`)."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    times = _pass2_sweep(T, config, PASS1_WIDE)
+    default = PASS1_WIDE[0][0]
+    best = min(times, key=lambda label: max(times[label]))
+    if best != default and max(times[best]) < min(times[default]):
+        ab_rounds_and_lists(T, config, module.PASS2_APART, (PASS1_WIDE[0], (best, dict(PASS1_WIDE)[best])), "pass 1")
+
+
 FORCED_PLACES = (("forced blocks in the window kernels (default)", {}),
                  ("forced blocks in their own kernels", {"NSA_FORCED_IN_WINDOW": "0"}))
 
@@ -1589,6 +1622,7 @@ SECTIONS = {
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
+    "pass1_wide": pass1_wide,
 }
 
 

@@ -53,11 +53,23 @@
 #                                             # compressed, select and nsa_attention GPU tests (report
 #                                             # named after REV)
 #
+# Prefill: 8k 2.188 / 1.847 ms (0.84x) and 7.145 / 7.546 (1.06x); 64k 33.48 / 116.9 (3.49x) and 97.17 /
+# 448.0 (4.61x). Decode at 64k: batch 1 18.91 / 50.50 us (2.67x), batch 16 71.86 / 494.4 (6.88x). The
+# GPU tests passed (104, 4 skipped). The dQ's gain came from L2: two query tiles share each K tile.
+# Pass 1 of the compressed forward (where pass 2 runs apart) loads 32 KiB of K and V from L2 a step
+# for 64 rows; in 128-row tiles at two programs an SM each load serves twice the rows:
+#
+#   bash scripts/gpu_session57.sh pass1wide   # pass 1 by its launch (128 rows of 8 warps in 32-token
+#                                             # tiles, or 64-token tiles capped at 128 registers),
+#                                             # against the default; the fastest in the whole forward
+#                                             # and forward+backward (ABBA) and the kernel lists (64k,
+#                                             # 32k)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV | pass1wide}"
 device_line
 
 case "$step" in
@@ -82,6 +94,9 @@ final)
     decode_table h200
     reported_tests 200 "$rev" tests/ops/test_compressed_kernel.py tests/ops/test_select_kernel.py \
         tests/ops/test_nsa_attention_kernel.py
+    ;;
+pass1wide)
+    probe_run 420 pass1_wide --lengths 65536 32768 --only pass1_wide --kernels 8
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
