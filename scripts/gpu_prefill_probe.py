@@ -853,18 +853,20 @@ def pass1_tiles(T: int, config: NSAConfig) -> None:
 
 #: Pass 1 in 128-row tiles (8 query positions) at two programs an SM, so that each K/V tile it loads
 #: from L2 serves twice the rows (session 57; the default first). Compiled for sm_90 (registers /
-#: shared memory, instructions a step): the default (64 rows, 64 tokens, 4 warps, 3 stages) 174 / 112
+#: shared memory, instructions a step): the fused launch's (64 rows, 64 tokens, 4 warps, 3 stages) 174 / 112
 #: KiB, 356 for 64 x 64 row-tokens, 2 programs an SM; 128 rows of 8 warps in 32-token tiles 127 / 80
 #: KiB in 3 stages, 123 / 96 KiB in 4, 266-270 for 128 x 32 (2 an SM); in 64-token tiles capped at
 #: 128 registers 128 / 96 KiB in 2 stages, 383 for 128 x 64, but ptxas then waits for every product
 #: of a group (2 an SM). Session 56 measured 128 rows of 8 warps in 64-token tiles uncapped (191
-#: registers, 1 an SM): slower.
+#: registers, 1 an SM): slower. Session 57 (H200, the compressed forward with selection, two rounds,
+#: ms at 64k / 32k): the fused launch's tiles 17.15, 17.34 / 4.65, 4.70; 32-token tiles in 3 stages
+#: 17.17, 17.43 / 4.64, 4.67, in 4 stages 17.29, 17.46 / 4.66, 4.66; 64-token tiles capped at 128
+#: registers 16.37, 16.49 / 4.44, 4.44, then the default (``PASS2_APART["pass1"]``).
 PASS1_WIDE = (
+    ("the default (128 rows of 8 warps, 64 tokens, 2 stages, 128 registers)", {}),
     ("pass 1 as fused (64 rows, 64 tokens, 4 warps, 3 stages)", dict(pass1=None)),
-    ("pass 1 in 128 rows of 8 warps, 32 tokens, 3 stages", dict(pass1=dict(BT=8, BN=32, num_warps=8, num_stages=3))),
-    ("pass 1 in 128 rows of 8 warps, 32 tokens, 4 stages", dict(pass1=dict(BT=8, BN=32, num_warps=8, num_stages=4))),
-    ("pass 1 in 128 rows of 8 warps, 64 tokens, 2 stages, 128 registers",
-     dict(pass1=dict(BT=8, BN=64, num_warps=8, num_stages=2, maxnreg=128))),
+    ("pass 1 in 128 rows of 8 warps, 32 tokens, 3 stages", dict(pass1=dict(rows=128, BN=32, num_warps=8, num_stages=3))),
+    ("pass 1 in 128 rows of 8 warps, 32 tokens, 4 stages", dict(pass1=dict(rows=128, BN=32, num_warps=8, num_stages=4))),
 )
 
 

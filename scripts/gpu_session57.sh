@@ -65,11 +65,23 @@
 #                                             # and forward+backward (ABBA) and the kernel lists (64k,
 #                                             # 32k)
 #
+# In 64-token tiles capped at 128 registers (two programs of 8 warps an SM), bitwise the same results:
+# the compressed forward with selection 16.37-16.49 ms at 64k against 17.15-17.34, 32k 4.44 against
+# 4.65-4.70; the whole 64k forward 33.18-33.50 against 33.81-34.29 (ABBA, flushed), forward+backward
+# 97.19-97.62 against 97.41-99.12; 32k forward 12.59-12.63 against 12.84-12.85. 32-token tiles no
+# faster (17.17-17.46). The capped tiles are pass 1's default now (PASS2_APART["pass1"]). The prefill
+# table at that code (the decode kernels did not change since the final step) and the GPU tests of
+# the files that run the compressed forward:
+#
+#   bash scripts/gpu_session57.sh table2 REV  # nsa-bench prefill (8k-64k, dense in the same run); the
+#                                             # select, compressed and nsa_attention GPU tests (report
+#                                             # named after REV)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV | pass1wide}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV | pass1wide | table2 REV}"
 device_line
 
 case "$step" in
@@ -97,6 +109,13 @@ final)
     ;;
 pass1wide)
     probe_run 420 pass1_wide --lengths 65536 32768 --only pass1_wide --kernels 8
+    ;;
+table2)
+    rev="${2:?the table2 step needs the commit to name the test report after}"
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    reported_tests 200 "$rev" tests/ops/test_select_kernel.py tests/ops/test_compressed_kernel.py \
+        tests/ops/test_nsa_attention_kernel.py
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac

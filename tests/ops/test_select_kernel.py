@@ -122,7 +122,7 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
 def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     """``PASS2_APART``: where the long walks take their default tiles tuned on Hopper (16-bit inputs;
     ``SHORT_TOKENS`` 0 here), pass 1 runs once over every query (``o``, ``lse`` and the log2-domain
-    lse; here in query tiles of 4 positions, ``PASS2_APART["pass1"]``), then each query chunk's
+    lse; here in query tiles of 16 rows, 4 positions, ``PASS2_APART["pass1"]``), then each query chunk's
     pass 2 in a launch of its own with its own tiles (8 blocks a step and query tiles of 8
     positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the blocks equal the fused
     launch's bitwise (padding head rows, B > 1, a query offset, four chunks; queries that choose 2
@@ -146,7 +146,8 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
     monkeypatch.setitem(module.PASS2_APART, "rows", 32)
-    monkeypatch.setitem(module.PASS2_APART, "pass1", dict(BT=4))
+    # pass 1's own launch given in rows, as the default is (its register cap is the GPU's alone)
+    monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, num_warps=8, num_stages=2, maxnreg=128))
     launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
                                     for name, kw in launches if name == "compressed_fwd_kernel"]
     with every_launch() as launches:

@@ -72,19 +72,25 @@ SHORT_TOKENS = 1024
 #: tuned on Hopper fit (``hopper_tiles_fit``: 16-bit heads up to 128 wide, 227 KiB a program): pass
 #: 1 runs once over every query and leaves the log2-domain lse, then each query chunk's pass 2, with
 #: these options (``rows`` None: pass 1's; ``pass1``: launch options of pass 1 over the fused
-#: launch's, ``BT``, ``BN``, ``num_warps``, ``num_stages``), and its top-n; bitwise the fused launch's
-#: results where ``pass1`` keeps the fused launch's ``BN``.
+#: launch's, ``rows``, ``BN``, ``num_warps``, ``num_stages``, ``maxnreg``), and its top-n; bitwise the
+#: fused launch's results where ``pass1`` keeps the fused launch's ``BN``.
 #: Without ``p @ v`` and its accumulator, pass 2 alone needs fewer registers and less shared memory:
 #: compiled for sm_90 (head dim 128) the fused kernel takes 187 registers and 113 KiB (2 programs of
 #: 4 warps an SM), pass 2 alone in tiles of 128 rows (8 query positions), 16-block steps and 2
 #: stages 76 and 64 KiB (3 programs of 8 warps). H200, the compressed forward with selection, ms:
 #: 64k 16.63-17.21 against 17.43-17.94 fused (64 rows of 4 warps 17.18-17.67, 32 blocks a step
 #: 17.62-18.00, 256 rows 18.14-18.80), 32k 4.57 against 4.87-4.95; the whole 64k forward 33.61-33.88
-#: against 34.16-34.78 (ABBA). Pass 1 alone keeps the fused launch's tiles: 16.88-17.12 ms in all at
-#: 64k against 17.54-17.67 for 128 rows of 8 warps and 17.57-18.73 for 32-token tiles
-#: (docs/perf/prefill.md, session 56).
+#: against 34.16-34.78 (ABBA) (docs/perf/prefill.md, session 56).
+#: Pass 1 alone takes 128 rows (8 query positions) of 8 warps in 2 stages, capped at 128 registers,
+#: so that two programs share an SM (128 registers, 96 KiB for sm_90; ptxas then waits for each
+#: product of a group, 24 bytes of stack outside the loop) and each K/V tile from L2 serves twice
+#: the rows of the fused launch's tiles (174 registers, 112 KiB, 64 rows). H200, the compressed
+#: forward with selection: 64k 16.37-16.49 ms against 17.15-17.34 with the fused launch's tiles for
+#: pass 1, 32k 4.44 against 4.65-4.70; the whole 64k forward 33.18-33.50 against 33.81-34.29,
+#: forward+backward 97.19-97.62 against 97.41-99.12 (ABBA); bitwise the same results. Uncapped (191
+#: registers, one program an SM) 17.54-17.67, and 32-token tiles 17.17-18.73 (sessions 56-57).
 PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
-                   pass1=None)
+                   pass1=dict(rows=128, num_warps=8, num_stages=2, maxnreg=128))
 
 
 @triton.jit
@@ -442,7 +448,10 @@ def compressed_fwd(
     if apart:
         # pass 1 once over every query, then pass 2 by chunks in launches of their own
         lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
-        pass1 = dict(launch, SELECT=False, **(PASS2_APART["pass1"] or {}))
+        pass1 = dict(PASS2_APART["pass1"] or {})
+        if "rows" in pass1:
+            pass1["BT"] = max(1, pass1.pop("rows") // GP)
+        pass1 = dict(launch, SELECT=False, **pass1)
         compressed_fwd_kernel[(cdiv(TQ, pass1["BT"]), B * H)](
             q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
             **pass1, lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
