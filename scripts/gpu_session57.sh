@@ -7,11 +7,11 @@
 # the buffer, so one tensor-descriptor (TMA) copy can store it from shared memory: 608 instructions
 # a step against 630, no stack (16 bytes before). compressed.kernel.DS_STORE["bulk"] (new, off):
 #
-#   bash scripts/gpu_session57.sh bulk REV    # the compressed backward with either store (ABBA,
-#                                             # bitwise checked), its kernels with either and without
-#                                             # the dS buffer, the whole forward+backward (ABBA) and its
+#   bash scripts/gpu_session57.sh bulk REV    # the compressed backward with either store (ABBA, bitwise
+#                                             # checked), its kernels with either and without the dS
+#                                             # buffer, the whole forward+backward (ABBA) and its
 #                                             # kernels (8k, 64k); the compressed GPU tests (report
-#                                             # named after REV)
+#                                             # named after REV) (ran at e03b6ae)
 #
 # Bitwise the same results, but no faster: the compressed backward alone 27.94-28.13 ms at 64k against
 # 28.24-28.33 (ABBA), its dK/dV kernel 22.51 against 22.37 in the profiler; the whole forward+backward
@@ -23,10 +23,11 @@
 #
 #   bash scripts/gpu_session57.sh evict       # ds_bulk again with the evict-first stores as a third
 #                                             # variant (64k, 8k); nsa-bench prefill (8k-64k, dense in
-#                                             # the same run)
+#                                             # the same run) (ran at 9f0b258; the probe section ds_bulk
+#                                             # is on the branch next/ds-store)
 #
 # The evict-first stores no faster either: the compressed backward 27.63-27.80 ms against 27.71-27.90
-# (bulk copies 27.63-27.79), the whole forward+backward 96.84-97.15 flushed with any of the three; 8k
+# (bulk copies 27.63-27.79), the whole forward+backward 96.69-97.15 flushed with any of the three; 8k
 # the same. The prefill table at 9f0b258 (the default stores): 8k 2.184 / 1.824 ms (0.84x) and 7.088 /
 # 7.487 (1.06x); 64k 34.01 / 117.6 (3.46x) and 96.73 / 447.9 (4.63x). Both options dropped.
 #
@@ -38,12 +39,14 @@
 #                                             # step, warps, stages, query tiles), each with its kernel
 #                                             # list; the fastest against the default in the whole
 #                                             # forward+backward (ABBA) and its kernels (64k, 8k); the
-#                                             # compressed GPU tests (report named after REV)
+#                                             # compressed GPU tests (report named after REV) (ran at
+#                                             # 4ede740)
 #
 # dq bitwise the same for every launch. The kernel alone (profiler) at 64k: 4.63 ms for two query tiles
 # in 8 warps against 5.23 for one (the default), 4.65 in 4 warps, 5.00 for four tiles; 8k 0.128-0.130
 # against 0.141. The whole 64k forward+backward with two tiles (ABBA, flushed) 98.48-98.88 ms against
-# 97.99-99.91, back to back 97.85-98.97 against 99.71-100.1; 8k the same within noise. Two tiles in 8
+# 97.99-99.91 (shorter in three rounds of four), back to back 97.85-98.97 against 99.71-100.1; 8k the
+# same within noise. Two tiles in 8
 # warps are the default now where the dK/dV's Hopper tiles apply (DQ_DS_HOPPER_TILES); the bulk-copy
 # and evict-first stores left main (branch next/ds-store, docs/perf/attempts/prefill_compressed_ds_store.patch).
 # The tables at the final code, and the GPU tests of the files that run the compressed backward:
@@ -51,7 +54,7 @@
 #   bash scripts/gpu_session57.sh final REV   # nsa-bench prefill (8k-64k), nsa-bench decode (batch
 #                                             # 1-64, graph replay), dense in the same runs; the
 #                                             # compressed, select and nsa_attention GPU tests (report
-#                                             # named after REV)
+#                                             # named after REV) (ran at e5ed846)
 #
 # Prefill: 8k 2.188 / 1.847 ms (0.84x) and 7.145 / 7.546 (1.06x); 64k 33.48 / 116.9 (3.49x) and 97.17 /
 # 448.0 (4.61x). Decode at 64k: batch 1 18.91 / 50.50 us (2.67x), batch 16 71.86 / 494.4 (6.88x). The
@@ -63,7 +66,7 @@
 #                                             # tiles, or 64-token tiles capped at 128 registers),
 #                                             # against the default; the fastest in the whole forward
 #                                             # and forward+backward (ABBA) and the kernel lists (64k,
-#                                             # 32k)
+#                                             # 32k) (ran at 035a10d)
 #
 # In 64-token tiles capped at 128 registers (two programs of 8 warps an SM), bitwise the same results:
 # the compressed forward with selection 16.37-16.49 ms at 64k against 17.15-17.34, 32k 4.44 against
@@ -75,13 +78,14 @@
 #
 #   bash scripts/gpu_session57.sh table2 REV  # nsa-bench prefill (8k-64k, dense in the same run); the
 #                                             # select, compressed and nsa_attention GPU tests (report
-#                                             # named after REV)
+#                                             # named after REV) (ran at 325d814)
 #
 # Prefill: 8k 2.179 / 1.833 ms (0.84x) and 7.091 / 7.493 (1.06x); 64k 32.44 / 116.6 (3.59x) and 95.44 /
 # 445.7 (4.67x), the H200's highest ratios at 64k so far. The GPU tests passed (104, 4 skipped). The
 # prefill table once more, on another machine:
 #
-#   bash scripts/gpu_session57.sh table3      # nsa-bench prefill (8k-64k, dense in the same run)
+#   bash scripts/gpu_session57.sh table3      # nsa-bench prefill (8k-64k, dense in the same run) (ran
+#                                             # at 0db1fb5)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

@@ -146,7 +146,7 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
     monkeypatch.setitem(module.PASS2_APART, "rows", 32)
-    # pass 1's own launch given in rows, as the default is (its register cap is the GPU's alone)
+    # pass 1's own launch given in rows, as the default is (the register cap binds on a GPU alone)
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, num_warps=8, num_stages=2, maxnreg=128))
     launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
                                     for name, kw in launches if name == "compressed_fwd_kernel"]
