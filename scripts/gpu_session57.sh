@@ -87,11 +87,18 @@
 #   bash scripts/gpu_session57.sh table3      # nsa-bench prefill (8k-64k, dense in the same run) (ran
 #                                             # at 0db1fb5)
 #
+# 32.81 / 117.5 ms (3.58x) and 96.44 / 446.0 (4.62x) at 64k; 8k 0.90x and 1.06x. With the last device
+# minutes, Nsight Compute on the compressed dK/dV with and without its dS stores (they cost it 3.8 of
+# 22.4 ms at 64k, and neither bulk copies nor evict-first stores changed that):
+#
+#   bash scripts/gpu_session57.sh ncu         # ncu (warp states, throughput, memory sections) on the
+#                                             # dK/dV kernel at 16k, dS stored or not
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV | pass1wide | table2 REV | table3}"
+step="${1:?usage: scripts/gpu_session57.sh bulk REV | evict | dqds REV | final REV | pass1wide | table2 REV | table3 | ncu}"
 device_line
 
 case "$step" in
@@ -129,6 +136,15 @@ table2)
     ;;
 table3)
     h200_prefill
+    ;;
+ncu)
+    for ds in on off; do
+        timeout 100 ncu --profile-from-start off --clock-control none -k regex:compressed_bwd_dkdv_kernel \
+            --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+            python scripts/ncu_compressed_bwd.py --length 16384 --ds "$ds" > "$OUT/ncu_dkdv_ds_$ds.txt" 2>&1
+        echo "== ncu dS $ds: rc $? after $(( $(date +%s) - start )) s"
+        grep -E "Duration|Stall|Throughput|Warp Cycles|Issued|L2 Hit|Mem Busy|Registers" "$OUT/ncu_dkdv_ds_$ds.txt" | head -40
+    done
     ;;
 *) echo "unknown step $step" >&2; exit 2 ;;
 esac
