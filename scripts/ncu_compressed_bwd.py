@@ -16,12 +16,10 @@ import os
 
 import torch
 
-from nsa import NSAConfig
-from nsa.ops import mean_compress
 from nsa.ops._triton.attention import attn_bwd_delta
 from nsa.ops._triton.compressed_fwd import compressed_fwd
 from nsa.ops.compressed import kernel
-from ncu_range import profile_once
+from ncu_range import compressed_inputs, profile_once
 
 
 def main() -> None:
@@ -31,12 +29,7 @@ def main() -> None:
                         help="the dK/dV kernel stores dS for the dQ (on) or the dQ recomputes it (off)")
     args = parser.parse_args()
     os.environ["NSA_COMPRESSED_DQ_FROM_DS_MIB"] = str(1 << 20) if args.ds == "on" else "0"
-    config, T = NSAConfig(), args.length
-    torch.manual_seed(T)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, 64, 128, **bf), torch.randn(1, T, 4, 128, **bf), torch.randn(1, T, 4, 128, **bf)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    scale = config.softmax_scale(128)
+    config, q, k_cmp, v_cmp, scale = compressed_inputs(args.length)
     o, lse, _ = compressed_fwd(q, k_cmp, v_cmp, config, scale, 0)
     do = torch.randn_like(o)
     gate = torch.rand(q.shape[:3], device="cuda")

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from nsa import NSAConfig
-from nsa.ops import mean_compress
 from nsa.ops._triton import compressed_fwd as current
-from ncu_range import profile_once
+from ncu_range import compressed_inputs, profile_once
 
 #: (store_o, select) of the three launches, in the order they are profiled
 MODES = ((True, False), (False, True), (True, True))
@@ -36,12 +32,7 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("saved_compressed_fwd", args.module)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    config, T = NSAConfig(), args.length
-    torch.manual_seed(T)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    q, k, v = torch.randn(1, T, 64, 128, **bf), torch.randn(1, T, 4, 128, **bf), torch.randn(1, T, 4, 128, **bf)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    scale = config.softmax_scale(128)
+    config, q, k_cmp, v_cmp, scale = compressed_inputs(args.length)
     calls = [lambda o=o, s=s: module.compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=o, select=s) for o, s in MODES]
     profile_once(calls)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Tuple
 
 import torch
+
+from nsa import NSAConfig
+from nsa.ops import mean_compress
 
 
 def profile_once(calls: Sequence[Callable[[], object]], warmup: int = 1) -> None:
@@ -19,3 +22,13 @@ def profile_once(calls: Sequence[Callable[[], object]], warmup: int = 1) -> None
         call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+
+
+def compressed_inputs(length: int) -> Tuple[NSAConfig, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """``(config, q, k_cmp, v_cmp, scale)`` of the compressed branch at ``length`` tokens, seeded by it:
+    bf16, B = 1, 64 query heads, 4 KV heads, head dim 128, paper defaults, random inputs."""
+    config = NSAConfig()
+    torch.manual_seed(length)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, length, heads, 128, **bf) for heads in (64, 4, 4))
+    return config, q, mean_compress(k, config), mean_compress(v, config), config.softmax_scale(128)
