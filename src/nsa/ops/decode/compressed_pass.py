@@ -30,7 +30,7 @@ def decode_cmp_win_fwd_kernel(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
     MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
-    weights=None, s_wg=0, VALUES_APART: tl.constexpr = False,
+    weights, s_wg, VALUES_APART: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
     ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
@@ -42,7 +42,7 @@ def decode_cmp_win_fwd_kernel(
     partials are stored with the L2 eviction policy ``KEEP``. With ``VALUES_APART`` (block masses
     only) the compressed splits read no values: they leave each tile's softmax weights in
     ``weights`` (rows of ``s_wg``, as the logits' rows) and their partial's max and sum, and
-    :mod:`.cmp_values` builds their accumulators."""
+    :mod:`.cmp_values` builds their accumulators; the window's splits must then run in launch 3."""
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
@@ -62,14 +62,14 @@ def decode_cmp_win_fwd_kernel(
                                         s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         p_s, SINK_STRIDE, G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP,
                                         R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, CMP_DESC, p_w, s_wg, not VALUES_APART)  # fmt: skip
-        store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP,
-                      ACC=not VALUES_APART)
     else:
         lo, hi = window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr, v_win_ptr,
                                         s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         logits, 0, G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1, WIN_DESC)  # fmt: skip
-        store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
+    # with VALUES_APART the grid holds compressed splits alone (the window runs in launch 3)
+    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP,
+                  ACC=not VALUES_APART)
 
 
 @triton.jit

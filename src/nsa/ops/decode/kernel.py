@@ -403,12 +403,6 @@ def decode_fwd(
                   and cmp_bc % r_blk == 0)  # fmt: skip
     sink_stride = cdiv(nc_cap, cmp_bc) * (cmp_bc // r_blk + 2) if score_mass else nc_cap
     logits = torch.empty(rows * HQ, sink_stride, **f32)
-    if values_apart is None:
-        values_apart = False
-    values_apart = bool(values_apart and score_mass)
-    # launch 1's softmax weights for the values launch: whole tiles a row
-    weights_stride = cdiv(nc_cap, cmp_bc) * cmp_bc
-    weights = torch.empty(rows * HQ, weights_stride, device=q.device, dtype=v_cmp.dtype) if values_apart else logits
     o_part, m_part, l_part = torch.empty(rows * HQ, S, V, **f32), torch.empty(rows * HQ, S, **f32), torch.empty(rows * HQ, S, **f32)
     block_idx = torch.empty(B, TQ, H, n, device=q.device, dtype=torch.int32)
     o = torch.empty(B, TQ, HQ, V, device=q.device, dtype=q.dtype)
@@ -438,6 +432,12 @@ def decode_fwd(
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split
         window_in_selected = fills or nblk_cap <= 128
+    if values_apart is None:
+        values_apart = False
+    # launch 1 then leaves the block masses' tile maxima, and holds no window split
+    values_apart = bool(values_apart and score_mass and window_in_selected)
+    weights_stride = cdiv(nc_cap, cmp_bc) * cmp_bc  # launch 1's weights: whole tiles a row
+    weights = torch.empty(rows * HQ, weights_stride, device=q.device, dtype=v_cmp.dtype) if values_apart else logits
     if l2_hints is None:
         l2_hints = on_gpu
     keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
