@@ -65,15 +65,15 @@ IMPORT = "from nsa.ops.decode.tiles import trace_row, trace_sm, trace_stamp\n"
 INSERTS: List[Tuple[str, str, str]] = [
     ("tiles.py", None, STAMP_HELPERS),
     # compressed pass
-    ("compressed_pass.py", " VALUES_APART: tl.constexpr,\n):", " VALUES_APART: tl.constexpr, trace,\n):"),
+    ("compressed_pass.py", " SEL_BLOCK: tl.constexpr, R: tl.constexpr,\n):", " SEL_BLOCK: tl.constexpr, R: tl.constexpr, trace,\n):"),
     ("compressed_pass.py", "    b_m = tl.full([BG], float(\"-inf\"), tl.float32)\n    b_l = tl.zeros([BG], tl.float32)\n"
      "    b_acc = tl.zeros([BG, BV], tl.float32)\n    if i_s < S_CMP:",
      "    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n    trace_stamp(p_tr, 1, pos.to(tl.int32))\n"
      "    b_m = tl.full([BG], float(\"-inf\"), tl.float32)\n    b_l = tl.zeros([BG], tl.float32)\n"
      "    b_acc = tl.zeros([BG, BV], tl.float32)\n    if i_s < S_CMP:"),
-    ("compressed_pass.py", "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP,\n",
+    ("compressed_pass.py", "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)\n",
      "    trace_stamp(p_tr, 4, tl.sum(b_l, 0).to(tl.int32, bitcast=True))\n"
-     "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP,\n"),
+     "    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)\n"),
     # score
     ("score.py", " RUN_BIT: tl.constexpr,\n):", " RUN_BIT: tl.constexpr, trace,\n):"),
     ("score.py", "        gdc_wait()\n    if j0 <= pos // SEL_BLOCK:",

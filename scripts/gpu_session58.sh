@@ -11,6 +11,17 @@
 #                                             # the step both ways, ABBA twice, at batch 16-64, 64k,
 #                                             # and batch 16 at 8k, 32k, batch 1 at 64k, with dense;
 #                                             # each kernel's time; the timeline of a batch-16 replay
+#                                             # (ran at f395409; that tree's option, kernel, tests and
+#                                             # scripts/gpu_values_apart.py are in
+#                                             # docs/perf/attempts/decode_values_apart.patch)
+#
+# Bitwise the same, and slower everywhere it applies: batch 16 at 64k 87.74 us against 72.42 (ABBA
+# twice), batch 32 150.4 against 124.0, batch 64 296.5 against 230.3, batch 16 at 8k 40.7 against
+# 38.6 and at 32k 60.0 against 52.8 (batch 1 unchanged, 20.5). Launch 1 without the values took
+# 31.8 us eager against 38.8 with them: half the bytes, 18 % less time. The values launch alone took
+# 22.2 us, and in a replay it started 6.3 us after launch 1 ended and took 38.6 us beside the
+# selected launch; the combine waited for it (83.8 us against 69.0 from first start to last end).
+# Dropped.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

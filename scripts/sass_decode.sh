@@ -7,14 +7,14 @@
 # (scripts/sass_loops.py --by-line). The counts in docs/perf/decode.md (sessions 43, 44 and 46)
 # are from these.
 #
-#   bash scripts/sass_decode.sh score|selected|cmp|values|combine b1|b16 [NAME=VALUE ...]
+#   bash scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]
 #
 # NAME=VALUE pairs override a parameter (e.g. num_warps=2). Use the GPU machine's Triton:
 #   pip install --no-deps --target /tmp/t36 triton==3.6.0; TRITON_PATH=/tmp/t36 (the default)
 # Writes /tmp/sass_decode_KERNEL_BATCH.{ttgir,ptx,cubin,sass}.
 set -euo pipefail
-kernel="${1:?usage: scripts/sass_decode.sh score|selected|cmp|values|combine b1|b16 [NAME=VALUE ...]}"
-batch="${2:?usage: scripts/sass_decode.sh score|selected|cmp|values|combine b1|b16 [NAME=VALUE ...]}"
+kernel="${1:?usage: scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]}"
+batch="${2:?usage: scripts/sass_decode.sh score|selected|cmp|combine b1|b16 [NAME=VALUE ...]}"
 shift 2
 cd "$(dirname "$0")/.."
 case "$batch" in
@@ -56,14 +56,7 @@ cmp)
         $(strides s_qr s_qh s_kcb s_kct s_kch s_vcb s_vct s_vch s_kwb s_kwt s_kwh s_vwb s_vwt s_vwh)
         qk_scale=fp32 SINK_STRIDE=i32/16 S_CMP=i32 S_WIN=i32 S=i32 TQ=1 H=4 G=16 K=128 V=128 CMP_BLOCK=32
         CMP_STRIDE=16 WINDOW=512 BG=16 BK=128 BV=128 PREC=tf32 PDL=True WIN_DESC=False KEEP=evict_last SEL_BLOCK=64
-        R=4 weights=*bf16 s_wg=i32/16 VALUES_APART=False $per_batch num_warps=4 num_stages=3"
-    ;;
-values)
-    # the compressed values apart from launch 1 (values_apart; batch 16 only: block masses)
-    params="seq_lens=*i32 d_v=tensordesc<bf16[1,32,1,128]> v_cmp=*bf16 logits=*fp32 weights=*bf16 o_part=*fp32
-        m_part=*fp32 l_part=*fp32 $(strides s_vcb s_vct s_vch) SINK_STRIDE=i32/16 s_wg=i32/16 S_CMP=i32 S=i32 TQ=1 H=4
-        G=16 V=128 BG=16 BV=128 BC=32 R=4 CMP_BLOCK=32 CMP_STRIDE=16 PREC=tf32 DESC=True KEEP=evict_last
-        DROP=evict_first num_warps=4 num_stages=3"
+        R=4 $per_batch num_warps=4 num_stages=3"
     ;;
 combine)
     # batch 1: 16 compressed, 4 window and 16 selected slots, the first two branches merged before
@@ -77,11 +70,10 @@ combine)
         S=i32 HQ=i32 HIDDEN=i32 stride_gx=i32 V=128 BV=128 EARLY=True PDL=True DROP=evict_first GATE_PROJ=False BKG=1
         HAS_BIAS=False $per_batch num_warps=4 num_stages=3"
     ;;
-*) echo "kernel: score, selected, cmp, values or combine, got $kernel" >&2; exit 2 ;;
+*) echo "kernel: score, selected, cmp or combine, got $kernel" >&2; exit 2 ;;
 esac
 declare -A target=([score]=score:decode_score_kernel [selected]=selected:decode_selected_fwd_kernel
-                   [cmp]=compressed_pass:decode_cmp_win_fwd_kernel
-                   [values]=cmp_values:decode_cmp_values_kernel [combine]=combine:decode_combine_kernel)
+                   [cmp]=compressed_pass:decode_cmp_win_fwd_kernel [combine]=combine:decode_combine_kernel)
 # shellcheck disable=SC2086 # the parameters are separate words; later NAME=VALUE pairs override earlier ones
 PYTHONPATH="${TRITON_PATH:-/tmp/t36}:src" "${PYTHON:-python}" scripts/sass_loops.py \
     "nsa.ops.decode.${target[$kernel]}" "/tmp/sass_decode_${kernel}_$batch" $params "$@" --by-line 12

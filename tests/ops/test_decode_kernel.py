@@ -194,36 +194,6 @@ def test_decode_launch_variants(config, splits, block_tile, token_tile, extra, n
 @pytest.mark.triton
 @pytest.mark.parity
 @pytest.mark.parametrize(
-    "config, splits, extra, desc",
-    [
-        pytest.param(SMALL, (3, 1, 2), {}, False, id="plain-loads"),
-        # whole tiles through descriptors, then a masked last tile through plain loads
-        pytest.param(WIDE, (2, 1, 1), {"cmp_desc": True, "cmp_tile": 8}, True, id="descriptors-and-a-masked-tile"),
-    ],
-)
-def test_decode_values_apart_gives_launch_1s_accumulators_bitwise(config, splits, extra, desc, nsa_device,
-                                                                   nsa_tolerance, monkeypatch):
-    """``values_apart``: launch 1 reads no compressed values and leaves each tile's weights; the
-    values launch builds each compressed split's accumulator from them, rescaling as launch 1
-    would have. Every step of a sequence (splits empty, short, of one masked tile) equals launch
-    1's own accumulators bitwise, and the reference."""
-    from nsa.ops.decode import kernel
-
-    launched = spy_launches(monkeypatch, kernel, "decode_cmp_values_kernel", "DESC")
-    q, gates, kv = _sequence(45, 4, 2, 24, 40, config, nsa_device)
-    launch = dict(extra, splits=splits, score_mass=True)
-    want_o, want_idx = _every_step(q, gates, kv, config, launch=dict(launch, values_apart=False))
-    assert launched == []
-    o, idx = _every_step(q, gates, kv, config, launch=dict(launch, values_apart=True))
-    assert launched == [desc]
-    assert torch.equal(o, want_o) and torch.equal(idx, want_idx)
-    ref_o, _ = _prefill(q, gates, kv, config)
-    assert_close("o", o[:, 0], ref_o[0], nsa_tolerance(torch.float32))
-
-
-@pytest.mark.triton
-@pytest.mark.parity
-@pytest.mark.parametrize(
     "launch",
     [
         pytest.param({}, id="parts"),
@@ -419,38 +389,6 @@ def test_decode_pdl_per_launch_changes_nothing_but_timing(lens, nsa_device):
     for early in ((False, True, True), (True, False, True), (True, True, False), (False, False, True)):
         o, idx = decode_fwd(*args, pdl=early)
         assert torch.equal(o, want_o) and torch.equal(idx, want_idx), f"pdl={early} changed the result"
-
-
-@pytest.mark.gpu
-@pytest.mark.triton
-@pytest.mark.parity
-@pytest.mark.parametrize(
-    "lens",
-    [
-        pytest.param([8192 - 37 * i for i in range(16)], id="B16-8k-unequal"),
-        pytest.param([65536 - 1021 * i for i in range(16)], id="B16-64k-unequal"),
-    ],
-)
-def test_decode_values_apart_changes_nothing_but_timing(lens, nsa_device):
-    """The compressed values on a stream of their own (``values_apart``) give bitwise the
-    accumulators of launch 1, eager and replayed from a CUDA graph (whose capture forks to that
-    stream and joins it before the combine), bf16 at paper geometry."""
-    from nsa.ops.decode.kernel import decode_fwd
-
-    config = NSAConfig()
-    q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win = _real_size_inputs(lens, 64, 4, 128, 128, config, nsa_device)
-    args = (q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, config, config.softmax_scale(128))
-    want_o, want_idx = decode_fwd(*args, values_apart=False)
-    o, idx = decode_fwd(*args, values_apart=True)
-    assert torch.equal(o, want_o) and torch.equal(idx, want_idx)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graph_o, graph_idx = decode_fwd(*args, values_apart=True)
-    for _ in range(3):
-        graph_o.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(graph_o, want_o) and torch.equal(graph_idx, want_idx)
 
 
 @pytest.mark.gpu

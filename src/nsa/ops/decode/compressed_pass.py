@@ -30,7 +30,6 @@ def decode_cmp_win_fwd_kernel(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
     MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
-    weights, s_wg, VALUES_APART: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
     ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
@@ -39,10 +38,7 @@ def decode_cmp_win_fwd_kernel(
     compressed split go through them; the masked last tile, if any, still uses plain loads
     (``k_cmp_ptr``/``v_cmp_ptr``, the same caches as tensors, through which every tile goes
     without ``CMP_DESC``). ``WIN_DESC`` does the same for the window. Logits and
-    partials are stored with the L2 eviction policy ``KEEP``. With ``VALUES_APART`` (block masses
-    only) the compressed splits read no values: they leave each tile's softmax weights in
-    ``weights`` (rows of ``s_wg``, as the logits' rows) and their partial's max and sum, and
-    :mod:`.cmp_values` builds their accumulators; the window's splits must then run in launch 3."""
+    partials are stored with the L2 eviction policy ``KEEP``."""
     i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
@@ -55,21 +51,16 @@ def decode_cmp_win_fwd_kernel(
         hi = tl.minimum(lo + chunk, nc)
         p_s = logits + (i_r * (H * G) + i_h * G).to(tl.int64) * SINK_STRIDE
         STORE: tl.constexpr = 2 if MASS else 1
-        p_w = logits  # unused unless VALUES_APART
-        if VALUES_APART:
-            p_w = weights + (i_r * (H * G) + i_h * G).to(tl.int64) * s_wg
         b_m, b_l, b_acc = _attend_split(b_q, k_cmp, v_cmp, k_cmp_ptr, v_cmp_ptr,
                                         s_kcb, s_kct, s_kch, s_vcb, s_vct, s_vch, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         p_s, SINK_STRIDE, G, K, V, BG, BK, BV, BC, STORE, PREC, KEEP,
-                                        R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, CMP_DESC, p_w, s_wg, not VALUES_APART)  # fmt: skip
+                                        R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK, CMP_DESC)  # fmt: skip
     else:
         lo, hi = window_split(pos, i_s - S_CMP, S_WIN, WINDOW)
         b_m, b_l, b_acc = _attend_split(b_q, k_win, v_win, k_win_ptr, v_win_ptr,
                                         s_kwb, s_kwt, s_kwh, s_vwb, s_vwt, s_vwh, i_b, i_h, lo, hi, b_m, b_l, b_acc, qk_scale,
                                         logits, 0, G, K, V, BG, BK, BV, BC, 0, PREC, KEEP, 1, 1, 1, 1, WIN_DESC)  # fmt: skip
-    # with VALUES_APART the grid holds compressed splits alone (the window runs in launch 3)
-    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP,
-                  ACC=not VALUES_APART)
+    store_partial(o_part, m_part, l_part, i_r, i_h, i_s, S, b_m, b_l, b_acc, H * G, G, V, BG, BV, KEEP)
 
 
 @triton.jit
@@ -77,19 +68,18 @@ def _attend_split(b_q, d_k, d_v, k, v, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, i_b, 
                   p_s, s_sg, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, BC: tl.constexpr, STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,
                   R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
-                  DESC: tl.constexpr, p_w=None, s_wg=0, VALUES: tl.constexpr = True):
+                  DESC: tl.constexpr):
     """:func:`~nsa.ops.decode.tiles.attend_range` over one split's tokens ``[lo, hi)`` of KV head
     ``i_h`` of sequence ``i_b`` in a ``[B, T, H, D]`` cache ``k``/``v``; with ``DESC`` the whole
     tiles go through the tensor descriptors ``d_k``/``d_v`` first
     (:func:`~nsa.ops.decode.tiles.attend_full_tiles_desc`) and only a masked last tile, if any,
-    through plain loads. Without ``VALUES`` the tiles' weights go to ``p_w`` instead (head stride
-    ``s_wg``; :func:`~nsa.ops.decode.tiles.attend_range`)."""
+    through plain loads."""
     if DESC:
         whole = tl.maximum(lo + (hi - lo) // BC * BC, lo)
         b_m, b_l, b_acc = attend_full_tiles_desc(b_q, d_k, d_v, i_b, i_h, lo, whole, b_m, b_l, b_acc, qk_scale, p_s, s_sg,
                                                  G, BG, BK, BV, BC, STORE_S, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE,
-                                                 SEL_BLOCK, p_w, s_wg, VALUES)  # fmt: skip
+                                                 SEL_BLOCK)  # fmt: skip
         lo = whole
     return attend_range(b_q, k + i_b * s_kb + i_h * s_kh, v + i_b * s_vb + i_h * s_vh, s_kt, s_vt, lo, hi, b_m, b_l, b_acc,
                         qk_scale, p_s, s_sg, G, K, V, BG, BK, BV, BC, STORE_S, PREC, KEEP, R, CMP_BLOCK, CMP_STRIDE,
-                        SEL_BLOCK, p_w, s_wg, VALUES)  # fmt: skip
+                        SEL_BLOCK)  # fmt: skip

@@ -65,7 +65,6 @@ eviction hints (stored evict-last, read once evict-first).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional, Tuple, Union
 
 import torch
@@ -83,7 +82,6 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, UNFUSED_LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
-from nsa.ops.decode.cmp_values import decode_cmp_values_kernel
 from nsa.ops.decode.combine import decode_combine_kernel
 from nsa.ops.decode.compressed_pass import decode_cmp_win_fwd_kernel
 from nsa.ops.decode.score import decode_score_kernel
@@ -248,7 +246,6 @@ def decode_fwd(
     topn_bitonic: bool = True,
     combine_early: bool = True,
     forced_early: Optional[bool] = None,
-    values_apart: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -432,12 +429,6 @@ def decode_fwd(
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split
         window_in_selected = fills or nblk_cap <= 128
-    if values_apart is None:
-        values_apart = False
-    # launch 1 then leaves the block masses' tile maxima, and holds no window split
-    values_apart = bool(values_apart and score_mass and window_in_selected)
-    weights_stride = cdiv(nc_cap, cmp_bc) * cmp_bc  # launch 1's weights: whole tiles a row
-    weights = torch.empty(rows * HQ, weights_stride, device=q.device, dtype=v_cmp.dtype) if values_apart else logits
     if l2_hints is None:
         l2_hints = on_gpu
     keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
@@ -450,19 +441,8 @@ def decode_fwd(
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
         KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
-        weights=weights, s_wg=weights_stride, VALUES_APART=values_apart,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
-    values_done = None
-    if values_apart:
-        # on a stream of its own, beside launches 2 and 3; the combine waits for it
-        values_done = _launch_values(
-            q.device, seq_lens, v_cmp_arg, v_cmp, logits, weights, o_part, m_part, l_part,
-            v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), sink_stride, weights_stride, s_cmp, S,
-            grid=(s_cmp, rows * H), TQ=TQ, H=H, G=G, V=V, BG=BG, BV=BV, BC=cmp_bc, R=r_blk,
-            CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, PREC=PREC, DESC=cmp_desc, KEEP=keep, DROP=drop,
-            num_warps=cmp_warps or num_warps, **stages,
-        )  # fmt: skip
     if score_blocks is None:
         # 64-block tiles where they halve a batch-1 row's candidates to 32 (at most 128
         # blocks, 8k at l' = 64: 20.2-20.4 against 21.2 us on an H100; the selected kernel's
@@ -525,8 +505,6 @@ def decode_fwd(
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
     hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
-    if values_done is not None:
-        torch.cuda.current_stream(q.device).wait_stream(values_done)
     # each branch in tiles of its own width (at batch 1, 64k: 16, 4 and 16 slots, where one tile
     # of all 36 slots takes 64)
     chunk = next_pow2(combine_chunk, 2)
@@ -543,25 +521,6 @@ def decode_fwd(
         **after_combine, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return o, block_idx
-
-
-@lru_cache(maxsize=None)
-def _values_stream(index: int) -> torch.cuda.Stream:
-    """The stream of the values launch on GPU ``index`` (one a GPU, made once)."""
-    return torch.cuda.Stream(device=index)
-
-
-def _launch_values(device: torch.device, *args, grid, **meta) -> Optional[torch.cuda.Stream]:
-    """:func:`~nsa.ops.decode.cmp_values.decode_cmp_values_kernel` after everything launched so far,
-    on the values stream on a GPU (returned, for the combine to wait for), in order elsewhere."""
-    if device.type != "cuda":
-        decode_cmp_values_kernel[grid](*args, **meta, **LAUNCH_OPTIONS)
-        return None
-    stream = _values_stream(torch.cuda.current_device() if device.index is None else device.index)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        decode_cmp_values_kernel[grid](*args, **meta, **LAUNCH_OPTIONS)
-    return stream
 
 
 def nsa_decode(

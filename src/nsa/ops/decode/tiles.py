@@ -57,33 +57,16 @@ def _load_group_q(q, i_r, i_h, s_qr, s_qh, G: tl.constexpr, K: tl.constexpr, BG:
 
 
 @triton.jit
-def load_token_tile(p_x, s_xt, i0, hi, D: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr):
-    """Rows ``[BC, BD]`` of tokens ``[i0, i0 + BC)`` of a cache at ``p_x`` (token stride ``s_xt``),
-    zero at and past ``hi`` and in the columns past ``D``."""
+def _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr):
+    """Keys ``[BC, BK]`` and values ``[BC, BV]`` of tokens ``[i0, i0 + BC)``, zero at and past ``hi``."""
     o_t = i0 + tl.arange(0, BC)
-    o_d = tl.arange(0, BD)
-    return tl.load(p_x + o_t[:, None].to(tl.int64) * s_xt + o_d[None, :], mask=(o_t < hi)[:, None] & (o_d[None, :] < D),
-                   other=0.0)
-
-
-@triton.jit
-def softmax_weights(b_s, b_m, b_l):
-    """The softmax half of :func:`online_softmax_step`: ``(max, sum, alpha, p)`` after logits
-    ``b_s [BG, BC]``, with ``alpha`` the factor of the accumulator so far and ``p [BG, BC]`` the
-    tile's weights relative to the new max."""
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-    b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-    b_alpha = tl.exp2(b_m - b_ref)
-    b_p = tl.exp2(b_s - b_ref[:, None])  # [BG, BC]
-    return b_mn, b_l * b_alpha + tl.sum(b_p, 1), b_alpha, b_p
-
-
-@triton.jit
-def accumulate_values(b_acc, b_alpha, b_p, b_v, PREC: tl.constexpr):
-    """The values half of :func:`online_softmax_step`; the same expression wherever a split's
-    accumulator is built, so that a split's values taken apart (:mod:`.cmp_values`) give it
-    bitwise."""
-    return b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_t = o_t < hi
+    b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * s_kt + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+    b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * s_vt + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+    return b_k, b_v
 
 
 @triton.jit
@@ -92,19 +75,13 @@ def online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr):
     masked) and values ``b_v [BC, BV]`` into the running max ``b_m``, sum ``b_l`` and
     ``b_acc``. A fully masked tile leaves the state as it was: its max is taken as 0 for
     the exponentials."""
-    b_mn, b_l, b_alpha, b_p = softmax_weights(b_s, b_m, b_l)
-    return b_mn, b_l, accumulate_values(b_acc, b_alpha, b_p, b_v, PREC)
-
-
-@triton.jit
-def store_weights(p_p, s_pg, b_p, i0, m_t, G: tl.constexpr, BG: tl.constexpr, BC: tl.constexpr, KEEP: tl.constexpr):
-    """A tile's softmax weights ``b_p [BG, BC]`` in the values' dtype (exactly what
-    :func:`accumulate_values` multiplies) to rows ``p_p`` (head stride ``s_pg``), tokens ``i0 + [0, BC)``
-    where ``m_t`` (L2 eviction policy ``KEEP``)."""
-    o_g = tl.arange(0, BG)
-    o_t = i0 + tl.arange(0, BC)
-    tl.store(p_p + o_g[:, None].to(tl.int64) * s_pg + o_t[None, :], b_p.to(p_p.dtype.element_ty),
-             mask=(o_g[:, None] < G) & m_t[None, :], eviction_policy=KEEP)
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ref = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_alpha = tl.exp2(b_m - b_ref)
+    b_p = tl.exp2(b_s - b_ref[:, None])  # [BG, BC]
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)  # [BG, BV]
+    return b_mn, b_l, b_acc
 
 
 @triton.jit
@@ -116,7 +93,6 @@ def attend_range(
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,  #
     R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
-    p_p=None, s_pg=0, VALUES: tl.constexpr = True,
 ):
     """Online softmax of the group's queries over tokens ``[lo, hi)`` (log2 units).
 
@@ -129,24 +105,16 @@ def attend_range(
     ahead (the batch-1 compressed kernel: 135 KiB of shared memory, ``scripts/sass_decode.sh
     cmp b1``); in one stage the loads go straight to registers. (Requesting the next tile an
     iteration ahead by hand measured slower: it spilled at 4 warps.)
-    Without ``VALUES`` no value is read: each tile's weights go to ``p_p`` (:func:`store_weights`,
-    head stride ``s_pg``) and ``b_acc`` stays as it came, for :mod:`.cmp_values` to build.
     """
     for i0 in range(lo, hi, BC):
         o_t = i0 + tl.arange(0, BC)
         m_t = o_t < hi
-        b_k = load_token_tile(p_k, s_kt, i0, hi, K, BK, BC)
-        if VALUES:  # requested with the keys, before the math on either
-            b_v = load_token_tile(p_v, s_vt, i0, hi, V, BV, BC)
+        b_k, b_v = _load_kv_tile(p_k, p_v, s_kt, s_vt, i0, hi, K, V, BK, BV, BC)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         b_s = tl.where(m_t[None, :], b_s, float("-inf"))
         if STORE_S != 0:
             store_scores(b_s, b_m, i0, m_t, p_s, s_sg, G, BG, BC, STORE_S, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
-        if VALUES:
-            b_m, b_l, b_acc = online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
-        else:
-            b_m, b_l, _, b_p = softmax_weights(b_s, b_m, b_l)
-            store_weights(p_p, s_pg, b_p, i0, m_t, G, BG, BC, KEEP)
+        b_m, b_l, b_acc = online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
@@ -157,44 +125,35 @@ def attend_full_tiles_desc(
     G: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,  #
     STORE_S: tl.constexpr, PREC: tl.constexpr, KEEP: tl.constexpr,  #
     R: tl.constexpr, CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
-    p_p=None, s_pg=0, VALUES: tl.constexpr = True,
 ):
     """:func:`attend_range` over the whole tiles ``[lo, hi)`` (``hi - lo`` a multiple of
     ``BC``), keys and values read through the tensor descriptors ``d_k``/``d_v`` of a
     ``[B, T, H, D]`` cache: one bulk copy (TMA) a tile, issued stages ahead, where
     :func:`attend_range`'s pipelined copies are per thread, with their address arithmetic
-    and masks. Every tile is whole, so nothing is masked. ``VALUES`` as :func:`attend_range`'s."""
+    and masks. Every tile is whole, so nothing is masked."""
     i_b, i_h = i_b.to(tl.int32), i_h.to(tl.int32)  # descriptor offsets are 32-bit
     for i0 in range(lo.to(tl.int32), hi.to(tl.int32), BC):
         o_t = i0 + tl.arange(0, BC)
         b_k = d_k.load([i_b, i0, i_h, 0]).reshape(BC, BK)
-        if VALUES:
-            b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
+        b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         if STORE_S != 0:
             store_scores(b_s, b_m, i0, o_t >= 0, p_s, s_sg, G, BG, BC, STORE_S, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)
-        if VALUES:
-            b_m, b_l, b_acc = online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
-        else:
-            b_m, b_l, _, b_p = softmax_weights(b_s, b_m, b_l)
-            store_weights(p_p, s_pg, b_p, i0, o_t >= 0, G, BG, BC, KEEP)
+        b_m, b_l, b_acc = online_softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC)
     return b_m, b_l, b_acc
 
 
 @triton.jit
 def store_partial(o_part, m_part, l_part, i_r, i_h, slot, S, b_m, b_l, b_acc,  #
                   HQ: tl.constexpr, G: tl.constexpr, V: tl.constexpr, BG: tl.constexpr, BV: tl.constexpr,
-                  KEEP: tl.constexpr, STATS: tl.constexpr = True, ACC: tl.constexpr = True):
+                  KEEP: tl.constexpr):
     """Write one split's ``(acc [BG, BV], max [BG], sum [BG])`` for the group's heads
-    (L2 eviction policy ``KEEP``): the max and sum with ``STATS``, the accumulator with ``ACC``
-    (a compressed split whose values are taken apart writes them from two launches)."""
+    (L2 eviction policy ``KEEP``)."""
     o_g = tl.arange(0, BG)
     o_v = tl.arange(0, BV)
     m_g = o_g < G
     i_rq = (i_r * HQ + i_h * G + o_g).to(tl.int64)  # [BG] global head rows
-    if STATS:
-        tl.store(m_part + i_rq * S + slot, b_m, mask=m_g, eviction_policy=KEEP)
-        tl.store(l_part + i_rq * S + slot, b_l, mask=m_g, eviction_policy=KEEP)
-    if ACC:
-        p_o = o_part + (i_rq[:, None] * S + slot) * V + o_v[None, :]
-        tl.store(p_o, b_acc, mask=m_g[:, None] & (o_v[None, :] < V), eviction_policy=KEEP)
+    tl.store(m_part + i_rq * S + slot, b_m, mask=m_g, eviction_policy=KEEP)
+    tl.store(l_part + i_rq * S + slot, b_l, mask=m_g, eviction_policy=KEEP)
+    p_o = o_part + (i_rq[:, None] * S + slot) * V + o_v[None, :]
+    tl.store(p_o, b_acc, mask=m_g[:, None] & (o_v[None, :] < V), eviction_policy=KEEP)
