@@ -23,11 +23,15 @@
 # selected launch; the combine waited for it (83.8 us against 69.0 from first start to last end).
 # Dropped.
 #
+#   bash scripts/gpu_session58.sh final REV   # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
+#                                             # main's kernels (unchanged since session 57), and the
+#                                             # decode kernels' GPU tests (report named after REV)
+#
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session58.sh apart REV}"
+step="${1:?usage: scripts/gpu_session58.sh apart REV | final REV}"
 device_line
 
 case "$step" in
@@ -40,6 +44,13 @@ apart)
     echo "== A/B after $(( $(date +%s) - start )) s"
     timeout 90 python scripts/gpu_decode_timeline.py --contexts 65536 --batches 16 --replays 5 \
         --variants '{"values_apart": false}' '{"values_apart": true}' 2>&1 | tee "$OUT/decode_values_apart_timeline_h200.md" | tail -40
+    ;;
+final)
+    rev="${2:?the final step needs the commit to name the test report after}"
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    reported_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py
     ;;
 *)
     echo "unknown step $step"
