@@ -26,12 +26,17 @@
 #   bash scripts/gpu_session58.sh final REV   # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
 #                                             # main's kernels (unchanged since session 57), and the
 #                                             # decode kernels' GPU tests (report named after REV)
+#   bash scripts/gpu_session58.sh stalls      # Nsight Compute's stall counters (warp cycles per issued
+#                                             # instruction by reason, scripts/ncu_stalls.py) of the
+#                                             # decode step at 64k (batch 16 and 1, PDL off), the 8k
+#                                             # prefill forward, the 16k forward+backward, and the
+#                                             # compressed dK/dV at 16k with and without its dS stores
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session58.sh apart REV | final REV}"
+step="${1:?usage: scripts/gpu_session58.sh apart REV | final REV | stalls}"
 device_line
 
 case "$step" in
@@ -51,6 +56,29 @@ final)
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
     reported_tests 200 "$rev" tests/ops/test_decode_kernel.py tests/test_decode_graph.py
+    ;;
+stalls)
+    metrics='regex:^(gpu__time_duration\.sum|smsp__inst_executed\.sum|smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio)$'
+    ncu_raw() {  # ncu_raw NAME [NCU-ARG...] -- COMMAND...: $OUT/ncu_stalls_NAME.csv
+        local name="$1" args=()
+        shift
+        while [ "$1" != "--" ]; do args+=("$1"); shift; done
+        shift
+        timeout 150 ncu --profile-from-start off --clock-control none --metrics "$metrics" -f -o "/tmp/ncu_$name" \
+            "${args[@]}" "$@" >> "$OUT/ncu_stalls.log" 2>&1
+        echo "== ncu $name: rc $? after $(( $(date +%s) - start )) s"
+        ncu -i "/tmp/ncu_$name.ncu-rep" --csv --page raw > "$OUT/ncu_stalls_$name.csv" 2>> "$OUT/ncu_stalls.log"
+    }
+    ncu_raw decode_b16_64k -- python scripts/ncu_decode.py --cases 16:65536
+    ncu_raw decode_b1_64k -- python scripts/ncu_decode.py --cases 1:65536
+    ncu_raw prefill_fwd_8k -- python scripts/ncu_prefill.py --length 8192
+    ncu_raw prefill_fwdbwd_16k -- python scripts/ncu_prefill.py --length 16384 --backward
+    for ds in on off; do
+        ncu_raw "cmp_dkdv_16k_ds_$ds" -k regex:compressed_bwd_dkdv_kernel -- \
+            python scripts/ncu_compressed_bwd.py --length 16384 --ds "$ds"
+    done
+    python scripts/ncu_stalls.py "$OUT"/ncu_stalls_*.csv | tee "$OUT/ncu_stalls_h200.md"
+    (cd "$OUT" && tar -cf ncu_stalls_csv.tar ncu_stalls_*.csv && rm ncu_stalls_*.csv)
     ;;
 *)
     echo "unknown step $step"

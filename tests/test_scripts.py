@@ -68,3 +68,28 @@ def test_decode_trace_reports_each_row_groups_last_compressed_program():
     stats = probe.analyse(trace)["cmp"]
     assert sorted(stats["row-group done"]) == [8.0, 11.0]  # us after the first start (1000 ns)
     assert sorted(stats["end"]) == [2.0, 3.0, 4.0, 6.0, 8.0, 11.0]
+
+
+def test_ncu_stalls_adds_launches_and_weighs_their_ratios_by_instructions(tmp_path):
+    """``scripts/ncu_stalls.py`` reads Nsight Compute's raw CSV: launches of one kernel add their
+    times and instructions, and each stall ratio is their instruction-weighted mean, so a kernel's
+    warp cycles per issued instruction is the sum of its reasons."""
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    head = ["ID", "Kernel Name", "gpu__time_duration.sum", "smsp__inst_executed.sum",
+            stall.format("long_scoreboard"), stall.format("barrier")]
+    units = ["", "", "usecond", "inst", "", ""]
+    rows = [head, units,
+            ["0", "score_kernel(int)", "10", "1,000", "3", "1"],
+            ["1", "score_kernel(int)", "30", "3,000", "1", "n/a"],
+            ["2", "combine_kernel(int)", "5", "500", "0.5", "0.5"]]
+    path = tmp_path / "stalls.csv"
+    path.write_text("==PROF== Connected\nprinted by the script\n" + "\n".join(",".join(f'"{c}"' for c in row) for row in rows) + "\n")
+    probe = _script("ncu_stalls")
+    k = probe.kernels(str(path))
+    assert k["score_kernel"]["n"] == 2 and abs(k["score_kernel"]["s"] - 40e-6) < 1e-12
+    assert k["score_kernel"]["inst"] == 4000
+    assert abs(k["score_kernel"]["stall:long_scoreboard"] - 1.5) < 1e-12  # (3 * 1000 + 1 * 3000) / 4000
+    assert abs(k["score_kernel"]["stall:barrier"] - 0.25) < 1e-12  # n/a counts as 0
+    text = probe.table(str(path), top=1)
+    assert "| score_kernel | 2 | 0.040 | 0.0 | 1.75 | long_scoreboard 1.50 (86 %) |" in text, text
+    assert text.index("score_kernel") < text.index("combine_kernel")  # by time
