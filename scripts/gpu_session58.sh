@@ -26,11 +26,23 @@
 #   bash scripts/gpu_session58.sh final REV   # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
 #                                             # main's kernels (unchanged since session 57), and the
 #                                             # decode kernels' GPU tests (report named after REV)
+#                                             # (ran at b3c9a90)
+#
+# Prefill 64k 33.14 / 118.4 ms (3.57x) forward, 97.34 / 453.8 (4.66x) forward+backward, 8k 0.90x and
+# 1.06x; decode at 64k 18.96 / 50.05 us (2.64x) at batch 1, 71.39 / 493.1 (6.91x) at batch 16; the
+# decode GPU tests, 103 passed.
+#
 #   bash scripts/gpu_session58.sh stalls      # Nsight Compute's stall counters (warp cycles per issued
 #                                             # instruction by reason, scripts/ncu_stalls.py) of the
 #                                             # decode step at 64k (batch 16 and 1, PDL off), the 8k
 #                                             # prefill forward, the 16k forward+backward, and the
 #                                             # compressed dK/dV at 16k with and without its dS stores
+#                                             # (ran at b717935)
+#
+# The batch-16 compressed pass waits most on the short scoreboard (2.51 of 8.05 cycles an issued
+# instruction); the selected kernels on their loads (long scoreboard, 41-47 %); the window forward
+# issues every 4.7 cycles; the compressed dK/dV's dS stores add 0.44 cycles of long scoreboard, 0.13
+# of short scoreboard and 0.11 of LSU throttle to its 6.17 (docs/perf/decode.md, prefill.md).
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
