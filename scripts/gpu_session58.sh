@@ -43,12 +43,17 @@
 # instruction); the selected kernels on their loads (long scoreboard, 41-47 %); the window forward
 # issues every 4.7 cycles; the compressed dK/dV's dS stores add 0.44 cycles of long scoreboard, 0.13
 # of short scoreboard and 0.11 of LSU throttle to its 6.17 (docs/perf/decode.md, prefill.md).
+#   bash scripts/gpu_session58.sh desc REV    # the compressed dK/dV's query tiles (q, do, lse, delta,
+#                                             # gates) by bulk copies through tensor descriptors
+#                                             # (compressed.kernel.DKDV_LOADS, new, off) against plain
+#                                             # loads: probe section dkdv_desc at 64k and 16k; the
+#                                             # compressed GPU tests (report named after REV)
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"
 . "$here/gpu_env.sh"
 
-step="${1:?usage: scripts/gpu_session58.sh apart REV | final REV | stalls}"
+step="${1:?usage: scripts/gpu_session58.sh apart REV | final REV | stalls | desc REV}"
 device_line
 
 case "$step" in
@@ -91,6 +96,11 @@ stalls)
     done
     python scripts/ncu_stalls.py "$OUT"/ncu_stalls_*.csv | tee "$OUT/ncu_stalls_h200.md"
     (cd "$OUT" && tar -cf ncu_stalls_csv.tar ncu_stalls_*.csv && rm ncu_stalls_*.csv)
+    ;;
+desc)
+    rev="${2:?the desc step needs the commit to name the test report after}"
+    probe_run 420 dkdv_desc --lengths 65536 16384 --only dkdv_desc --kernels 8
+    reported_tests 150 "$rev" tests/ops/test_compressed_kernel.py
     ;;
 *)
     echo "unknown step $step"
