@@ -1501,34 +1501,6 @@ def dq_ds_tiles(T: int, config: NSAConfig) -> None:
         kernels_by_default(T, config, cmp.DQ_DS_HOPPER_TILES, variants, "dQ from dS")
 
 
-#: The compressed dK/dV's query tiles by plain loads (default) and by bulk copies (``DKDV_LOADS``).
-DKDV_DESC_VARIANTS = (("plain loads", dict(descriptors=False)), ("descriptors", dict(descriptors=True)))
-
-
-def dkdv_desc(T: int, config: NSAConfig) -> None:
-    """The compressed dK/dV's query tiles (``q``, ``do``, ``lse``, ``delta``, gates) by bulk copies
-    through tensor descriptors against plain loads: the compressed backward as training calls it
-    (ABBA, ``do_bench``, bitwise checked) and its dK/dV kernel (the mean of 5 calls), then the whole
-    forward+backward (ABBA) and its kernels."""
-    from nsa.ops.compressed import kernel as cmp
-
-    q, k_cmp, v_cmp, o, lse, do, delta, gate, scale = _compressed_training_case(T, config)
-    calls = {desc: (lambda desc=desc: cmp.compressed_bwd(q, k_cmp, v_cmp, o, lse, do, None, config, scale, 0,
-                                                         delta=delta, gate=gate, dkdv_desc=desc))
-             for desc in (False, True)}  # fmt: skip
-    same = all(torch.equal(a, b) for a, b in zip(calls[False](), calls[True]()))
-    print(f"T={T} compressed backward, descriptors against plain loads: dq, dk, dv bitwise equal: {same}", flush=True)
-    for turn in range(4):
-        for label, tiles in DKDV_DESC_VARIANTS[:: 1 if turn % 2 == 0 else -1]:
-            print(f"T={T} compressed backward, {label}: {bench(calls[tiles['descriptors']]):.3f} ms", flush=True)
-    for label, tiles in DKDV_DESC_VARIANTS:
-        _list_kernels(T, f"compressed backward, {label}", calls[tiles["descriptors"]], steps=5,
-                      kernel="compressed_bwd_dkdv_kernel")
-    del q, k_cmp, v_cmp, o, lse, do, delta, gate, calls
-    step_abba(T, config, cmp.DKDV_LOADS, DKDV_DESC_VARIANTS, "dK/dV loads")
-    kernels_by_default(T, config, cmp.DKDV_LOADS, DKDV_DESC_VARIANTS, "dK/dV loads")
-
-
 def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t0: int = 0,
                            t1: Optional[int] = None) -> torch.Tensor:
     """The selected forward with the branches' gated sum, as the inference path runs it, over
@@ -1652,7 +1624,7 @@ SECTIONS = {
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
-    "pass1_wide": pass1_wide, "dkdv_desc": dkdv_desc,
+    "pass1_wide": pass1_wide,
 }
 
 

@@ -48,6 +48,15 @@
 #                                             # (compressed.kernel.DKDV_LOADS, new, off) against plain
 #                                             # loads: probe section dkdv_desc at 64k and 16k; the
 #                                             # compressed GPU tests (report named after REV)
+#                                             # (ran at aca1237; the option, its tests and the probe
+#                                             # section are in docs/perf/attempts/
+#                                             # prefill_compressed_dkdv_descriptors.patch)
+#
+# Bitwise the same (and 34 compressed GPU tests passed), but slower: the dK/dV kernel 22.77 against
+# 22.02 ms at 64k and 1.72 against 1.66 at 16k; the compressed backward 27.57-27.75 against
+# 26.93-27.29 ms (ABBA); the whole 64k forward+backward 95.53-95.71 against 94.31-95.36. Compiled for
+# sm_90 the loop lost 43 of its 629 instructions but spills 9-23 a step (255 registers, 136 bytes of
+# stack), and keeps its 10 barriers a step. Dropped.
 #
 # Everything it prints or writes goes to $OUT (the device tool brings that folder back).
 here="$(dirname "$0")"

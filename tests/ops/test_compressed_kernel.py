@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _kernel_inputs import every_launch, spy_launches
+from _kernel_inputs import spy_launches
 from nsa import NSAConfig, routing
 from nsa.ops import compressed_attention, select_blocks
 from nsa.ops._triton.attention import EXACT_FLOAT32_TILES
@@ -237,62 +237,6 @@ def test_dq_from_the_dkdv_kernels_ds(dtype, B, q_offset, gated, tiles, nsa_devic
     for name, got, want in zip(("dq", "dk", "dv"), out["4096"], out["0"]):
         assert torch.isfinite(got).all()
         assert_close(name, got, want, tol)
-
-
-@pytest.mark.parametrize(
-    "B, q_offset, heads, with_delta",
-    [(2, 3, (8, 2), True), (1, 0, (8, 2), False), (1, 3, (6, 2), True)],
-    ids=["B2-off3-dS-buffer", "recomputed-dq", "group-of-3-plain-loads"],
-)
-def test_dkdv_reads_q_and_do_through_descriptors(B, q_offset, heads, with_delta, nsa_device):
-    """``dkdv_desc``: the dK/dV kernel takes each query tile's ``q`` and ``do`` by one bulk copy
-    through tensor descriptors, whose reads past a sequence's last position are zeros as the masked
-    loads' are (83 positions in tiles of 16, two sequences): bitwise the gradients of plain loads,
-    with and without the ``dS`` buffer. A group of 3 heads (padded to 4 rows a position) keeps the
-    plain loads."""
-    from nsa.ops._triton.compressed_fwd import compressed_fwd
-    from nsa.ops.compressed import kernel
-
-    HQ, H = heads
-    q, k, v = _inputs((B, 83, HQ, H, 16, 24), SMALL, q_offset, torch.float16, nsa_device)
-    scale = SMALL.softmax_scale(16)
-    o, lse, _ = compressed_fwd(q, k, v, SMALL, scale, q_offset)
-    do = torch.randn_like(o)
-    gate = torch.rand(*o.shape[:3], device=nsa_device)
-    kw = dict(delta=(o.float() * do.float()).sum(-1), gate=gate) if with_delta else {}
-    out = {}
-    for desc in (False, True):
-        with every_launch() as launches:
-            out[desc] = kernel.compressed_bwd(q, k, v, o, lse, do, None, SMALL, scale, q_offset, dkdv_desc=desc, **kw)
-        dkdv = [kwargs for name, kwargs in launches if name == "compressed_bwd_dkdv_kernel"]
-        assert [bool(kwargs.get("QDESC")) for kwargs in dkdv] == [desc and HQ // H == 4]
-    for name, a, b in zip(("dq", "dk", "dv"), out[True], out[False]):
-        assert torch.isfinite(a).all()
-        assert torch.equal(a, b), name
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [6011, 16384])
-def test_dkdv_descriptors_real_size(T, nsa_device, monkeypatch):
-    """At real sizes (bf16, 64 query heads, 4 KV heads, the paper's geometry, the GPU's dK/dV tiles,
-    the dS buffer) the dK/dV kernel's ``q``/``do`` by bulk copies give the plain loads' gradients
-    bitwise."""
-    from nsa.ops._triton.compressed_fwd import compressed_fwd
-    from nsa.ops.compressed import kernel
-
-    config = NSAConfig()
-    q = torch.randn(1, T, 64, 128, device=nsa_device, dtype=torch.bfloat16)
-    k, v = (torch.randn(1, config.num_cmp(T), 4, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    scale = config.softmax_scale(128)
-    o, lse, _ = compressed_fwd(q, k, v, config, scale, 0)
-    do = torch.randn_like(o)
-    gate = torch.rand(*o.shape[:3], device=nsa_device)
-    delta = (o.float() * do.float()).sum(-1)
-    monkeypatch.setenv("NSA_COMPRESSED_DQ_FROM_DS_MIB", "4096")
-    run = lambda desc: kernel.compressed_bwd(q, k, v, o, lse, do, None, config, scale, 0, delta=delta, gate=gate,
-                                             dkdv_desc=desc)
-    for name, a, b in zip(("dq", "dk", "dv"), run(True), run(False)):
-        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

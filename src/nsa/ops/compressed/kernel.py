@@ -27,7 +27,6 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.config import NSAConfig
 from nsa.ops._triton.attention import (
@@ -36,7 +35,6 @@ from nsa.ops._triton.attention import (
     attn_bwd_dkdv_step,
     attn_bwd_dq_step,
     check_gate,
-    describable,
     dot_precision,
     dq_from_ds_budget,
     exact_float32_tiles,
@@ -47,7 +45,7 @@ from nsa.ops._triton.attention import (
     store_scaled,
     wide_heads_on_small_gpu,
 )
-from nsa.ops._triton.device import bulk_copies_supported, sm_count
+from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
@@ -183,34 +181,17 @@ def _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_t, o_n
                H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                L: tl.constexpr, S: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
-               DS_OUT: tl.constexpr, d_q, d_do, d_lse, d_delta, d_gate, QDESC: tl.constexpr):
+               DS_OUT: tl.constexpr):
     """``dk``/``dv`` of tokens ``o_n [BN]`` += query tile ``i_t`` (all heads of the group); with
-    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`). With ``QDESC``
-    the tile's ``q``, ``do``, ``lse``, ``delta`` and gates come by one bulk copy each through the
-    descriptors ``d_q``, ``d_do``, ``d_lse``, ``d_delta``, ``d_gate`` (blocks ``[1, BT, GP(, BD*)]``;
-    the caller guarantees ``G == GP``), which fill the positions past ``TQ`` with zeros as the
-    masked loads do."""
+    ``DS_OUT`` the tile's ``dS^T [BN, M]`` also goes to ``ds`` (:func:`_ds_rows`)."""
     o_tq, m_row, o_q = group_rows(i_b, i_t, i_h, TQ, H, G, GP, BT)
     o_dk = tl.arange(0, BDK)
     o_dv = tl.arange(0, BDV)
-    if QDESC:
-        at = [i_b.to(tl.int32), (i_t * BT).to(tl.int32), (i_h * G).to(tl.int32), 0]
-        b_q = d_q.load(at).reshape(BT * GP, BDK)
-        b_do = d_do.load(at).reshape(BT * GP, BDV)
-        b_lse = d_lse.load(at[:3]).reshape(BT * GP)
-        b_lse = tl.where(b_lse == float("-inf"), 0.0, b_lse * 1.4426950408889634)  # as _load_lse2
-        b_delta = d_delta.load(at[:3]).reshape(BT * GP)
-        if GATED:
-            b_g = d_gate.load(at[:3]).reshape(BT * GP)
-        else:
-            b_g = m_row.to(tl.float32)
-    else:
-        b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
-        b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :],
-                       other=0.0)
-        b_lse = _load_lse2(lse + o_q, m_row)
-        b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
-        b_g = load_gate(gate, o_q, m_row, GATED)
+    b_q = tl.load(q + (o_q * DK)[:, None] + o_dk[None, :], mask=m_row[:, None] & (o_dk < DK)[None, :], other=0.0)
+    b_do = tl.load(do + (o_q * DV)[:, None] + o_dv[None, :], mask=m_row[:, None] & (o_dv < DV)[None, :], other=0.0)
+    b_lse = _load_lse2(lse + o_q, m_row)
+    b_delta = tl.load(delta + o_q, mask=m_row, other=0.0)
+    b_g = load_gate(gate, o_q, m_row, GATED)
     m_kq = o_n[:, None] < visible_cmp(q_offset + o_tq, NC, L, S)[None, :]  # [BN, M]
     if DS_OUT:
         b_dk, b_dv, b_dst = attn_bwd_dkdv_ds_step(b_k, b_v, b_q, b_do, b_lse, b_delta, b_g, b_dk, b_dv, m_kq,
@@ -245,11 +226,9 @@ def compressed_bwd_dkdv_kernel(
     DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
     L: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, GATED: tl.constexpr, PREC: tl.constexpr,
     ds=None, ds_off=None, TOTAL=0, DS_OUT: tl.constexpr = False,
-    d_q=None, d_do=None, d_lse=None, d_delta=None, d_gate=None, QDESC: tl.constexpr = False,
 ):
     """Grid ``(token tiles, SPLIT, B * H)``. With ``DS_OUT`` every (query tile, token tile) pair
-    also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`.
-    With ``QDESC`` each query tile's rows come through the descriptors ``d_*`` (:func:`_dkdv_tile`)."""
+    also leaves its ``dS^T`` (gated, unscaled) in ``ds`` for :func:`compressed_bwd_dq_ds_kernel`."""
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_n = i_n * BN + tl.arange(0, BN)
@@ -280,12 +259,12 @@ def compressed_bwd_dkdv_kernel(
     for i in range(0, i_z - i_m):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_z - 1 - i, o_n, TQ, NC,
                                 q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, False,
-                                GATED, PREC, DS_OUT, d_q, d_do, d_lse, d_delta, d_gate, QDESC)
+                                GATED, PREC, DS_OUT)
     i_u = tl.minimum(i_z, i_full)
     for i in range(0, i_u - i_a):
         b_dk, b_dv = _dkdv_tile(b_k, b_v, b_dk, b_dv, q, do, gate, lse, delta, i_b, i_h, i_u - 1 - i, o_n, TQ, NC,
                                 q_offset, qk_scale, ds, ds_off, TOTAL, H, G, GP, BT, DK, DV, BDK, BDV, L, S, True,
-                                GATED, PREC, DS_OUT, d_q, d_do, d_lse, d_delta, d_gate, QDESC)
+                                GATED, PREC, DS_OUT)
     p_slot = i_s.to(tl.int64) * (tl.num_programs(2) // H) * NC * H
     tl.store(dk + (p_slot + o_kv)[:, None] * DK + o_dk[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_nk)
     tl.store(dv + (p_slot + o_kv)[:, None] * DV + o_dv[None, :], b_dv.to(dv.dtype.element_ty), mask=m_nv)
@@ -300,13 +279,6 @@ def compressed_bwd_dkdv_kernel(
 #: chunks at 24 programs per SM (25 chunks at 64k; the cap binds up to 32k): 64k 30.1-31.3 against
 #: 32.2-32.3 ms at 8 and 32.1-32.8 for the previous per-tile splits (session 12).
 DKDV_TILES = dict(tiles=(64, 128, 8, 3), max_splits=32, split_target=24)
-
-
-#: The dK/dV kernel's query tiles (``q``, ``do``, ``lse``, ``delta``, gates) by bulk copies through tensor
-#: descriptors (``descriptors``)
-#: where :data:`DKDV_TILES` apply and the GPU runs them (:func:`bulk_copies_supported`), for groups of a
-#: power-of-two size (a tile's rows are then whole rows of the tensors); plain loads otherwise.
-DKDV_LOADS = dict(descriptors=False)
 
 
 def _dkdv_splits(device: torch.device, programs: int, cap: int) -> int:
@@ -381,7 +353,6 @@ def compressed_bwd(
     delta: Optional[torch.Tensor] = None,
     gate: Optional[torch.Tensor] = None,
     dq_ds: Optional[Tuple[int, ...]] = None,
-    dkdv_desc: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk_cmp, dv_cmp)`` in the inputs' dtypes; all tensors contiguous.
 
@@ -399,9 +370,6 @@ def compressed_bwd(
     ``gate``: ``do`` is the gradient of the gated sum, and this branch's is ``gate[..., None] * do``
     (``gate`` float32 ``[B, Tq, HQ]``, see :func:`check_gate`); ``delta`` is then ``rowsum(o * do)`` of
     that ``do``, and ``dlse`` must be None.
-    ``dkdv_desc``: the dK/dV kernel reads its query tiles through tensor descriptors (None: by
-    :data:`DKDV_LOADS`); where the group's size is not a power of two, or a tensor's layout does not
-    suit a descriptor, plain loads whatever it says.
     """
     B, TQ, HQ, DK = q.shape
     NC, H, DV = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[3]
@@ -452,14 +420,6 @@ def compressed_bwd(
         else:
             dk_part, dv_part = dk, dv
         ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
-        if dkdv_desc is None:
-            dkdv_desc = DKDV_LOADS["descriptors"] and hopper and bulk_copies_supported(q.device)
-        rows = (q, do, lse, delta) + ((gate,) if gated else ())
-        if dkdv_desc and G == GP and all(describable(t) for t in rows):
-            ds_args.update(QDESC=True, d_q=_rows_descriptor(q, kv["BT"], GP, kv["BDK"]),
-                           d_do=_rows_descriptor(do, kv["BT"], GP, kv["BDV"]),
-                           d_lse=_rows_descriptor(lse, kv["BT"], GP), d_delta=_rows_descriptor(delta, kv["BT"], GP),
-                           d_gate=_rows_descriptor(gate if gated else delta, kv["BT"], GP))
         compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
             q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
             scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
@@ -474,14 +434,6 @@ def compressed_bwd(
             S=config.cmp_stride, PREC=common["PREC"], QT=ds_qt, num_warps=ds_warps, num_stages=ds_stages,
             **LAUNCH_OPTIONS)
     return dq, dk, dv
-
-
-def _rows_descriptor(t: torch.Tensor, positions: int, heads: int, width: Optional[int] = None) -> TensorDescriptor:
-    """Descriptor of a ``[B, T, HQ, D]`` tensor whose block is ``positions`` positions of ``heads``
-    consecutive heads, ``width >= D`` wide (positions past ``T`` and columns past ``D`` read as zeros);
-    of a ``[B, T, HQ]`` one without ``width``."""
-    block = [1, positions, heads] + ([width] if width is not None else [])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
 
 
 def _ds_buffer(q: torch.Tensor, k_cmp: torch.Tensor, config: NSAConfig, q_offset: int, kv: dict,
