@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU calls of session 59 (H200). Triton 3.6 compiles warp specialisation for sm_90 (a
+# producer warp issuing the bulk copies, the others computing) for a flash-attention loop over
+# tensor-descriptor loads at 4 warps (offline, session 59; session 16 had found it failing for the
+# window kernels). Whether it pays, on the compressed forward's loop shape, before any library
+# kernel takes it:
+#
+#   bash scripts/gpu_session59.sh ws          # scripts/gpu_ws_probe.py: the loop with pointer loads,
+#                                             # descriptor loads, and descriptor loads specialised
+#
+# A decode step at batch 16, 64k moves its window (17 MB) in the selected launch, beside the
+# selection programs' blocks, while the compressed pass's last programs run alone for 5-13 us.
+# window_last (new, off) puts the window's splits back in launch 1 but numbered after every
+# compressed split, so that the GPU places them in the slots the pass leaves as it ends (session 52
+# had measured the window in launch 1 with fewer compressed splits, to keep one wave: slower):
+#
+#   bash scripts/gpu_session59.sh wlast       # gpu_decode.py: window_last (and with the window's
+#                                             # descriptors) against the default in turn, batch 16,
+#                                             # 32, 64 at 64k and batch 16 at 8k, 32k, each checked
+#                                             # against the float32 reference at 64k
+#
+source "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: gpu_session59.sh STEP [REV]}"
+device_line
+case "$step" in
+ws)
+    timeout 500 python scripts/gpu_ws_probe.py 2>&1 | tee "$OUT/ws_probe_h200.txt"
+    ;;
+wlast)
+    WL='{"window_last": true}'
+    WLD='{"window_last": true, "win_desc": true}'
+    timeout 330 python scripts/gpu_decode.py --contexts 65536 --check-contexts 65536 --batches 16 32 64 --variants \
+        --check-variants --launch "$WL" --launch "$WLD" --launch '{}' --launch "$WLD" --launch "$WL" \
+        --out "$OUT/decode_window_last_64k_h200.md" > "$OUT/wlast_64k.log" 2>&1
+    echo "== 64k: rc $? after $(( $(date +%s) - start )) s"; grep -E "^- B=|^\| 65536" "$OUT/wlast_64k.log"
+    timeout 200 python scripts/gpu_decode.py --contexts 8192 32768 --check-contexts 8192 --batches 16 --variants 8192 32768 \
+        --launch "$WL" --launch '{}' --launch "$WL" --out "$OUT/decode_window_last_b16_h200.md" > "$OUT/wlast_b16.log" 2>&1
+    echo "== 8k, 32k: rc $? after $(( $(date +%s) - start )) s"; grep -E "^- B=" "$OUT/wlast_b16.log"
+    ;;
+*)
+    echo "unknown step $step"; exit 2
+    ;;
+esac
+echo "== done after $(( $(date +%s) - start )) s"
