@@ -65,8 +65,7 @@ IMPORT = "from nsa.ops.decode.tiles import trace_row, trace_sm, trace_stamp\n"
 INSERTS: List[Tuple[str, str, str]] = [
     ("tiles.py", None, STAMP_HELPERS),
     # compressed pass
-    ("compressed_pass.py", " SEL_BLOCK: tl.constexpr, R: tl.constexpr, WIN_LAST: tl.constexpr = False,\n):",
-     " SEL_BLOCK: tl.constexpr, R: tl.constexpr, trace, WIN_LAST: tl.constexpr = False,\n):"),
+    ("compressed_pass.py", " SEL_BLOCK: tl.constexpr, R: tl.constexpr,\n):", " SEL_BLOCK: tl.constexpr, R: tl.constexpr, trace,\n):"),
     ("compressed_pass.py", "    b_m = tl.full([BG], float(\"-inf\"), tl.float32)\n    b_l = tl.zeros([BG], tl.float32)\n"
      "    b_acc = tl.zeros([BG, BV], tl.float32)\n    if i_s < S_CMP:",
      "    p_tr = trace_row(trace)\n    trace_sm(p_tr)\n    trace_stamp(p_tr, 1, pos.to(tl.int32))\n"

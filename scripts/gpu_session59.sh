@@ -7,6 +7,13 @@
 #
 #   bash scripts/gpu_session59.sh ws          # scripts/gpu_ws_probe.py: the loop with pointer loads,
 #                                             # descriptor loads, and descriptor loads specialised
+#                                             # (ran at d0767dc; stopped by its 500-s limit after the
+#                                             # 64-row specialised loops)
+#
+# Specialised, the loop took 1.7-1.9 times as long (64 rows: 249-262 TFLOP/s against 435-478 for
+# the same descriptor loads unspecialised), and with 3 stages it returned NaN: wrong code. The best
+# plain loop was 128 rows of 4 warps, 64-key tiles, 2 stages: 511 TFLOP/s by descriptors, 491 by
+# pointers. Not taken further.
 #
 # A decode step at batch 16, 64k moves its window (17 MB) in the selected launch, beside the
 # selection programs' blocks, while the compressed pass's last programs run alone for 5-13 us.
@@ -17,7 +24,22 @@
 #   bash scripts/gpu_session59.sh wlast       # gpu_decode.py: window_last (and with the window's
 #                                             # descriptors) against the default in turn, batch 16,
 #                                             # 32, 64 at 64k and batch 16 at 8k, 32k, each checked
-#                                             # against the float32 reference at 64k
+#                                             # against the float32 reference at 64k (ran at
+#                                             # d0767dc; the option, its tests and the trace
+#                                             # script's anchor are in
+#                                             # docs/perf/attempts/decode_window_last.patch)
+#
+# The same results (2.06e-3 and 2.14e-3 against the reference, 100 % blocks), but slower at every
+# point: batch 16 at 64k 77.2-78.1 us against 72.6-72.7 (ABCACB), batch 32 128.3-128.9 against
+# 122.5, batch 64 251.8-254.7 against 228.3-228.9, batch 16 at 8k 44.8 against 38.2-38.8 and at 32k
+# 58.9-59.1 against 52.1-52.2. Eager, launch 1 took 46.0 us against 39.0 and the selected launch 13.2
+# against 17.1: the window's programs are placed only as the pass's programs end, and its last
+# ones end about 7 us after the pass would have. Dropped.
+#
+#   bash scripts/gpu_session59.sh final       # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
+#                                             # main's kernels (those of session 57), then the
+#                                             # probe's 128-row loops the ws call did not reach
+#                                             # (specialised, and descriptors in 4 and 8 warps)
 #
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session59.sh STEP [REV]}"
@@ -36,6 +58,12 @@ wlast)
     timeout 200 python scripts/gpu_decode.py --contexts 8192 32768 --check-contexts 8192 --batches 16 --variants 8192 32768 \
         --launch "$WL" --launch '{}' --launch "$WL" --out "$OUT/decode_window_last_b16_h200.md" > "$OUT/wlast_b16.log" 2>&1
     echo "== 8k, 32k: rc $? after $(( $(date +%s) - start )) s"; grep -E "^- B=" "$OUT/wlast_b16.log"
+    ;;
+final)
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    timeout 240 python scripts/gpu_ws_probe.py --kinds desc ws --rows-per-tile 128 2>&1 | tee "$OUT/ws_probe_128_h200.txt"
     ;;
 *)
     echo "unknown step $step"; exit 2

@@ -120,6 +120,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 128)")
     ap.add_argument("--keys", type=int, default=2048, help="keys per group (multiple of 128)")
+    ap.add_argument("--kinds", nargs="+", default=["ptr", "desc", "ws"], choices=["ptr", "desc", "ws"],
+                    help="loads timed: pointers, descriptors, descriptors with the loop specialised")
+    ap.add_argument("--rows-per-tile", type=int, nargs="+", default=[64, 128], help="BM values timed")
     args = ap.parse_args()
     triton.set_allocator(_alloc)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
@@ -134,10 +137,11 @@ def main() -> None:
     k = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
     v = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
     flops = 4.0 * GROUPS * args.rows * args.keys * D
-    configs = [("ptr", bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
-    configs += [(kind, bm, bn, 4, s) for kind in ("desc", "ws") for bm, bn, s in itertools.product((64, 128), (64, 128), (2, 3))]
-    configs += [("desc", bm, bn, 8, s) for bm, bn, s in itertools.product((128,), (64, 128), (2, 3))]
-    for kind, bm, bn, warps, stages in configs:
+    tiles = list(itertools.product(args.rows_per_tile, (64, 128)))
+    configs = [("ptr", bm, bn, w, s) for (bm, bn), w, s in itertools.product(tiles, (4, 8), (2, 3))]
+    configs += [(kind, bm, bn, 4, s) for kind in ("desc", "ws") for (bm, bn), s in itertools.product(tiles, (2, 3))]
+    configs += [("desc", bm, bn, 8, s) for (bm, bn), s in itertools.product(tiles, (2, 3)) if bm == 128]
+    for kind, bm, bn, warps, stages in (c for c in configs if c[0] in args.kinds):
         name = f"{kind:4s} BM={bm:3d} BN={bn:3d} warps={warps} stages={stages}"
         try:
             o, call = run(kind, sq, sk, sv, small_rows, small_n, bm, bn, warps, stages)

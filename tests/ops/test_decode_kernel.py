@@ -173,10 +173,6 @@ SPAN3 = NSAConfig(cmp_block=12, cmp_stride=4, sel_block=4, sel_count=5, init_blo
         pytest.param(SMALL, (2, 1, 2), None, None, {"l2_hints": True, "cmp_desc": True, "cmp_tile": 8}, id="l2-hints"),
         # the combine merges every slot after its wait (by default launch 1's slots before it)
         pytest.param(SMALL, (3, 2, 2), None, None, {"combine_early": False, "window_in_selected": False}, id="combine-all-late"),
-        # the window's splits in launch 1, numbered after every compressed split (3 and 2 a
-        # row-group, and 1 and 3: the row-groups' counts of each kind differ)
-        pytest.param(SMALL, (3, 2, 2), None, None, {"window_last": True}, id="window-last"),
-        pytest.param(SMALL, (1, 3, 2), None, None, {"window_last": True, "cmp_desc": True, "cmp_tile": 8}, id="window-last-desc"),
         # one score tile holds every block of a row: its candidates are the top-n, no rounds
         pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 16}, id="one-score-tile-ranked"),
         pytest.param(SMALL, (2, 1, 2), None, None, {"score_blocks": 4}, id="score-tiles-then-topk"),
@@ -237,7 +233,6 @@ def test_decode_one_row_combine_parts(launch, nsa_device, nsa_tolerance):
         pytest.param(SMALL, {"sel_desc": True, "topn_per_round": 4, "topn_bitonic": False, "splits": (1, 1, 1)}, id="sel-descriptors-topn4"),
         pytest.param(SMALL, {"window_in_selected": True, "splits": (2, 2, 2)}, id="window-in-selected"),
         pytest.param(SMALL, {"window_in_selected": False, "splits": (2, 2, 1)}, id="window-in-compressed"),
-        pytest.param(SMALL, {"window_last": True, "splits": (2, 3, 1)}, id="window-last"),
         pytest.param(WIDE, {"l2_hints": True, "window_in_selected": True, "splits": (2, 1, 1)}, id="l2-hints"),
         pytest.param(SMALL, {"score_blocks": 8, "splits": (2, 1, 1)}, id="one-score-tile-ranked"),
         pytest.param(SMALL, {"score_blocks": 2, "splits": (2, 1, 1)}, id="score-tiles-then-topk"),
@@ -349,16 +344,6 @@ def test_decode_rejects_bad_pdl_flags():
     for bad in ((True, False), (True, True, True, True)):
         with pytest.raises(ValueError, match=r"pdl must be a bool or three flags \(score, selected, combine"):
             _every_step(q, gates, kv, config, launch={"pdl": bad}, lens=torch.tensor([T], dtype=torch.int32))
-
-
-def test_decode_rejects_window_last_in_the_selected_launch():
-    """``window_last`` orders the window's splits inside launch 1, so asking for them in the
-    selected launch too is a contradiction, named before any launch."""
-    config, T = SMALL, 12
-    q, gates, kv = _sequence(T, 4, 2, 8, 8, config, torch.device("cpu"))
-    with pytest.raises(ValueError, match="window_last places the window's splits in launch 1"):
-        _every_step(q, gates, kv, config, launch={"window_last": True, "window_in_selected": True},
-                    lens=torch.tensor([T], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("name", ["block_tile", "token_tile", "cmp_tile", "win_tile"])

@@ -29,7 +29,7 @@ def decode_cmp_win_fwd_kernel(
     CMP_BLOCK: tl.constexpr, CMP_STRIDE: tl.constexpr, WINDOW: tl.constexpr,  #
     BG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
     CMP_DESC: tl.constexpr, WIN_DESC: tl.constexpr, KEEP: tl.constexpr,
-    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr, WIN_LAST: tl.constexpr = False,
+    MASS: tl.constexpr, SEL_BLOCK: tl.constexpr, R: tl.constexpr,
 ):
     """The compressed splits leave, per head, either every logit (``logits`` rows of
     ``SINK_STRIDE``) or, with ``MASS``, each tile's block masses
@@ -38,9 +38,8 @@ def decode_cmp_win_fwd_kernel(
     compressed split go through them; the masked last tile, if any, still uses plain loads
     (``k_cmp_ptr``/``v_cmp_ptr``, the same caches as tensors, through which every tile goes
     without ``CMP_DESC``). ``WIN_DESC`` does the same for the window. Logits and
-    partials are stored with the L2 eviction policy ``KEEP``. With ``WIN_LAST`` the GPU places
-    every compressed split before any window split (:func:`~nsa.ops.decode.tiles.row_group_program`)."""
-    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL, S_CMP, WIN_LAST)
+    partials are stored with the L2 eviction policy ``KEEP``."""
+    i_s, i_r, i_h, i_b, pos, b_q = row_group_program(q, seq_lens, s_qr, s_qh, TQ, H, G, K, BG, BK, PDL)
     b_m = tl.full([BG], float("-inf"), tl.float32)
     b_l = tl.zeros([BG], tl.float32)
     b_acc = tl.zeros([BG, BV], tl.float32)

@@ -246,7 +246,6 @@ def decode_fwd(
     topn_bitonic: bool = True,
     combine_early: bool = True,
     forced_early: Optional[bool] = None,
-    window_last: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -280,10 +279,7 @@ def decode_fwd(
     against 78.7-79.2, at 8k 37.8-38.9 against 38.5-39.0, batch 32 at 64k 127.5-127.8 against
     128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise),
     ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
-    among their ranks before they wait for the score launch; on by default with ``sel_desc``),
-    ``window_last`` (the window's splits in launch 1, placed after every compressed split, so that
-    they take the slots the compressed pass leaves as it ends; implies ``window_in_selected``
-    False).
+    among their ranks before they wait for the score launch; on by default with ``sel_desc``).
 
     ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
     their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
@@ -430,11 +426,9 @@ def decode_fwd(
     stages = dict(num_stages=cmp_stages) if cmp_stages else {}
     # the selected pass likewise: 140 KiB in 3 stages, past a consumer GPU's 99; 72 in one
     sel_stages = dict(num_stages=1) if exact else {}
-    if window_last and window_in_selected:
-        raise ValueError("window_last places the window's splits in launch 1: window_in_selected must not be True")
     if window_in_selected is None:
         # at batch 1 only for short caches, whose compressed pass is a few tiles a split
-        window_in_selected = (fills or nblk_cap <= 128) and not window_last
+        window_in_selected = fills or nblk_cap <= 128
     if l2_hints is None:
         l2_hints = on_gpu
     keep, drop = ("evict_last", "evict_first") if l2_hints else ("", "")
@@ -446,7 +440,7 @@ def decode_fwd(
         k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2),  #
         qk_scale, sink_stride, s_cmp, s_win, S,  #
         CMP_BLOCK=config.cmp_block, CMP_STRIDE=config.cmp_stride, WINDOW=config.window, CMP_DESC=cmp_desc, WIN_DESC=win_desc,
-        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk, WIN_LAST=window_last,
+        KEEP=keep, MASS=score_mass, SEL_BLOCK=config.sel_block, R=r_blk,
         num_warps=cmp_warps or num_warps, **cmp_attend, **common, **stages, **LAUNCH_OPTIONS,
     )  # fmt: skip
     if score_blocks is None:

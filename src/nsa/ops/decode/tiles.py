@@ -22,26 +22,13 @@ def row_position(seq_lens, i_r, TQ: tl.constexpr):
 
 @triton.jit
 def row_group_program(q, seq_lens, s_qr, s_qh, TQ: tl.constexpr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
-                      BG: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr, S_FIRST=0, LAST_AFTER: tl.constexpr = False):
+                      BG: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     """The start of a program of the compressed or selected launch (grid ``(splits, rows * H)``):
     with ``PDL`` it first lets the next launch start; returns its split ``i_s``, row ``i_r``, KV
-    head ``i_h``, sequence ``i_b``, position ``pos`` and the group's queries ``[BG, BK]``.
-
-    The GPU places a launch's programs in the order of their linear index, in which a row-group's
-    splits are consecutive. With ``LAST_AFTER`` the programs are numbered so that every row-group's
-    first ``S_FIRST`` splits come first and its other splits only after all of those."""
+    head ``i_h``, sequence ``i_b``, position ``pos`` and the group's queries ``[BG, BK]``."""
     if PDL:
         gdc_launch_dependents()
-    if LAST_AFTER:
-        per_rg, n_rg = tl.num_programs(0), tl.num_programs(1)
-        i_lin = tl.program_id(1) * per_rg + tl.program_id(0)
-        first = S_FIRST * n_rg
-        rest = tl.maximum(i_lin - first, 0)
-        n_last = tl.maximum(per_rg - S_FIRST, 1)
-        i_s = tl.where(i_lin < first, i_lin % S_FIRST, S_FIRST + rest % n_last)
-        i_rh = tl.where(i_lin < first, i_lin // S_FIRST, rest // n_last)
-    else:
-        i_s, i_rh = tl.program_id(0), tl.program_id(1)
+    i_s, i_rh = tl.program_id(0), tl.program_id(1)
     i_r, i_h = i_rh // H, i_rh % H
     i_b, pos = row_position(seq_lens, i_r, TQ)
     return i_s, i_r, i_h, i_b, pos, _load_group_q(q, i_r, i_h, s_qr, s_qh, G, K, BG, BK)
