@@ -40,6 +40,13 @@
 #                                             # main's kernels (those of session 57), then the
 #                                             # probe's 128-row loops the ws call did not reach
 #                                             # (specialised, and descriptors in 4 and 8 warps)
+#                                             # (ran at 307b793)
+#
+# Prefill 64k 32.97 / 117.9 ms (3.58x) forward, 95.34 / 449.2 (4.71x) forward+backward, 8k 0.80x
+# (against a dense forward of 1.739 ms) and 1.06x; decode at 64k 19.17 / 49.22 us (2.57x) at batch
+# 1, 71.41 / 482.6 (6.76x) at batch 16, 7.49x at 32, 7.80x at 64. The probe timed the 128-row
+# descriptor loops again (512 TFLOP/s at 4 warps, 2 stages) and then spent its remaining 3 minutes
+# compiling the first specialised 128-row loop, unfinished.
 #
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session59.sh STEP [REV]}"
