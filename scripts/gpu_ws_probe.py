@@ -38,6 +38,18 @@ GROUPS = 4
 
 
 @triton.jit
+def _softmax_step(b_q, b_k, b_v, b_m, b_l, b_acc, qk_scale):
+    """One key tile of the online softmax (log2 domain): the running max, sum and output."""
+    b_s = tl.dot(b_q, b_k.T) * qk_scale
+    m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_p = tl.exp2(b_s - m_new[:, None])
+    alpha = tl.exp2(b_m - m_new)
+    b_l = b_l * alpha + tl.sum(b_p, 1)
+    b_acc = tl.dot(b_p.to(tl.bfloat16), b_v, b_acc * alpha[:, None])
+    return m_new, b_l, b_acc
+
+
+@triton.jit
 def attn_fwd_desc_kernel(q_desc, k_desc, v_desc, o, ROWS, N, qk_scale,
                          BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr, STAGES: tl.constexpr):
     """One ``BM``-row tile of group ``program_id(1)`` over all ``N`` keys of that group; keys and
@@ -51,14 +63,7 @@ def attn_fwd_desc_kernel(q_desc, k_desc, v_desc, o, ROWS, N, qk_scale,
     for n in tl.range(0, N, BN, num_stages=STAGES, warp_specialize=WS):
         b_k = k_desc.load([i_g * N + n, 0])
         b_v = v_desc.load([i_g * N + n, 0])
-        b_s = tl.dot(b_q, b_k.T) * qk_scale
-        m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        b_p = tl.exp2(b_s - m_new[:, None])
-        alpha = tl.exp2(b_m - m_new)
-        b_l = b_l * alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * alpha[:, None]
-        b_acc = tl.dot(b_p.to(tl.bfloat16), b_v, b_acc)
-        b_m = m_new
+        b_m, b_l, b_acc = _softmax_step(b_q, b_k, b_v, b_m, b_l, b_acc, qk_scale)
     b_acc = b_acc / b_l[:, None]
     o_r = row0 + tl.arange(0, BM)
     tl.store(o + o_r[:, None].to(tl.int64) * 128 + tl.arange(0, 128)[None, :], b_acc.to(tl.bfloat16))
@@ -78,14 +83,7 @@ def attn_fwd_ptr_kernel(q, k, v, o, ROWS, N, qk_scale, BM: tl.constexpr, BN: tl.
         o_n = (i_g * N + n + tl.arange(0, BN)).to(tl.int64)
         b_k = tl.load(k + o_n[:, None] * 128 + o_d[None, :])
         b_v = tl.load(v + o_n[:, None] * 128 + o_d[None, :])
-        b_s = tl.dot(b_q, b_k.T) * qk_scale
-        m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        b_p = tl.exp2(b_s - m_new[:, None])
-        alpha = tl.exp2(b_m - m_new)
-        b_l = b_l * alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * alpha[:, None]
-        b_acc = tl.dot(b_p.to(tl.bfloat16), b_v, b_acc)
-        b_m = m_new
+        b_m, b_l, b_acc = _softmax_step(b_q, b_k, b_v, b_m, b_l, b_acc, qk_scale)
     b_acc = b_acc / b_l[:, None]
     tl.store(o + o_r[:, None] * 128 + o_d[None, :], b_acc.to(tl.bfloat16))
 
