@@ -61,6 +61,9 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 29. **Pass 1 in 128-row tiles** (``pass1_wide``): pass 1 of the compressed forward (where pass 2
     runs apart) in tiles of 8 query positions at two programs an SM, against the default; the
     fastest in the whole forward and forward+backward (ABBA) and the forward's kernel lists.
+30. **Pass 1's whole tiles through tensor descriptors** (``pass1_desc``): the default pass 1 with
+    ``PASS2_APART["pass1"]["kv_desc"]`` off and on, checked bitwise against the fused launch, then
+    in the whole forward and forward+backward (ABBA) and the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -90,6 +93,7 @@ from compiled_kernels import resources
 from nsa import NSAConfig
 from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress, nsa_attention, select_blocks
+from nsa.ops._triton.compressed_fwd import PASS2_APART
 from nsa.ops.selected.kernel import (
     BWD_TILES,
     _dkdv_queries_per_program,
@@ -883,6 +887,24 @@ def pass1_wide(T: int, config: NSAConfig) -> None:
         ab_rounds_and_lists(T, config, module.PASS2_APART, (PASS1_WIDE[0], (best, dict(PASS1_WIDE)[best])), "pass 1")
 
 
+#: Pass 1's whole key/value tiles through tensor descriptors (session 59). Compiled for sm_90 (128
+#: rows of 8 warps, 64-token tiles, 2 stages, 128 registers): the unmasked step takes 353
+#: instructions against 383 with pointer loads, 128 registers either way.
+PASS1_DESC = (
+    ("the default (pointer loads)", {}),
+    ("pass 1's whole tiles through descriptors", dict(pass1=dict(PASS2_APART["pass1"], kv_desc=True))),
+)
+
+
+def pass1_desc(T: int, config: NSAConfig) -> None:
+    """:func:`_pass2_sweep` over :data:`PASS1_DESC`, then the two in the whole forward and
+    forward+backward (ABBA) and the forward's kernel lists (:func:`ab_rounds_and_lists`)."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    _pass2_sweep(T, config, PASS1_DESC)
+    ab_rounds_and_lists(T, config, module.PASS2_APART, PASS1_DESC, "pass 1")
+
+
 FORCED_PLACES = (("forced blocks in the window kernels (default)", {}),
                  ("forced blocks in their own kernels", {"NSA_FORCED_IN_WINDOW": "0"}))
 
@@ -1624,7 +1646,7 @@ SECTIONS = {
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
-    "pass1_wide": pass1_wide,
+    "pass1_wide": pass1_wide, "pass1_desc": pass1_desc,
 }
 
 

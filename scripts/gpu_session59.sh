@@ -36,6 +36,12 @@
 # against 17.1: the window's programs are placed only as the pass's programs end, and its last
 # ones end about 7 us after the pass would have. Dropped.
 #
+#   bash scripts/gpu_session59.sh desc        # probe section pass1_desc at 64k and 16k: pass 1 of the
+#                                             # compressed forward with its whole key/value tiles
+#                                             # through tensor descriptors (PASS2_APART["pass1"]
+#                                             # ["kv_desc"], new, off), checked bitwise, then ABBA in
+#                                             # the forward and forward+backward, and kernel lists
+#
 #   bash scripts/gpu_session59.sh final       # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
 #                                             # main's kernels (those of session 57), then the
 #                                             # probe's 128-row loops the ws call did not reach
@@ -65,6 +71,9 @@ wlast)
     timeout 200 python scripts/gpu_decode.py --contexts 8192 32768 --check-contexts 8192 --batches 16 --variants 8192 32768 \
         --launch "$WL" --launch '{}' --launch "$WL" --out "$OUT/decode_window_last_b16_h200.md" > "$OUT/wlast_b16.log" 2>&1
     echo "== 8k, 32k: rc $? after $(( $(date +%s) - start )) s"; grep -E "^- B=" "$OUT/wlast_b16.log"
+    ;;
+desc)
+    probe_run 420 pass1_desc --lengths 65536 16384 --only pass1_desc --kernels 8
     ;;
 final)
     h200_prefill

@@ -45,11 +45,13 @@ from nsa.ops._triton.attention import (
     LOG2E,
     attn_fwd_finish,
     attn_fwd_step,
+    descriptor_ready,
     dot_precision,
     exact_float32_tiles,
     hopper_tiles_fit,
     next_pow2,
     pipeline_stages,
+    token_tile_descriptor,
 )
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
@@ -132,22 +134,31 @@ def _softmax_chunk(
     b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
     BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     HDK: tl.constexpr, HDV: tl.constexpr, MASK: tl.constexpr, STORE_O: tl.constexpr, PREC: tl.constexpr,
+    d_k=None, d_v=None, i_b=0, i_h=0, KV_DESC: tl.constexpr = False,
 ):
     """Pass-1 step over tokens ``[i_n, i_n + BN)``: online max/sum, and ``o`` when ``STORE_O``.
 
-    p_k/p_v point at token 0 of this (batch, KV head); HDK/HDV are the token strides.
+    p_k/p_v point at token 0 of this (batch, KV head); HDK/HDV are the token strides. With
+    ``KV_DESC`` (unmasked steps only) the tiles come through the tensor descriptors ``d_k``/``d_v``
+    of the whole caches (block ``[1, BN, 1, BDK|BDV]``) instead.
     """
     o_n = i_n + tl.arange(0, BN)
     o_dk = tl.arange(0, BDK)
     # tokens past n_hi exist only in masked steps: unmasked ones load whole tiles
     m_n = (o_n < n_hi) | (not MASK)
-    b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
-                  mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
+    if KV_DESC:
+        b_k = d_k.load([i_b, i_n, i_h, 0]).reshape(BN, BDK)
+    else:
+        b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
+                      mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
     m_qk = o_n[None, :] < nv[:, None]  # [M, BN]
     if STORE_O:
         o_dv = tl.arange(0, BDV)
-        b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
-                      mask=m_n[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BN, BDV]
+        if KV_DESC:
+            b_v = d_v.load([i_b, i_n, i_h, 0]).reshape(BN, BDV)
+        else:
+            b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
+                          mask=m_n[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BN, BDV]
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     else:
         b_m, b_l = _lse_step(b_q, b_k, b_m, b_l, m_qk, qk_scale, MASK, PREC)
@@ -283,6 +294,7 @@ def compressed_fwd_kernel(
     STORE_O: tl.constexpr, SELECT: tl.constexpr, PREC: tl.constexpr,
     lse2=None,  # [B, TQ, HQ] float32 log2-domain lse: written with LSE2_OUT, read without PASS1
     PASS1: tl.constexpr = True, LSE2_OUT: tl.constexpr = False,
+    d_k=None, d_v=None, KV_DESC: tl.constexpr = False,  # pass 1's whole tiles through descriptors
 ):
     """Grid ``(query tiles of [T0, T1), B * H)``. Without ``PASS1`` only pass 2 runs, from the
     log2-domain lse that a ``PASS1`` launch with ``LSE2_OUT`` left in ``lse2``
@@ -310,7 +322,8 @@ def compressed_fwd_kernel(
         n_full = (n_lo // BN) * BN
         for i_n in range(0, n_full, BN):
             b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
-                                             BN, BDK, BDV, DK, DV, H * DK, H * DV, False, STORE_O, PREC)
+                                             BN, BDK, BDV, DK, DV, H * DK, H * DV, False, STORE_O, PREC,
+                                             d_k, d_v, i_b, i_h, KV_DESC)
         for i_n in range(n_full, n_hi, BN):
             b_acc, b_m, b_l = _softmax_chunk(b_q, p_k, p_v, i_n, n_hi, nv, b_acc, b_m, b_l, qk_scale,
                                              BN, BDK, BDV, DK, DV, H * DK, H * DV, True, STORE_O, PREC)
@@ -451,7 +464,12 @@ def compressed_fwd(
         pass1 = dict(PASS2_APART["pass1"] or {})
         if "rows" in pass1:
             pass1["BT"] = max(1, pass1.pop("rows") // GP)
+        kv_desc = pass1.pop("kv_desc", False)
         pass1 = dict(launch, SELECT=False, **pass1)
+        if kv_desc:
+            k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
+            pass1.update(d_k=token_tile_descriptor(k_cmp, pass1["BN"], pass1["BDK"]),
+                         d_v=token_tile_descriptor(v_cmp, pass1["BN"], pass1["BDV"]), KV_DESC=True)
         compressed_fwd_kernel[(cdiv(TQ, pass1["BT"]), B * H)](
             q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
             **pass1, lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
