@@ -61,9 +61,10 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 29. **Pass 1 in 128-row tiles** (``pass1_wide``): pass 1 of the compressed forward (where pass 2
     runs apart) in tiles of 8 query positions at two programs an SM, against the default; the
     fastest in the whole forward and forward+backward (ABBA) and the forward's kernel lists.
-30. **Pass 1's whole tiles through tensor descriptors** (``pass1_desc``): the default pass 1 with
-    ``PASS2_APART["pass1"]["kv_desc"]`` off and on, checked bitwise against the fused launch, then
-    in the whole forward and forward+backward (ABBA) and the forward's kernel lists.
+30. **Pass 1's whole tiles through tensor descriptors** (``pass1_desc``): pass 1 with
+    ``PASS2_APART["pass1"]["kv_desc"]`` off and on (on by default since session 59), checked
+    bitwise against the fused launch, then in the whole forward and forward+backward (ABBA) and
+    the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -889,10 +890,13 @@ def pass1_wide(T: int, config: NSAConfig) -> None:
 
 #: Pass 1's whole key/value tiles through tensor descriptors (session 59). Compiled for sm_90 (128
 #: rows of 8 warps, 64-token tiles, 2 stages, 128 registers): the unmasked step takes 353
-#: instructions against 383 with pointer loads, 128 registers either way.
+#: instructions against 383 with pointer loads, 128 registers either way. H200, 64k (ms; the
+#: pointer loads first): the compressed forward with selection 16.19, 16.22 against 15.89, 15.97; the
+#: whole forward and forward+backward 0.2-0.3 ms shorter in 3 and 4 of 4 ABBA rounds; bitwise the
+#: same results. Since then the default (``PASS2_APART["pass1"]["kv_desc"]``).
 PASS1_DESC = (
-    ("the default (pointer loads)", {}),
-    ("pass 1's whole tiles through descriptors", dict(pass1=dict(PASS2_APART["pass1"], kv_desc=True))),
+    ("pass 1 by pointer loads", dict(pass1=dict(PASS2_APART["pass1"], kv_desc=False))),
+    ("the default (pass 1's whole tiles through descriptors)", {}),
 )
 
 

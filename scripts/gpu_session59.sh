@@ -42,6 +42,10 @@
 #                                             # ["kv_desc"], new, off), checked bitwise, then ABBA in
 #                                             # the forward and forward+backward, and kernel lists
 #
+#   bash scripts/gpu_session59.sh tests REV   # the GPU tests of the compressed, selection and
+#                                             # whole-attention kernels at the descriptors' default
+#                                             # (report named after REV)
+#
 #   bash scripts/gpu_session59.sh final       # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
 #                                             # main's kernels (those of session 57), then the
 #                                             # probe's 128-row loops the ws call did not reach
@@ -74,6 +78,11 @@ wlast)
     ;;
 desc)
     probe_run 420 pass1_desc --lengths 65536 16384 --only pass1_desc --kernels 8
+    ;;
+tests)
+    rev="${2:?the tests step needs the commit to name the report after}"
+    reported_tests 300 "$rev" tests/ops/test_compressed_kernel.py tests/ops/test_select_kernel.py \
+        tests/ops/test_nsa_attention_kernel.py
     ;;
 final)
     h200_prefill

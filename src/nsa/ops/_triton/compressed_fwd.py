@@ -53,6 +53,7 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
+from nsa.ops._triton.device import bulk_copies_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
@@ -91,8 +92,14 @@ SHORT_TOKENS = 1024
 #: pass 1, 32k 4.44 against 4.65-4.70; the whole 64k forward 33.18-33.50 against 33.81-34.29,
 #: forward+backward 97.19-97.62 against 97.41-99.12 (ABBA); bitwise the same results. Uncapped (191
 #: registers, one program an SM) 17.54-17.67, and 32-token tiles 17.17-18.73 (sessions 56-57).
+#: Its whole key/value tiles come through tensor descriptors (``kv_desc``, where the GPU has bulk
+#: copies): compiled for sm_90 the unmasked step takes 353 instructions against 383 with pointer loads
+#: (128 registers either way). H200, 64k: the compressed forward with selection 15.89-15.97 ms against
+#: 16.19-16.22, its kernels 14.03-14.20 against 14.29-14.39; the whole forward 32.66-32.83 against
+#: 32.61-33.14 and forward+backward 95.93-96.32 against 96.09-96.48 (ABBA, faster in 3 and 4 of the
+#: 4 rounds); bitwise the same results (session 59).
 PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
-                   pass1=dict(rows=128, num_warps=8, num_stages=2, maxnreg=128))
+                   pass1=dict(rows=128, num_warps=8, num_stages=2, maxnreg=128, kv_desc=True))
 
 
 @triton.jit
@@ -464,7 +471,7 @@ def compressed_fwd(
         pass1 = dict(PASS2_APART["pass1"] or {})
         if "rows" in pass1:
             pass1["BT"] = max(1, pass1.pop("rows") // GP)
-        kv_desc = pass1.pop("kv_desc", False)
+        kv_desc = pass1.pop("kv_desc", False) and bulk_copies_supported(q.device)
         pass1 = dict(launch, SELECT=False, **pass1)
         if kv_desc:
             k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
