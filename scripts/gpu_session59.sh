@@ -41,10 +41,22 @@
 #                                             # through tensor descriptors (PASS2_APART["pass1"]
 #                                             # ["kv_desc"], new, off), checked bitwise, then ABBA in
 #                                             # the forward and forward+backward, and kernel lists
+#                                             # (ran at a14ca10)
+#
+# Bitwise the same, and at 64k the compressed forward with selection 15.89-15.97 ms against
+# 16.19-16.22, its kernels 14.03-14.20 against 14.29-14.39, the forward 0.2-0.3 ms shorter in 3 of 4
+# ABBA rounds and the forward+backward 0.1-0.3 in all 4; 16k unchanged (pass 2 is fused there).
+# Kept as the default (97eb4f3).
 #
 #   bash scripts/gpu_session59.sh tests REV   # the GPU tests of the compressed, selection and
 #                                             # whole-attention kernels at the descriptors' default
-#                                             # (report named after REV)
+#                                             # (report named after REV) (ran at 97eb4f3)
+#
+# 103 passed, 1 failed: the new CPU case of test_pass2_apart_equals_the_fused_launch in 8-token
+# tiles, which a GPU's dot does not take. At 477f3eb (16-token tiles on a GPU) the selection tests
+# passed, 42, by a direct call (`source scripts/gpu_env.sh && reported_tests 150 477f3eb
+# tests/ops/test_select_kernel.py`); then the prefill table again at 221d805 (`h200_prefill`):
+# 64k 32.85 / 120.4 ms (3.66x) forward, 98.41 / 457.6 (4.65x) forward+backward, 8k 0.88x and 1.07x.
 #
 #   bash scripts/gpu_session59.sh final       # nsa-bench prefill (8k-64k) and decode (batch 1-64) at
 #                                             # main's kernels (those of session 57), then the
