@@ -161,8 +161,8 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     with every_launch(execute=False) as launches:
         run(block_n=64)
     assert launches_of(launches) == [(True, True, 32, 16)] * 4
-    # pass 1's whole tiles (8 tokens, the least a GPU's dot takes on it) through tensor descriptors:
-    # the same results, bitwise
+    # pass 1's whole tiles through tensor descriptors (8-token tiles; on a GPU 16, the least its dot
+    # takes): the same results, bitwise
     bn = max(8, min_dot_side(q.device))
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, BN=bn, num_warps=8, num_stages=2, maxnreg=128))
     plain = run()
