@@ -191,8 +191,16 @@ def descriptor_ready(t: torch.Tensor) -> torch.Tensor:
 
 def token_tile_descriptor(t: torch.Tensor, tokens: int, width: int) -> TensorDescriptor:
     """Descriptor of a ``[B, T, H, D]`` tensor whose block is ``tokens`` tokens of one head,
-    ``width >= D`` wide (the copy fills the columns past ``D``, and the tokens past ``T``, with zeros)."""
+    ``width >= D`` wide (the copy fills the columns past ``D``, and the tokens past ``T``, with zeros);
+    kernels read it with :func:`token_tile`."""
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, tokens, 1, width])
+
+
+@triton.jit
+def token_tile(d, i_b, t0, i_h, TOKENS: tl.constexpr, WIDTH: tl.constexpr):
+    """``[TOKENS, WIDTH]``: tokens ``t0 ..`` of head ``i_h`` of sequence ``i_b``, one bulk copy
+    through a :func:`token_tile_descriptor` (offsets are 32-bit)."""
+    return d.load([i_b, t0, i_h, 0]).reshape(TOKENS, WIDTH)
 
 
 @triton.jit

@@ -51,6 +51,7 @@ from nsa.ops._triton.attention import (
     hopper_tiles_fit,
     next_pow2,
     pipeline_stages,
+    token_tile,
     token_tile_descriptor,
 )
 from nsa.ops._triton.device import bulk_copies_supported
@@ -154,7 +155,7 @@ def _softmax_chunk(
     # tokens past n_hi exist only in masked steps: unmasked ones load whole tiles
     m_n = (o_n < n_hi) | (not MASK)
     if KV_DESC:
-        b_k = d_k.load([i_b, i_n, i_h, 0]).reshape(BN, BDK)
+        b_k = token_tile(d_k, i_b, i_n, i_h, BN, BDK)
     else:
         b_k = tl.load(p_k + (o_n.to(tl.int64) * HDK)[:, None] + o_dk[None, :],
                       mask=m_n[:, None] & (o_dk < DK)[None, :], other=0.0)  # [BN, BDK]
@@ -162,7 +163,7 @@ def _softmax_chunk(
     if STORE_O:
         o_dv = tl.arange(0, BDV)
         if KV_DESC:
-            b_v = d_v.load([i_b, i_n, i_h, 0]).reshape(BN, BDV)
+            b_v = token_tile(d_v, i_b, i_n, i_h, BN, BDV)
         else:
             b_v = tl.load(p_v + (o_n.to(tl.int64) * HDV)[:, None] + o_dv[None, :],
                           mask=m_n[:, None] & (o_dv < DV)[None, :], other=0.0)  # [BN, BDV]

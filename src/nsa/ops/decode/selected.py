@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from nsa.ops._triton.attention import token_tile
 from nsa.ops.decode.tiles import (
     attend_range,
     online_softmax_step,
@@ -41,8 +42,8 @@ def _attend_blocks_desc(b_q, d_k, d_v, i_b, i_h, pos, b_j, b_m, b_l, b_acc, qk_s
         lo = j * SEL_BLOCK
         hi = tl.minimum(lo + SEL_BLOCK, last)
         i0 = tl.minimum(lo, last - SEL_BLOCK)
-        b_k = d_k.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BK)
-        b_v = d_v.load([i_b, i0, i_h, 0]).reshape(SEL_BLOCK, BV)
+        b_k = token_tile(d_k, i_b, i0, i_h, SEL_BLOCK, BK)
+        b_v = token_tile(d_v, i_b, i0, i_h, SEL_BLOCK, BV)
         o_t = i0 + tl.arange(0, SEL_BLOCK)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, SEL_BLOCK]
         b_s = tl.where(((o_t >= lo) & (o_t < hi))[None, :], b_s, float("-inf"))

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from nsa.ops._triton.attention import token_tile
 from nsa.ops.decode.sink import store_scores
 
 
@@ -134,8 +135,8 @@ def attend_full_tiles_desc(
     i_b, i_h = i_b.to(tl.int32), i_h.to(tl.int32)  # descriptor offsets are 32-bit
     for i0 in range(lo.to(tl.int32), hi.to(tl.int32), BC):
         o_t = i0 + tl.arange(0, BC)
-        b_k = d_k.load([i_b, i0, i_h, 0]).reshape(BC, BK)
-        b_v = d_v.load([i_b, i0, i_h, 0]).reshape(BC, BV)
+        b_k = token_tile(d_k, i_b, i0, i_h, BC, BK)
+        b_v = token_tile(d_v, i_b, i0, i_h, BC, BV)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BG, BC]
         if STORE_S != 0:
             store_scores(b_s, b_m, i0, o_t >= 0, p_s, s_sg, G, BG, BC, STORE_S, KEEP, R, CMP_BLOCK, CMP_STRIDE, SEL_BLOCK)

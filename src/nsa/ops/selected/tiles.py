@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nsa.ops._triton.attention import token_tile
+
 
 @triton.jit
 def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr,
@@ -66,7 +68,7 @@ def block_rows(p, stride_t, d, blk, o_s, m_s, o_d, m_d, i_b, i_h, BS: tl.constex
     """``[BSP, BD]`` rows ``o_s`` of K or V (``p`` at the batch and head, or the descriptor ``d``
     with ``DESC``: one bulk copy), zero where ``m_s`` is false."""
     if DESC:
-        b_x = d.load([i_b, blk * BS, i_h, 0]).reshape(BSP, o_d.shape[0])
+        b_x = token_tile(d, i_b, blk * BS, i_h, BSP, o_d.shape[0])
         if (LOCAL == 0) or (BS != BSP):
             # masked keys leave the scores, but unwritten cache entries (NaN) would reach P V and dS K
             b_x = tl.where(m_s[:, None], b_x, 0.0)
