@@ -64,15 +64,17 @@ def _short(name: str, width: int = 70) -> str:
 
 
 def _split_calls(spans: List[Tuple[float, float, str, str]], calls: int) -> List[List[Tuple[float, float, str]]]:
-    """The device activities of each call. The runner's L2 flushes separate them: fills of one
-    name and grid, one a call, the longest such group (a call's own fills may be as long, but
-    they come in other counts or grids); the flushes themselves are left out."""
-    groups: Dict[Tuple[str, str], List[float]] = defaultdict(list)
-    for s, e, name, grid in spans:
-        if "fill" in name.lower():
-            groups[(name, grid)].append(e - s)
-    once = [key for key, durs in groups.items() if len(durs) == calls]
-    flush = max(once, key=lambda key: statistics.mean(groups[key]), default=None)
+    """The device activities of each call. The runner's L2 flushes separate them, fills of one name
+    and grid: the profiled window opens with one (the runner flushes before each call), and they
+    come once a call. A call's own fills may be as long, but not first (session 60's first splitter
+    took the long fills and cut each 64k call in two at one of the backward's)."""
+    first = spans[0] if spans else None
+    if first is None or "fill" not in first[2].lower():
+        raise ValueError("the profiled window does not open with the runner's L2 flush (a fill kernel)")
+    flush = first[2:]
+    count = sum(1 for span in spans if span[2:] == flush)
+    if count != calls:
+        raise ValueError(f"found {count} fills like the first flush, for {calls} calls")
     per_call: List[List[Tuple[float, float, str]]] = [[]]
     for s, e, name, grid in spans:
         if (name, grid) == flush:

@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from typing import List, Tuple
 
 
 def _run_library(lengths, batches) -> None:
@@ -49,7 +50,9 @@ def _ptxas() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def _notes(cache: str) -> None:
+def kernel_notes(cache: str) -> List[Tuple[str, object, str, str, List[Tuple[str, str]]]]:
+    """``(name, warps, registers, spills, notes)`` of every kernel's PTX in the Triton cache
+    ``cache``, ``notes`` the ``(code, text)`` of ptxas's performance notes."""
     ptxas = _ptxas()
     rows = []
     for ptx in sorted(glob.glob(os.path.join(cache, "**", "*.ptx"), recursive=True)):
@@ -60,7 +63,8 @@ def _notes(cache: str) -> None:
             with open(meta_path) as f:
                 meta = json.load(f)
             name, warps = meta.get("name", name), meta.get("num_warps", "?")
-        target = re.search(r"^\.target\s+(\S+)", open(ptx).read(), re.M)
+        with open(ptx) as f:
+            target = re.search(r"^\.target\s+(\S+)", f.read(), re.M)
         arch = target.group(1).rstrip(",") if target else "sm_90a"
         with tempfile.NamedTemporaryFile(suffix=".cubin") as out:
             proc = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx, "-o", out.name], capture_output=True, text=True)
@@ -69,6 +73,11 @@ def _notes(cache: str) -> None:
         regs = re.search(r"Used (\d+) registers", log)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
         rows.append((name, warps, regs.group(1) if regs else "?", spills.group(0) if spills else "?", notes))
+    return rows
+
+
+def _notes(cache: str) -> None:
+    rows = kernel_notes(cache)
     serialised = [r for r in rows if r[4]]
     print(f"{len(rows)} compiled kernels, {len(serialised)} with ptxas performance notes")
     for name, warps, regs, spills, notes in rows:

@@ -117,19 +117,45 @@ def band_fwd_flat_kernel(
 
 
 @triton.jit
+def _globaltimer():
+    """The GPU's global nanosecond timer (PTX ``%globaltimer``)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def band_fwd_one_loop_kernel(
     q, k, v, o, lse, T, W, qk_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-    STEPS: tl.constexpr, MODE: tl.constexpr, PROBE: tl.constexpr = 0,
+    STEPS: tl.constexpr, MODE: tl.constexpr, PROBE: tl.constexpr = 0, NSM: tl.constexpr = 132,
+    DELAY_NS: tl.constexpr = 8000,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: one query tile a program, as the library's, but its band's
     ``STEPS`` key tiles in one pipelined loop instead of three (masked head, unmasked middle,
     masked tail). ``MODE`` 1: every step masked; 2: the mask under an ``if`` on the head and
-    tail steps; 3: the unmasked tiles first, then the head and the tail, masked under an ``if``."""
+    tail steps; 3: the unmasked tiles first, then the head and the tail, masked under an ``if``.
+
+    ``PROBE`` (timing only; results wrong for 1-3): 1 stores nothing, 2 reads every program's query
+    rows from the first tile (L2-resident), 3 walks the band twice; 4 and 5 (results right) hold some
+    programs of the first wave back by ``DELAY_NS``: 4 the odd ones, 5 the second ``NSM`` (do the two
+    programs an SM run in lockstep, their loads and stores at the same time, and would an offset
+    between them hide a program's fixed cost?)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     HQ: tl.constexpr = H * G
     BM: tl.constexpr = BT * G
+    if PROBE >= 4:
+        i_lin = i_bh * tl.num_programs(0) + i_t
+        if PROBE == 4:
+            held = (i_lin % 2 == 1) & (i_lin < 2 * NSM)
+        else:
+            held = (i_lin >= NSM) & (i_lin < 2 * NSM)
+        if held:
+            t_now = _globaltimer()
+            t_end = t_now + DELAY_NS
+            while t_now < t_end:
+                t_now = _globaltimer()
+            if t_now < 0:  # never: keeps the wait from being removed as dead code
+                tl.store(lse, 0.0)
     o_m = tl.arange(0, BM)
     o_d = tl.arange(0, D)
     o_n = tl.arange(0, BN)
@@ -236,7 +262,7 @@ def band_fwd_nested_kernel(
 
 
 def band_fwd_one_loop(q, k, v, W: int, scale: float, *, mode: int = 2, rows: int = 64, BN: int = 64,
-                      num_warps: int = 4, stages: int = 2, probe: int = 0):
+                      num_warps: int = 4, stages: int = 2, probe: int = 0, delay_ns: int = 8000):
     B, T, HQ, D = q.shape
     H = k.shape[2]
     G = HQ // H
@@ -245,7 +271,8 @@ def band_fwd_one_loop(q, k, v, W: int, scale: float, *, mode: int = 2, rows: int
     lse = torch.full((B, T, HQ), float("nan"), device=q.device, dtype=torch.float32)
     band_fwd_one_loop_kernel[(triton.cdiv(T, BT), B * H)](
         q, k, v, o, lse, T, W, scale * LOG2E, H=H, G=G, D=D, BT=BT, BN=BN, STEPS=W // BN + 1, MODE=mode,
-        PROBE=probe, num_warps=num_warps, num_stages=stages)
+        PROBE=probe, NSM=torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1,
+        DELAY_NS=delay_ns, num_warps=num_warps, num_stages=stages)
     return o, lse
 
 
@@ -375,7 +402,7 @@ ONE_LOOP_VARIANTS = (
     dict(mode=2, stages=3, BN=32),
 )
 #: Where a program's fixed cost goes (``--only parts``): mode 2 without its stores, with its query
-#: rows from L2, walking its band twice.
+#: rows from L2, walking its band twice; and (``--only stagger``) with part of the first wave held back.
 PARTS_VARIANTS = (
     dict(mode=2, stages=2),
     dict(mode=2, stages=2, probe=1),
@@ -383,6 +410,13 @@ PARTS_VARIANTS = (
     dict(mode=2, stages=2, probe=3),
     dict(mode=2, stages=2, rows=128, num_warps=8),
     dict(mode=2, stages=2, rows=128, num_warps=8, probe=3),
+)
+STAGGER_VARIANTS = (
+    dict(mode=2, stages=2),
+    dict(mode=2, stages=2, probe=4, delay_ns=8000),
+    dict(mode=2, stages=2, probe=5, delay_ns=8000),
+    dict(mode=2, stages=2, probe=4, delay_ns=4000),
+    dict(mode=2, stages=2, probe=5, delay_ns=4000),
 )
 
 
@@ -417,6 +451,8 @@ def main(argv: Optional[list] = None) -> None:
         against_library(args.lengths, "one", band_fwd_one_loop, ONE_LOOP_VARIANTS)
     if "parts" in args.only:
         against_library(args.lengths, "parts", band_fwd_one_loop, PARTS_VARIANTS)
+    if "stagger" in args.only:
+        against_library(args.lengths, "stagger", band_fwd_one_loop, STAGGER_VARIANTS)
 
 
 if __name__ == "__main__":

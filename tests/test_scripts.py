@@ -9,6 +9,8 @@ import re
 import shutil
 import subprocess
 
+import pytest
+
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -93,3 +95,44 @@ def test_ncu_stalls_adds_launches_and_weighs_their_ratios_by_instructions(tmp_pa
     text = probe.table(str(path), top=1)
     assert "| score_kernel | 2 | 0.040 | 0.0 | 1.75 | long_scoreboard 1.50 (86 %) |" in text, text
     assert text.index("score_kernel") < text.index("combine_kernel")  # by time
+
+
+def test_prefill_timeline_splits_calls_at_the_flushes_and_counts_idle_time():
+    """``scripts/gpu_prefill_timeline.py`` cuts the profiled trace into calls at the runner's L2
+    flushes: the fill that opens the trace and those like it. A call's own fill, longer and once a
+    call too, stays in the call (session 60's first run split each 64k call in two at one), and a
+    call's busy time is the union of its overlapping activities."""
+    probe = _script("gpu_prefill_timeline")
+    flush, own = ("fill<int>", "[1600]"), ("fill<float>", "[800]")
+    spans = [(0, 40, *flush), (41, 50, "a", ""), (55, 60, "b", ""), (58, 70, "c", ""), (72, 122, *own),
+             (130, 170, *flush), (171, 180, "d", ""), (190, 240, *own)]
+    calls = probe._split_calls(spans, 2)
+    assert [[name for _, _, name in call] for call in calls] == [["a", "b", "c", own[0]], ["d", own[0]]]
+    assert probe._union(calls[0]) == 9 + 15 + 50  # b and c overlap from 58 to 60
+    assert probe._union(calls[1]) == 9 + 50
+    with pytest.raises(ValueError, match="found 2 fills"):
+        probe._split_calls(spans, 3)
+
+
+def test_ptxas_notes_reads_each_kernels_serialisation_notes(tmp_path):
+    """``scripts/gpu_ptxas_notes.py`` finds ptxas's wgmma serialisation notes (C7514, C7515) per
+    kernel of a Triton cache (with its registers and spills); a stand-in ptxas prints the log, so
+    that what is checked is the reading of it."""
+    probe = _script("gpu_ptxas_notes")
+    kernel = tmp_path / "abc" / "window_kernel.ptx"
+    kernel.parent.mkdir()
+    kernel.write_text(".version 8.7\n.target sm_90a\n")
+    (tmp_path / "abc" / "window_kernel.json").write_text('{"name": "window_kernel", "num_warps": 4}')
+    fake = tmp_path / "ptxas"
+    fake.write_text("#!/bin/sh\ncat >&2 <<'LOG'\n"
+                    "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                    "due to non wgmma instructions defining accumulator registers of a wgmma between start and end "
+                    "of the pipeline stage in the function 'window_kernel'\n"
+                    "ptxas info    : Used 226 registers, used 1 barriers\n"
+                    "    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\nLOG\n")
+    fake.chmod(0o755)
+    probe._ptxas = lambda: str(fake)
+    rows = probe.kernel_notes(str(tmp_path))
+    assert rows == [("window_kernel", 4, "226", "8 bytes spill stores, 4 bytes spill loads", [
+        ("C7515", "wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator "
+                  "registers of a wgmma between start and end of the pipeline stage")])]
