@@ -44,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_init
 
-D = 128
+D = 128  # as scripts/gpu_ws_probe.py's
 GROUPS = 4
 LOG2E = 1.4426950408889634
 
@@ -183,14 +183,6 @@ def run(q, k, v, rows: int, n: int, bm: int, bn: int, warps: int, stages: int, o
     return o, call
 
 
-def reference(q, k, v, rows: int, n: int) -> torch.Tensor:
-    out = []
-    for g in range(GROUPS):
-        s = q[g * rows:(g + 1) * rows].float() @ k[g * n:(g + 1) * n].float().T * D ** -0.5
-        out.append(torch.softmax(s, -1) @ v[g * n:(g + 1) * n].float())
-    return torch.cat(out)
-
-
 CONFIGS = [(bm, bn, warps, stages, overlap)
            for (bm, warps), bn, stages, overlap in itertools.product(((64, 4), (128, 8)), (64, 128), (2, 3),
                                                                       (False, True))
@@ -245,6 +237,8 @@ def main() -> None:
     if args.compile_only:
         compile_only()
         return
+    import gpu_ws_probe  # the same problem's Triton loops and reference (scripts/ on the path)
+
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"{GROUPS} groups x {args.rows} rows x {args.keys} keys, head dim {D}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(60)
@@ -252,7 +246,7 @@ def main() -> None:
     sq = torch.randn(GROUPS * small_rows, D, device="cuda", generator=gen).bfloat16()
     sk = torch.randn(GROUPS * small_n, D, device="cuda", generator=gen).bfloat16()
     sv = torch.randn(GROUPS * small_n, D, device="cuda", generator=gen).bfloat16()
-    want = reference(sq, sk, sv, small_rows, small_n)
+    want = gpu_ws_probe.reference(sq, sk, sv, small_rows, small_n)
     q = torch.randn(GROUPS * args.rows, D, device="cuda", generator=gen).bfloat16()
     k = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
     v = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
@@ -269,8 +263,6 @@ def main() -> None:
             print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  max error {err:.2e}", flush=True)
         except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
             print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
-    import gpu_ws_probe
-
     triton.set_allocator(gpu_ws_probe._alloc)
     for kind, bm, bn, warps, stages in (TRITON_CONFIGS[i - len(CONFIGS)] for i in chosen if i >= len(CONFIGS)):
         name = f"triton {kind:4s} BM={bm:3d} BN={bn:3d} warps={warps} stages={stages}"

@@ -15,11 +15,22 @@ the step, and the query tile is read either on every step through the pipeline (
 it then feeds the product from shared memory) or once a tile into registers. Only the band's
 first and last tiles (and tiles before the sequence) are masked.
 
+Two more probe kernels: ``band_fwd_one_loop_kernel`` (one query tile a program, as the library's,
+its band in one pipelined loop instead of three; ``PROBE`` variants take parts of a program away or
+hold part of the first wave back) and ``band_fwd_nested_kernel`` (several query tiles a program in
+an outer loop, which Triton flattens with ``tl.range(..., flatten=True)``; compiled offline only).
+
 Sections (``--only``): ``long`` the library's window forward at W = 512, 2048 and 4096 (TFLOP/s
-of useful work: does a longer loop run faster?); ``flat`` the probe kernel by tiles a program,
-rows, warps and stages at 8k and 64k against the library (outputs compared, then timed,
-``do_bench`` medians with L2 flushed). ``--check`` runs the probe kernel against a float64
-reference at a small size (works on CPU under ``TRITON_INTERPRET=1``).
+of useful work: does a longer loop run faster?); ``flat``, ``one``, ``parts`` and ``stagger`` the
+probe kernels' variants at 8k and 64k against the library (outputs compared bitwise, then timed in
+turn with it, ``do_bench`` medians with L2 flushed). ``--check`` runs the probe kernels against a
+float64 reference at a small size (works on CPU under ``TRITON_INTERPRET=1``, in float16).
+
+Session 60 (H200, docs/perf/prefill.md): long bands run at 380-409 TFLOP/s against 295 at W = 512,
+a program's fixed part is about a fifth of the kernel, and none of the probe's loop forms or
+offsets won it back (0.91-1.04x the library at best). Its first flattened forms made ptxas
+serialise every wgmma (notes C7515 and C7514); ``band_fwd_flat_kernel``'s docstring says how the
+final form avoids them.
 """
 
 from __future__ import annotations
@@ -36,6 +47,23 @@ import triton.language as tl
 from nsa.ops._triton.attention import attn_fwd_finish, attn_fwd_step
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale, edge):
+    """:func:`attn_fwd_step`'s operations on the raw scores ``b_s`` of keys ``o_s``, the band mask
+    applied only where ``edge`` (under an ``if``: the score product stays outside it, as a product
+    inside a branch would leave the loop's loads unpipelined)."""
+    if edge:
+        vis = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W) & (o_s >= 0)[None, :]
+        b_s = tl.where(vis, b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
+    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_p = tl.exp2(b_s * qk_scale - b_shift[:, None])
+    b_alpha = tl.exp2(b_m - b_shift)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+    return b_acc, b_m_new, b_l
 
 
 @triton.jit
@@ -102,17 +130,8 @@ def band_fwd_flat_kernel(
             if s > 0:
                 _flat_store(o, lse, b_acc, b_m, b_l, i_b, i_h, i_t - 1, T, o_m, o_d, H, G, D, BT)
             b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
-        if (j == 0) | (j == STEPS - 1) | (s0 < 0):
-            vis = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W) & (o_s >= 0)[None, :]
-            b_s = tl.where(vis, b_s, float("-inf"))
-        # attn_fwd_step's operations (nsa.ops._triton.attention)
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_p = tl.exp2(b_s * qk_scale - b_shift[:, None])
-        b_alpha = tl.exp2(b_m - b_shift)
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-        b_m = b_m_new
+        b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale,
+                                     (j == 0) | (j == STEPS - 1) | (s0 < 0))
     _flat_store(o, lse, b_acc, b_m, b_l, i_b, i_h, i_p * TILES + n_tiles - 1, T, o_m, o_d, H, G, D, BT)
 
 
@@ -191,18 +210,8 @@ def band_fwd_one_loop_kernel(
         if MODE == 1:
             b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, vis, qk_scale, True, "tf32")
         else:
-            # attn_fwd_step's operations, with only the mask under the branch: a product inside
-            # an if would leave the loop's loads unpipelined
             b_s = tl.dot(b_q, tl.trans(b_k))
-            if edge | (s0 < 0):
-                b_s = tl.where(vis, b_s, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
-            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_p = tl.exp2(b_s * qk_scale - b_shift[:, None])
-            b_alpha = tl.exp2(b_m - b_shift)
-            b_l = b_l * b_alpha + tl.sum(b_p, 1)
-            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-            b_m = b_m_new
+            b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale, edge | (s0 < 0))
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
     if PROBE == 1:
         m_row = m_row & (T < 0)
@@ -246,16 +255,8 @@ def band_fwd_nested_kernel(
             b_k = tl.load(k + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
             b_v = tl.load(v + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
             b_s = tl.dot(b_q, tl.trans(b_k))
-            if (i == 0) | (i == STEPS - 1) | (s0 < 0):
-                vis = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W) & (o_s >= 0)[None, :]
-                b_s = tl.where(vis, b_s, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)
-            b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_p = tl.exp2(b_s * qk_scale - b_shift[:, None])
-            b_alpha = tl.exp2(b_m - b_shift)
-            b_l = b_l * b_alpha + tl.sum(b_p, 1)
-            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-            b_m = b_m_new
+            b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale,
+                                         (i == 0) | (i == STEPS - 1) | (s0 < 0))
         b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
         tl.store(o + o_row[:, None] * D + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
         tl.store(lse + o_row, b_lse, mask=m_row)
