@@ -136,15 +136,15 @@ def probe(T: int, forward_only: bool, calls: int, gaps: int) -> None:
             if e > end:
                 end, prev = e, name
     gap_list.sort(reverse=True)
-    print(f"longest idle gaps (us; call; after -> before):")
+    print("longest idle gaps (us; call; after -> before):")
     for g, i, prev, nxt, g0, g1 in gap_list[:gaps]:
         during = Counter(n for s, e, n in host if s < g1 and e > g0)
         extra = f"; host meanwhile: {dict(during)}" if during else ""
         print(f"  {g:9.1f}  call {i}: {_short(prev, 50)} -> {_short(nxt, 50)}{extra}")
-    small = [g for g, *_ in gap_list]
-    if small:
-        print(f"gaps: {len(small)}, median {statistics.median(small):.1f} us, "
-              f"sum {sum(small) / 1e3:.3f} ms over {len(per_call)} calls", flush=True)
+    gap_sizes = [g for g, *_ in gap_list]
+    if gap_sizes:
+        print(f"gaps: {len(gap_sizes)}, median {statistics.median(gap_sizes):.1f} us, "
+              f"sum {sum(gap_sizes) / 1e3:.3f} ms over {len(per_call)} calls", flush=True)
     totals: Dict[str, List[float]] = defaultdict(list)
     for s, e, name in host:
         totals[name].append(e - s)
