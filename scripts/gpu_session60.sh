@@ -48,6 +48,14 @@
 # 32 compiled kernels, none with a serialisation note. Spills: the window dK/dV's 724 bytes stored
 # and 988 loaded are outside its loops (0-2 local loads a loop, sm_90 compile).
 #
+# A GPU test keeps it so (tests/ops/test_wgmma_serialisation.py, new: the library's Hopper launches
+# compiled in a fresh Triton cache, prefill at 8k and 20k, decode at batch 1 and 16, no C7514/C7515):
+#
+#   bash scripts/gpu_session60.sh wgmma       # that test under --gpu-profile auto (ran at c56940d
+#                                             # with the test uncommitted)
+#
+# Passed, in 66 s.
+#
 # Gluon (Triton's lower-level language, in Triton 3.6) exposes the wgmma's asynchronous issue and
 # wait: can an attention loop overlap a tile's exponentials with the next tile's score product, as
 # hand-written Hopper kernels do?
@@ -95,6 +103,10 @@ gluon)
         timeout 45 python scripts/gpu_gluon_probe.py --configs "$i" 2>&1 | grep -v "^device" | tee -a "$OUT/gluon_probe_h200.txt"
         [ "${PIPESTATUS[0]}" -eq 124 ] && echo "config $i: timed out (45 s)" | tee -a "$OUT/gluon_probe_h200.txt"
     done
+    ;;
+wgmma)
+    timeout 280 python -m pytest -q -rs -p no:cacheprovider --gpu-profile auto tests/ops/test_wgmma_serialisation.py \
+        2>&1 | tail -6
     ;;
 final)
     h200_prefill

@@ -1,0 +1,48 @@
+"""No library kernel compiles for Hopper with its wgmma instructions serialised.
+
+ptxas serialises every ``wgmma.mma_async`` of a kernel (each product waits for the one before)
+when a non-wgmma instruction writes or reads a wgmma's accumulator while the wgmma may be in
+flight. It says so only in an info note (C7514, C7515) that Triton does not show, and a kernel edit
+can bring it about without changing any result: in session 60's window probe it cost up to half the
+kernel's speed. This GPU test compiles the library's Hopper launches in a fresh Triton cache (a
+prefill forward and backward where the compressed forward's scoring pass is fused and where it
+runs apart, decode steps at batch 1 and 16, eager and captured) and reads every kernel's notes
+through ``scripts/gpu_ptxas_notes.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.triton, pytest.mark.requires(sm=">=9.0")]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: the notes that mean serialised wgmma
+SERIALISED = ("C7514", "C7515")
+
+
+def _notes_script():
+    spec = importlib.util.spec_from_file_location("gpu_ptxas_notes", ROOT / "scripts" / "gpu_ptxas_notes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_library_kernel_has_its_wgmma_serialised(tmp_path):
+    paths = [str(ROOT / "src"), str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    # a process of its own, so that Triton reads TRITON_CACHE_DIR from its first import; 20k tokens
+    # see more than 1024 compressed tokens, where the scoring pass runs apart
+    code = "import gpu_ptxas_notes as g; g._run_library([8192, 20480], [1, 16])"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
+    rows = _notes_script().kernel_notes(str(tmp_path))
+    assert len(rows) >= 20, [name for name, *_ in rows]
+    serialised = [(name, warps, notes) for name, warps, _, _, notes in rows
+                  if any(code in SERIALISED for code, _ in notes)]
+    assert serialised == []
