@@ -28,9 +28,9 @@
 # Long loops are faster: the library's window forward runs at 294-295 TFLOP/s of useful work at
 # W = 512, 380-393 at 2048 and 402-409 at 4096; walking each band twice costs 3.23 ms more at 64k
 # where the whole kernel takes 3.96: a fixed cost of about a fifth a program, of which the stores
-# are 3 % and the query rows' reads nothing. Neither loop form wins it back: the band in one loop
+# are 3-4 % and the query rows' reads 0-4 %. Neither loop form wins it back: the band in one loop
 # 0.92-1.04x the library, the flattened loop over 16 query tiles 0.95-0.98x at best (query rows in
-# registers; through the pipeline 0.83-0.86x). The first flattened forms ran at 0.5-0.86x because
+# registers; through the pipeline 0.83-0.86x). The first flattened forms ran at 0.47-0.86x because
 # ptxas serialised every wgmma of the kernel (notes C7515, then C7514: a write of the accumulator
 # inside the loop, then a read of it after the next product's issue): the fixed form avoids both
 # and is bitwise the library's output.
@@ -71,8 +71,9 @@
 # slots: the next tile's copy was never issued; the kernel now asserts three), holding the GPU until
 # the call's 500-s limit. Then, TFLOP/s: the best Gluon loop, 128 rows of 4 warps in 2 stages,
 # 527.9, beside Triton's same tile by descriptors 518.9 and by pointers 493.5; overlapped, 64 rows
-# 456.7 against 475.5-476.8 plain, 128 rows of 8 warps 448.6 against 443.7 (64-key tiles) and 500.5
-# (128-key tiles). The overlap as written does not pay, and Gluon's plain loop gains 2 % on Triton's.
+# 456.7 against 475.5-476.8 plain, 128 rows of 8 warps 448.6 against 443.7 plain (64-key tiles),
+# and 500.5 with 128-key tiles (not timed plain). The overlap as written does not pay, and Gluon's
+# plain loop gains 2 % on Triton's.
 #
 #   bash scripts/gpu_session60.sh final       # nsa-bench prefill (8k-64k) and decode (batch 1-64),
 #                                             # then the timeline again with the fixed splitter (ran
