@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import re
-import subprocess
 import tempfile
 
 import torch
@@ -198,6 +196,8 @@ def compile_only() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    import gpu_ptxas_notes  # scripts/ on the path
+
     for bm, bn, warps, stages, overlap in CONFIGS:
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
@@ -210,17 +210,12 @@ def compile_only() -> None:
         try:
             src = GluonASTSource(attn_fwd_gluon_kernel, sig, consts)
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-            ptxas = re.sub(r"[^/]*$", "", triton.__file__) + "backends/nvidia/bin/ptxas"
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f, tempfile.NamedTemporaryFile(suffix=".cubin") as c:
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
                 f.write(k.asm["ptx"])
                 f.flush()
-                log = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", c.name], capture_output=True,
-                                     text=True).stderr
-            regs = re.search(r"Used (\d+) registers", log)
-            spills = re.search(r"(\d+) bytes spill stores", log)
-            notes = sorted(set(re.findall(r"\((C\d{4})\)", log)))
-            print(f"{name}: {regs.group(1) if regs else '?'} registers, {spills.group(1) if spills else '?'} bytes "
-                  f"spilled, shared {k.metadata.shared} B, notes {notes or 'none'}", flush=True)
+                regs, spills, notes = gpu_ptxas_notes.ptxas_report(f.name)
+            print(f"{name}: {regs} registers, {spills}, shared {k.metadata.shared} B, "
+                  f"notes {[code for code, _ in notes] or 'none'}", flush=True)
         except Exception as exc:
             print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:600]}", flush=True)
 

@@ -50,10 +50,24 @@ def _ptxas() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
+def ptxas_report(ptx: str) -> Tuple[str, str, List[Tuple[str, str]]]:
+    """``(registers, spills, notes)`` of the PTX file ``ptx`` compiled again by Triton's ptxas with
+    ``-v`` for its own target, ``notes`` the ``(code, text)`` of ptxas's performance notes."""
+    with open(ptx) as f:
+        target = re.search(r"^\.target\s+(\S+)", f.read(), re.M)
+    arch = target.group(1).rstrip(",") if target else "sm_90a"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as out:
+        proc = subprocess.run([_ptxas(), f"-arch={arch}", "-v", ptx, "-o", out.name], capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    notes = sorted(set(re.findall(r"\((C\d{4})\)[^:]*: ([^\n]*?) in the function", log)))
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return regs.group(1) if regs else "?", spills.group(0) if spills else "?", notes
+
+
 def kernel_notes(cache: str) -> List[Tuple[str, object, str, str, List[Tuple[str, str]]]]:
     """``(name, warps, registers, spills, notes)`` of every kernel's PTX in the Triton cache
-    ``cache``, ``notes`` the ``(code, text)`` of ptxas's performance notes."""
-    ptxas = _ptxas()
+    ``cache`` (:func:`ptxas_report`)."""
     rows = []
     for ptx in sorted(glob.glob(os.path.join(cache, "**", "*.ptx"), recursive=True)):
         meta_path = ptx[:-4] + ".json"
@@ -63,16 +77,7 @@ def kernel_notes(cache: str) -> List[Tuple[str, object, str, str, List[Tuple[str
             with open(meta_path) as f:
                 meta = json.load(f)
             name, warps = meta.get("name", name), meta.get("num_warps", "?")
-        with open(ptx) as f:
-            target = re.search(r"^\.target\s+(\S+)", f.read(), re.M)
-        arch = target.group(1).rstrip(",") if target else "sm_90a"
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as out:
-            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx, "-o", out.name], capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        notes = sorted(set(re.findall(r"\((C\d{4})\)[^:]*: ([^\n]*?) in the function", log)))
-        regs = re.search(r"Used (\d+) registers", log)
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        rows.append((name, warps, regs.group(1) if regs else "?", spills.group(0) if spills else "?", notes))
+        rows.append((name, warps, *ptxas_report(ptx)))
     return rows
 
 

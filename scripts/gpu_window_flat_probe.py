@@ -67,16 +67,21 @@ def _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale, edge):
 
 
 @triton.jit
-def _flat_store(o, lse, b_acc, b_m, b_l, i_b, i_h, i_t, T, o_m, o_d,
-                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
-    """Normalise and store query tile ``i_t``'s output and lse."""
-    HQ: tl.constexpr = H * G
-    o_pos = i_t * BT + o_m // G
-    o_row = ((i_b * T + o_pos).to(tl.int64) * HQ + i_h * G + o_m % G)
-    m_row = o_pos < T
+def _store_rows(o, lse, b_acc, b_m, b_l, o_row, m_row, o_d, D: tl.constexpr):
+    """Normalise and store the output and lse of rows ``o_row`` of ``[B*T*HQ]`` where ``m_row``."""
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
     tl.store(o + o_row[:, None] * D + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
     tl.store(lse + o_row, b_lse, mask=m_row)
+
+
+@triton.jit
+def _flat_store(o, lse, b_acc, b_m, b_l, i_b, i_h, i_t, T, o_m, o_d,
+                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+    """:func:`_store_rows` of query tile ``i_t``."""
+    HQ: tl.constexpr = H * G
+    o_pos = i_t * BT + o_m // G
+    o_row = ((i_b * T + o_pos).to(tl.int64) * HQ + i_h * G + o_m % G)
+    _store_rows(o, lse, b_acc, b_m, b_l, o_row, o_pos < T, o_d, D)
 
 
 @triton.jit
@@ -212,11 +217,9 @@ def band_fwd_one_loop_kernel(
         else:
             b_s = tl.dot(b_q, tl.trans(b_k))
             b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale, edge | (s0 < 0))
-    b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
     if PROBE == 1:
         m_row = m_row & (T < 0)
-    tl.store(o + o_row[:, None] * D + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-    tl.store(lse + o_row, b_lse, mask=m_row)
+    _store_rows(o, lse, b_acc, b_m, b_l, o_row, m_row, o_d, D)
 
 
 @triton.jit
@@ -257,9 +260,7 @@ def band_fwd_nested_kernel(
             b_s = tl.dot(b_q, tl.trans(b_k))
             b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale,
                                          (i == 0) | (i == STEPS - 1) | (s0 < 0))
-        b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
-        tl.store(o + o_row[:, None] * D + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-        tl.store(lse + o_row, b_lse, mask=m_row)
+        _store_rows(o, lse, b_acc, b_m, b_l, o_row, m_row, o_d, D)
 
 
 def band_fwd_one_loop(q, k, v, W: int, scale: float, *, mode: int = 2, rows: int = 64, BN: int = 64,
