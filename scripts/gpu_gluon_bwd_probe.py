@@ -92,7 +92,8 @@ def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_
                     R, N, STEPS, STAGES: gl.constexpr):
     """One warp: both warpgroups' keys and values, then each step's ``q`` and ``do`` into its slot once
     the slot's previous step is released (the barrier starts with that phase complete)."""
-    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BM: gl.constexpr = q_smem.shape[1]
+    BOX: gl.constexpr = q_desc.block_type.shape[0]  # rows a copy: BM, or fewer in several copies
     BNW: gl.constexpr = k_desc.block_type.shape[0]
     key0 = gl.program_id(2) * N + gl.program_id(0) * (CONSUMERS * BNW)
     row0 = gl.program_id(2) * R + gl.program_id(1) * STEPS * BM
@@ -104,9 +105,12 @@ def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_
         slot = j % STAGES
         mbarrier.wait(qdo_empty.index(slot), (j // STAGES) & 1)
         bar = qdo_ready.index(slot)
-        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row0 + j * BM, 0], bar, q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [row0 + j * BM, 0], bar, do_smem.index(slot))
+        mbarrier.expect(bar, (BM // BOX) * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+        for p in gl.static_range(BM // BOX):
+            tma.async_copy_global_to_shared(q_desc, [row0 + j * BM + p * BOX, 0], bar,
+                                            q_smem.index(slot).slice(p * BOX, BOX))
+            tma.async_copy_global_to_shared(do_desc, [row0 + j * BM + p * BOX, 0], bar,
+                                            do_smem.index(slot).slice(p * BOX, BOX))
 
 
 @gluon.jit
@@ -223,7 +227,7 @@ def _store_ds_tma(ds_desc, ds_smem, dst, key0, r_lo, j, R, TILED: gl.constexpr, 
 def dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, ds, dk, dv, lse, delta, R, N, STEPS, qk_scale,
                       STAGES: gl.constexpr, DS_OUT: gl.constexpr, TILED: gl.constexpr, COMPUTE_REGS: gl.constexpr):
     """Grid ``(N // 128, chunks, GROUPS)``; ``num_warps`` 4 (the default partition is warpgroup 0)."""
-    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BM: gl.constexpr = ds_desc.block_type.shape[1]
     DH: gl.constexpr = q_desc.block_type.shape[1]
     BNW: gl.constexpr = k_desc.block_type.shape[0]
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BM, DH], q_desc.layout)
@@ -292,7 +296,8 @@ def reference(q, k, v, do, lse, delta, n: int, rows: int, qk_scale: float):
     return torch.cat(dk), torch.cat(dv), torch.cat(dst_all)
 
 
-def run(kind: str, ins, n: int, rows: int, chunks: int, stages: int, ds_out: int, tiled: bool, regs: int = 240):
+def run(kind: str, ins, n: int, rows: int, chunks: int, stages: int, ds_out: int, tiled: bool, regs: int = 240,
+        copies: int = 1):
     """``(outputs (dk, dv, ds), call)`` for one configuration; outputs NaN-poisoned."""
     q, k, v, do, lse, delta, qk_scale = ins
     bm, bn = 64, 128
@@ -311,7 +316,8 @@ def run(kind: str, ins, n: int, rows: int, chunks: int, stages: int, ds_out: int
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         row_layout, key_layout, ds_layout = _layouts(bm, bn // 2)
-        q_d, do_d = (TensorDescriptor(t, list(t.shape), list(t.stride()), [bm, D], row_layout) for t in (q, do))
+        q_d, do_d = (TensorDescriptor(t, list(t.shape), list(t.stride()), [bm // copies, D], row_layout)
+                     for t in (q, do))
         k_d, v_d = (TensorDescriptor(t, list(t.shape), list(t.stride()), [bn // 2, D], key_layout) for t in (k, v))
         ds_d = TensorDescriptor(ds, list(ds.shape), list(ds.stride()), [64, 64], ds_layout)
 
@@ -328,6 +334,8 @@ CONFIGS += [("gluon", stages, ds_out, False, 240) for stages, ds_out in itertool
 CONFIGS += [("triton", 3, 1, True, 0)]
 CONFIGS += [("gluon", stages, ds_out, True, 240) for stages, ds_out in itertools.product((2, 4), (1, 2, 3))]
 CONFIGS += [("gluon", stages, ds_out, False, 240) for stages, ds_out in itertools.product((2, 4), (4, 5))]
+#: with each step's q and do rows in 4 copies of 16 (the library's copies at 16 heads a KV group)
+CONFIGS += [("gluon", 4, 5, False, 240, 4), ("gluon", 4, 0, False, 240, 4)]
 
 
 def compile_only() -> None:
@@ -338,16 +346,18 @@ def compile_only() -> None:
     import gpu_ptxas_notes  # scripts/ on the path
 
     row_layout, key_layout, ds_layout = _layouts(64, 64)
-    for kind, stages, ds_out, tiled, regs in CONFIGS:
+    for kind, stages, ds_out, tiled, regs, *rest in CONFIGS:
+        box = 64 // (rest[0] if rest else 1)
         if kind != "gluon":
             continue
-        sig = {"q_desc": f"tensordesc<bf16[64, {D}],{row_layout!r}>", "do_desc": f"tensordesc<bf16[64, {D}],{row_layout!r}>",
+        sig = {"q_desc": f"tensordesc<bf16[{box}, {D}],{row_layout!r}>",
+               "do_desc": f"tensordesc<bf16[{box}, {D}],{row_layout!r}>",
                "k_desc": f"tensordesc<bf16[64, {D}],{key_layout!r}>", "v_desc": f"tensordesc<bf16[64, {D}],{key_layout!r}>",
                "ds_desc": f"tensordesc<bf16[64, 64],{ds_layout!r}>", "ds": "*bf16", "dk": "*fp32", "dv": "*fp32", "lse": "*fp32",
                "delta": "*fp32", "R": "i32", "N": "i32", "STEPS": "i32", "qk_scale": "fp32", "STAGES": "constexpr",
                "DS_OUT": "constexpr", "TILED": "constexpr", "COMPUTE_REGS": "constexpr"}
         consts = {(14,): stages, (15,): ds_out, (16,): tiled, (17,): regs}
-        name = f"gluon stages={stages} ds_out={ds_out} tiled={tiled} regs={regs}"
+        name = f"gluon stages={stages} ds_out={ds_out} tiled={tiled} regs={regs} rows a copy {box}"
         try:
             kern = triton.compile(GluonASTSource(dkdv_gluon_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4, "maxnreg": 168})
@@ -381,10 +391,12 @@ def main() -> None:
     want = reference(*small[:6], small_n, small_rows, small[6])
     big = make_inputs(args.keys, args.rows, gen)
     flops = 8.0 * GROUPS * args.keys * args.rows * D
-    for kind, stages, ds_out, tiled, regs in (CONFIGS[i] for i in (args.configs or range(len(CONFIGS)))):
-        name = f"{kind:6s} stages={stages} ds_out={ds_out} tiled={tiled!s:5}" + (f" regs={regs}" if kind == "gluon" else "")
+    for kind, stages, ds_out, tiled, regs, *rest in (CONFIGS[i] for i in (args.configs or range(len(CONFIGS)))):
+        copies = rest[0] if rest else 1
+        name = f"{kind:6s} stages={stages} ds_out={ds_out} tiled={tiled!s:5}" + (f" copies={copies}" if rest else "") + (f" regs={regs}" if kind == "gluon" else "")
         try:
-            (dk, dv, ds), call = run(kind, small, small_n, small_rows, small_chunks, stages, ds_out, tiled, regs)
+            (dk, dv, ds), call = run(kind, small, small_n, small_rows, small_chunks, stages, ds_out, tiled, regs,
+                                     copies)
             call()
             errs = [((got - ref).abs().max() / ref.abs().max()).item()
                     for got, ref in ((dk.sum(0), want[0]), (dv.sum(0), want[1]))]
@@ -392,7 +404,7 @@ def main() -> None:
             if tiled:  # [keys, rows] -> [key tiles, row tiles, 64, 64]
                 want_ds = want_ds.view(-1, 64, small_rows // 64, 64).permute(0, 2, 1, 3).reshape(ds.shape)
             errs.append(((ds.float() - want_ds).abs().max() / want_ds.abs().max()).item() if ds_out else 0.0)
-            _, call = run(kind, big, args.keys, args.rows, args.chunks, stages, ds_out, tiled, regs)
+            _, call = run(kind, big, args.keys, args.rows, args.chunks, stages, ds_out, tiled, regs, copies)
             ms = triton.testing.do_bench(call, warmup=10, rep=300, return_mode="median")
             print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  relative error dK {errs[0]:.1e} "
                   f"dV {errs[1]:.1e} dS {errs[2]:.1e}", flush=True)

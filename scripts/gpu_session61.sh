@@ -23,6 +23,18 @@
 #                                             # or moved before the next score products; then
 #                                             # nsa-bench prefill (8k-64k) and decode (batch 1-64)
 #
+# The compressed dK/dV in Gluon in the library (src/nsa/ops/compressed/gluon_dkdv.py, behind
+# NSA_GLUON_COMPRESSED_DKDV): its GPU tests against the Triton kernel, then the whole 64k and 8k
+# forward+backward with the flag off and on (ABBA) and the kernel lists:
+#
+#   bash scripts/gpu_session61.sh gluon
+#
+# Is it the library kernel's copies of 16 rows (a position's heads; the probe copies 64 rows at
+# once)?
+#
+#   bash scripts/gpu_session61.sh copies      # the probe's best configuration with 4 copies of 16
+#                                             # rows a step, against 1 copy of 64 and Triton
+#
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session61.sh STEP}"
 
@@ -55,6 +67,15 @@ final)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+copies)
+    bwd_probe 24 25 26 0
+    ;;
+gluon)
+    timeout 200 python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --durations=6 \
+        tests/ops/test_gluon_dkdv.py 2>&1 | tail -15
+    timeout 220 python scripts/gpu_prefill_probe.py --lengths ${GLUON_LENGTHS:-65536 8192} --only gluon_dkdv 2>&1 \
+        | grep -v Warning | tee "$OUT/prefill_gluon_dkdv_h200.txt" | tail -60
     ;;
 *)
     echo "unknown step $step"; exit 2
