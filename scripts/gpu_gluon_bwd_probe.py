@@ -29,6 +29,10 @@ Usage: ``python scripts/gpu_gluon_bwd_probe.py [--keys 4096] [--rows 262144] [--
 [--configs I ...]`` (Hopper GPU): each configuration checked against torch (float32) on a small
 problem (dK, dV and dS^T), then timed (``do_bench`` median, L2 flushed). ``--compile-only``
 compiles the Gluon configurations for sm_90 without a GPU (registers, spills, ptxas's notes).
+
+Session 61, H200 (docs/perf/prefill.md): Triton 10.34-10.44 ms with dS, 9.02-9.09 without; Gluon
+without dS 7.24-7.38 (1.24x); with dS stored after the next score products 9.47-9.72, stored before
+them (``DS_OUT`` 5, 4 slots) 8.57-8.64 (1.20x); its rows in 4 copies of 16, 9.23.
 """
 
 from __future__ import annotations
