@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import tempfile
 
 import torch
 import triton
@@ -49,11 +48,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
+from gpu_gluon_probe import D, GROUPS, LOG2E, compile_report  # scripts/ on the path
 from nsa.ops._triton.attention import attn_bwd_dkdv_ds_step
 
-D = 128
-GROUPS = 4
-LOG2E = 1.4426950408889634
 #: Computing warpgroups a Gluon program, each with 64 of its 128 keys.
 CONSUMERS = gl.constexpr(2)
 
@@ -344,11 +341,6 @@ CONFIGS += [("gluon", 4, 5, False, 240, 4), ("gluon", 4, 0, False, 240, 4)]
 
 def compile_only() -> None:
     """The Gluon configurations compiled for sm_90 (no GPU): registers, spills, shared memory, notes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    import gpu_ptxas_notes  # scripts/ on the path
-
     row_layout, key_layout, ds_layout = _layouts(64, 64)
     for kind, stages, ds_out, tiled, regs, *rest in CONFIGS:
         box = 64 // (rest[0] if rest else 1)
@@ -361,18 +353,8 @@ def compile_only() -> None:
                "delta": "*fp32", "R": "i32", "N": "i32", "STEPS": "i32", "qk_scale": "fp32", "STAGES": "constexpr",
                "DS_OUT": "constexpr", "TILED": "constexpr", "COMPUTE_REGS": "constexpr"}
         consts = {(14,): stages, (15,): ds_out, (16,): tiled, (17,): regs}
-        name = f"gluon stages={stages} ds_out={ds_out} tiled={tiled} regs={regs} rows a copy {box}"
-        try:
-            kern = triton.compile(GluonASTSource(dkdv_gluon_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "maxnreg": 168})
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(kern.asm["ptx"])
-                f.flush()
-                launch_regs, spills, notes = gpu_ptxas_notes.ptxas_report(f.name)
-            print(f"{name}: {launch_regs} registers at launch, {spills}, shared {kern.metadata.shared} B, "
-                  f"notes {[code for code, _ in notes] or 'none'}", flush=True)
-        except Exception as exc:
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc)[-1500:]}", flush=True)
+        compile_report(dkdv_gluon_kernel, sig, consts, f"gluon stages={stages} ds_out={ds_out} tiled={tiled} "
+                       f"regs={regs} rows a copy {box}", num_warps=4, maxnreg=168)
 
 
 def main() -> None:

@@ -191,13 +191,34 @@ CONFIGS += [(128, 64, 4, stages, False) for stages in (2, 3)]  # Triton's best l
 TRITON_CONFIGS = [("desc", 128, 64, 4, 2), ("ptr", 128, 64, 4, 2), ("desc", 64, 64, 4, 3)]
 
 
-def compile_only() -> None:
-    """Each configuration compiled for sm_90 (no GPU): registers, spills, ptxas's notes."""
+def compile_report(kernel, signature: dict, constexprs: dict, name: str, **options) -> None:
+    """Compile the Gluon ``kernel`` for sm_90 without a GPU (``signature`` and ``constexprs`` as
+    ``GluonASTSource`` takes them, ``options`` such as ``num_warps`` and ``maxnreg``) and print one
+    line: registers at launch (and the partitions' ``setmaxnreg`` values, if warp-specialised),
+    spills, shared memory and ptxas's notes; a failure is printed, not raised. The session-60 and
+    session-61 probes' ``--compile-only``."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import gpu_ptxas_notes  # scripts/ on the path
 
+    try:
+        compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                  options=options)
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(compiled.asm["ptx"])
+            f.flush()
+            regs, spills, notes = gpu_ptxas_notes.ptxas_report(f.name)
+        setmaxnreg = sorted({int(line.split()[1].rstrip(";")) for line in compiled.asm["ptx"].splitlines()
+                             if line.strip().startswith("setmaxnreg")})
+        print(f"{name}: {regs} registers at launch{f' (setmaxnreg {setmaxnreg})' if setmaxnreg else ''}, {spills}, "
+              f"shared {compiled.metadata.shared} B, notes {[code for code, _ in notes] or 'none'}", flush=True)
+    except Exception as exc:
+        print(f"{name}: failed: {type(exc).__name__}: {str(exc)[-1500:]}", flush=True)
+
+
+def compile_only() -> None:
+    """Each configuration compiled for sm_90 (no GPU): registers, spills, ptxas's notes."""
     for bm, bn, warps, stages, overlap in CONFIGS:
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
@@ -206,18 +227,8 @@ def compile_only() -> None:
                "qk_scale": "fp32", "BM": "constexpr", "BN": "constexpr", "STAGES": "constexpr", "OVERLAP": "constexpr",
                "num_warps": "constexpr"}
         consts = {(7,): bm, (8,): bn, (9,): stages, (10,): overlap, (11,): warps}
-        name = f"BM={bm} BN={bn} warps={warps} stages={stages} overlap={overlap}"
-        try:
-            src = GluonASTSource(attn_fwd_gluon_kernel, sig, consts)
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(k.asm["ptx"])
-                f.flush()
-                regs, spills, notes = gpu_ptxas_notes.ptxas_report(f.name)
-            print(f"{name}: {regs} registers, {spills}, shared {k.metadata.shared} B, "
-                  f"notes {[code for code, _ in notes] or 'none'}", flush=True)
-        except Exception as exc:
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:600]}", flush=True)
+        compile_report(attn_fwd_gluon_kernel, sig, consts, f"BM={bm} BN={bn} warps={warps} stages={stages} "
+                       f"overlap={overlap}", num_warps=warps)
 
 
 def main() -> None:
@@ -234,40 +245,48 @@ def main() -> None:
         return
     import gpu_ws_probe  # the same problem's Triton loops and reference (scripts/ on the path)
 
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"{GROUPS} groups x {args.rows} rows x {args.keys} keys, head dim {D}", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(60)
-    small_rows, small_n = 512, 512
-    sq = torch.randn(GROUPS * small_rows, D, device="cuda", generator=gen).bfloat16()
-    sk = torch.randn(GROUPS * small_n, D, device="cuda", generator=gen).bfloat16()
-    sv = torch.randn(GROUPS * small_n, D, device="cuda", generator=gen).bfloat16()
-    want = gpu_ws_probe.reference(sq, sk, sv, small_rows, small_n)
-    q = torch.randn(GROUPS * args.rows, D, device="cuda", generator=gen).bfloat16()
-    k = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
-    v = torch.randn(GROUPS * args.keys, D, device="cuda", generator=gen).bfloat16()
-    flops = 4.0 * GROUPS * args.rows * args.keys * D
+    small, want, big, flops = problem(args.rows, args.keys, seed=60)
     chosen = args.configs if args.configs is not None else range(len(CONFIGS) + len(TRITON_CONFIGS))
     for bm, bn, warps, stages, overlap in (CONFIGS[i] for i in chosen if i < len(CONFIGS)):
-        name = f"gluon BM={bm:3d} BN={bn:3d} warps={warps} stages={stages} overlap={overlap!s:5}"
-        try:
-            o, call = run(sq, sk, sv, small_rows, small_n, bm, bn, warps, stages, overlap)
-            call()
-            err = (o.float() - want).abs().max().item()
-            _, call = run(q, k, v, args.rows, args.keys, bm, bn, warps, stages, overlap)
-            ms = triton.testing.do_bench(call, warmup=10, rep=200, return_mode="median")
-            print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  max error {err:.2e}", flush=True)
-        except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+        measure(f"gluon BM={bm:3d} BN={bn:3d} warps={warps} stages={stages} overlap={overlap!s:5}",
+                lambda q, k, v, r, n: run(q, k, v, r, n, bm, bn, warps, stages, overlap), small, want, big, flops)
     triton.set_allocator(gpu_ws_probe._alloc)
     for kind, bm, bn, warps, stages in (TRITON_CONFIGS[i - len(CONFIGS)] for i in chosen if i >= len(CONFIGS)):
-        name = f"triton {kind:4s} BM={bm:3d} BN={bn:3d} warps={warps} stages={stages}"
-        o, call = gpu_ws_probe.run(kind, sq, sk, sv, small_rows, small_n, bm, bn, warps, stages)
-        o.fill_(float("nan"))
+        measure(f"triton {kind:4s} BM={bm:3d} BN={bn:3d} warps={warps} stages={stages}",
+                lambda q, k, v, r, n: gpu_ws_probe.run(kind, q, k, v, r, n, bm, bn, warps, stages), small, want, big,
+                flops)
+
+
+def problem(rows: int, keys: int, seed: int, small_rows: int = 1024, small_keys: int = 512):
+    """The forward probes' problem (this one's and ``gpu_gluon_ws_probe.py``'s): ``(small, want, big,
+    flops)``, ``small`` and ``big`` each ``(q, k, v, rows, keys)`` in bf16 over ``GROUPS`` groups,
+    ``want`` the small problem's float32 output (``gpu_ws_probe.reference``), ``flops`` the big one's
+    useful work; the device and versions printed first."""
+    import gpu_ws_probe
+
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"{GROUPS} groups x {rows} rows x {keys} keys, head dim {D}", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    tensors = lambda r, n: tuple(torch.randn(GROUPS * m, D, device="cuda", generator=gen).bfloat16() for m in (r, n, n))
+    small = (*tensors(small_rows, small_keys), small_rows, small_keys)
+    big = (*tensors(rows, keys), rows, keys)
+    return small, gpu_ws_probe.reference(*small), big, 4.0 * GROUPS * rows * keys * D
+
+
+def measure(name: str, make, small: tuple, want: torch.Tensor, big: tuple, flops: float, rep: int = 300) -> None:
+    """One configuration: ``make(q, k, v, rows, keys)`` gives ``(output, call)``; checked on ``small``
+    against ``want`` (output NaN-poisoned first), timed on ``big`` (``do_bench`` median, L2 flushed),
+    one line printed; a configuration that does not compile or fit is reported, not fatal."""
+    try:
+        out, call = make(*small)
+        out.fill_(float("nan"))
         call()
-        err = (o.float() - want).abs().max().item()
-        _, call = gpu_ws_probe.run(kind, q, k, v, args.rows, args.keys, bm, bn, warps, stages)
-        ms = triton.testing.do_bench(call, warmup=10, rep=200, return_mode="median")
+        err = (out.float() - want).abs().max().item()
+        _, call = make(*big)
+        ms = triton.testing.do_bench(call, warmup=10, rep=rep, return_mode="median")
         print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  max error {err:.2e}", flush=True)
+    except Exception as exc:
+        print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
 
 
 if __name__ == "__main__":

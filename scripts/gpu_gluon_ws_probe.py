@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import tempfile
 
 import torch
 import triton
@@ -45,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import D, GROUPS, LOG2E, _descriptors, _softmax  # scripts/ on the path
+from gpu_gluon_probe import D, GROUPS, LOG2E, _descriptors, _softmax, compile_report  # scripts/ on the path
 
 #: Computing warpgroups a program.
 CONSUMERS = gl.constexpr(2)
@@ -200,11 +199,6 @@ BASELINES = [("gluon", (128, 64, 4, 2, False)), ("triton", ("desc", 128, 64, 4, 
 
 def compile_only() -> None:
     """Each configuration compiled for sm_90 (no GPU): registers, spills, shared memory, ptxas's notes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    import gpu_ptxas_notes  # scripts/ on the path
-
     for bm, bn, stages, pingpong, regs in CONFIGS:
         q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
         kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
@@ -212,20 +206,8 @@ def compile_only() -> None:
                "v_desc": f"tensordesc<bf16[{bn}, {D}],{kv_layout!r}>", "o": "*bf16", "ROWS": "i32", "N": "i32",
                "qk_scale": "fp32", "STAGES": "constexpr", "PINGPONG": "constexpr", "COMPUTE_REGS": "constexpr"}
         consts = {(7,): stages, (8,): pingpong, (9,): regs}
-        name = f"BM={bm} BN={bn} stages={stages} pingpong={pingpong} regs={regs}"
-        try:
-            src = GluonASTSource(attn_fwd_ws_kernel, sig, consts)
-            kern = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(kern.asm["ptx"])
-                f.flush()
-                launch_regs, spills, notes = gpu_ptxas_notes.ptxas_report(f.name)
-            setmaxnreg = sorted(set(line.split()[0] + " " + line.split()[1] for line in kern.asm["ptx"].splitlines()
-                                    if "setmaxnreg" in line))
-            print(f"{name}: {launch_regs} registers at launch {setmaxnreg}, {spills}, shared {kern.metadata.shared} B, "
-                  f"{kern.metadata.num_warps} warps, notes {[code for code, _ in notes] or 'none'}", flush=True)
-        except Exception as exc:
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc)[-1500:]}", flush=True)
+        compile_report(attn_fwd_ws_kernel, sig, consts, f"BM={bm} BN={bn} stages={stages} pingpong={pingpong} "
+                       f"regs={regs}", num_warps=4, maxnreg=168)
 
 
 def main() -> None:
@@ -243,29 +225,8 @@ def main() -> None:
     import gpu_gluon_probe
     import gpu_ws_probe
 
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"{GROUPS} groups x {args.rows} rows x {args.keys} keys, head dim {D}", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(61)
-    small_rows, small_n = 1024, 512
-    sq, sk, sv = (torch.randn(GROUPS * n, D, device="cuda", generator=gen).bfloat16()
-                  for n in (small_rows, small_n, small_n))
-    want = gpu_ws_probe.reference(sq, sk, sv, small_rows, small_n)
-    q, k, v = (torch.randn(GROUPS * n, D, device="cuda", generator=gen).bfloat16()
-               for n in (args.rows, args.keys, args.keys))
-    flops = 4.0 * GROUPS * args.rows * args.keys * D
-
-    def measure(name, make):
-        try:
-            o, call = make(sq, sk, sv, small_rows, small_n)
-            o.fill_(float("nan"))
-            call()
-            err = (o.float() - want).abs().max().item()
-            _, call = make(q, k, v, args.rows, args.keys)
-            ms = triton.testing.do_bench(call, warmup=10, rep=300, return_mode="median")
-            print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  max error {err:.2e}", flush=True)
-        except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
-
+    small, want, big, flops = gpu_gluon_probe.problem(args.rows, args.keys, seed=61)
+    measure = lambda name, make: gpu_gluon_probe.measure(name, make, small, want, big, flops)
     chosen = args.configs if args.configs is not None else range(len(CONFIGS) + len(BASELINES))
     for i in chosen:
         if i < len(CONFIGS):
