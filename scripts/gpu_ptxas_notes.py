@@ -2,8 +2,8 @@
 
 Why: ptxas serialises every ``wgmma.mma_async`` of a kernel (each product waits for the one
 before) when it finds a non-wgmma instruction writing or reading a wgmma's accumulator registers
-while the wgmma may be in flight, and says so only as an info note (C7514, C7515) that Triton does
-not show. Session 60 met it in a probe kernel, where it cost 15-25 %. This script runs the
+while the wgmma may be in flight (notes C7514, C7515), or too few registers to keep the products in
+flight (C7512), and says so only as an info note that Triton does not show. Session 60 met it in a probe kernel, where it cost 15-25 %. This script runs the
 library's prefill (forward+backward, at lengths where each launch form runs) and decode steps on
 the GPU with a fresh Triton cache, then hands every compiled kernel's PTX to the same ptxas again
 with ``-v`` and reports, per kernel: the notes, registers, spills.
@@ -59,7 +59,8 @@ def ptxas_report(ptx: str) -> Tuple[str, str, List[Tuple[str, str]]]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as out:
         proc = subprocess.run([_ptxas(), f"-arch={arch}", "-v", ptx, "-o", out.name], capture_output=True, text=True)
     log = proc.stdout + proc.stderr
-    notes = sorted(set(re.findall(r"\((C\d{4})\)[^:]*: ([^\n]*?) in the function", log)))
+    # "... in the function 'k'" (C7514, C7515) or "... for the function 'k'" (C7512)
+    notes = sorted(set(re.findall(r"\((C\d{4})\)[^:]*: ([^\n]*?) (?:in|for) the function", log)))
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     return regs.group(1) if regs else "?", spills.group(0) if spills else "?", notes

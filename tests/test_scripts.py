@@ -115,9 +115,10 @@ def test_prefill_timeline_splits_calls_at_the_flushes_and_counts_idle_time():
 
 
 def test_ptxas_notes_reads_each_kernels_serialisation_notes(tmp_path):
-    """``scripts/gpu_ptxas_notes.py`` finds ptxas's wgmma serialisation notes (C7514, C7515) per
-    kernel of a Triton cache (with its registers and spills); a stand-in ptxas prints the log, so
-    that what is checked is the reading of it."""
+    """``scripts/gpu_ptxas_notes.py`` finds ptxas's wgmma serialisation notes per kernel of a Triton
+    cache (with its registers and spills), those that end "in the function" (C7514, C7515) and
+    those that end "for the function" (C7512, which session 60's reading missed); a stand-in ptxas
+    prints the log, so that what is checked is the reading of it."""
     probe = _script("gpu_ptxas_notes")
     kernel = tmp_path / "abc" / "window_kernel.ptx"
     kernel.parent.mkdir()
@@ -128,11 +129,14 @@ def test_ptxas_notes_reads_each_kernels_serialisation_notes(tmp_path):
                     "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized "
                     "due to non wgmma instructions defining accumulator registers of a wgmma between start and end "
                     "of the pipeline stage in the function 'window_kernel'\n"
+                    "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                    "due to insufficient register resources for the function 'window_kernel'\n"
                     "ptxas info    : Used 226 registers, used 1 barriers\n"
                     "    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\nLOG\n")
     fake.chmod(0o755)
     probe._ptxas = lambda: str(fake)
     rows = probe.kernel_notes(str(tmp_path))
     assert rows == [("window_kernel", 4, "226", "8 bytes spill stores, 4 bytes spill loads", [
+        ("C7512", "wgmma.mma_async instructions are serialized due to insufficient register resources"),
         ("C7515", "wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator "
                   "registers of a wgmma between start and end of the pipeline stage")])]
