@@ -115,15 +115,17 @@ def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
-def _compute_partition(ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds_smem, kv_bar, qdo_ready,
-                       qdo_empty, R, N, STEPS, qk_scale, WG: gl.constexpr, STAGES: gl.constexpr,
+def _compute_partition(ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds_smem, pt_smem, kv_bar,
+                       qdo_ready, qdo_empty, R, N, STEPS, qk_scale, WG: gl.constexpr, STAGES: gl.constexpr,
                        DS_OUT: gl.constexpr, TILED: gl.constexpr):
     """One warpgroup's 64 keys over the chunk's rows; see the module's docstring for a step's order.
     ``DS_OUT``: 0 no ``dS^T``; 1 by TMA stores issued right after the next step's score products, 2
     the same after the step's wait; 3 stored from registers (``ds``), after the score products; 4 as 1
     without the proxy fence between the shared stores and the TMA store (a measurement only: the TMA
     store may read the buffer before the stores land); 5 as 1 but before the next step's score
-    products are issued."""
+    products are issued; 6 as 5 with the gradient products' A operands from shared memory (``P^T``
+    from ``pt_smem``, ``dS^T`` from the buffer that its TMA store then sends), not registers: with
+    them in registers ptxas serialises the kernel's wgmma for want of registers (note C7512)."""
     BM: gl.constexpr = q_smem.shape[1]
     DH: gl.constexpr = q_smem.shape[2]
     BNW: gl.constexpr = k_smem.shape[1]
@@ -163,9 +165,9 @@ def _compute_partition(ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem,
         nxt = (j + 1) % STAGES
         pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_j, 0))
         dst = (pt * (dpt - gl.expand_dims(delta_j, 0))).to(gl.bfloat16)
-        dv_acc = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do_smem.index(slot), dv_acc,
-                               is_async=True)
-        dk_acc = warpgroup_mma(gl.convert_layout(dst, a_layout), q_smem.index(slot), dk_acc, is_async=True)
+        dv_acc, dk_acc = _gradient_products(pt.to(gl.bfloat16), dst, do_smem.index(slot), q_smem.index(slot), dv_acc,
+                                            dk_acc, ds_desc, ds_smem, pt_smem, key0, r_lo, j, R, a_layout, TILED,
+                                            DS_OUT == 6)
         if DS_OUT == 5:
             _store_ds_tma(ds_desc, ds_smem, dst, key0, r_lo, j, R, TILED, True)
         mbarrier.wait(qdo_ready.index(nxt), ((j + 1) // STAGES) & 1)
@@ -184,11 +186,12 @@ def _compute_partition(ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem,
     last = (STEPS - 1) % STAGES
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse_j, 0))
     dst = (pt * (dpt - gl.expand_dims(delta_j, 0))).to(gl.bfloat16)
-    dv_acc = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), a_layout), do_smem.index(last), dv_acc,
-                           is_async=True)
-    dk_acc = warpgroup_mma(gl.convert_layout(dst, a_layout), q_smem.index(last), dk_acc, is_async=True)
+    dv_acc, dk_acc = _gradient_products(pt.to(gl.bfloat16), dst, do_smem.index(last), q_smem.index(last), dv_acc,
+                                        dk_acc, ds_desc, ds_smem, pt_smem, key0, r_lo, STEPS - 1, R, a_layout, TILED,
+                                        DS_OUT == 6)
     if DS_OUT == 1 or DS_OUT == 2 or DS_OUT == 4 or DS_OUT == 5:
         _store_ds_tma(ds_desc, ds_smem, dst, key0, r_lo, STEPS - 1, R, TILED, True)
+    if DS_OUT != 0 and DS_OUT != 3:
         tma.store_wait(0)
     if DS_OUT == 3:
         gl.store(_ds_step(p_ds, r_lo, o_c, STEPS - 1, TILED), dst)
@@ -218,10 +221,38 @@ def _store_ds_tma(ds_desc, ds_smem, dst, key0, r_lo, j, R, TILED: gl.constexpr, 
     buf.store(dst)
     if FENCE:
         fence_async_shared()
+    _tma_ds(ds_desc, buf, key0, r_lo, j, R, TILED)
+
+
+@gluon.jit
+def _tma_ds(ds_desc, buf, key0, r_lo, j, R, TILED: gl.constexpr):
+    """The TMA store of step ``j``'s ``dS^T`` tile from ``buf`` (fenced by the caller)."""
     if TILED:
         tma.async_copy_shared_to_global(ds_desc, [((key0 // 64) * (R // 64) + r_lo // 64 + j) * 64, 0], buf)
     else:
         tma.async_copy_shared_to_global(ds_desc, [key0, r_lo + j * 64], buf)
+
+
+@gluon.jit
+def _gradient_products(pt, dst, do_tile, q_tile, dv_acc, dk_acc, ds_desc, ds_smem, pt_smem, key0, r_lo, j, R,
+                       a_layout: gl.constexpr, TILED: gl.constexpr, SMEM_A: gl.constexpr):
+    """Issue a step's ``dV += P^T dO`` and ``dK += dS^T Q``; with ``SMEM_A`` (``DS_OUT`` 6) their A
+    operands come from shared memory: ``P^T`` from ``pt_smem``, ``dS^T`` from the step's ``dS``
+    buffer, which its TMA store then sends (that buffer's store and product of two steps ago are
+    done: the products were waited for, the store is waited for here)."""
+    if SMEM_A:
+        buf = ds_smem.index(j % 2)
+        tma.store_wait(1)
+        buf.store(dst)
+        pt_smem.store(pt)
+        fence_async_shared()
+        dv_acc = warpgroup_mma(pt_smem, do_tile, dv_acc, is_async=True)
+        dk_acc = warpgroup_mma(buf, q_tile, dk_acc, is_async=True)
+        _tma_ds(ds_desc, buf, key0, r_lo, j, R, TILED)
+    else:
+        dv_acc = warpgroup_mma(gl.convert_layout(pt, a_layout), do_tile, dv_acc, is_async=True)
+        dk_acc = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk_acc, is_async=True)
+    return dv_acc, dk_acc
 
 
 @gluon.jit
@@ -237,6 +268,10 @@ def dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, ds, dk, dv, lse,
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [CONSUMERS, BNW, DH], v_desc.layout)
     ds0_smem = gl.allocate_shared_memory(ds_desc.dtype, [2, BNW, BM], ds_desc.layout)
     ds1_smem = gl.allocate_shared_memory(ds_desc.dtype, [2, BNW, BM], ds_desc.layout)
+    # P^T's tiles for DS_OUT == 6 (a token 8-row stand-in otherwise, so that the other forms keep their room)
+    PT_ROWS: gl.constexpr = BNW if DS_OUT == 6 else 8
+    pt0_smem = gl.allocate_shared_memory(ds_desc.dtype, [PT_ROWS, BM], ds_desc.layout)
+    pt1_smem = gl.allocate_shared_memory(ds_desc.dtype, [PT_ROWS, BM], ds_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -250,9 +285,9 @@ def dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, ds_desc, ds, dk, dv, lse,
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize([
-        (_compute_partition, (ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds0_smem, kv_bar,
+        (_compute_partition, (ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds0_smem, pt0_smem, kv_bar,
                               qdo_ready, qdo_empty, R, N, STEPS, qk_scale, WG0, STAGES, DS_OUT, TILED)),
-        (_compute_partition, (ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds1_smem, kv_bar,
+        (_compute_partition, (ds_desc, ds, dk, dv, lse, delta, q_smem, do_smem, k_smem, v_smem, ds1_smem, pt1_smem, kv_bar,
                               qdo_ready, qdo_empty, R, N, STEPS, qk_scale, WG1, STAGES, DS_OUT, TILED)),
         (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, qdo_ready,
                            qdo_empty, R, N, STEPS, STAGES)),
@@ -337,6 +372,8 @@ CONFIGS += [("gluon", stages, ds_out, True, 240) for stages, ds_out in itertools
 CONFIGS += [("gluon", stages, ds_out, False, 240) for stages, ds_out in itertools.product((2, 4), (4, 5))]
 #: with each step's q and do rows in 4 copies of 16 (the library's copies at 16 heads a KV group)
 CONFIGS += [("gluon", 4, 5, False, 240, 4), ("gluon", 4, 0, False, 240, 4)]
+#: the gradient products' A operands from shared memory (no C7512), 2 or 3 slots, 1 or 4 copies
+CONFIGS += [("gluon", stages, 6, False, 240, copies) for stages, copies in itertools.product((2, 3), (1, 4))]
 
 
 def compile_only() -> None:
