@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import D, GROUPS, LOG2E, compile_report  # scripts/ on the path
+from gpu_gluon_probe import D, GROUPS, LOG2E, add_run_arguments, compile_report, descriptor  # scripts/
 from nsa.ops._triton.attention import attn_bwd_dkdv_ds_step
 
 #: Computing warpgroups a Gluon program, each with 64 of its 128 keys.
@@ -383,14 +383,13 @@ def compile_only() -> None:
         box = 64 // (rest[0] if rest else 1)
         if kind != "gluon":
             continue
-        sig = {"q_desc": f"tensordesc<bf16[{box}, {D}],{row_layout!r}>",
-               "do_desc": f"tensordesc<bf16[{box}, {D}],{row_layout!r}>",
-               "k_desc": f"tensordesc<bf16[64, {D}],{key_layout!r}>", "v_desc": f"tensordesc<bf16[64, {D}],{key_layout!r}>",
-               "ds_desc": f"tensordesc<bf16[64, 64],{ds_layout!r}>", "ds": "*bf16", "dk": "*fp32", "dv": "*fp32", "lse": "*fp32",
-               "delta": "*fp32", "R": "i32", "N": "i32", "STEPS": "i32", "qk_scale": "fp32", "STAGES": "constexpr",
-               "DS_OUT": "constexpr", "TILED": "constexpr", "COMPUTE_REGS": "constexpr"}
-        consts = {(14,): stages, (15,): ds_out, (16,): tiled, (17,): regs}
-        compile_report(dkdv_gluon_kernel, sig, consts, f"gluon stages={stages} ds_out={ds_out} tiled={tiled} "
+        values = dict(STAGES=stages, DS_OUT=ds_out, TILED=tiled, COMPUTE_REGS=regs)
+        sig = {"q_desc": descriptor([box, D], row_layout), "do_desc": descriptor([box, D], row_layout),
+               "k_desc": descriptor([64, D], key_layout), "v_desc": descriptor([64, D], key_layout),
+               "ds_desc": descriptor([64, 64], ds_layout), "ds": "*bf16", "dk": "*fp32", "dv": "*fp32", "lse": "*fp32",
+               "delta": "*fp32", "R": "i32", "N": "i32", "STEPS": "i32", "qk_scale": "fp32",
+               **{key: "constexpr" for key in values}}
+        compile_report(dkdv_gluon_kernel, sig, values, f"gluon stages={stages} ds_out={ds_out} tiled={tiled} "
                        f"regs={regs} rows a copy {box}", num_warps=4, maxnreg=168)
 
 
@@ -399,9 +398,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=4096, help="keys per group (multiple of 128)")
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (chunks * 64 divides it)")
     ap.add_argument("--chunks", type=int, default=8, help="row chunks (programs per key tile)")
-    ap.add_argument("--compile-only", action="store_true", help="compile the Gluon kernels for sm_90 without a GPU")
-    ap.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS (default all); run each in a "
-                    "process of its own under a timeout, as a hung kernel holds the GPU")
+    add_run_arguments(ap, "CONFIGS (default all)")
     args = ap.parse_args()
     if args.compile_only:
         compile_only()

@@ -191,17 +191,40 @@ CONFIGS += [(128, 64, 4, stages, False) for stages in (2, 3)]  # Triton's best l
 TRITON_CONFIGS = [("desc", 128, 64, 4, 2), ("ptr", 128, 64, 4, 2), ("desc", 64, 64, 4, 3)]
 
 
-def compile_report(kernel, signature: dict, constexprs: dict, name: str, **options) -> None:
-    """Compile the Gluon ``kernel`` for sm_90 without a GPU (``signature`` and ``constexprs`` as
-    ``GluonASTSource`` takes them, ``options`` such as ``num_warps`` and ``maxnreg``) and print one
-    line: registers at launch (and the partitions' ``setmaxnreg`` values, if warp-specialised),
-    spills, shared memory and ptxas's notes; a failure is printed, not raised. The session-60 and
-    session-61 probes' ``--compile-only``."""
+def descriptor(block: list, layout) -> str:
+    """The signature type of a host-built bf16 tensor descriptor of ``block`` in shared ``layout``."""
+    return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def forward_signature(bm: int, bn: int, constexprs: list) -> dict:
+    """The forward probes' kernel signature: ``q`` in ``bm``-row tiles, ``k``/``v`` in ``bn``-row
+    tiles, the output, the sizes, the scale, then the constexprs named in ``constexprs``."""
+    q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
+    return {"q_desc": descriptor([bm, D], q_layout), "k_desc": descriptor([bn, D], kv_layout),
+            "v_desc": descriptor([bn, D], kv_layout), "o": "*bf16", "ROWS": "i32", "N": "i32", "qk_scale": "fp32",
+            **{name: "constexpr" for name in constexprs}}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, configs: str) -> None:
+    """The Gluon probes' ``--compile-only`` and ``--configs`` (``configs``: what the indices name)."""
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 without a GPU")
+    parser.add_argument("--configs", type=int, nargs="+", help=f"indices into {configs}; run each in a process of "
+                        "its own under a timeout, as a hung kernel holds the GPU")
+
+
+def compile_report(kernel, signature: dict, values: dict, name: str, **options) -> None:
+    """Compile the Gluon ``kernel`` for sm_90 without a GPU (``signature`` its parameters' types in
+    order, ``"constexpr"`` for those whose value ``values`` gives by name; ``options`` such as
+    ``num_warps`` and ``maxnreg``) and print one line: registers at launch (and the partitions'
+    ``setmaxnreg`` values, if warp-specialised), spills, shared memory and ptxas's notes; a failure
+    is printed, not raised. The session-60 and session-61 probes' ``--compile-only``."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     import gpu_ptxas_notes  # scripts/ on the path
 
+    constexprs = {(list(signature).index(key),): value for key, value in values.items()}
     try:
         compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
                                   options=options)
@@ -220,25 +243,16 @@ def compile_report(kernel, signature: dict, constexprs: dict, name: str, **optio
 def compile_only() -> None:
     """Each configuration compiled for sm_90 (no GPU): registers, spills, ptxas's notes."""
     for bm, bn, warps, stages, overlap in CONFIGS:
-        q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
-        kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
-        sig = {"q_desc": f"tensordesc<bf16[{bm}, {D}],{q_layout!r}>", "k_desc": f"tensordesc<bf16[{bn}, {D}],{kv_layout!r}>",
-               "v_desc": f"tensordesc<bf16[{bn}, {D}],{kv_layout!r}>", "o": "*bf16", "ROWS": "i32", "N": "i32",
-               "qk_scale": "fp32", "BM": "constexpr", "BN": "constexpr", "STAGES": "constexpr", "OVERLAP": "constexpr",
-               "num_warps": "constexpr"}
-        consts = {(7,): bm, (8,): bn, (9,): stages, (10,): overlap, (11,): warps}
-        compile_report(attn_fwd_gluon_kernel, sig, consts, f"BM={bm} BN={bn} warps={warps} stages={stages} "
-                       f"overlap={overlap}", num_warps=warps)
+        values = dict(BM=bm, BN=bn, STAGES=stages, OVERLAP=overlap, num_warps=warps)
+        compile_report(attn_fwd_gluon_kernel, forward_signature(bm, bn, list(values)), values,
+                       f"BM={bm} BN={bn} warps={warps} stages={stages} overlap={overlap}", num_warps=warps)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 128)")
     ap.add_argument("--keys", type=int, default=2048, help="keys per group (multiple of 128)")
-    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 without a GPU")
-    ap.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS (default all), then TRITON_CONFIGS "
-                    "as len(CONFIGS) + i; run each in a process of its own under a timeout, as a hung kernel "
-                    "holds the GPU")
+    add_run_arguments(ap, "CONFIGS (default all), then TRITON_CONFIGS as len(CONFIGS) + i")
     args = ap.parse_args()
     if args.compile_only:
         compile_only()

@@ -44,7 +44,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import D, GROUPS, LOG2E, _descriptors, _softmax, compile_report  # scripts/ on the path
+from gpu_gluon_probe import (D, GROUPS, LOG2E, _descriptors, _softmax, add_run_arguments, compile_report,  # scripts/
+                             forward_signature)
 
 #: Computing warpgroups a program.
 CONSUMERS = gl.constexpr(2)
@@ -200,24 +201,16 @@ BASELINES = [("gluon", (128, 64, 4, 2, False)), ("triton", ("desc", 128, 64, 4, 
 def compile_only() -> None:
     """Each configuration compiled for sm_90 (no GPU): registers, spills, shared memory, ptxas's notes."""
     for bm, bn, stages, pingpong, regs in CONFIGS:
-        q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
-        kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
-        sig = {"q_desc": f"tensordesc<bf16[{bm}, {D}],{q_layout!r}>", "k_desc": f"tensordesc<bf16[{bn}, {D}],{kv_layout!r}>",
-               "v_desc": f"tensordesc<bf16[{bn}, {D}],{kv_layout!r}>", "o": "*bf16", "ROWS": "i32", "N": "i32",
-               "qk_scale": "fp32", "STAGES": "constexpr", "PINGPONG": "constexpr", "COMPUTE_REGS": "constexpr"}
-        consts = {(7,): stages, (8,): pingpong, (9,): regs}
-        compile_report(attn_fwd_ws_kernel, sig, consts, f"BM={bm} BN={bn} stages={stages} pingpong={pingpong} "
-                       f"regs={regs}", num_warps=4, maxnreg=168)
+        values = dict(STAGES=stages, PINGPONG=pingpong, COMPUTE_REGS=regs)
+        compile_report(attn_fwd_ws_kernel, forward_signature(bm, bn, list(values)), values,
+                       f"BM={bm} BN={bn} stages={stages} pingpong={pingpong} regs={regs}", num_warps=4, maxnreg=168)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 256)")
     ap.add_argument("--keys", type=int, default=2048, help="keys per group (multiple of 128)")
-    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90 without a GPU")
-    ap.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS (default all), then BASELINES as "
-                    "len(CONFIGS) + i; run each in a process of its own under a timeout, as a hung kernel holds "
-                    "the GPU")
+    add_run_arguments(ap, "CONFIGS (default all), then BASELINES as len(CONFIGS) + i")
     args = ap.parse_args()
     if args.compile_only:
         compile_only()

@@ -67,6 +67,18 @@ def _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale, edge):
 
 
 @triton.jit
+def _band_kv(k, v, i_b, i_h, s0, o_n, o_d, T, H: tl.constexpr, D: tl.constexpr):
+    """The band's key tile from position ``s0`` (positions outside ``[0, T)`` read as 0):
+    ``(positions o_s [BN], keys, values)``."""
+    o_s = s0 + o_n
+    m_s = (o_s >= 0) & (o_s < T)
+    p_kv = ((i_b * T + o_s).to(tl.int64) * H + i_h) * D
+    b_k = tl.load(k + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+    b_v = tl.load(v + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+    return o_s, b_k, b_v
+
+
+@triton.jit
 def _store_rows(o, lse, b_acc, b_m, b_l, o_row, m_row, o_d, D: tl.constexpr):
     """Normalise and store the output and lse of rows ``o_row`` of ``[B*T*HQ]`` where ``m_row``."""
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
@@ -124,11 +136,7 @@ def band_fwd_flat_kernel(
             if j == 0:
                 b_q = tl.load(q + o_row[:, None] * D + o_d[None, :], mask=m_row[:, None], other=0.0)
         s0 = (t_lo // BN) * BN - W + j * BN
-        o_s = s0 + o_n  # [BN]
-        m_s = (o_s >= 0) & (o_s < T)
-        p_kv = ((i_b * T + o_s).to(tl.int64) * H + i_h) * D
-        b_k = tl.load(k + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
-        b_v = tl.load(v + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+        o_s, b_k, b_v = _band_kv(k, v, i_b, i_h, s0, o_n, o_d, T, H, D)  # o_s [BN]
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN], unscaled
         if j == 0:
             # the branch yields the reset max, so the product below cannot be scheduled before it
@@ -206,11 +214,7 @@ def band_fwd_one_loop_kernel(
             j = i
             edge = (i == 0) | (i == STEPS - 1)
         s0 = base + j * BN
-        o_s = s0 + o_n
-        m_s = (o_s >= 0) & (o_s < T)
-        p_kv = ((i_b * T + o_s).to(tl.int64) * H + i_h) * D
-        b_k = tl.load(k + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
-        b_v = tl.load(v + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+        o_s, b_k, b_v = _band_kv(k, v, i_b, i_h, s0, o_n, o_d, T, H, D)
         vis = (o_s[None, :] <= o_pos[:, None]) & (o_s[None, :] > o_pos[:, None] - W) & (o_s >= 0)[None, :]
         if MODE == 1:
             b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, vis, qk_scale, True, "tf32")
@@ -252,11 +256,7 @@ def band_fwd_nested_kernel(
         base = (t_lo // BN) * BN - W
         for i in range(0, STEPS):
             s0 = base + i * BN
-            o_s = s0 + o_n
-            m_s = (o_s >= 0) & (o_s < T)
-            p_kv = ((i_b * T + o_s).to(tl.int64) * H + i_h) * D
-            b_k = tl.load(k + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
-            b_v = tl.load(v + p_kv[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+            o_s, b_k, b_v = _band_kv(k, v, i_b, i_h, s0, o_n, o_d, T, H, D)
             b_s = tl.dot(b_q, tl.trans(b_k))
             b_acc, b_m, b_l = _band_step(b_s, b_v, b_acc, b_m, b_l, o_s, o_pos, W, qk_scale,
                                          (i == 0) | (i == STEPS - 1) | (s0 < 0))
