@@ -65,6 +65,10 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``PASS2_APART["pass1"]["kv_desc"]`` off and on (on by default since session 59), checked
     bitwise against the fused launch, then in the whole forward and forward+backward (ABBA) and
     the forward's kernel lists.
+31. **Pass 1 without serialised products** (``pass1_serial``): pass 1 in launches whose wgmma
+    ptxas does not serialise (the default's it does, for want of registers), as ``pass1_wide``.
+32. **Pass 1's rate** (``pass1_rate``): pass 1 alone where pass 2 runs apart, from the profiler, in
+    TFLOP/s of useful work.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -875,17 +879,45 @@ PASS1_WIDE = (
 )
 
 
-def pass1_wide(T: int, config: NSAConfig) -> None:
-    """:func:`_pass2_sweep` over :data:`PASS1_WIDE`; where another launch is faster than the default
-    in both rounds, it against the default in the whole forward and forward+backward (ABBA) and the
-    forward's kernel lists (:func:`ab_rounds_and_lists`)."""
+def _pass1_sweep_then_abba(T: int, config: NSAConfig, variants: tuple) -> None:
+    """:func:`_pass2_sweep` over ``variants`` (the default first); where another launch is faster
+    than the default in both rounds, it against the default in the whole forward and
+    forward+backward (ABBA) and the forward's kernel lists (:func:`ab_rounds_and_lists`)."""
     from nsa.ops._triton import compressed_fwd as module
 
-    times = _pass2_sweep(T, config, PASS1_WIDE)
-    default = PASS1_WIDE[0][0]
+    times = _pass2_sweep(T, config, variants)
+    default = variants[0][0]
     best = min(times, key=lambda label: max(times[label]))
     if best != default and max(times[best]) < min(times[default]):
-        ab_rounds_and_lists(T, config, module.PASS2_APART, (PASS1_WIDE[0], (best, dict(PASS1_WIDE)[best])), "pass 1")
+        ab_rounds_and_lists(T, config, module.PASS2_APART, (variants[0], (best, dict(variants)[best])), "pass 1")
+
+
+def pass1_wide(T: int, config: NSAConfig) -> None:
+    """:func:`_pass1_sweep_then_abba` over :data:`PASS1_WIDE`."""
+    _pass1_sweep_then_abba(T, config, PASS1_WIDE)
+
+
+#: Pass 1 (128 rows of 8 warps, through descriptors) in launches whose wgmma ptxas does not serialise.
+#: Session 62's GPU test found the default's serialised for want of registers (C7512: 64-token tiles
+#: capped at 128 registers, 48 bytes spilled). Compiled for sm_90 (registers, spills; none of these
+#: with C7512): 32-token tiles 128, 8 B in 2 stages, 128, 16 B in 3; 16-token tiles 124, none; 64-token
+#: tiles capped at 144 registers 144, 36 B, at 168 168, 8 B (one program an SM, not two). Session 57
+#: measured 32-token tiles slower than the default, but by pointer loads (descriptors came in
+#: session 59).
+_DESC_PASS1 = dict(rows=128, num_warps=8, kv_desc=True)
+PASS1_SERIAL = (
+    ("the default (64 tokens, 2 stages, 128 registers: C7512)", {}),
+    ("32 tokens, 2 stages, 128 registers", dict(pass1=dict(_DESC_PASS1, BN=32, num_stages=2, maxnreg=128))),
+    ("32 tokens, 3 stages, 128 registers", dict(pass1=dict(_DESC_PASS1, BN=32, num_stages=3, maxnreg=128))),
+    ("16 tokens, 2 stages, 128 registers", dict(pass1=dict(_DESC_PASS1, BN=16, num_stages=2, maxnreg=128))),
+    ("64 tokens, 2 stages, 144 registers", dict(pass1=dict(_DESC_PASS1, BN=64, num_stages=2, maxnreg=144))),
+    ("64 tokens, 2 stages, 168 registers", dict(pass1=dict(_DESC_PASS1, BN=64, num_stages=2, maxnreg=168))),
+)
+
+
+def pass1_serial(T: int, config: NSAConfig) -> None:
+    """:func:`_pass1_sweep_then_abba` over :data:`PASS1_SERIAL`."""
+    _pass1_sweep_then_abba(T, config, PASS1_SERIAL)
 
 
 #: Pass 1's whole key/value tiles through tensor descriptors (session 59). Compiled for sm_90 (128
@@ -1254,6 +1286,42 @@ def cmp_fwd_parts(T: int, config: NSAConfig) -> None:
     for store_o, select in ((True, False), (False, True), (True, True)):
         call = lambda: compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=store_o, select=select)
         print(f"T={T} compressed forward, o {store_o}, selection {select}: {bench(call):.3f} ms", flush=True)
+
+
+def pass1_rate(T: int, config: NSAConfig) -> None:
+    """The compressed forward's pass 1 where pass 2 runs apart (the first ``compressed_fwd_kernel``
+    of each call: pass 1 runs once over every query, then each chunk's pass 2), from the torch
+    profiler over 5 calls, with its rate in TFLOP/s of useful work (``q k`` and ``p v`` over each
+    query's visible compressed tokens): against the specialised Gluon loop's 549-607 TFLOP/s
+    (session 61), how much a Gluon pass 1 could gain."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    scale = config.softmax_scale(D)
+    call = lambda: compressed_fwd(q, k_cmp, v_cmp, config, scale, 0, store_o=True, select=True)
+    call(), call()
+    torch.cuda.synchronize()
+    calls = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    launches = sorted((e for e in prof.events() if e.name == "compressed_fwd_kernel" and e.device_type.name == "CUDA"),
+                      key=lambda e: e.time_range.start)
+    per_call = len(launches) // calls
+    if per_call < 2:  # pass 2 not apart (short walks, or a GPU where the Hopper tiles do not fit)
+        print(f"T={T} compressed pass 1: not apart ({len(launches)} launches in {calls} calls)", flush=True)
+        return
+    pass1 = [launches[i * per_call].time_range.elapsed_us() / 1e3 for i in range(calls)]
+    rest = sum(e.time_range.elapsed_us() for e in launches) / 1e3 / calls - statistics.mean(pass1)
+    visible = sum(max(0, (t + 1 - config.cmp_block) // config.cmp_stride + 1) for t in range(T))
+    flops = 4.0 * D * visible * q.shape[2]
+    ms = statistics.median(pass1)
+    print(f"T={T} compressed pass 1: {ms:.3f} ms (median of {calls}; {min(pass1):.3f}-{max(pass1):.3f}), "
+          f"{flops / ms / 1e9:.1f} TFLOP/s; its {per_call - 1} pass-2 launches {rest:.3f} ms", flush=True)
 
 
 def topn_variants(T: int, config: NSAConfig) -> None:
@@ -1650,7 +1718,8 @@ SECTIONS = {
     "win_dkdv": window_dkdv_tiles, "win_dkdv_kernels": window_dkdv_kernels, "win_dkdv_step": window_dkdv_step,
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
-    "pass1_wide": pass1_wide, "pass1_desc": pass1_desc,
+    "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
+    "pass1_rate": pass1_rate,
 }
 
 

@@ -1,13 +1,15 @@
-"""No library kernel compiles for Hopper with its wgmma instructions serialised.
+"""No library kernel compiles for Hopper with its wgmma instructions serialised, but the launches
+measured faster so (:data:`MEASURED_SERIALISED`).
 
 ptxas serialises every ``wgmma.mma_async`` of a kernel (each product waits for the one before)
 when a non-wgmma instruction writes or reads a wgmma's accumulator while the wgmma may be in
 flight (C7514, C7515), or when too few registers are left to keep the products in flight (C7512).
 It says so only in an info note that Triton does not show, and a kernel edit can bring it about
-without changing any result: in session 60's window probe it cost up to half the kernel's speed. This GPU test compiles the library's Hopper launches in a fresh Triton cache (a
-prefill forward and backward where the compressed forward's scoring pass is fused and where it
-runs apart, decode steps at batch 1 and 16, eager and captured) and reads every kernel's notes
-through ``scripts/gpu_ptxas_notes.py``.
+without changing any result: in session 60's window probe it cost up to half the kernel's speed.
+This GPU test compiles the library's Hopper launches in a fresh Triton cache (a prefill forward
+and backward where the compressed forward's scoring pass is fused and where it runs apart, decode
+steps at batch 1 and 16, eager and captured) and reads every kernel's notes through
+``scripts/gpu_ptxas_notes.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton, pytest.mark.requires(sm=">=9.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: the notes that mean serialised wgmma
 SERIALISED = ("C7512", "C7514", "C7515")
+#: Serialised launches measured faster than every unserialised form tried, by (kernel, warps,
+#: registers): the notes each may carry. The compressed forward's pass 1 (``PASS2_APART["pass1"]``:
+#: 128 rows of 8 warps, 64-token tiles capped at 128 registers, two programs an SM) is 6 % faster at
+#: 64k than its best launch without C7512 (session 62; the figures beside ``PASS2_APART``). An entry
+#: that no longer compiles serialised fails the test too, so that the list cannot go stale.
+MEASURED_SERIALISED = {("compressed_fwd_kernel", 8, "128"): {"C7512"}}
 
 
 def _notes_script():
@@ -43,6 +51,10 @@ def test_no_library_kernel_has_its_wgmma_serialised(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
     rows = _notes_script().kernel_notes(str(tmp_path))
     assert len(rows) >= 20, [name for name, *_ in rows]
-    serialised = [(name, warps, notes) for name, warps, _, _, notes in rows
-                  if any(code in SERIALISED for code, _ in notes)]
-    assert serialised == []
+    serialised = {(name, warps, regs): {code for code, _ in notes if code in SERIALISED}
+                  for name, warps, regs, _, notes in rows}
+    serialised = {launch: codes for launch, codes in serialised.items() if codes}
+    unexpected = {launch: codes for launch, codes in serialised.items()
+                  if not codes <= MEASURED_SERIALISED.get(launch, set())}
+    assert unexpected == {}
+    assert set(serialised) >= set(MEASURED_SERIALISED), "a measured exception no longer compiles serialised"

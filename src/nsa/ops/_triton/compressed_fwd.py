@@ -99,6 +99,11 @@ SHORT_TOKENS = 1024
 #: 16.19-16.22, its kernels 14.03-14.20 against 14.29-14.39; the whole forward 32.66-32.83 against
 #: 32.61-33.14 and forward+backward 95.93-96.32 against 96.09-96.48 (ABBA, faster in 3 and 4 of the
 #: 4 rounds); bitwise the same results (session 59).
+#: The waits are ptxas's note C7512 (wgmma serialised for want of registers), which session 62's GPU
+#: test read; no launch without it is faster (H200, the compressed forward with selection, through
+#: descriptors: 64k 15.94-16.15 ms against 16.91-17.21 in 32-token tiles of 3 stages, 17.73-17.81 in
+#: 2, 22.71 in 16-token tiles, 17.63-17.72 in 64-token tiles capped at 144 or 168 registers; 32k
+#: 4.37 against 4.60-6.01). tests/ops/test_wgmma_serialisation.py holds it as its one exception.
 PASS2_APART = dict(enabled=True, blocks_per_step=16, num_warps=8, num_stages=2, maxnreg=None, rows=128,
                    pass1=dict(rows=128, num_warps=8, num_stages=2, maxnreg=128, kv_desc=True))
 
