@@ -69,6 +69,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ptxas does not serialise (the default's it does, for want of registers), as ``pass1_wide``.
 32. **Pass 1's rate** (``pass1_rate``): pass 1 alone where pass 2 runs apart, from the profiler, in
     TFLOP/s of useful work.
+33. **The compressed dK/dV in Gluon** (``gluon_dkdv``): ``NSA_GLUON_COMPRESSED_DKDV`` off and on,
+    the whole forward+backward (ABBA) and its kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -954,6 +956,21 @@ def forced_place(T: int, config: NSAConfig) -> None:
     ab_rounds_and_lists(T, config, os.environ, FORCED_PLACES, "flag")
 
 
+#: The compressed dK/dV's Gluon kernel off and on (session 61 on a branch; session 62's, in main and
+#: on by default: 19.5 against 21.9 ms at 64k, the forward+backward about 2 ms shorter).
+GLUON_DKDV = (("Triton dK/dV", {"NSA_GLUON_COMPRESSED_DKDV": "0"}),
+              ("Gluon dK/dV", {"NSA_GLUON_COMPRESSED_DKDV": "1"}))
+
+
+def gluon_dkdv(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_COMPRESSED_DKDV`` off and on: the whole forward+backward in ABBA rounds and its
+    kernel lists (the flag is read at each call, so the environment is the launch table here)."""
+    import os
+
+    step_abba(T, config, os.environ, GLUON_DKDV, "compressed")
+    kernels_by_default(T, config, os.environ, GLUON_DKDV, "compressed")
+
+
 def pass2_wide(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_WIDE` (wider query tiles than the default's), then the
     default against the fused launch in the whole forward and forward+backward (ABBA) and the
@@ -1719,7 +1736,7 @@ SECTIONS = {
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
     "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
-    "pass1_rate": pass1_rate,
+    "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv,
 }
 
 

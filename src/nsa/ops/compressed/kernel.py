@@ -47,6 +47,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
+from nsa.ops.compressed import gluon_dkdv
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 
@@ -419,10 +420,15 @@ def compressed_bwd(
             dv_part = torch.empty(split, *dv.shape, dtype=torch.float32, device=q.device)
         else:
             dk_part, dv_part = dk, dv
-        ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
-        compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
-            q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
-            scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
+        if gluon_dkdv.fits(q, k_cmp, v_cmp, do, kv, ds is not None):
+            gluon_dkdv.compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk_part, dv_part, ds, TQ, NC,
+                                                 q_offset, scale * LOG2E, scale, split, config.cmp_block,
+                                                 config.cmp_stride)
+        else:
+            ds_args = dict(ds=ds["buffer"], ds_off=ds["offsets"], TOTAL=ds["total"], DS_OUT=True) if ds else {}
+            compressed_bwd_dkdv_kernel[(n_tiles, split, B * H)](
+                q, k_cmp, v_cmp, do, do if gate is None else gate, lse, delta, dk_part, dv_part, TQ, NC, q_offset,
+                scale * LOG2E, scale, SPLIT=split, GATED=gated, **kv, **ds_args, **LAUNCH_OPTIONS)
         if split > 1:  # a reduction over a fixed axis: the same order every run
             dk.copy_(dk_part.sum(0))
             dv.copy_(dv_part.sum(0))
