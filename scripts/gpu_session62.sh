@@ -61,6 +61,16 @@
 #                                             # workers (the Gluon dK/dV on by default), the
 #                                             # serialisation test; then nsa-bench prefill (8k-64k)
 #
+# 403 GPU tests pass with it on; the serialisation test failed on the Gluon kernel's warp count (12,
+# as Triton counts its partitions, not 4), since fixed. Prefill 64k 32.24 / 116.4 ms (3.61x) forward,
+# 92.92 / 443.7 (4.78x) forward+backward; 8k 2.189 / 1.927 (0.88x), 7.05 / 7.416 (1.05x).
+#
+# The probe's step lost 8 % to its rows in 4 copies of 16 (session 61). One 3D box a tile instead
+# ([positions, heads, D] of q and do; branch next/gluon-dkdv, exported to .branch62/):
+#
+#   bash scripts/gpu_session62.sh box         # the serialisation test again (main's tree), then the
+#                                             # branch's Gluon tests and its flag off/on at 64k
+#
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session62.sh STEP}"
 
@@ -112,6 +122,11 @@ land)
         tests/test_varlen.py
     tar_reports
     h200_prefill
+    ;;
+box)
+    timeout 300 python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short \
+        tests/ops/test_wgmma_serialisation.py 2>&1 | tail -4
+    GLUON_LENGTHS=65536 OUT="$OUT/branch" bash .branch62/scripts/gpu_session61.sh gluon
     ;;
 *)
     echo "unknown step $step"; exit 2
