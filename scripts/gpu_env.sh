@@ -267,3 +267,15 @@ decode_stamps() {
         --variants "$@" 2>&1 | tee "$OUT/decode_trace_${name}_h200.md" \
         | grep -E "^B=|^  [a-z]|end:|wait over:|before|top-n|start:|candidates:|arrived:|scored:|row-group done:"
 }
+
+# scripts/gpu_gluon_bwd_probe.py's configurations in the order given, each in a process of its own
+# under a timeout (a hung Gluon kernel holds the GPU), appended to $OUT/gluon_bwd_probe_h200.txt
+# (sessions 61-62): bwd_probe CONFIG...
+bwd_probe() {
+    local i
+    for i in "$@"; do
+        timeout 100 python scripts/gpu_gluon_bwd_probe.py --configs "$i" 2>&1 | grep -v "^device" \
+            | tee -a "$OUT/gluon_bwd_probe_h200.txt"
+        [ "${PIPESTATUS[0]}" -eq 124 ] && echo "config $i: timed out (100 s)" | tee -a "$OUT/gluon_bwd_probe_h200.txt"
+    done
+}

@@ -63,15 +63,6 @@
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session61.sh STEP}"
 
-# scripts/gpu_gluon_bwd_probe.py's configurations in the order given, each in a process of its own
-bwd_probe() {
-    local i
-    for i in "$@"; do
-        timeout 100 python scripts/gpu_gluon_bwd_probe.py --configs "$i" 2>&1 | grep -v "^device" \
-            | tee -a "$OUT/gluon_bwd_probe_h200.txt"
-        [ "${PIPESTATUS[0]}" -eq 124 ] && echo "config $i: timed out (100 s)" | tee -a "$OUT/gluon_bwd_probe_h200.txt"
-    done
-}
 device_line
 case "$step" in
 ws)

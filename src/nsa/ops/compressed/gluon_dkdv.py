@@ -94,7 +94,9 @@ if gluon is not None:
     def _chunk(TQ, q_offset, i_n, i_s, L: gl.constexpr, S: gl.constexpr, BT: gl.constexpr, BN: gl.constexpr,
                SPLIT: gl.constexpr):
         """``(steps, unmasked steps, i_z, i_u)`` of token tile ``i_n``'s chunk ``i_s`` (the Triton kernel's
-        ranges: query tiles ``[i_m, i_z)`` see the whole token tile, ``[i_a, i_u)`` part of it)."""
+        ranges: query tiles ``[i_m, i_z)`` see the whole token tile, ``[i_a, i_u)`` part of it; the same
+        arithmetic as that kernel's, kept in step with it by the GPU tests: Gluon cannot call Triton
+        functions)."""
         NT = gl.cdiv(TQ, BT)
         i_lo = gl.maximum(i_n * BN * S + L - 1 - q_offset, 0) // BT
         i_full = gl.minimum(gl.cdiv(gl.maximum((i_n * BN + BN - 1) * S + L - 1 - q_offset, 0), BT), NT)

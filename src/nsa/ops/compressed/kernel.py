@@ -16,7 +16,9 @@ Backward, deterministic (no atomics):
 Where the caller already has ``delta`` (training) and the memory allows, the dK/dV kernel runs
 first and leaves every (query tile, token tile) pair's ``dS`` in a buffer; the dQ is then
 ``compressed_bwd_dq_ds_kernel``, one product a tile (``dS K``) instead of three and no softmax, the
-same trade as the selected branch's (:mod:`nsa.ops.selected.kernel`).
+same trade as the selected branch's (:mod:`nsa.ops.selected.kernel`). On Hopper that dK/dV (16-bit,
+128-wide heads) runs as a warp-specialised Gluon kernel instead, the same function in another form
+(:mod:`nsa.ops.compressed.gluon_dkdv`, flag ``NSA_GLUON_COMPRESSED_DKDV``).
 """
 
 from __future__ import annotations
