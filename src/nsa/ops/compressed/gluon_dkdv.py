@@ -129,10 +129,8 @@ if gluon is not None:
         steps, n_unmasked, i_z, i_u = _chunk(TQ, q_offset, i_n, i_s, L, S, BT, 2 * BNW, SPLIT)
         mbarrier.expect(kv_bar, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(2):
-            _tma_load(k_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar,
-                                            k_smem.index(c))
-            _tma_load(v_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar,
-                                            v_smem.index(c))
+            _tma_load(k_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, v_smem.index(c))
         M: gl.constexpr = q_smem.shape[1]
         o_m = gl.arange(0, M, layout=gl.BlockedLayout([M // 32], [32], [1], [0]))
         for j in range(steps):
@@ -144,9 +142,8 @@ if gluon is not None:
             mbarrier.expect(bar, BT * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
             for p in gl.static_range(BT):
                 _tma_load(q_desc, [row0 + p * H * G, 0], bar, q_smem.index(slot).slice(p * G, G))
-                _tma_load(do_desc, [row0 + p * H * G, 0], bar,
-                                                do_smem.index(slot).slice(p * G, G))
-            # the barrier's second arrival: these stores are seen by whoever waits on it
+                _tma_load(do_desc, [row0 + p * H * G, 0], bar, do_smem.index(slot).slice(p * G, G))
+            # the row vectors, then the barrier's second arrival: whoever waits on it sees them
             o_q = _rows(i_b, i_h, i, TQ, o_m, H, G)
             rows_smem.index(4 * slot).store(gl.load(lse + o_q))
             rows_smem.index(4 * slot + 1).store(gl.load(delta + o_q))
