@@ -303,7 +303,9 @@ def main() -> None:
         name = f"{kind:6s} BM={'2x' if kind == 'gluon' else ''}{bm} BN={bn} stages={stages} " + (
             f"persistent, {per_sm} a SM" if per_sm else "one program a tile")
         try:
-            o, call = run(kind, small, small_rows, small_keys, args.band, bm, bn, stages, per_sm * sms)
+            # the check's persistent programs (8 or 16) walk 8 or 4 of the small problem's 64 query
+            # tiles each: at one or two an SM each would take one
+            o, call = run(kind, small, small_rows, small_keys, args.band, bm, bn, stages, 8 * per_sm)
             call()
             tile = 2 * bm if kind == "gluon" else bm
             want = reference(*small, small_rows, small_keys, args.band, tile)
