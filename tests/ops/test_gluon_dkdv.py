@@ -1,8 +1,8 @@
 """The compressed dK/dV's Gluon kernel (Hopper, ``NSA_GLUON_COMPRESSED_DKDV``) against the Triton one.
 
 Gluon has no CPU interpreter, so the comparisons run on Hopper GPUs only; on CPU the kernel is
-compiled for sm_90 with the installed Triton. The Triton path the GPU tests compare with is checked against the float64 reference in ``test_compressed_kernel.py``; here both paths take
-``delta`` (as training passes it), so that the dK/dV kernel leaves ``dS`` and the dQ reads it:
+compiled for sm_90 with the installed Triton. The Triton path the GPU tests compare with is checked
+against the float64 reference in ``test_compressed_kernel.py``; here both paths take ``delta`` (as training passes it), so that the dK/dV kernel leaves ``dS`` and the dQ reads it:
 a ``dS`` tile that the Gluon kernel left unwritten would reach ``dq`` as NaN (``torch.empty`` is
 NaN-filled in tests), and a wrong one would move it.
 """
@@ -51,16 +51,30 @@ def test_gluon_dkdv_compiles_for_hopper(tmp_path):
     assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
 
 
-def test_gluon_dkdv_does_not_apply_off_hopper(monkeypatch):
-    """:func:`fits` refuses CPU tensors and, anywhere, the flag turned off: the Triton kernel runs."""
+def test_gluon_dkdv_takes_what_its_copies_and_tiles_allow():
+    """Where the Gluon dK/dV applies, device aside (:func:`shapes_fit`): 16-bit contiguous inputs
+    with 128-wide heads, 8-64 heads a KV head in the Triton kernel's Hopper tiles (64 rows, 128
+    tokens), whole query tiles; anything else runs the Triton kernel. And never on CPU tensors."""
     from nsa.ops.compressed import gluon_dkdv
 
+    def case(T=64, HQ=16, H=1, D=128, dtype=torch.bfloat16, tiles=None, transpose=False):
+        q = torch.randn(1, T, HQ, D, dtype=dtype)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2) if transpose else q
+        k = torch.randn(1, 3, H, D, dtype=dtype)
+        G = HQ // H
+        return gluon_dkdv.shapes_fit(q, k, k, q, tiles or dict(GP=G, BT=64 // G, BN=128))
+
+    assert case() and case(HQ=64, H=8) and case(HQ=64) and case(dtype=torch.float16)
+    assert not case(D=64)
+    assert not case(HQ=12, H=1, tiles=dict(GP=16, BT=4, BN=128))  # 12 heads pad to 16 rows
+    assert not case(HQ=4, tiles=dict(GP=4, BT=16, BN=128))  # 4 heads a KV head
+    assert not case(T=62)  # the last query tile not whole
+    assert not case(tiles=dict(GP=16, BT=4, BN=64))
+    assert not case(dtype=torch.float32)
+    assert not case(transpose=True)
     q = torch.randn(1, 64, 16, 128, dtype=torch.bfloat16)
     k = torch.randn(1, 3, 1, 128, dtype=torch.bfloat16)
-    tiles = dict(GP=16, BT=4, BN=128)
-    assert not gluon_dkdv.fits(q, k, k, q, tiles, True)
-    monkeypatch.setenv("NSA_GLUON_COMPRESSED_DKDV", "0")
-    assert not gluon_dkdv.fits(q, k, k, q, tiles, True)
+    assert not gluon_dkdv.fits(q, k, k, q, dict(GP=16, BT=4, BN=128), True)
 
 
 def _hopper_with_gluon(device) -> bool:

@@ -66,15 +66,18 @@ STAGES = 3
 def fits(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: torch.Tensor, kv_tiles: dict,
          has_ds: bool) -> bool:
     """Whether this kernel replaces the Triton dK/dV: ``NSA_GLUON_COMPRESSED_DKDV`` on, Gluon
-    importable, a Hopper GPU (compute capability 9), contiguous 16-bit inputs with 128-wide heads
-    (the TMA copies take them as row matrices), ``dS`` stored for the dQ, the Triton kernel's Hopper
-    tiles (64 rows of 8-64 heads, 128 tokens), and whole query tiles (``TQ`` a multiple of the
-    tile's positions)."""
+    importable, ``dS`` stored for the dQ, a Hopper GPU (compute capability 9), and inputs and tiles
+    it takes (:func:`shapes_fit`)."""
     if gluon is None or not flags.get("NSA_GLUON_COMPRESSED_DKDV") or not has_ds or q.device.type != "cuda":
         return False
-    if not all(t.is_contiguous() for t in (q, k_cmp, v_cmp, do)):
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9 or q.dtype not in (torch.bfloat16, torch.float16):
+    return torch.cuda.get_device_capability(q.device)[0] == 9 and shapes_fit(q, k_cmp, v_cmp, do, kv_tiles)
+
+
+def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: torch.Tensor, kv_tiles: dict) -> bool:
+    """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices), the
+    Triton kernel's Hopper tiles (64 rows of 8-64 heads, 128 tokens: ``kv_tiles``' ``GP``, ``BT``,
+    ``BN``), and whole query tiles (``TQ`` a multiple of the tile's positions)."""
+    if not all(t.is_contiguous() for t in (q, k_cmp, v_cmp, do)) or q.dtype not in (torch.bfloat16, torch.float16):
         return False
     G = q.shape[2] // k_cmp.shape[2]
     return (q.shape[3] == k_cmp.shape[3] == v_cmp.shape[3] == 128 and G in (8, 16, 32, 64)
