@@ -24,7 +24,8 @@ bf16 in, float32 softmax in the log2 domain.
 
 Usage: ``python scripts/gpu_gluon_band_probe.py [--rows 262144] [--band 512] [--configs I ...]``
 (Hopper GPU): each configuration checked against torch (float32) on a small problem, then timed
-(``do_bench`` median, L2 flushed); TFLOP/s of useful work, ``4 * rows * band * 128`` a group.
+(``do_bench`` median, L2 flushed; ``gpu_gluon_probe.measure``); TFLOP/s of useful work,
+``4 * rows * band * 128`` a group.
 ``--compile-only`` compiles the Gluon configurations for sm_90 without a GPU.
 """
 
@@ -37,11 +38,13 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import D, GROUPS, LOG2E, _softmax, add_run_arguments, compile_report, descriptor  # scripts/
+from gpu_gluon_probe import (D, GROUPS, LOG2E, _softmax, compile_report, descriptor, measure,  # scripts/
+                             parse_run_arguments)
 from gpu_ws_probe import _softmax_step  # scripts/
+from nsa.ops.compressed.gluon_dkdv import _tma_load  # the TMA load by its name in the installed Triton
 
 #: Computing warpgroups a Gluon program, 64 rows each.
 CONSUMERS = gl.constexpr(2)
@@ -49,7 +52,6 @@ CONSUMERS = gl.constexpr(2)
 HEADS = 16
 #: GROUPS as the jit functions may read it
 N_GROUPS = gl.constexpr(GROUPS)
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # Triton 3.9 renamed it
 
 
 @triton.jit
@@ -211,9 +213,9 @@ def _layouts(bm: int, bn: int):
 
 
 def run(kind: str, ins, rows: int, keys: int, band: int, bm: int, bn: int, stages: int, programs: int):
-    """``(o, call)`` for one configuration; ``o`` NaN-poisoned. ``programs`` 0: one a query tile."""
+    """``(o, call)`` for one configuration (``measure`` poisons ``o``). ``programs`` 0: one a query tile."""
     q, k, v = ins
-    o = torch.full_like(q, float("nan"))
+    o = torch.empty_like(q)
     scale = D ** -0.5 * LOG2E
     if kind == "triton":
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -285,10 +287,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 128)")
     ap.add_argument("--band", type=int, default=512, help="keys a query tile attends to (multiple of 128)")
-    add_run_arguments(ap, "CONFIGS (default all)")
-    args = ap.parse_args()
-    if args.compile_only:
-        compile_only()
+    args = parse_run_arguments(ap, "CONFIGS (default all)", compile_only)
+    if args is None:
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
@@ -298,23 +298,19 @@ def main() -> None:
     small, small_keys = make_inputs(small_rows, args.band, gen)
     big, big_keys = make_inputs(args.rows, args.band, gen)
     flops = 4.0 * GROUPS * args.rows * args.band * D
+    wants = {}  # the small problem's float32 output by query tile
     for i in args.configs if args.configs is not None else range(len(CONFIGS)):
         kind, bm, bn, stages, per_sm = CONFIGS[i]
         name = f"{kind:6s} BM={'2x' if kind == 'gluon' else ''}{bm} BN={bn} stages={stages} " + (
             f"persistent, {per_sm} a SM" if per_sm else "one program a tile")
-        try:
-            # the check's persistent programs (8 or 16) walk 8 or 4 of the small problem's 64 query
-            # tiles each: at one or two an SM each would take one
-            o, call = run(kind, small, small_rows, small_keys, args.band, bm, bn, stages, 8 * per_sm)
-            call()
-            tile = 2 * bm if kind == "gluon" else bm
-            want = reference(*small, small_rows, small_keys, args.band, tile)
-            err = ((o.float() - want).abs().max() / want.abs().max()).item()
-            _, call = run(kind, big, args.rows, big_keys, args.band, bm, bn, stages, per_sm * sms)
-            ms = triton.testing.do_bench(call, warmup=10, rep=300, return_mode="median")
-            print(f"{name}: {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s  relative error {err:.1e}", flush=True)
-        except Exception as exc:  # a configuration that does not compile or fit is reported, not fatal
-            print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
+        tile = 2 * bm if kind == "gluon" else bm
+        if tile not in wants:
+            wants[tile] = reference(*small, small_rows, small_keys, args.band, tile)
+        # the check's persistent programs (8 or 16) walk 8 or 4 of the small problem's 64 query
+        # tiles each: at one or two an SM each would take one
+        make = lambda q, k, v, rows, keys: run(kind, (q, k, v), rows, keys, args.band, bm, bn, stages,
+                                               (8 if rows == small_rows else sms) * per_sm)
+        measure(name, make, (*small, small_rows, small_keys), wants[tile], (*big, args.rows, big_keys), flops)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import D, GROUPS, LOG2E, add_run_arguments, compile_report, descriptor  # scripts/
+from gpu_gluon_probe import D, GROUPS, LOG2E, parse_run_arguments, compile_report, descriptor  # scripts/
 from nsa.ops._triton.attention import attn_bwd_dkdv_ds_step
 
 #: Computing warpgroups a Gluon program, each with 64 of its 128 keys.
@@ -398,10 +398,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=4096, help="keys per group (multiple of 128)")
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (chunks * 64 divides it)")
     ap.add_argument("--chunks", type=int, default=8, help="row chunks (programs per key tile)")
-    add_run_arguments(ap, "CONFIGS (default all)")
-    args = ap.parse_args()
-    if args.compile_only:
-        compile_only()
+    args = parse_run_arguments(ap, "CONFIGS (default all)", compile_only)
+    if args is None:
         return
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"{GROUPS} groups x {args.keys} keys x {args.rows} rows in {args.chunks} chunks, head dim {D}", flush=True)

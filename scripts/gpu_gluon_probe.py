@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import tempfile
+from typing import Optional
 
 import torch
 import triton
@@ -206,11 +207,18 @@ def forward_signature(bm: int, bn: int, constexprs: list) -> dict:
             **{name: "constexpr" for name in constexprs}}
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, configs: str) -> None:
-    """The Gluon probes' ``--compile-only`` and ``--configs`` (``configs``: what the indices name)."""
+def parse_run_arguments(parser: argparse.ArgumentParser, configs: str, compile_only) -> Optional[argparse.Namespace]:
+    """The Gluon probes' ``--compile-only`` and ``--configs`` (``configs``: what the indices name)
+    added to ``parser``, then the command line parsed: with ``--compile-only`` ``compile_only()``
+    runs and None comes back, else the arguments."""
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 without a GPU")
     parser.add_argument("--configs", type=int, nargs="+", help=f"indices into {configs}; run each in a process of "
                         "its own under a timeout, as a hung kernel holds the GPU")
+    args = parser.parse_args()
+    if args.compile_only:
+        compile_only()
+        return None
+    return args
 
 
 def compile_report(kernel, signature: dict, values: dict, name: str, **options) -> None:
@@ -252,10 +260,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 128)")
     ap.add_argument("--keys", type=int, default=2048, help="keys per group (multiple of 128)")
-    add_run_arguments(ap, "CONFIGS (default all), then TRITON_CONFIGS as len(CONFIGS) + i")
-    args = ap.parse_args()
-    if args.compile_only:
-        compile_only()
+    args = parse_run_arguments(ap, "CONFIGS (default all), then TRITON_CONFIGS as len(CONFIGS) + i", compile_only)
+    if args is None:
         return
     import gpu_ws_probe  # the same problem's Triton loops and reference (scripts/ on the path)
 

@@ -44,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from gpu_gluon_probe import (D, GROUPS, LOG2E, _descriptors, _softmax, add_run_arguments, compile_report,  # scripts/
+from gpu_gluon_probe import (D, GROUPS, LOG2E, _descriptors, _softmax, parse_run_arguments, compile_report,  # scripts/
                              forward_signature)
 
 #: Computing warpgroups a program.
@@ -210,10 +210,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=262144, help="rows per group (multiple of 256)")
     ap.add_argument("--keys", type=int, default=2048, help="keys per group (multiple of 128)")
-    add_run_arguments(ap, "CONFIGS (default all), then BASELINES as len(CONFIGS) + i")
-    args = ap.parse_args()
-    if args.compile_only:
-        compile_only()
+    args = parse_run_arguments(ap, "CONFIGS (default all), then BASELINES as len(CONFIGS) + i", compile_only)
+    if args is None:
         return
     import gpu_gluon_probe
     import gpu_ws_probe

@@ -1334,7 +1334,7 @@ def pass1_rate(T: int, config: NSAConfig) -> None:
         return
     pass1 = [launches[i * per_call].time_range.elapsed_us() / 1e3 for i in range(calls)]
     rest = sum(e.time_range.elapsed_us() for e in launches) / 1e3 / calls - statistics.mean(pass1)
-    visible = sum(max(0, (t + 1 - config.cmp_block) // config.cmp_stride + 1) for t in range(T))
+    visible = sum(config.num_cmp(t + 1) for t in range(T))  # spec Nc(t) summed over the queries
     flops = 4.0 * D * visible * q.shape[2]
     ms = statistics.median(pass1)
     print(f"T={T} compressed pass 1: {ms:.3f} ms (median of {calls}; {min(pass1):.3f}-{max(pass1):.3f}), "
