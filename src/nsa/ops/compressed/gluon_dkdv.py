@@ -60,7 +60,10 @@ TOKENS_PER_WARPGROUP = 64
 ROWS = 64
 #: Slots of the ``q``/``do`` ring (the probe: 4 stages 8.64 ms, 2 stages 9.16). 4 no longer fit
 #: Hopper's 227 KiB with the row vectors' slots beside them.
-STAGES = 3
+STAGES = 4
+#: Buffers of each warpgroup's ``dS`` tiles: one (its TMA store, issued a step earlier, is waited for
+#: before the next tile is written), so that 4 ring slots fit beside the row vectors' slots.
+DS_BUFFERS = 1
 
 
 def fits(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: torch.Tensor, kv_tiles: dict,
@@ -253,10 +256,11 @@ if gluon is not None:
 
     @gluon.jit
     def _store_ds(ds_desc, ds_smem, dst, row, j):
-        """Step ``j``'s ``dS^T`` tile out by a TMA store from buffer ``j % 2``, once that buffer's store
-        of two steps ago has been read out."""
-        buf = ds_smem.index(j % 2)
-        tma.store_wait(1)
+        """Step ``j``'s ``dS^T`` tile out by a TMA store from buffer ``j % buffers``, once that buffer's
+        last store has been read out."""
+        DS_BUFFERS: gl.constexpr = ds_smem.shape[0]
+        buf = ds_smem.index(j % DS_BUFFERS)
+        tma.store_wait(DS_BUFFERS - 1)
         buf.store(dst)
         fence_async_shared()
         _tma_store(ds_desc, [row.to(gl.int32), 0], buf)
@@ -267,7 +271,7 @@ if gluon is not None:
         dk, dv, lse, delta, gate, ds_off,
         TQ, NC, q_offset, TOTAL, qk_scale, scale,
         H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-        GATED: gl.constexpr, STAGES: gl.constexpr,
+        GATED: gl.constexpr, STAGES: gl.constexpr, DS_BUFFERS: gl.constexpr,
     ):
         """Grid ``(token tiles of 128, SPLIT, B * H)``, ``num_warps=4`` (the default partition is
         warpgroup 0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24."""
@@ -279,8 +283,8 @@ if gluon is not None:
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, M, DH], do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, BNW, DH], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, BNW, DH], v_desc.layout)
-        ds0_smem = gl.allocate_shared_memory(ds_desc.dtype, [2, BNW, M], ds_desc.layout)
-        ds1_smem = gl.allocate_shared_memory(ds_desc.dtype, [2, BNW, M], ds_desc.layout)
+        ds0_smem = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUFFERS, BNW, M], ds_desc.layout)
+        ds1_smem = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUFFERS, BNW, M], ds_desc.layout)
         # slot s's row vectors in rows 4 s (lse), 4 s + 1 (delta), 4 s + 2 (gate): shapes are powers of two
         gl.static_assert(STAGES <= 4)
         rows_smem = gl.allocate_shared_memory(gl.float32, [16, M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -346,7 +350,7 @@ def compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk, dv, ds:
         compressed_bwd_dkdv_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, ds_desc, dk, dv, lse, delta, lse if gate is None else gate,
             ds["offsets"], TQ, NC, q_offset, ds["total"], qk_scale, scale, H=H, G=G, L=L, S=S, SPLIT=split,
-            GATED=gate is not None, STAGES=STAGES, **LAUNCH_OPTIONS)
+            GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         import triton
 
@@ -366,7 +370,7 @@ def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = tor
     D, el = 128, "bf16" if dtype == torch.bfloat16 else "fp16"
     row_layout, key_layout, ds_layout = _layouts(dtype, D)
     desc = lambda block, layout: f"tensordesc<{el}[{', '.join(map(str, block))}],{layout!r}>"  # noqa: E731
-    values = dict(H=4, G=G, L=32, S=16, SPLIT=split, GATED=gated, STAGES=STAGES)
+    values = dict(H=4, G=G, L=32, S=16, SPLIT=split, GATED=gated, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS)
     signature = {"q_desc": desc([G, D], row_layout), "do_desc": desc([G, D], row_layout),
                  "k_desc": desc([TOKENS_PER_WARPGROUP, D], key_layout),
                  "v_desc": desc([TOKENS_PER_WARPGROUP, D], key_layout),
