@@ -71,6 +71,10 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     TFLOP/s of useful work.
 33. **The compressed dK/dV in Gluon** (``gluon_dkdv``): ``NSA_GLUON_COMPRESSED_DKDV`` off and on,
     the whole forward+backward (ABBA) and its kernel lists.
+34. **Versions of the Gluon dK/dV** (``gluon_dkdv_variants``): other files of
+    ``nsa/ops/compressed/gluon_dkdv.py`` (``--dkdv-variant LABEL=FILE``, e.g. a branch's, exported)
+    in place of main's: each one's gradients against main's, then the whole forward+backward
+    (ABBA) and its kernel lists, all in one process.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -971,6 +975,46 @@ def gluon_dkdv(T: int, config: NSAConfig) -> None:
     kernels_by_default(T, config, os.environ, GLUON_DKDV, "compressed")
 
 
+#: ``(label, file)`` of the Gluon dK/dV modules that :func:`gluon_dkdv_variants` puts in place of
+#: main's (``--dkdv-variant``).
+DKDV_VARIANTS: List[Tuple[str, str]] = []
+
+
+def _module_from_file(name: str, path: str):
+    """The Python file ``path`` imported as a module named ``name`` (not registered in ``sys.modules``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
+    """Each :data:`DKDV_VARIANTS` module in place of main's ``gluon_dkdv`` (the compressed backward
+    looks it up at each call): its dq, dk, dv, dgates against main's on the same inputs and output
+    gradient (relative error; a wrong version shows here before its times mean anything), then the
+    whole forward+backward in ABBA rounds and the kernel lists."""
+    from nsa.ops.compressed import gluon_dkdv, kernel
+    from nsa.testing import rel_error
+
+    variants = (("main", {"gluon_dkdv": gluon_dkdv}),) + tuple(
+        (label, {"gluon_dkdv": _module_from_file(f"gluon_dkdv_{label}", path)}) for label, path in DKDV_VARIANTS)
+    q, k, v, gates, _ = inputs(T, T + 17, backward=True)
+    run = training_step(q, k, v, gates, config)
+    grads = {}
+    for label, module in variants:
+        with tiles_as_default(vars(kernel), **module):
+            grads[label] = run()
+    for label, _ in variants[1:]:
+        errs = ", ".join(f"{name} {rel_error(b, a):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"),
+                                                                               grads["main"], grads[label]))
+        print(f"T={T} gluon dK/dV {label} against main: {errs}", flush=True)
+    del grads
+    step_abba(T, config, vars(kernel), variants, "gluon dK/dV")
+    kernels_by_default(T, config, vars(kernel), variants, "gluon dK/dV")
+
+
 def pass2_wide(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_WIDE` (wider query tiles than the default's), then the
     default against the fused launch in the whole forward and forward+backward (ABBA) and the
@@ -1736,7 +1780,7 @@ SECTIONS = {
     "topn_bounds": topn_bounds, "pass2_apart": pass2_apart, "pass2_tiles": pass2_tiles, "pass2_wide": pass2_wide,
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
     "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
-    "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv,
+    "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
 }
 
 
@@ -1748,7 +1792,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, choices=list(SECTIONS) + ["gaps"],
                         help="run these sections alone")
     parser.add_argument("--kernels", type=int, default=16, help="kernels listed by the section 'kernels'")
+    parser.add_argument("--dkdv-variant", action="append", default=[], metavar="LABEL=FILE",
+                        help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
     args = parser.parse_args()
+    for spec in args.dkdv_variant:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
+        DKDV_VARIANTS.append((label, path))
     global KERNELS_LISTED
     KERNELS_LISTED = args.kernels
     config = NSAConfig()

@@ -26,13 +26,19 @@ Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU
 the Triton kernel (``tests/ops/test_gluon_dkdv.py``); the CPU tests compile it for sm_90 with the
 installed Triton (:func:`compile_for_hopper`). :func:`fits` says where it applies.
 
-Measured (session 62, H200, Triton 3.6; ``scripts/gpu_session62.sh rowvec``): dq, dk and dv within
+Measured (session 63, H200, Triton 3.6; ``scripts/gpu_session63.sh variants``): 4 ring slots and one
+``dS`` buffer a warpgroup (217 KiB) against session 62's 3 slots and two (201 KiB), the same gradients
+bit for bit: the kernel 17.95-18.05 ms at 64k against 19.10-19.18, 0.405-0.410 against 0.431-0.434 at
+8k; the whole 64k forward+backward 93.24-93.49 ms against 93.56-94.10 in four ABBA rounds. The
+visibility mask computed only on the tiles that need it was slower (19.64-19.69 ms: more spills).
+
+Measured (session 62, 3 slots; ``scripts/gpu_session62.sh rowvec``): dq, dk and dv within
 bf16 rounding of the Triton path's; the kernel 19.53-19.54 ms at 64k against 21.84-21.91 (1.12x),
 0.431 against 0.502-0.511 at 8k (1.17x); the whole 64k forward+backward 94.17-94.68 ms against
 96.31-96.67 in four ABBA rounds, the 8k one the same (7.10-7.21 against 7.10-7.26). ptxas serialises
 its wgmma for want of registers (note C7512); the form without (``P^T`` and ``dS^T`` from shared
 memory, 2 slots) took 28.2 ms at 64k. Compiles for sm_90 with Triton 3.6, 3.7.1, 3.8.0 and 3.9.0
-(201 KiB of shared memory, 24-84 bytes spilled).
+(217 KiB of shared memory, 48-60 bytes spilled with Triton 3.6).
 """
 
 from __future__ import annotations
@@ -58,8 +64,8 @@ except ImportError:  # pragma: no cover - an older Triton
 TOKENS_PER_WARPGROUP = 64
 #: Query rows a step ((position, head) pairs of one KV group), as the Triton kernel's Hopper tiles.
 ROWS = 64
-#: Slots of the ``q``/``do`` ring (the probe: 4 stages 8.64 ms, 2 stages 9.16). 4 no longer fit
-#: Hopper's 227 KiB with the row vectors' slots beside them.
+#: Slots of the ``q``/``do`` ring (the probe: 4 stages 8.64 ms, 2 stages 9.16; in place at 64k, 4
+#: slots and one ``dS`` buffer 17.95-18.05 ms against 19.10-19.18 for 3 slots and two: session 63).
 STAGES = 4
 #: Buffers of each warpgroup's ``dS`` tiles: one (its TMA store, issued a step earlier, is waited for
 #: before the next tile is written), so that 4 ring slots fit beside the row vectors' slots.
