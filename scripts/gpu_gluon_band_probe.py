@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 from gpu_gluon_probe import (D, GROUPS, LOG2E, _softmax, compile_report, descriptor, measure,  # scripts/
                              parse_run_arguments)
 from gpu_ws_probe import _softmax_step  # scripts/
-from nsa.ops.compressed.gluon_dkdv import _tma_load  # the TMA load by its name in the installed Triton
+from nsa.ops._gluon import tma_load  # the TMA load by its name in the installed Triton
 
 #: Computing warpgroups a Gluon program, 64 rows each.
 CONSUMERS = gl.constexpr(2)
@@ -92,15 +92,15 @@ def _copy_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
         for c in gl.static_range(CONSUMERS):
             bar = q_ready.index(buf * CONSUMERS + c)
             mbarrier.expect(bar, q_desc.block_type.nbytes)
-            _tma_load(q_desc, [i_g * ROWS + row0 + c * BM, 0], bar, q_smem.index(buf * CONSUMERS + c))
+            tma_load(q_desc, [i_g * ROWS + row0 + c * BM, 0], bar, q_smem.index(buf * CONSUMERS + c))
         key0 = i_g * KEYS + row0 // 16
         for n in range(BAND // BN):
             slot = j % STAGES
             mbarrier.wait(kv_empty.index(slot), (j // STAGES) & 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [key0 + n * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            tma_load(k_desc, [key0 + n * BN, 0], k_ready.index(slot), k_smem.index(slot))
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [key0 + n * BN, 0], v_ready.index(slot), v_smem.index(slot))
+            tma_load(v_desc, [key0 + n * BN, 0], v_ready.index(slot), v_smem.index(slot))
             j += 1
         t += 1
 

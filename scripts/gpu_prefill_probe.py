@@ -75,6 +75,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``nsa/ops/compressed/gluon_dkdv.py`` (``--dkdv-variant LABEL=FILE``, e.g. a branch's, exported)
     in place of main's: each one's gradients against main's, then the whole forward+backward
     (ABBA) and its kernel lists, all in one process.
+35. **The selected dK/dV in Gluon** (``gluon_selected_dkdv``): ``NSA_GLUON_SELECTED_DKDV`` off and on,
+    as ``gluon_dkdv``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -966,13 +968,28 @@ GLUON_DKDV = (("Triton dK/dV", {"NSA_GLUON_COMPRESSED_DKDV": "0"}),
               ("Gluon dK/dV", {"NSA_GLUON_COMPRESSED_DKDV": "1"}))
 
 
-def gluon_dkdv(T: int, config: NSAConfig) -> None:
-    """``NSA_GLUON_COMPRESSED_DKDV`` off and on: the whole forward+backward in ABBA rounds and its
-    kernel lists (the flag is read at each call, so the environment is the launch table here)."""
+#: ``NSA_GLUON_SELECTED_DKDV`` off and on (session 63: the selected branch's dK/dV in Gluon).
+GLUON_SELECTED_DKDV = (("Triton dK/dV", {"NSA_GLUON_SELECTED_DKDV": "0"}),
+                       ("Gluon dK/dV", {"NSA_GLUON_SELECTED_DKDV": "1"}))
+
+
+def flag_ab(T: int, config: NSAConfig, variants: tuple, what: str) -> None:
+    """A flag's ``variants`` (environments): the whole forward+backward in ABBA rounds and its kernel
+    lists (flags are read at each call, so the environment is the launch table here)."""
     import os
 
-    step_abba(T, config, os.environ, GLUON_DKDV, "compressed")
-    kernels_by_default(T, config, os.environ, GLUON_DKDV, "compressed")
+    step_abba(T, config, os.environ, variants, what)
+    kernels_by_default(T, config, os.environ, variants, what)
+
+
+def gluon_dkdv(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_COMPRESSED_DKDV`` off and on (:func:`flag_ab`)."""
+    flag_ab(T, config, GLUON_DKDV, "compressed")
+
+
+def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_SELECTED_DKDV`` off and on (:func:`flag_ab`)."""
+    flag_ab(T, config, GLUON_SELECTED_DKDV, "selected")
 
 
 #: ``(label, file)`` of the Gluon dK/dV modules that :func:`gluon_dkdv_variants` puts in place of
@@ -1781,6 +1798,7 @@ SECTIONS = {
     "pass1_tiles": pass1_tiles, "forced_place": forced_place, "dq_ds_tiles": dq_ds_tiles,
     "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
+    "gluon_selected_dkdv": gluon_selected_dkdv,
 }
 
 

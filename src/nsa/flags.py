@@ -196,6 +196,15 @@ FLAGS: Mapping[str, Flag] = _declare(
         "to bf16 rounding.",
     ),
     Flag(
+        "NSA_GLUON_SELECTED_DKDV",
+        bool,
+        False,
+        "Training backward on Hopper (16-bit, 128-wide heads, blocks of 64, dS kept for the dQ, local "
+        "blocks left to the window): the selected branch's dK/dV as a warp-specialised Gluon kernel (a "
+        "copy warp, a computing warpgroup, two programs an SM); off runs the Triton kernel. Same results "
+        "to bf16 rounding.",
+    ),
+    Flag(
         "NSA_FLOAT32_DOT",
         str,
         "auto",

@@ -9,29 +9,12 @@ NaN-filled in tests), and a wrong one would move it.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import torch
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon
 
 from nsa import NSAConfig
 from nsa.testing import assert_close
-
-
-#: Run in a process of its own: the CPU tests' interpreter (TRITON_INTERPRET=1) leaves Triton's
-#: language patched in a worker once it has run a kernel, and Gluon's compiler then fails on it.
-_COMPILE = """
-import json
-from nsa.ops.compressed import gluon_dkdv
-compiled = gluon_dkdv.compile_for_hopper(G=16, gated=True)
-setmaxnreg = [line.split()[0].split(".")[1] + " " + line.split()[1].rstrip(";")
-              for line in compiled.asm["ptx"].splitlines() if line.strip().startswith("setmaxnreg")]
-print(json.dumps(dict(shared=compiled.metadata.shared, setmaxnreg=setmaxnreg)))
-"""
 
 
 def test_gluon_dkdv_compiles_for_hopper(tmp_path):
@@ -41,12 +24,7 @@ def test_gluon_dkdv_compiles_for_hopper(tmp_path):
     its launch gives them (computing warpgroups 240, the copy warp 24). Compiled in a fresh Triton
     cache, so that a cached build cannot stand in for the compile."""
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
-        p for p in (str(pathlib.Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")) if p))
-    run = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = compile_for_hopper("nsa.ops.compressed.gluon_dkdv", tmp_path, G=16, gated=True)
     assert 0 < out["shared"] <= 227 * 1024
     assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
 
@@ -77,13 +55,6 @@ def test_gluon_dkdv_takes_what_its_copies_and_tiles_allow():
     assert not gluon_dkdv.fits(q, k, k, q, dict(GP=16, BT=4, BN=128), True)
 
 
-def _hopper_with_gluon(device) -> bool:
-    from nsa.ops.compressed import gluon_dkdv
-
-    return (gluon_dkdv.gluon is not None and torch.device(device).type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] == 9)
-
-
 @pytest.mark.gpu
 @pytest.mark.parity
 @pytest.mark.parametrize(
@@ -103,7 +74,7 @@ def test_gluon_dkdv_matches_triton(B, T, HQ, H, q_offset, gated, max_splits, nsa
     bf16 rounding (both sum each token's query tiles in the same order; the products round
     differently), with a batch, gates, ``q_offset``, query chunks or none, 8-64 heads a KV group, and
     token counts that end inside a tile; and the Gluon kernel did run."""
-    if not _hopper_with_gluon(nsa_device):
+    if not hopper_with_gluon(nsa_device):
         pytest.skip("the Gluon dK/dV runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import gluon_dkdv, kernel

@@ -46,19 +46,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-
-try:  # Gluon is Triton's lower-level language, experimental in Triton 3.6
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Triton 3.9 renamed the TMA copies (the old names raise); 3.6 has only the old ones
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except ImportError:  # pragma: no cover - an older Triton
-    gluon = None
+from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared, gl,
+                            gluon, launch_failed, mbarrier, on_hopper, tma, tma_load, tma_store, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Tokens a computing warpgroup owns (two a program: the Triton kernel's token tile of 128).
 TOKENS_PER_WARPGROUP = 64
@@ -77,9 +67,8 @@ def fits(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: torch.Te
     """Whether this kernel replaces the Triton dK/dV: ``NSA_GLUON_COMPRESSED_DKDV`` on, Gluon
     importable, ``dS`` stored for the dQ, a Hopper GPU (compute capability 9), and inputs and tiles
     it takes (:func:`shapes_fit`)."""
-    if gluon is None or not flags.get("NSA_GLUON_COMPRESSED_DKDV") or not has_ds or q.device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(q.device)[0] == 9 and shapes_fit(q, k_cmp, v_cmp, do, kv_tiles)
+    return (flags.get("NSA_GLUON_COMPRESSED_DKDV") and has_ds and on_hopper(q)
+            and shapes_fit(q, k_cmp, v_cmp, do, kv_tiles))
 
 
 def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: torch.Tensor, kv_tiles: dict) -> bool:
@@ -141,8 +130,8 @@ if gluon is not None:
         steps, n_unmasked, i_z, i_u = _chunk(TQ, q_offset, i_n, i_s, L, S, BT, 2 * BNW, SPLIT)
         mbarrier.expect(kv_bar, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(2):
-            _tma_load(k_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, k_smem.index(c))
-            _tma_load(v_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, v_smem.index(c))
+            tma_load(k_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, k_smem.index(c))
+            tma_load(v_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, v_smem.index(c))
         M: gl.constexpr = q_smem.shape[1]
         o_m = gl.arange(0, M, layout=gl.BlockedLayout([M // 32], [32], [1], [0]))
         for j in range(steps):
@@ -153,8 +142,8 @@ if gluon is not None:
             bar = qdo_ready.index(slot)
             mbarrier.expect(bar, BT * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
             for p in gl.static_range(BT):
-                _tma_load(q_desc, [row0 + p * H * G, 0], bar, q_smem.index(slot).slice(p * G, G))
-                _tma_load(do_desc, [row0 + p * H * G, 0], bar, do_smem.index(slot).slice(p * G, G))
+                tma_load(q_desc, [row0 + p * H * G, 0], bar, q_smem.index(slot).slice(p * G, G))
+                tma_load(do_desc, [row0 + p * H * G, 0], bar, do_smem.index(slot).slice(p * G, G))
             # the row vectors, then the barrier's second arrival: whoever waits on it sees them
             o_q = _rows(i_b, i_h, i, TQ, o_m, H, G)
             rows_smem.index(4 * slot).store(gl.load(lse + o_q))
@@ -269,7 +258,7 @@ if gluon is not None:
         tma.store_wait(DS_BUFFERS - 1)
         buf.store(dst)
         fence_async_shared()
-        _tma_store(ds_desc, [row.to(gl.int32), 0], buf)
+        tma_store(ds_desc, [row.to(gl.int32), 0], buf)
 
     @gluon.jit
     def compressed_bwd_dkdv_gluon_kernel(
@@ -326,7 +315,7 @@ LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=168)
 
 def _layouts(dtype: torch.dtype, D: int):
     """Shared layouts of the ``q``/``do`` step tiles, the key/value tiles and the ``dS^T`` tiles."""
-    el = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    el = element_type(dtype)
     return (gl.NVMMASharedLayout.get_default_for([ROWS, D], el),
             gl.NVMMASharedLayout.get_default_for([TOKENS_PER_WARPGROUP, D], el),
             gl.NVMMASharedLayout.get_default_for([TOKENS_PER_WARPGROUP, ROWS], el))
@@ -358,32 +347,22 @@ def compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk, dv, ds:
             ds["offsets"], TQ, NC, q_offset, ds["total"], qk_scale, scale, H=H, G=G, L=L, S=S, SPLIT=split,
             GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
-        import triton
-
-        raise RuntimeError(f"the compressed dK/dV's Gluon kernel failed with Triton {triton.__version__} "
-                           f"({type(exc).__name__}: {exc}); NSA_GLUON_COMPRESSED_DKDV=0 runs the Triton kernel "
-                           "instead") from exc
+        raise launch_failed("the compressed dK/dV", "NSA_GLUON_COMPRESSED_DKDV", exc) from exc
 
 
 def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = torch.bfloat16, split: int = 8):
     """The kernel compiled for sm_90 with the installed Triton, without a GPU: what
     :func:`compressed_bwd_dkdv_gluon` would launch for ``G`` query heads a KV head (head dim 128)
     and the paper's compression geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    D, el = 128, "bf16" if dtype == torch.bfloat16 else "fp16"
+    D = 128
     row_layout, key_layout, ds_layout = _layouts(dtype, D)
-    desc = lambda block, layout: f"tensordesc<{el}[{', '.join(map(str, block))}],{layout!r}>"  # noqa: E731
     values = dict(H=4, G=G, L=32, S=16, SPLIT=split, GATED=gated, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS)
-    signature = {"q_desc": desc([G, D], row_layout), "do_desc": desc([G, D], row_layout),
-                 "k_desc": desc([TOKENS_PER_WARPGROUP, D], key_layout),
-                 "v_desc": desc([TOKENS_PER_WARPGROUP, D], key_layout),
-                 "ds_desc": desc([TOKENS_PER_WARPGROUP, ROWS], ds_layout),
+    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
+                 "do_desc": descriptor_type(dtype, [G, D], row_layout),
+                 "k_desc": descriptor_type(dtype, [TOKENS_PER_WARPGROUP, D], key_layout),
+                 "v_desc": descriptor_type(dtype, [TOKENS_PER_WARPGROUP, D], key_layout),
+                 "ds_desc": descriptor_type(dtype, [TOKENS_PER_WARPGROUP, ROWS], ds_layout),
                  "dk": "*fp32", "dv": "*fp32", "lse": "*fp32", "delta": "*fp32", "gate": "*fp32", "ds_off": "*i64",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "TOTAL": "i64", "qk_scale": "fp32", "scale": "fp32",
                  **{name: "constexpr" for name in values}}
-    constexprs = {(list(signature).index(name),): value for name, value in values.items()}
-    return triton.compile(GluonASTSource(compressed_bwd_dkdv_gluon_kernel, signature, constexprs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(LAUNCH_OPTIONS))
+    return compile_for_sm90(compressed_bwd_dkdv_gluon_kernel, signature, values, LAUNCH_OPTIONS)

@@ -59,6 +59,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops.selected import gluon_dkdv
 from nsa.ops.selected.backward import (
     selected_bwd_dkdv_kernel,
     selected_bwd_dq_ds_kernel,
@@ -332,18 +333,23 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
     dk_part = torch.empty(n_prog, dims["BSP"], dims["BK"], device=q.device, dtype=torch.float32)
     dv_part = torch.empty(n_prog, dims["BSP"], dims["BV"], device=q.device, dtype=torch.float32)
     keep = ("H", "G", "BS", "BSP", "DK", "DV", "BK", "BV")
-    selected_bwd_dkdv_kernel[(n_prog,)](
-        q, k, v, do, do if gate is None else gate, lse, delta, dk, dv, dk_part, dv_part,  #
-        inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
-        T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
-        GP=GP, PREC=dims["PREC"], GATED=check_gate(gate, (B, T, HQ)), **{key: dims[key] for key in keep}, **cfg,
-        **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
-        # with each query's own block left out, every listed block ends before its query: the
-        # mask's per-element predicates took a third of the loop's instructions (H100, 8k step
-        # 7.79 -> 7.67 ms; docs/perf/prefill.md, session 18)
-        CAUSAL=skip_local == 0, **LAUNCH_OPTIONS,
-    )
+    # with each query's own block left out, every listed block ends before its query: the
+    # mask's per-element predicates took a third of the loop's instructions (H100, 8k step
+    # 7.79 -> 7.67 ms; docs/perf/prefill.md, session 18)
+    causal, gated = skip_local == 0, check_gate(gate, (B, T, HQ))
+    if gluon_dkdv.fits(q, k, v, do, sel_block, cfg["BQ"], ds is not None, causal):
+        gluon_dkdv.selected_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_part, ds, inv,
+                                           cfg["QSEG"], scale * LOG2E, scale)
+    else:
+        selected_bwd_dkdv_kernel[(n_prog,)](
+            q, k, v, do, do if gate is None else gate, lse, delta, dk, dv, dk_part, dv_part,  #
+            inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
+            T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
+            GP=GP, PREC=dims["PREC"], GATED=gated, **{key: dims[key] for key in keep}, **cfg,
+            **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
+            CAUSAL=causal, **LAUNCH_OPTIONS,
+        )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #
         **{key: dims[key] for key in keep if key != "G"}, **LAUNCH_OPTIONS,

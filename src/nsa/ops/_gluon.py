@@ -1,0 +1,75 @@
+"""What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
+Triton has them, the TMA copies by their name in that release, compiling a kernel for sm_90 without a
+GPU, and the error a failed launch raises.
+
+Gluon is Triton's lower-level language, experimental in Triton 3.6, and its API moves between
+releases (3.9 renamed the TMA copies and made the old names raise). The kernels import it from here,
+so that one place follows those moves. Gluon has no CPU interpreter: each kernel's CPU test compiles
+it for sm_90 (:func:`compile_for_sm90`), its GPU tests compare it with the Triton kernel it replaces.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Triton 3.9 renamed the TMA copies (the old names raise); 3.6 has only the old ones
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+except ImportError:  # pragma: no cover - an older Triton
+    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    TensorDescriptor = tma_load = tma_store = None
+
+__all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
+           "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
+           "compile_for_sm90", "launch_failed"]
+
+
+def on_hopper(t: torch.Tensor) -> bool:
+    """Whether Gluon imports and ``t`` lives on a Hopper GPU (compute capability 9), where the
+    Gluon kernels' wgmma and TMA copies run."""
+    return gluon is not None and t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
+def element_type(dtype: torch.dtype):
+    """Gluon's element type of a 16-bit torch dtype."""
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def descriptor_type(dtype: torch.dtype, block, layout) -> str:
+    """A tensor-descriptor argument's type in a compile signature: ``block`` of ``dtype`` in
+    shared ``layout``."""
+    el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    return f"tensordesc<{el}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict):
+    """``kernel`` compiled for sm_90 with the installed Triton, without a GPU: ``signature`` maps
+    every argument to its type (``"constexpr"`` for those in ``constexprs``, which gives their
+    values), ``options`` are the launch's (``num_warps``, ``maxnreg``). Returns Triton's compiled
+    kernel (``asm``, ``metadata``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = list(signature)
+    values = {(names.index(name),): value for name, value in constexprs.items()}
+    return triton.compile(GluonASTSource(kernel, dict(signature), values), target=GPUTarget("cuda", 90, 32),
+                          options=dict(options))
+
+
+def launch_failed(what: str, flag: str, exc: Exception) -> RuntimeError:
+    """The error a Gluon launch raises when the installed Triton cannot build or run it: names the
+    kernel, the Triton release and the flag that runs the Triton kernel instead."""
+    import triton
+
+    return RuntimeError(f"{what}'s Gluon kernel failed with Triton {triton.__version__} ({type(exc).__name__}: "
+                        f"{exc}); {flag}=0 runs the Triton kernel instead")
