@@ -76,7 +76,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     in place of main's: each one's gradients against main's, then the whole forward+backward
     (ABBA) and its kernel lists, all in one process.
 35. **The selected dK/dV in Gluon** (``gluon_selected_dkdv``): ``NSA_GLUON_SELECTED_DKDV`` off and on,
-    as ``gluon_dkdv``.
+    as ``gluon_dkdv``; its queries a program (``gluon_selected_qseg``). ``gluon_dkdv_variants`` takes
+    the selected branch's module with ``--dkdv-branch selected``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -993,8 +994,9 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
 
 
 #: ``(label, file)`` of the Gluon dK/dV modules that :func:`gluon_dkdv_variants` puts in place of
-#: main's (``--dkdv-variant``).
+#: main's (``--dkdv-variant``), and the branch whose module they replace (``--dkdv-branch``).
 DKDV_VARIANTS: List[Tuple[str, str]] = []
+DKDV_BRANCH = ["compressed"]
 
 
 def _module_from_file(name: str, path: str):
@@ -1008,12 +1010,17 @@ def _module_from_file(name: str, path: str):
 
 
 def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
-    """Each :data:`DKDV_VARIANTS` module in place of main's ``gluon_dkdv`` (the compressed backward
-    looks it up at each call): its dq, dk, dv, dgates against main's on the same inputs and output
-    gradient (relative error; a wrong version shows here before its times mean anything), then the
-    whole forward+backward in ABBA rounds and the kernel lists."""
-    from nsa.ops.compressed import gluon_dkdv, kernel
+    """Each :data:`DKDV_VARIANTS` module in place of main's ``gluon_dkdv`` of the branch
+    :data:`DKDV_BRANCH` (compressed or selected: its backward looks the module up at each call): its
+    dq, dk, dv, dgates against main's on the same inputs and output gradient (relative error; a wrong
+    version shows here before its times mean anything), then the whole forward+backward in ABBA rounds
+    and the kernel lists."""
+    import importlib
+
     from nsa.testing import rel_error
+
+    kernel = importlib.import_module(f"nsa.ops.{DKDV_BRANCH[0]}.kernel")
+    gluon_dkdv = importlib.import_module(f"nsa.ops.{DKDV_BRANCH[0]}.gluon_dkdv")
 
     variants = (("main", {"gluon_dkdv": gluon_dkdv}),) + tuple(
         (label, {"gluon_dkdv": _module_from_file(f"gluon_dkdv_{label}", path)}) for label, path in DKDV_VARIANTS)
@@ -1026,10 +1033,19 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
     for label, _ in variants[1:]:
         errs = ", ".join(f"{name} {rel_error(b, a):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"),
                                                                                grads["main"], grads[label]))
-        print(f"T={T} gluon dK/dV {label} against main: {errs}", flush=True)
+        print(f"T={T} {DKDV_BRANCH[0]} gluon dK/dV {label} against main: {errs}", flush=True)
     del grads
-    step_abba(T, config, vars(kernel), variants, "gluon dK/dV")
-    kernels_by_default(T, config, vars(kernel), variants, "gluon dK/dV")
+    step_abba(T, config, vars(kernel), variants, f"{DKDV_BRANCH[0]} gluon dK/dV")
+    kernels_by_default(T, config, vars(kernel), variants, f"{DKDV_BRANCH[0]} gluon dK/dV")
+
+
+def gluon_selected_qseg(T: int, config: NSAConfig) -> None:
+    """The selected dK/dV's queries a program (``BWD_TILES["dkdv"]["QSEG"]``; 0: 1024 at 64k) at 512,
+    the default and 2048: the whole forward+backward (ABBA) and the kernel lists, with whatever
+    ``NSA_GLUON_SELECTED_DKDV`` says."""
+    variants = (("QSEG default", {"QSEG": 0}), ("QSEG 512", {"QSEG": 512}), ("QSEG 2048", {"QSEG": 2048}))
+    step_abba(T, config, BWD_TILES["dkdv"], variants, "selected dK/dV")
+    kernels_by_default(T, config, BWD_TILES["dkdv"], variants, "selected dK/dV")
 
 
 def pass2_wide(T: int, config: NSAConfig) -> None:
@@ -1799,6 +1815,7 @@ SECTIONS = {
     "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
+    "gluon_selected_qseg": gluon_selected_qseg,
 }
 
 
@@ -1812,12 +1829,15 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=16, help="kernels listed by the section 'kernels'")
     parser.add_argument("--dkdv-variant", action="append", default=[], metavar="LABEL=FILE",
                         help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
+    parser.add_argument("--dkdv-branch", choices=("compressed", "selected"), default="compressed",
+                        help="the branch whose gluon_dkdv the variants replace")
     args = parser.parse_args()
     for spec in args.dkdv_variant:
         label, sep, path = spec.partition("=")
         if not sep or not label or not path:
             parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
         DKDV_VARIANTS.append((label, path))
+    DKDV_BRANCH[0] = args.dkdv_branch
     global KERNELS_LISTED
     KERNELS_LISTED = args.kernels
     config = NSAConfig()

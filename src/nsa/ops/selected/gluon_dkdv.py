@@ -13,14 +13,21 @@ query: its ``G`` heads are contiguous) and their row vectors (lse, delta, gate) 
 issued before it waits for the slot. One warpgroup computes: it issues a step's gradient products
 (``dV += P^T dO``, ``dK += dS^T Q``), stores its ``dS``, issues the next step's score products
 (``S^T = K Q^T``, ``dP^T = V dO^T``) and reads where that step's ``dS`` goes while they run, then
-waits for all four. Two programs share an SM (shared memory and registers are sized for it), so
-that one's tensor-core work fills the other's softmax.
+waits for all four. One program an SM, with 4 ring slots and 256 registers for the warpgroup.
 
 It applies where the Triton kernel runs without its causal mask: the NSA prefill, whose window
 branch takes each query's local blocks (``skip_local``), so that every listed block ends before its
 query. A step's padding rows (past the segment's end) copy the last real query's rows and get an
 lse of +inf: their ``P`` and ``dS`` are 0, and their ``dS`` is not stored. ``dK``/``dV`` and ``dS``
 go where the Triton kernel puts them; :func:`selected_bwd_reduce_kernel` sums the partials as before.
+
+Measured (session 63, H200, Triton 3.6; ``scripts/gpu_session63.sh selected``, ``prefetch``, ``ring``):
+the same dk, dv and ``dS`` as the Triton kernel's within bf16 rounding (7 GPU tests). At 64k the kernel
+takes 9.95-9.97 ms against the Triton kernel's 12.43-12.50 (1.25x); 1.13-1.14 ms against 1.48-1.49 at
+8k. Two programs an SM (2 slots, 232 registers, wgmma serialised by ptxas for want of them: C7512)
+took 10.86-10.94 ms, 3 slots at one an SM 10.09-10.16; the copy warp's loads run two steps ahead,
+11.11 (more spills: the copy warp is not what holds it). Compiles for sm_90 with Triton 3.6-3.9 (170
+KiB of shared memory, 24 bytes spilled with Triton 3.6, no C7512).
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
 the Triton kernel (``tests/ops/test_gluon_selected_dkdv.py``); the CPU tests compile it for sm_90 with
@@ -39,11 +46,11 @@ from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type,
 ROWS = 64
 #: Keys a block: the paper's selection block, the wgmma's M of one warpgroup.
 BLOCK = 64
-#: Slots of the ``q``/``do`` ring: two, so that two programs fit an SM's 227 KiB.
-STAGES = 2
-#: Launch options: a warpgroup computes, a warp copies (24 registers); 128 a thread at launch leaves
-#: room for two programs an SM, and the computing warpgroup takes what the copy warp gives up.
-LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=128)
+#: Slots of the ``q``/``do`` ring (session 63, 64k: 4 slots 9.95-9.97 ms, 3 slots 10.09-10.16).
+STAGES = 4
+#: Launch options: a warpgroup computes (256 registers), a warp copies (24); one program an SM. Two
+#: an SM (at 128, the warpgroup 232) serialised the wgmma and took 10.86-10.94 ms (session 63).
+LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=168)
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, sel_block: int, bq: int,
