@@ -59,18 +59,6 @@
 #                                             # them), the layer and varlen on 8 workers
 #   bash scripts/gpu_session63.sh tables      # nsa-bench prefill (8k-64k) and decode (batch 1-64)
 #
-# 411 GPU tests pass (ops with the serialisation test, the layer, varlen). Prefill at e845a12: 64k
-# 32.35 / 118.9 ms (3.68x) forward, 90.54 / 448.1 (4.95x) forward+backward; 8k 0.88x and 1.13x. Decode
-# at 64k 19.14 / 49.17 us (2.57x) at batch 1, 71.14 / 482.4 (6.78x) at batch 16.
-#
-# The selected kernel gained most from one program an SM whose warpgroup has 256 registers and no
-# serialised wgmma. The compressed dK/dV likewise: one computing warpgroup a program, two programs a
-# token tile of 128 (each copies its query tiles), 176 KiB, no C7512 (main; session 62's two
-# warpgroups exported to .variants63/two_wg.py):
-#
-#   bash scripts/gpu_session63.sh onewg       # the compressed Gluon tests; the two forms at 64k in one
-#                                             # process; nsa-bench prefill
-#
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session63.sh STEP}"
 
@@ -131,16 +119,6 @@ tables)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
-    ;;
-onewg)
-    timeout 150 python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short \
-        tests/ops/test_gluon_dkdv.py > "$OUT/gluon_tests.txt" 2>&1
-    rc=$?
-    tail -3 "$OUT/gluon_tests.txt"
-    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
-    # shellcheck disable=SC2046
-    probe_run 130 compressed_onewg --lengths 65536 --only gluon_dkdv_variants $(variant_args)
-    h200_prefill
     ;;
 *)
     echo "unknown step $step"; exit 2

@@ -57,10 +57,6 @@ ROWS = 64
 #: Slots of the ``q``/``do`` ring (the probe: 4 stages 8.64 ms, 2 stages 9.16; in place at 64k, 4
 #: slots and one ``dS`` buffer 17.95-18.05 ms against 19.10-19.18 for 3 slots and two: session 63).
 STAGES = 4
-#: Computing warpgroups a program: 2, each with 64 of the token tile's 128 tokens (the copies of a
-#: query tile serve both), or 1, two programs a token tile (each copies the query tiles for itself,
-#: and its warpgroup takes 256 registers, which ptxas needs to keep the products in flight).
-WARPGROUPS = 1
 #: Buffers of each warpgroup's ``dS`` tiles: one (its TMA store, issued a step earlier, is waited for
 #: before the next tile is written), so that 4 ring slots fit beside the row vectors' slots.
 DS_BUFFERS = 1
@@ -114,15 +110,6 @@ if gluon is not None:
         return n_unmasked + gl.maximum(i_u - i_a, 0), n_unmasked, i_z, i_u
 
     @gluon.jit
-    def _token_tile(WARPGROUPS: gl.constexpr):
-        """``(token tile of 128, the first of its halves the program computes)``: one program a tile
-        with two warpgroups, two with one."""
-        if WARPGROUPS == 2:
-            return gl.program_id(0), 0
-        else:
-            return gl.program_id(0) // 2, gl.program_id(0) % 2
-
-    @gluon.jit
     def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, rows_smem, kv_bar,
                         qdo_ready, qdo_empty, lse, delta, gate, TQ, NC, q_offset, H: gl.constexpr, G: gl.constexpr,
                         L: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr, GATED: gl.constexpr,
@@ -136,17 +123,15 @@ if gluon is not None:
         BNW: gl.constexpr = k_desc.block_type.shape[0]
         DH: gl.constexpr = k_desc.block_type.shape[1]
         BT: gl.constexpr = q_smem.shape[1] // G
-        WARPGROUPS: gl.constexpr = k_smem.shape[0]
-        i_n, half0 = _token_tile(WARPGROUPS)
+        i_n = gl.program_id(0)
         i_s = gl.program_id(1)
         i_b = gl.program_id(2) // H
         i_h = gl.program_id(2) % H
         steps, n_unmasked, i_z, i_u = _chunk(TQ, q_offset, i_n, i_s, L, S, BT, 2 * BNW, SPLIT)
-        mbarrier.expect(kv_bar, WARPGROUPS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
-        for c in gl.static_range(WARPGROUPS):
-            n0 = i_b * NC + i_n * 2 * BNW + (half0 + c) * BNW
-            tma_load(k_desc, [n0, i_h * DH], kv_bar, k_smem.index(c))
-            tma_load(v_desc, [n0, i_h * DH], kv_bar, v_smem.index(c))
+        mbarrier.expect(kv_bar, 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(2):
+            tma_load(k_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, k_smem.index(c))
+            tma_load(v_desc, [i_b * NC + i_n * 2 * BNW + c * BNW, i_h * DH], kv_bar, v_smem.index(c))
         M: gl.constexpr = q_smem.shape[1]
         o_m = gl.arange(0, M, layout=gl.BlockedLayout([M // 32], [32], [1], [0]))
         for j in range(steps):
@@ -207,12 +192,12 @@ if gluon is not None:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, DH, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        i_n, half0 = _token_tile(k_smem.shape[0])
+        i_n = gl.program_id(0)
         i_s = gl.program_id(1)
         i_b = gl.program_id(2) // H
         i_h = gl.program_id(2) % H
         steps, n_unmasked, i_z, i_u = _chunk(TQ, q_offset, i_n, i_s, L, S, BT, 2 * BNW, SPLIT)
-        n0 = i_n * 2 * BNW + (half0 + WG) * BNW  # the warpgroup's first token
+        n0 = i_n * 2 * BNW + WG * BNW  # the warpgroup's first token
         o_n = n0 + gl.arange(0, BNW, layout=gl.SliceLayout(1, st_layout))
         o_m = gl.arange(0, M, layout=gl.SliceLayout(0, st_layout))
         ds_row0 = (i_b * H + i_h).to(gl.int64) * TOTAL + n0
@@ -281,20 +266,20 @@ if gluon is not None:
         dk, dv, lse, delta, gate, ds_off,
         TQ, NC, q_offset, TOTAL, qk_scale, scale,
         H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-        GATED: gl.constexpr, STAGES: gl.constexpr, DS_BUFFERS: gl.constexpr, WARPGROUPS: gl.constexpr,
+        GATED: gl.constexpr, STAGES: gl.constexpr, DS_BUFFERS: gl.constexpr,
     ):
-        """Grid ``(token tiles of 128 times 2 // WARPGROUPS, SPLIT, B * H)``, ``num_warps=4`` (the
-        default partition is warpgroup 0), ``maxnreg=168``: two computing warpgroups get 240 registers
-        each, one 256; the copy warp 24."""
+        """Grid ``(token tiles of 128, SPLIT, B * H)``, ``num_warps=4`` (the default partition is
+        warpgroup 0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24."""
         DH: gl.constexpr = q_desc.block_type.shape[1]
         BNW: gl.constexpr = k_desc.block_type.shape[0]
         M: gl.constexpr = ds_desc.block_type.shape[1]
         # the descriptors copy G rows at a time into [M, DH] slots of the same swizzled layout
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, M, DH], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, M, DH], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [WARPGROUPS, BNW, DH], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [WARPGROUPS, BNW, DH], v_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, BNW, DH], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, BNW, DH], v_desc.layout)
         ds0_smem = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUFFERS, BNW, M], ds_desc.layout)
+        ds1_smem = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUFFERS, BNW, M], ds_desc.layout)
         # slot s's row vectors in rows 4 s (lse), 4 s + 1 (delta), 4 s + 2 (gate): shapes are powers of two
         gl.static_assert(STAGES <= 4)
         rows_smem = gl.allocate_shared_memory(gl.float32, [16, M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -304,34 +289,23 @@ if gluon is not None:
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(qdo_ready.index(i), count=2)  # the copies' bytes, and the row vectors' arrival
-            mbarrier.init(qdo_empty.index(i), count=WARPGROUPS)
+            mbarrier.init(qdo_empty.index(i), count=2)
         fence_async_shared()
-        for i in gl.static_range(STAGES):  # every slot starts released by every warpgroup
-            mbarrier.arrive(qdo_empty.index(i), count=WARPGROUPS)
+        for i in gl.static_range(STAGES):  # every slot starts released by both warpgroups
+            mbarrier.arrive(qdo_empty.index(i), count=2)
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
-        if WARPGROUPS == 2:
-            ds1_smem = gl.allocate_shared_memory(ds_desc.dtype, [DS_BUFFERS, BNW, M], ds_desc.layout)
-            gl.warp_specialize([
-                (_compute_partition, (ds_desc, dk, dv, ds_off, q_smem, do_smem, k_smem, v_smem, ds0_smem, rows_smem,
-                                      kv_bar, qdo_ready, qdo_empty, TQ, NC, q_offset, TOTAL, qk_scale, scale,
-                                      H, G, L, S, SPLIT, GATED, WG0, STAGES)),
-                (_compute_partition, (ds_desc, dk, dv, ds_off, q_smem, do_smem, k_smem, v_smem, ds1_smem, rows_smem,
-                                      kv_bar, qdo_ready, qdo_empty, TQ, NC, q_offset, TOTAL, qk_scale, scale,
-                                      H, G, L, S, SPLIT, GATED, WG1, STAGES)),
-                (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, rows_smem,
-                                   kv_bar, qdo_ready, qdo_empty, lse, delta, gate, TQ, NC, q_offset, H, G, L, S,
-                                   SPLIT, GATED, STAGES)),
-            ], [4, 1], [240, 24])
-        else:
-            gl.warp_specialize([
-                (_compute_partition, (ds_desc, dk, dv, ds_off, q_smem, do_smem, k_smem, v_smem, ds0_smem, rows_smem,
-                                      kv_bar, qdo_ready, qdo_empty, TQ, NC, q_offset, TOTAL, qk_scale, scale,
-                                      H, G, L, S, SPLIT, GATED, WG0, STAGES)),
-                (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, rows_smem,
-                                   kv_bar, qdo_ready, qdo_empty, lse, delta, gate, TQ, NC, q_offset, H, G, L, S,
-                                   SPLIT, GATED, STAGES)),
-            ], [1], [24])
+        gl.warp_specialize([
+            (_compute_partition, (ds_desc, dk, dv, ds_off, q_smem, do_smem, k_smem, v_smem, ds0_smem, rows_smem,
+                                  kv_bar, qdo_ready, qdo_empty, TQ, NC, q_offset, TOTAL, qk_scale, scale,
+                                  H, G, L, S, SPLIT, GATED, WG0, STAGES)),
+            (_compute_partition, (ds_desc, dk, dv, ds_off, q_smem, do_smem, k_smem, v_smem, ds1_smem, rows_smem,
+                                  kv_bar, qdo_ready, qdo_empty, TQ, NC, q_offset, TOTAL, qk_scale, scale,
+                                  H, G, L, S, SPLIT, GATED, WG1, STAGES)),
+            (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, rows_smem, kv_bar,
+                               qdo_ready, qdo_empty, lse, delta, gate, TQ, NC, q_offset, H, G, L, S, SPLIT, GATED,
+                               STAGES)),
+        ], [4, 1], [240, 24])
 
 
 #: Launch options: the default partition is warpgroup 0 (4 warps); the computing warpgroups take
@@ -366,13 +340,12 @@ def compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk, dv, ds:
     k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [BNW, D], key_layout)
     v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [BNW, D], key_layout)
     ds_desc = TensorDescriptor(ds_rows, list(ds_rows.shape), list(ds_rows.stride()), [BNW, ROWS], ds_layout)
-    grid = (-(-NC // (2 * BNW)) * (2 // WARPGROUPS), split, B * H)
+    grid = (-(-NC // (2 * BNW)), split, B * H)
     try:
         compressed_bwd_dkdv_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, ds_desc, dk, dv, lse, delta, lse if gate is None else gate,
             ds["offsets"], TQ, NC, q_offset, ds["total"], qk_scale, scale, H=H, G=G, L=L, S=S, SPLIT=split,
-            GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, WARPGROUPS=WARPGROUPS,
-            **LAUNCH_OPTIONS)
+            GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed dK/dV", "NSA_GLUON_COMPRESSED_DKDV", exc) from exc
 
@@ -383,8 +356,7 @@ def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = tor
     and the paper's compression geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
     row_layout, key_layout, ds_layout = _layouts(dtype, D)
-    values = dict(H=4, G=G, L=32, S=16, SPLIT=split, GATED=gated, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS,
-                  WARPGROUPS=WARPGROUPS)
+    values = dict(H=4, G=G, L=32, S=16, SPLIT=split, GATED=gated, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS)
     signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
                  "do_desc": descriptor_type(dtype, [G, D], row_layout),
                  "k_desc": descriptor_type(dtype, [TOKENS_PER_WARPGROUP, D], key_layout),
