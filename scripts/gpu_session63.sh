@@ -59,6 +59,22 @@
 #                                             # them), the layer and varlen on 8 workers
 #   bash scripts/gpu_session63.sh tables      # nsa-bench prefill (8k-64k) and decode (batch 1-64)
 #
+# 411 GPU tests pass (ops with the serialisation test, the layer, varlen). Prefill at e845a12: 64k
+# 32.35 / 118.9 ms (3.68x) forward, 90.54 / 448.1 (4.95x) forward+backward; 8k 0.88x and 1.13x. Decode
+# at 64k 19.14 / 49.17 us (2.57x) at batch 1, 71.14 / 482.4 (6.78x) at batch 16.
+#
+# The selected kernel gained most from one program an SM whose warpgroup has 256 registers and no
+# serialised wgmma. The compressed dK/dV likewise: one computing warpgroup a program, two programs a
+# token tile of 128 (each copies its query tiles), 176 KiB, no C7512 (main at 3573ba1, now branch
+# next/gluon-dkdv-one-warpgroup; session 62's two warpgroups exported to .variants63/two_wg.py):
+#
+#   bash scripts/gpu_session63.sh onewg       # the compressed Gluon tests; the two forms at 64k in one
+#                                             # process; nsa-bench prefill
+#
+# The 7 tests pass, the gradients bit for bit the two warpgroups'; but the kernel 21.61-21.67 ms against
+# 17.81-17.82, the whole forward+backward 92.45-92.90 against 89.73-90.11 in all four rounds: the two
+# warpgroups' shared query tiles are worth more than ptxas's unserialised products. Reverted (846783d);
+# the prefill table of this call (64k 92.75 / 445.9 ms) is of the dropped form.
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session63.sh STEP}"
 
@@ -68,6 +84,19 @@ variant_args() {
     for f in .variants63/*.py; do
         [ -f "$f" ] && printf -- '--dkdv-variant %s=%s ' "$(basename "$f" .py)" "$f"
     done
+}
+
+# The GPU tests given, in $OUT/gluon_tests.txt with its tail shown; stops the call when one fails, so
+# that no time goes to timing a wrong kernel: gluon_tests LIMIT TEST...
+gluon_tests() {
+    local limit="$1"
+    shift
+    timeout "$limit" python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short "$@" \
+        > "$OUT/gluon_tests.txt" 2>&1
+    local rc=$?
+    tail -4 "$OUT/gluon_tests.txt"
+    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
+    echo "== tests after $(( $(date +%s) - start )) s"
 }
 
 device_line
@@ -81,21 +110,12 @@ variants)
     done
     ;;
 selected)
-    timeout 300 python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short \
-        tests/ops/test_gluon_selected_dkdv.py tests/ops/test_gluon_dkdv.py > "$OUT/gluon_tests.txt" 2>&1
-    rc=$?
-    tail -15 "$OUT/gluon_tests.txt"
-    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
-    echo "== tests after $(( $(date +%s) - start )) s"
+    gluon_tests 300 tests/ops/test_gluon_selected_dkdv.py tests/ops/test_gluon_dkdv.py
     probe_run 260 gluon_selected_dkdv --lengths 65536 8192 --only gluon_selected_dkdv
     NSA_GLUON_SELECTED_DKDV=1 h200_prefill
     ;;
 prefetch)
-    timeout 300 python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short \
-        tests/ops/test_gluon_selected_dkdv.py > "$OUT/gluon_tests.txt" 2>&1
-    rc=$?
-    tail -4 "$OUT/gluon_tests.txt"
-    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
+    gluon_tests 300 tests/ops/test_gluon_selected_dkdv.py
     export NSA_GLUON_SELECTED_DKDV=1
     # shellcheck disable=SC2046
     probe_run 250 selected_variants --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch selected \
@@ -119,6 +139,12 @@ tables)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+onewg)
+    gluon_tests 150 tests/ops/test_gluon_dkdv.py
+    # shellcheck disable=SC2046
+    probe_run 130 compressed_onewg --lengths 65536 --only gluon_dkdv_variants $(variant_args)
+    h200_prefill
     ;;
 *)
     echo "unknown step $step"; exit 2

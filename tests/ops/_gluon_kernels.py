@@ -1,5 +1,6 @@
 """What the Gluon kernels' tests share: compiling a kernel for sm_90 in a fresh process (the CPU
-tests: Gluon has no interpreter), and whether a device runs them (the GPU tests)."""
+tests: Gluon has no interpreter), whether a device runs them, and a record of their launches (the GPU
+tests)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,15 @@ def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
 
 def hopper_with_gluon(device) -> bool:
     """Whether ``device`` is a Hopper GPU (compute capability 9) and Triton has Gluon."""
-    from nsa.ops._gluon import gluon
+    from nsa.ops._gluon import on_hopper
 
-    return (gluon is not None and torch.device(device).type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] == 9)
+    return torch.device(device).type == "cuda" and on_hopper(torch.empty(0, device=device))
+
+
+def record_launches(monkeypatch, module, name: str) -> list:
+    """Wrap the launcher ``module.name`` until the test ends so that each call appends to the returned
+    list: a test that compares a Gluon kernel with the Triton one asserts that the Gluon one ran."""
+    calls = []
+    launch = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(1) or launch(*args, **kwargs))
+    return calls

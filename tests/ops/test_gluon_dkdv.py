@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
 
 from nsa import NSAConfig
 from nsa.testing import assert_close
@@ -79,9 +79,7 @@ def test_gluon_dkdv_matches_triton(B, T, HQ, H, q_offset, gated, max_splits, nsa
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import gluon_dkdv, kernel
 
-    calls = []
-    launch = gluon_dkdv.compressed_bwd_dkdv_gluon
-    monkeypatch.setattr(gluon_dkdv, "compressed_bwd_dkdv_gluon", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    calls = record_launches(monkeypatch, gluon_dkdv, "compressed_bwd_dkdv_gluon")
     config = NSAConfig()
     nc = config.num_cmp(q_offset + T)
     q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)

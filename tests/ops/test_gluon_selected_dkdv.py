@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
 
 from nsa.testing import assert_close
 
@@ -78,9 +78,7 @@ def test_gluon_selected_dkdv_matches_triton(B, T, HQ, H, q_offset, gated, qseg, 
     from nsa.ops.selected import gluon_dkdv
     from nsa.ops.selected.kernel import BWD_TILES, selected_bwd_dkdv, selected_fwd
 
-    calls = []
-    launch = gluon_dkdv.selected_bwd_dkdv_gluon
-    monkeypatch.setattr(gluon_dkdv, "selected_bwd_dkdv_gluon", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    calls = record_launches(monkeypatch, gluon_dkdv, "selected_bwd_dkdv_gluon")
     config = NSAConfig()
     TK, count, sel_block = q_offset + T + (-(q_offset + T)) % 64, 16, config.sel_block
     q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "compile_for_sm90", "launch_failed"]
+           "compile_for_sm90", "launch_failed", "ring_barriers"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -73,3 +73,25 @@ def launch_failed(what: str, flag: str, exc: Exception) -> RuntimeError:
 
     return RuntimeError(f"{what}'s Gluon kernel failed with Triton {triton.__version__} ({type(exc).__name__}: "
                         f"{exc}); {flag}=0 runs the Triton kernel instead")
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The barriers of a ring of ``STAGES`` slots that a copy warp fills and ``CONSUMERS`` computing
+        warpgroups release: ``(kv_bar, ready, empty)``. ``kv_bar`` waits for a program's one-off copies
+        (their bytes), each slot's ``ready`` for its copies' bytes and the copy warp's own arrival once
+        it has stored the slot's row vectors, its ``empty`` for every consumer's release; every slot
+        starts released."""
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=2)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        fence_async_shared()
+        for i in gl.static_range(STAGES):
+            mbarrier.arrive(empty.index(i), count=CONSUMERS)
+        return kv_bar, ready, empty

@@ -47,8 +47,8 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared, gl,
-                            gluon, launch_failed, mbarrier, on_hopper, tma, tma_load, tma_store, warpgroup_mma,
-                            warpgroup_mma_wait)
+                            gluon, launch_failed, mbarrier, on_hopper, ring_barriers, tma, tma_load, tma_store,
+                            warpgroup_mma, warpgroup_mma_wait)
 
 #: Tokens a computing warpgroup owns (two a program: the Triton kernel's token tile of 128).
 TOKENS_PER_WARPGROUP = 64
@@ -283,16 +283,7 @@ if gluon is not None:
         # slot s's row vectors in rows 4 s (lse), 4 s + 1 (delta), 4 s + 2 (gate): shapes are powers of two
         gl.static_assert(STAGES <= 4)
         rows_smem = gl.allocate_shared_memory(gl.float32, [16, M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(qdo_ready.index(i), count=2)  # the copies' bytes, and the row vectors' arrival
-            mbarrier.init(qdo_empty.index(i), count=2)
-        fence_async_shared()
-        for i in gl.static_range(STAGES):  # every slot starts released by both warpgroups
-            mbarrier.arrive(qdo_empty.index(i), count=2)
+        kv_bar, qdo_ready, qdo_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([

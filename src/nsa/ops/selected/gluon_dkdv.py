@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared,
-                            gl, gluon, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
+                            mbarrier, on_hopper, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a step ((query, head) pairs of one KV group: ``64 // G`` queries), as the Triton kernel's.
 ROWS = 64
@@ -257,16 +257,7 @@ if gluon is not None:
         # slot s's row vectors in rows 4 s (lse), 4 s + 1 (delta), 4 s + 2 (gate): shapes are powers of two
         gl.static_assert(STAGES == 2 or STAGES == 4)
         rows_smem = gl.allocate_shared_memory(gl.float32, [4 * STAGES, M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(qdo_ready.index(i), count=2)  # the copies' bytes, and the row vectors' arrival
-            mbarrier.init(qdo_empty.index(i), count=1)
-        fence_async_shared()
-        for i in gl.static_range(STAGES):  # every slot starts released
-            mbarrier.arrive(qdo_empty.index(i))
+        kv_bar, qdo_ready, qdo_empty = ring_barriers(STAGES, 1)  # the consumers: the warpgroup
         gl.warp_specialize([
             (_compute_partition, (dk, dv, dk_part, dv_part, ds, q_smem, do_smem, k_smem, v_smem, rows_smem, kv_bar,
                                   qdo_ready, qdo_empty, t_sorted, n_sorted, seg_owner, starts, counts, seg_first,
