@@ -974,13 +974,19 @@ GLUON_SELECTED_DKDV = (("Triton dK/dV", {"NSA_GLUON_SELECTED_DKDV": "0"}),
                        ("Gluon dK/dV", {"NSA_GLUON_SELECTED_DKDV": "1"}))
 
 
+def step_ab_and_lists(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
+    """The whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernel lists
+    (:func:`kernels_by_default`) with each of ``variants`` over the table ``table``."""
+    step_abba(T, config, table, variants, what)
+    kernels_by_default(T, config, table, variants, what)
+
+
 def flag_ab(T: int, config: NSAConfig, variants: tuple, what: str) -> None:
-    """A flag's ``variants`` (environments): the whole forward+backward in ABBA rounds and its kernel
-    lists (flags are read at each call, so the environment is the launch table here)."""
+    """A flag's ``variants`` (environments) through :func:`step_ab_and_lists`: flags are read at each
+    call, so the environment is the launch table here."""
     import os
 
-    step_abba(T, config, os.environ, variants, what)
-    kernels_by_default(T, config, os.environ, variants, what)
+    step_ab_and_lists(T, config, os.environ, variants, what)
 
 
 def gluon_dkdv(T: int, config: NSAConfig) -> None:
@@ -996,7 +1002,7 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
 #: ``(label, file)`` of the Gluon dK/dV modules that :func:`gluon_dkdv_variants` puts in place of
 #: main's (``--dkdv-variant``), and the branch whose module they replace (``--dkdv-branch``).
 DKDV_VARIANTS: List[Tuple[str, str]] = []
-DKDV_BRANCH = ["compressed"]
+DKDV_BRANCH = "compressed"
 
 
 def _module_from_file(name: str, path: str):
@@ -1019,8 +1025,8 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
 
     from nsa.testing import rel_error
 
-    kernel = importlib.import_module(f"nsa.ops.{DKDV_BRANCH[0]}.kernel")
-    gluon_dkdv = importlib.import_module(f"nsa.ops.{DKDV_BRANCH[0]}.gluon_dkdv")
+    kernel = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.kernel")
+    gluon_dkdv = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.gluon_dkdv")
 
     variants = (("main", {"gluon_dkdv": gluon_dkdv}),) + tuple(
         (label, {"gluon_dkdv": _module_from_file(f"gluon_dkdv_{label}", path)}) for label, path in DKDV_VARIANTS)
@@ -1033,10 +1039,9 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
     for label, _ in variants[1:]:
         errs = ", ".join(f"{name} {rel_error(b, a):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"),
                                                                                grads["main"], grads[label]))
-        print(f"T={T} {DKDV_BRANCH[0]} gluon dK/dV {label} against main: {errs}", flush=True)
+        print(f"T={T} {DKDV_BRANCH} gluon dK/dV {label} against main: {errs}", flush=True)
     del grads
-    step_abba(T, config, vars(kernel), variants, f"{DKDV_BRANCH[0]} gluon dK/dV")
-    kernels_by_default(T, config, vars(kernel), variants, f"{DKDV_BRANCH[0]} gluon dK/dV")
+    step_ab_and_lists(T, config, vars(kernel), variants, f"{DKDV_BRANCH} gluon dK/dV")
 
 
 def gluon_selected_qseg(T: int, config: NSAConfig) -> None:
@@ -1044,8 +1049,7 @@ def gluon_selected_qseg(T: int, config: NSAConfig) -> None:
     the default and 2048: the whole forward+backward (ABBA) and the kernel lists, with whatever
     ``NSA_GLUON_SELECTED_DKDV`` says."""
     variants = (("QSEG default", {"QSEG": 0}), ("QSEG 512", {"QSEG": 512}), ("QSEG 2048", {"QSEG": 2048}))
-    step_abba(T, config, BWD_TILES["dkdv"], variants, "selected dK/dV")
-    kernels_by_default(T, config, BWD_TILES["dkdv"], variants, "selected dK/dV")
+    step_ab_and_lists(T, config, BWD_TILES["dkdv"], variants, "selected dK/dV")
 
 
 def pass2_wide(T: int, config: NSAConfig) -> None:
@@ -1837,8 +1841,8 @@ def main() -> None:
         if not sep or not label or not path:
             parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
         DKDV_VARIANTS.append((label, path))
-    DKDV_BRANCH[0] = args.dkdv_branch
-    global KERNELS_LISTED
+    global KERNELS_LISTED, DKDV_BRANCH
+    DKDV_BRANCH = args.dkdv_branch
     KERNELS_LISTED = args.kernels
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")

@@ -1,6 +1,7 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
-Triton has them, the TMA copies by their name in that release, compiling a kernel for sm_90 without a
-GPU, and the error a failed launch raises.
+Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
+slots (:func:`ring_barriers`), compiling a kernel for sm_90 without a GPU, and the error a failed
+launch raises.
 
 Gluon is Triton's lower-level language, experimental in Triton 3.6, and its API moves between
 releases (3.9 renamed the TMA copies and made the old names raise). The kernels import it from here,

@@ -49,8 +49,8 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import sm_count
 from nsa.ops._triton.compressed_fwd import compressed_fwd, group_rows, visible_cmp
-from nsa.ops.compressed import gluon_dkdv
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops.compressed import gluon_dkdv
 
 
 @triton.jit
