@@ -78,6 +78,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
 35. **The selected dK/dV in Gluon** (``gluon_selected_dkdv``): ``NSA_GLUON_SELECTED_DKDV`` off and on,
     as ``gluon_dkdv``; its queries a program (``gluon_selected_qseg``). ``gluon_dkdv_variants`` takes
     the selected branch's module with ``--dkdv-branch selected``.
+36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
+    ``gluon_dkdv``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -974,6 +976,11 @@ GLUON_SELECTED_DKDV = (("Triton dK/dV", {"NSA_GLUON_SELECTED_DKDV": "0"}),
                        ("Gluon dK/dV", {"NSA_GLUON_SELECTED_DKDV": "1"}))
 
 
+#: ``NSA_GLUON_WINDOW_DKDV`` off and on (the window branch's dK/dV in Gluon, written in session 63).
+GLUON_WINDOW_DKDV = (("Triton dK/dV", {"NSA_GLUON_WINDOW_DKDV": "0"}),
+                     ("Gluon dK/dV", {"NSA_GLUON_WINDOW_DKDV": "1"}))
+
+
 def step_ab_and_lists(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
     """The whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernel lists
     (:func:`kernels_by_default`) with each of ``variants`` over the table ``table``."""
@@ -992,6 +999,11 @@ def flag_ab(T: int, config: NSAConfig, variants: tuple, what: str) -> None:
 def gluon_dkdv(T: int, config: NSAConfig) -> None:
     """``NSA_GLUON_COMPRESSED_DKDV`` off and on (:func:`flag_ab`)."""
     flag_ab(T, config, GLUON_DKDV, "compressed")
+
+
+def gluon_window_dkdv(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_WINDOW_DKDV`` off and on (:func:`flag_ab`)."""
+    flag_ab(T, config, GLUON_WINDOW_DKDV, "window")
 
 
 def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
@@ -1819,7 +1831,7 @@ SECTIONS = {
     "pass1_wide": pass1_wide, "pass1_desc": pass1_desc, "pass1_serial": pass1_serial,
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
-    "gluon_selected_qseg": gluon_selected_qseg,
+    "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
 }
 
 

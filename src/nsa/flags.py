@@ -205,6 +205,14 @@ FLAGS: Mapping[str, Flag] = _declare(
         "the Triton kernel. Same results to bf16 rounding.",
     ),
     Flag(
+        "NSA_GLUON_WINDOW_DKDV",
+        bool,
+        False,
+        "Training backward on Hopper (16-bit, 128-wide heads, the Triton kernel's 128-key tiles): the "
+        "window branch's dK/dV as a warp-specialised Gluon kernel (a copy warp, two computing "
+        "warpgroups); off runs the Triton kernel. Not yet measured on a GPU.",
+    ),
+    Flag(
         "NSA_FLOAT32_DOT",
         str,
         "auto",

@@ -61,6 +61,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops.window import gluon_dkdv
 from nsa.ops.window.backward import window_bwd_dkdv_kernel, window_bwd_dq_kernel
 from nsa.ops.window.forward import window_fwd_kernel
 
@@ -273,12 +274,19 @@ def window_bwd_dkdv(q, k, v, do, lse, delta, window: int, scale: float, q_offset
     frc = dict(FORCED=False)
     if forced is not None:
         frc = dict(FORCED=True, BS=forced["config"].sel_block, LOCAL=forced["config"].local_blocks)
+    gated = check_gate(gate, (B, T, HQ))
+    if gluon_dkdv.fits(q, k, v, do, cfg):
+        gluon_dkdv.window_bwd_dkdv_gluon(
+            q, k, v, do, gate, lse, delta, dk, dv, _forced_args(forced, gate, lse, "window_bwd_dkdv"), T, q_offset,
+            window, scale * LOG2E, scale, (frc["FORCED"], frc.get("BS", 1), frc.get("LOCAL", 0)),
+            cfg.get("PHASED", False), dkv is not None)
+        return dk, dv
     window_bwd_dkdv_kernel[(cdiv(TK, cfg["BN"]), B * H)](
         q, k, v, do, do if gate is None else gate, lse, delta, dk, dv,
         *_forced_args(forced, gate, lse, "window_bwd_dkdv"),  #
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, TK, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=check_gate(gate, (B, T, HQ)),
+        H=H, G=HQ // H, DK=DK, DV=DV, ACC=dkv is not None, GATED=gated,
         PREC=dot_precision(q.dtype, q.device, max(DK, DV)), **frc, **cfg, **LAUNCH_OPTIONS,
     )
     return dk, dv

@@ -1,0 +1,123 @@
+"""The window dK/dV's Gluon kernel (Hopper, ``NSA_GLUON_WINDOW_DKDV``) against the Triton one.
+
+Gluon has no CPU interpreter, so the comparisons run on Hopper GPUs only; on CPU the kernel is
+compiled for sm_90 with the installed Triton. The Triton kernel the GPU tests compare with is checked
+against the float64 reference in ``test_window_kernel.py`` and, inside the NSA prefill (the selected
+branch's local blocks, gates, gradients added to the selected branch's), in
+``test_nsa_attention_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+
+from nsa import NSAConfig
+from nsa.testing import assert_close
+
+
+def test_gluon_window_dkdv_compiles_for_hopper(tmp_path):
+    """The kernel compiles for sm_90 with the installed Triton, no GPU needed (Gluon's API moves
+    between releases). It fits Hopper's 227 KiB of shared memory a block, and its partitions take the
+    registers its launch gives them (computing warpgroups 240, the copy warp 24)."""
+    pytest.importorskip("triton.experimental.gluon")
+    out = compile_for_hopper("nsa.ops.window.gluon_dkdv", tmp_path, G=16, gated=True, forced=True)
+    assert 0 < out["shared"] <= 227 * 1024
+    assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
+
+
+def test_gluon_window_dkdv_takes_what_its_copies_and_tiles_allow():
+    """Where the Gluon dK/dV applies, device aside (:func:`shapes_fit`): 16-bit contiguous inputs with
+    128-wide heads, 8-64 heads a KV head in the Triton kernel's Hopper tiles (64 rows, 128 keys);
+    anything else runs the Triton kernel. And never on CPU tensors."""
+    from nsa.ops.window import gluon_dkdv
+
+    def case(HQ=16, H=1, D=128, dtype=torch.bfloat16, tiles=None, transpose=False):
+        q = torch.randn(1, 64, HQ, D, dtype=dtype)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2) if transpose else q
+        k = torch.randn(1, 64, H, D, dtype=dtype)
+        G = HQ // H
+        return gluon_dkdv.shapes_fit(q, k, k, q, tiles or dict(GP=G, BT=64 // G, BN=128))
+
+    assert case() and case(HQ=64, H=8) and case(HQ=64) and case(HQ=32, H=4) and case(dtype=torch.float16)
+    assert not case(D=64)
+    assert not case(HQ=12, H=1, tiles=dict(GP=16, BT=4, BN=128))  # 12 heads pad to 16 rows
+    assert not case(HQ=4, tiles=dict(GP=4, BT=16, BN=128))
+    assert not case(tiles=dict(GP=16, BT=4, BN=64))
+    assert not case(tiles=dict(GP=16, BT=2, BN=128))
+    assert not case(dtype=torch.float32)
+    assert not case(transpose=True)
+    q = torch.randn(1, 64, 16, 128, dtype=torch.bfloat16)
+    assert not gluon_dkdv.fits(q, q[:, :, :1], q[:, :, :1], q, dict(GP=16, BT=4, BN=128))
+
+
+def _skip_without_hopper(device):
+    if not hopper_with_gluon(device):
+        pytest.skip("the Gluon dK/dV runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "B, T, HQ, H",
+    [(1, 4096, 64, 4), (2, 1500, 16, 1), (1, 2048, 32, 4), (1, 1100, 64, 1)],
+    ids=["T4096-G16", "B2-T1500-G16", "T2048-G8", "T1100-G64"],
+)
+def test_gluon_window_dkdv_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeypatch):
+    """dq, dk, dv and the gates' gradient of the NSA prefill with the Gluon window dK/dV equal the
+    Triton kernel's within bf16 rounding: the window's dK/dV there takes the selected branch's local
+    blocks, gates, a phased walk and adds to the selected branch's gradients; lengths that end inside
+    a query tile and a key tile, a batch, 8-64 heads a KV head; and the Gluon kernel did run."""
+    _skip_without_hopper(nsa_device)
+    from nsa import nsa_attention
+    from nsa.ops.window import gluon_dkdv
+
+    calls = record_launches(monkeypatch, gluon_dkdv, "window_bwd_dkdv_gluon")
+    config = NSAConfig()
+    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    gates = torch.rand(B, T, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
+    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    inputs = [x.requires_grad_() for x in (q, k, v, gates)]
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NSA_GLUON_WINDOW_DKDV", flag)
+        o = nsa_attention(*inputs, config, backend="triton")
+        out[flag] = torch.autograd.grad(o, inputs, do)
+    assert len(calls) == 1
+    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
+        assert torch.isfinite(got).all(), name
+        assert_close(f"{name}, Gluon window dK/dV against Triton's", got, want, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "B, T, HQ, H, q_offset, window",
+    [(1, 2000, 16, 1, 300, 512), (2, 1024, 64, 4, 0, 256), (1, 700, 32, 4, 77, 1000)],
+    ids=["T2000-offset300", "B2-T1024-G16-window256", "T700-G8-offset77-window1000"],
+)
+def test_gluon_window_dkdv_matches_triton_alone(B, T, HQ, H, q_offset, window, nsa_device, monkeypatch):
+    """The sliding-window op alone (no forced blocks, no gates, nothing to add to): dq, dk and dv with
+    the Gluon dK/dV equal the Triton kernel's within bf16 rounding, with ``q_offset`` (keys before the
+    first query), windows shorter and longer than the 128-key tile's band, and a batch."""
+    _skip_without_hopper(nsa_device)
+    from nsa.ops import sliding_window_attention
+    from nsa.ops.window import gluon_dkdv
+
+    calls = record_launches(monkeypatch, gluon_dkdv, "window_bwd_dkdv_gluon")
+    config = NSAConfig(window=window)
+    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, q_offset + T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NSA_GLUON_WINDOW_DKDV", flag)
+        o = sliding_window_attention(*inputs, config, q_offset=q_offset, backend="triton")
+        out[flag] = torch.autograd.grad(o, inputs, do)
+    assert len(calls) == 1
+    for name, got, want in zip(("dq", "dk", "dv"), out["1"], out["0"]):
+        assert torch.isfinite(got).all(), name
+        assert_close(f"{name}, Gluon window dK/dV against Triton's", got, want, 2e-3)
