@@ -80,6 +80,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     the selected branch's module with ``--dkdv-branch selected``.
 36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
     ``gluon_dkdv``.
+37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
+    and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -980,6 +982,10 @@ GLUON_SELECTED_DKDV = (("Triton dK/dV", {"NSA_GLUON_SELECTED_DKDV": "0"}),
 GLUON_WINDOW_DKDV = (("Triton dK/dV", {"NSA_GLUON_WINDOW_DKDV": "0"}),
                      ("Gluon dK/dV", {"NSA_GLUON_WINDOW_DKDV": "1"}))
 
+#: ``NSA_GLUON_COMPRESSED_PASS1`` off and on (the compressed forward's pass 1 in Gluon, session 63).
+GLUON_PASS1 = (("Triton pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "0"}),
+               ("Gluon pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "1"}))
+
 
 def step_ab_and_lists(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
     """The whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernel lists
@@ -1004,6 +1010,14 @@ def gluon_dkdv(T: int, config: NSAConfig) -> None:
 def gluon_window_dkdv(T: int, config: NSAConfig) -> None:
     """``NSA_GLUON_WINDOW_DKDV`` off and on (:func:`flag_ab`)."""
     flag_ab(T, config, GLUON_WINDOW_DKDV, "window")
+
+
+def gluon_pass1(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_COMPRESSED_PASS1`` off and on: the forward and the forward+backward in ABBA rounds
+    and the forward's kernel lists (:func:`ab_rounds_and_lists` over the environment)."""
+    import os
+
+    ab_rounds_and_lists(T, config, os.environ, GLUON_PASS1, "compressed")
 
 
 def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
@@ -1832,6 +1846,7 @@ SECTIONS = {
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
+    "gluon_pass1": gluon_pass1,
 }
 
 

@@ -213,6 +213,14 @@ FLAGS: Mapping[str, Flag] = _declare(
         "warpgroups); off runs the Triton kernel. Not yet measured on a GPU.",
     ),
     Flag(
+        "NSA_GLUON_COMPRESSED_PASS1",
+        bool,
+        False,
+        "Forward on Hopper where the compressed branch's scoring pass runs apart (past 16k tokens; "
+        "16-bit, 128-wide heads): its pass 1 (o and lse) as a warp-specialised Gluon kernel (a copy "
+        "warp, two computing warpgroups); off runs the Triton launch. Not yet measured on a GPU.",
+    ),
+    Flag(
         "NSA_FLOAT32_DOT",
         str,
         "auto",

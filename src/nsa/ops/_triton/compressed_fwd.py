@@ -56,6 +56,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import bulk_copies_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops.compressed import gluon_pass1
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
 SCORE_BUFFER_BYTES = 256 * 1024 * 1024
@@ -479,14 +480,18 @@ def compressed_fwd(
             pass1["BT"] = max(1, pass1.pop("rows") // GP)
         kv_desc = pass1.pop("kv_desc", False) and bulk_copies_supported(q.device)
         pass1 = dict(launch, SELECT=False, **pass1)
-        if kv_desc:
-            k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
-            pass1.update(d_k=token_tile_descriptor(k_cmp, pass1["BN"], pass1["BDK"]),
-                         d_v=token_tile_descriptor(v_cmp, pass1["BN"], pass1["BDV"]), KV_DESC=True)
-        compressed_fwd_kernel[(cdiv(TQ, pass1["BT"]), B * H)](
-            q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
-            **pass1, lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
-        )
+        if gluon_pass1.fits(q, k_cmp, v_cmp):
+            gluon_pass1.compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset, scale * LOG2E,
+                                               config.cmp_block, config.cmp_stride)
+        else:
+            if kv_desc:
+                k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
+                pass1.update(d_k=token_tile_descriptor(k_cmp, pass1["BN"], pass1["BDK"]),
+                             d_v=token_tile_descriptor(v_cmp, pass1["BN"], pass1["BDV"]), KV_DESC=True)
+            compressed_fwd_kernel[(cdiv(TQ, pass1["BT"]), B * H)](
+                q, k_cmp, v_cmp, o, lse, q, TQ, NC, q_offset, scale * LOG2E, 0, TQ, nsel,
+                **pass1, lse2=lse2, LSE2_OUT=True, **LAUNCH_OPTIONS,
+            )
         chunk_launch = dict(launch, **_score_geometry(config, PASS2_APART["blocks_per_step"]), BT=bt2, STORE_O=False,
                             num_warps=PASS2_APART["num_warps"], num_stages=PASS2_APART["num_stages"],
                             **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}),

@@ -1,0 +1,86 @@
+"""The compressed forward's pass 1 in Gluon (Hopper, ``NSA_GLUON_COMPRESSED_PASS1``) against the
+Triton launch.
+
+Gluon has no CPU interpreter, so the comparisons run on Hopper GPUs only; on CPU the kernel is
+compiled for sm_90 with the installed Triton. The Triton launch the GPU tests compare with is checked
+against the float64 reference in ``test_compressed_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+
+from nsa import NSAConfig
+from nsa.testing import assert_close
+
+
+def test_gluon_pass1_compiles_for_hopper(tmp_path):
+    """The kernel compiles for sm_90 with the installed Triton, no GPU needed (Gluon's API moves
+    between releases). It fits Hopper's 227 KiB of shared memory a block, and its partitions take the
+    registers its launch gives them (computing warpgroups 240, the copy warp 24)."""
+    pytest.importorskip("triton.experimental.gluon")
+    out = compile_for_hopper("nsa.ops.compressed.gluon_pass1", tmp_path, G=16)
+    assert 0 < out["shared"] <= 227 * 1024
+    assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
+
+
+def test_gluon_pass1_takes_what_its_copies_allow():
+    """Where the Gluon pass 1 applies, device aside (:func:`shapes_fit`): 16-bit contiguous inputs
+    with 128-wide heads and 8-64 heads a KV head; and never on CPU tensors."""
+    from nsa.ops.compressed import gluon_pass1
+
+    def case(HQ=16, H=1, D=128, dtype=torch.bfloat16, transpose=False):
+        q = torch.randn(1, 64, HQ, D, dtype=dtype)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2) if transpose else q
+        k = torch.randn(1, 3, H, D, dtype=dtype)
+        return gluon_pass1.shapes_fit(q, k, k)
+
+    assert case() and case(HQ=64, H=8) and case(HQ=64) and case(HQ=32, H=4) and case(dtype=torch.float16)
+    assert not case(D=64)
+    assert not case(HQ=12, H=1)
+    assert not case(HQ=4, H=1)
+    assert not case(dtype=torch.float32)
+    assert not case(transpose=True)
+    q = torch.randn(1, 64, 16, 128, dtype=torch.bfloat16)
+    assert not gluon_pass1.fits(q, q[:, :3, :1], q[:, :3, :1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "B, T, HQ, H, q_offset",
+    [(1, 20480, 64, 4, 0), (2, 17001, 16, 1, 0), (1, 18000, 32, 4, 300), (1, 16900, 64, 1, 1000)],
+    ids=["T20480-G16", "B2-T17001-G16", "T18000-G8-offset300", "T16900-G64-offset1000"],
+)
+def test_gluon_pass1_matches_triton(B, T, HQ, H, q_offset, nsa_device, monkeypatch):
+    """``o``, ``lse`` and the selection of the compressed forward with the Gluon pass 1 equal the
+    Triton launch's (o and lse within bf16 rounding; the selection reads the log2-domain lse pass 1
+    leaves, so a wrong one would move it), past 16k tokens where pass 2 runs apart, with a batch,
+    ``q_offset``, 8-64 heads a KV head and lengths that end inside a query tile; and the Gluon kernel
+    did run."""
+    if not hopper_with_gluon(nsa_device):
+        pytest.skip("the Gluon pass 1 runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed import gluon_pass1
+
+    calls = record_launches(monkeypatch, gluon_pass1, "compressed_pass1_gluon")
+    config = NSAConfig()
+    nc = config.num_cmp(q_offset + T)
+    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, nc, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    scale = config.softmax_scale(128)
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NSA_GLUON_COMPRESSED_PASS1", flag)
+        out[flag] = compressed_fwd(q, k, v, config, scale, q_offset, select=True)
+    assert len(calls) == 1
+    (o, lse, idx), (o_want, lse_want, idx_want) = out["1"], out["0"]
+    assert torch.isfinite(o).all()
+    assert_close("o, Gluon pass 1 against Triton's", o, o_want, 2e-3)
+    seen = torch.isfinite(lse_want)  # -inf where a query sees no compressed token yet
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert_close("lse, Gluon pass 1 against Triton's", lse[seen], lse_want[seen], 2e-3)
+    agree = (idx == idx_want).float().mean().item()
+    assert agree > 0.999, f"the selections agree on {agree:.4%} of their entries"
