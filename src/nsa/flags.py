@@ -207,18 +207,20 @@ FLAGS: Mapping[str, Flag] = _declare(
     Flag(
         "NSA_GLUON_WINDOW_DKDV",
         bool,
-        False,
+        True,
         "Training backward on Hopper (16-bit, 128-wide heads, the Triton kernel's 128-key tiles): the "
         "window branch's dK/dV as a warp-specialised Gluon kernel (a copy warp, two computing "
-        "warpgroups); off runs the Triton kernel. Not yet measured on a GPU.",
+        "warpgroups), 1.5x the Triton kernel's speed at 64k on an H200; off runs the Triton kernel. "
+        "Same results to bf16 rounding.",
     ),
     Flag(
         "NSA_GLUON_COMPRESSED_PASS1",
         bool,
-        False,
+        True,
         "Forward on Hopper where the compressed branch's scoring pass runs apart (past 16k tokens; "
         "16-bit, 128-wide heads): its pass 1 (o and lse) as a warp-specialised Gluon kernel (a copy "
-        "warp, two computing warpgroups); off runs the Triton launch. Not yet measured on a GPU.",
+        "warp, two computing warpgroups), 1.09x the Triton launch's speed at 64k on an H200; off runs "
+        "the Triton launch. Same results to bf16 rounding.",
     ),
     Flag(
         "NSA_FLOAT32_DOT",

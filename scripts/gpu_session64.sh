@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU calls of session 64 (H200). Session 63 left two Gluon kernels compiled offline on branch
+# next/gluon-window-and-pass1, neither run: the window branch's dK/dV (nsa/ops/window/gluon_dkdv.py,
+# flag NSA_GLUON_WINDOW_DKDV) and the compressed forward's pass 1 (nsa/ops/compressed/gluon_pass1.py,
+# flag NSA_GLUON_COMPRESSED_PASS1), both off there. The branch's tree is exported to .branch64/
+# (untracked, deleted after the call: git archive next/gluon-window-and-pass1 src tests scripts
+# gpu_profiles pyproject.toml | tar -x -C .branch64) and run from there.
+#
+#   bash scripts/gpu_session64.sh branch      # the two kernels' GPU tests (stops when one fails);
+#                                             # each flag off and on at 64k (ABBA, kernel lists)
+#
+# The 15 GPU tests pass. 64k: the window dK/dV 6.06-6.10 ms against the Triton kernel's 9.12-9.55
+# (1.5x), the whole forward+backward 87.83-88.80 against 90.81-91.96 (ABBA); pass 1 7.64-7.69 ms
+# against the Triton launch's 8.35-8.44 (its 9 launches 13.92-14.02 less the 8 of pass 2), the
+# forward 31.87-32.58 against 32.17-33.24, the forward+backward 90.04-90.91 against 90.89-91.96. Into
+# main (fast-forward), both flags on by default:
+#
+#   bash scripts/gpu_session64.sh land        # nsa-bench prefill (8k-64k) and decode (batch 1-64); the
+#                                             # window flag off and on at 8k; the GPU tests of the ops
+#                                             # (the serialisation test among them), the layer and
+#                                             # varlen on 8 workers
+source "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: gpu_session64.sh STEP}"
+
+# The GPU tests given, in $OUT/gluon_tests.txt with its tail shown; stops the call when one fails, so
+# that no time goes to timing a wrong kernel: gluon_tests LIMIT TEST...
+gluon_tests() {
+    local limit="$1"
+    shift
+    timeout "$limit" python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short "$@" \
+        > "$OUT/gluon_tests.txt" 2>&1
+    local rc=$?
+    tail -6 "$OUT/gluon_tests.txt"
+    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
+    echo "== tests after $(( $(date +%s) - start )) s"
+}
+
+# The exported branch as the working tree: its sources and scripts on the path.
+use_branch_tree() {
+    cd .branch64 || { echo "no .branch64/"; exit 2; }
+    export PYTHONPATH=$PWD/src:$PWD/scripts
+}
+
+device_line
+case "$step" in
+branch)
+    use_branch_tree
+    gluon_tests 240 tests/ops/test_gluon_window_dkdv.py tests/ops/test_gluon_pass1.py
+    probe_run 150 gluon_window_dkdv --lengths 65536 --only gluon_window_dkdv
+    probe_run 150 gluon_pass1 --lengths 65536 --only gluon_pass1
+    ;;
+land)
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    probe_run 70 gluon_window_dkdv_8k --lengths 8192 --only gluon_window_dkdv
+    worker_tests 340 "$(git rev-parse --short HEAD 2>/dev/null || echo session64)" tests/ops tests/test_module.py \
+        tests/test_varlen.py
+    tar_reports
+    ;;
+*)
+    echo "unknown step $step"; exit 2
+    ;;
+esac
+echo "== done after $(( $(date +%s) - start )) s"
