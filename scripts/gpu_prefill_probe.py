@@ -82,6 +82,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``gluon_dkdv``.
 37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
+38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
+    ``gluon_dkdv``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -982,6 +984,9 @@ GLUON_SELECTED_DKDV = (("Triton dK/dV", {"NSA_GLUON_SELECTED_DKDV": "0"}),
 GLUON_WINDOW_DKDV = (("Triton dK/dV", {"NSA_GLUON_WINDOW_DKDV": "0"}),
                      ("Gluon dK/dV", {"NSA_GLUON_WINDOW_DKDV": "1"}))
 
+#: ``NSA_GLUON_WINDOW_DQ`` off and on (the window branch's dQ in Gluon, written in session 64).
+GLUON_WINDOW_DQ = (("Triton dQ", {"NSA_GLUON_WINDOW_DQ": "0"}), ("Gluon dQ", {"NSA_GLUON_WINDOW_DQ": "1"}))
+
 #: ``NSA_GLUON_COMPRESSED_PASS1`` off and on (the compressed forward's pass 1 in Gluon, session 63).
 GLUON_PASS1 = (("Triton pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "0"}),
                ("Gluon pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "1"}))
@@ -1010,6 +1015,11 @@ def gluon_dkdv(T: int, config: NSAConfig) -> None:
 def gluon_window_dkdv(T: int, config: NSAConfig) -> None:
     """``NSA_GLUON_WINDOW_DKDV`` off and on (:func:`flag_ab`)."""
     flag_ab(T, config, GLUON_WINDOW_DKDV, "window")
+
+
+def gluon_window_dq(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_WINDOW_DQ`` off and on (:func:`flag_ab`)."""
+    flag_ab(T, config, GLUON_WINDOW_DQ, "window")
 
 
 def gluon_pass1(T: int, config: NSAConfig) -> None:
@@ -1846,7 +1856,7 @@ SECTIONS = {
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
-    "gluon_pass1": gluon_pass1,
+    "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq,
 }
 
 

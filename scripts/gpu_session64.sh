@@ -29,6 +29,12 @@
 # own comparison). Again, with room:
 #
 #   bash scripts/gpu_session64.sh retest      # the same tests, 500 s
+#
+# 426 pass. The window's dQ in Gluon (new, nsa/ops/window/gluon_dq.py: a copy warp, two computing
+# warpgroups of 64 rows sharing each 64-key tile; flag NSA_GLUON_WINDOW_DQ, off):
+#
+#   bash scripts/gpu_session64.sh dq          # its GPU tests (stops when one fails); the flag off and on
+#                                             # at 64k and 8k (ABBA, kernel lists)
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session64.sh STEP}"
 
@@ -67,6 +73,10 @@ land)
     worker_tests 340 "$(git rev-parse --short HEAD 2>/dev/null || echo session64)" tests/ops tests/test_module.py \
         tests/test_varlen.py
     tar_reports
+    ;;
+dq)
+    gluon_tests 200 tests/ops/test_gluon_window_dq.py
+    probe_run 200 gluon_window_dq --lengths 65536 8192 --only gluon_window_dq
     ;;
 retest)
     worker_tests 500 "$(git rev-parse --short HEAD 2>/dev/null || echo session64)" tests/ops tests/test_module.py \

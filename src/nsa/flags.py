@@ -214,6 +214,14 @@ FLAGS: Mapping[str, Flag] = _declare(
         "Same results to bf16 rounding.",
     ),
     Flag(
+        "NSA_GLUON_WINDOW_DQ",
+        bool,
+        False,
+        "Training backward on Hopper (16-bit, 128-wide heads): the window branch's dQ as a "
+        "warp-specialised Gluon kernel (a copy warp, two computing warpgroups of 64 rows sharing each "
+        "64-key tile); off runs the Triton kernel. Not yet measured on a GPU.",
+    ),
+    Flag(
         "NSA_GLUON_COMPRESSED_PASS1",
         bool,
         True,

@@ -1,7 +1,7 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
-slots (:func:`ring_barriers`), compiling a kernel for sm_90 without a GPU, and the error a failed
-launch raises.
+slots (:func:`ring_barriers`), a gradient's store (:func:`store_scaled`), compiling a kernel for
+sm_90 without a GPU, and the error a failed launch raises.
 
 Gluon is Triton's lower-level language, experimental in Triton 3.6, and its API moves between
 releases (3.9 renamed the TMA copies and made the old names raise). The kernels import it from here,
@@ -28,10 +28,11 @@ try:
 except ImportError:  # pragma: no cover - an older Triton
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
     TensorDescriptor = tma_load = tma_store = None
+    ring_barriers = store_scaled = None  # the kernels' helpers below, defined only with Gluon
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "compile_for_sm90", "launch_failed", "ring_barriers"]
+           "compile_for_sm90", "launch_failed", "ring_barriers", "store_scaled"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -96,3 +97,12 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.arrive(empty.index(i), count=CONSUMERS)
         return kv_bar, ready, empty
+
+    @gluon.jit
+    def store_scaled(out, acc, offs, mask, scale, ACC: gl.constexpr):
+        """``acc * scale`` into ``out`` at ``offs`` in its dtype; with ``ACC`` plus what ``out`` held,
+        rounded once (the Triton kernels' ``store_scaled`` rule)."""
+        acc = acc * scale
+        if ACC:
+            acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
+        gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)

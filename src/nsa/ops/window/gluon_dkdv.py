@@ -28,7 +28,8 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
-                            mbarrier, on_hopper, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
+                            mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Keys a computing warpgroup owns (two a program: the Triton kernel's Hopper tile of 128).
 KEYS_PER_WARPGROUP = 64
@@ -187,15 +188,6 @@ if gluon is not None:
         return pt.to(dtype), dst.to(dtype)
 
     @gluon.jit
-    def _store_scaled(out, acc, offs, mask, scale, ACC: gl.constexpr):
-        """``acc * scale`` into ``out`` at ``offs`` in its dtype; with ``ACC`` plus what ``out`` held,
-        rounded once (``store_scaled``'s rule)."""
-        acc = acc * scale
-        if ACC:
-            acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
-        gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
-
-    @gluon.jit
     def _compute_partition(dk, dv, q_smem, do_smem, k_smem, v_smem, rows_smem, kv_bar, qdo_ready, qdo_empty,
                            T, TK, q_offset, W, qk_scale, scale, H: gl.constexpr, G: gl.constexpr, BS: gl.constexpr,
                            LOCAL: gl.constexpr, GATED: gl.constexpr, FORCED: gl.constexpr, PHASED: gl.constexpr,
@@ -253,8 +245,8 @@ if gluon is not None:
         o_d = gl.expand_dims(gl.arange(0, DH, layout=gl.SliceLayout(0, acc_layout)), 0)
         offs = gl.expand_dims(((i_b.to(gl.int64) * TK + o_r) * H + i_h) * DH, 1) + o_d  # [B, TK, H, DH]
         m_r = gl.expand_dims(o_r < TK, 1) & (o_d < DH)
-        _store_scaled(dk, dk_acc, offs, m_r, scale, ACC)
-        _store_scaled(dv, dv_acc, offs, m_r, 1.0, ACC)
+        store_scaled(dk, dk_acc, offs, m_r, scale, ACC)
+        store_scaled(dv, dv_acc, offs, m_r, 1.0, ACC)
 
     @gluon.jit
     def window_bwd_dkdv_gluon_kernel(

@@ -61,7 +61,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
-from nsa.ops.window import gluon_dkdv
+from nsa.ops.window import gluon_dkdv, gluon_dq
 from nsa.ops.window.backward import window_bwd_dkdv_kernel, window_bwd_dq_kernel
 from nsa.ops.window.forward import window_fwd_kernel
 
@@ -236,11 +236,17 @@ def window_bwd_dq(q, k, v, do, lse, delta, window: int, scale: float, q_offset: 
         config = forced["config"]
         cfg = _forced_tiles(cfg, config, q_offset)
         frc = dict(FORCED=True, INIT=config.init_blocks, LOCAL=config.local_blocks)
+    gated = check_gate(gate, (B, T, HQ))
+    frc_args = _forced_args(forced, gate, lse, "window_bwd_dq")
+    if gluon_dq.fits(q, k, v, do, q_offset, cfg["BN"] if frc["FORCED"] else 0):
+        gluon_dq.window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc_args, T, q_offset, window, scale * LOG2E,
+                                     scale, (frc["FORCED"], frc.get("INIT", 0), frc.get("LOCAL", 0)), acc)
+        return dq
     window_bwd_dq_kernel[(cdiv(T, cfg["BT"]), B * H)](
-        q, k, v, do, do if gate is None else gate, lse, delta, dq, *_forced_args(forced, gate, lse, "window_bwd_dq"),
+        q, k, v, do, do if gate is None else gate, lse, delta, dq, *frc_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
         T, q_offset, window, scale * LOG2E, scale,  #
-        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=check_gate(gate, (B, T, HQ)),
+        H=H, G=HQ // H, DK=DK, DV=v.shape[-1], ACC=acc, GATED=gated,
         PREC=dot_precision(q.dtype, q.device, max(DK, v.shape[-1])), **frc, **cfg, **LAUNCH_OPTIONS,
     )
     return dq

@@ -1,0 +1,317 @@
+"""The window branch's dQ on Hopper, warp-specialised (Gluon): ``window_bwd_dq_kernel``
+(:mod:`nsa.ops.window.backward`) in the form of the window's Gluon dK/dV
+(:mod:`nsa.ops.window.gluon_dkdv`), the roles of queries and keys swapped.
+
+Why: at 64k the Triton kernel takes 5.2-5.4 ms of the forward+backward's 87 (H200, session 64),
+while the dK/dV over the same band, in Gluon, runs at about 390 TFLOP/s; the dQ's programs are short
+(a query tile's band is 9 key tiles), so each program's loads and its start weigh on it.
+
+A program holds two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
+heads, 128 rows), one a computing warpgroup. One warp copies: the program's ``q`` and ``do`` rows
+once (one copy a position: its ``G`` heads are contiguous), then each key tile of the band, 64 keys
+of ``k`` and ``v``, into a ring of slots that both warpgroups read. A warpgroup's step issues the
+previous tile's ``dQ += dS K``, then this tile's ``S = Q K^T`` and ``dP = dO V^T``, waits for all three
+and releases the previous slot. The rows' lse, delta and gate stay in registers. The tiles are the
+window's band (masked) and, with ``FORCED``, the selected branch's forced blocks as the Triton kernel
+takes them: its local blocks are the band's last tiles, whose scores the two branches share, and each
+initial block left of them is one more step of the selected branch alone. Rows past the last query
+get an lse of +inf, which makes their ``P`` and ``dS`` 0; their ``dQ`` is not stored.
+
+Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
+the Triton kernel (``tests/ops/test_gluon_window_dq.py``); the CPU tests compile it for sm_90 with the
+installed Triton (:func:`compile_for_hopper`). :func:`fits` says where it applies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nsa import flags
+from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
+                            mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
+
+#: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
+ROWS = 64
+#: Keys a step (a slot of the ring), the selection block of the NSA prefill's forced share.
+KEYS = 64
+#: Slots of the key/value ring.
+STAGES = 4
+#: Launch options: the default partition is warpgroup 0 (4 warps); the computing warpgroups take
+#: 240 registers, the copy warp 24, from a launch at 168.
+LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=168)
+
+
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, q_offset: int,
+         forced_block: int = 0) -> bool:
+    """Whether this kernel replaces the Triton dQ: ``NSA_GLUON_WINDOW_DQ`` on, a Hopper GPU with Gluon,
+    and inputs it takes (:func:`shapes_fit`)."""
+    return flags.get("NSA_GLUON_WINDOW_DQ") and on_hopper(q) and shapes_fit(q, k, v, do, q_offset, forced_block)
+
+
+def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, q_offset: int,
+               forced_block: int = 0) -> bool:
+    """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices) and 8-64
+    heads a KV head; with the selected branch's forced blocks (``forced_block``, their size; 0
+    without), blocks of 64 keys, each holding whole programs (``q_offset`` a multiple of a program's
+    ``2 BT`` positions), as the forced share needs a program's positions in one block."""
+    if not all(t.is_contiguous() for t in (q, k, v, do)) or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    G = q.shape[2] // k.shape[2]
+    if not (q.shape[3] == k.shape[3] == v.shape[3] == 128 and G in (8, 16, 32, 64)):
+        return False
+    positions = 2 * ROWS // G
+    return not forced_block or (forced_block == KEYS and q_offset % positions == 0)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _band(T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
+              FORCED: gl.constexpr):
+        """``(n_win, steps, first, s_local)`` of query tiles ``2 program_id(0)`` and the next: the band's
+        key tiles from ``first`` (``n_win`` of them; from ``s_local`` on, with ``FORCED``, the selected
+        branch's local blocks too), then the initial blocks left of ``s_local`` (``steps - n_win``):
+        ``key_band``'s and the Triton kernel's arithmetic over the program's ``2 BT`` positions (Gluon
+        cannot call Triton functions; the GPU tests keep the two in step)."""
+        t_lo = q_offset + gl.program_id(0) * 2 * BT
+        t_hi = gl.minimum(t_lo + 2 * BT, q_offset + T) - 1
+        first = gl.maximum(t_lo - W + 1, 0) // BN * BN
+        n_win = (t_hi - first) // BN + 1
+        steps = n_win
+        s_local = t_hi + 1
+        if FORCED:
+            s_local = gl.maximum(t_lo // BN - LOCAL + 1, 0) * BN
+            steps = n_win + gl.cdiv(gl.minimum(INIT * BN, s_local), BN)
+        return n_win, steps, first, s_local
+
+    @gluon.jit
+    def _key_tile(j, n_win, first, BN: gl.constexpr):
+        """The first key of step ``j``'s tile: the band's, then the initial blocks'."""
+        return gl.where(j < n_win, first + j * BN, (j - n_win) * BN)
+
+    @gluon.jit
+    def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready,
+                        kv_empty, T, TK, q_offset, W, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr,
+                        LOCAL: gl.constexpr, FORCED: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: the program's ``q`` and ``do`` rows (one copy a position; positions past the last
+        query copy the last one's), then each step's key tile into its slot once both warpgroups have
+        released it."""
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DH: gl.constexpr = k_desc.block_type.shape[1]
+        BT: gl.constexpr = q_smem.shape[1] // G
+        i_b = gl.program_id(1) // H
+        i_h = gl.program_id(1) % H
+        i0 = gl.program_id(0) * 2 * BT
+        n_win, steps, first, s_local = _band(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+        mbarrier.expect(qdo_bar, 2 * BT * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+        for p in gl.static_range(2 * BT):
+            row = ((i_b * T + gl.minimum(i0 + p, T - 1)) * H + i_h) * G
+            tma_load(q_desc, [row, 0], qdo_bar, q_smem.index(p // BT).slice((p % BT) * G, G))
+            tma_load(do_desc, [row, 0], qdo_bar, do_smem.index(p // BT).slice((p % BT) * G, G))
+        for j in range(steps):
+            slot = j % STAGES
+            key0 = i_b * TK + _key_tile(j, n_win, first, BN)
+            mbarrier.wait(kv_empty.index(slot), (j // STAGES) & 1)
+            bar = kv_ready.index(slot)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
+            tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
+            mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+
+    @gluon.jit
+    def _rows(x, o_row, m_row, other):
+        """``x[o_row]`` as a ``[rows, 1]`` column, ``other`` where ``m_row`` is false."""
+        return gl.expand_dims(gl.load(x + o_row, mask=m_row, other=other), 1)
+
+    @gluon.jit
+    def _ds_of(s, dp, lse, delta, gate, visible, qk_scale, GATED: gl.constexpr, MASK: gl.constexpr):
+        """One branch's ``dS`` (float32) of a step's scores ``s`` and ``dP`` tile ``dp`` from its rows' lse,
+        delta and gate (``[rows, 1]``), where ``visible`` with ``MASK``: ``P (dP - delta)`` times the
+        gate, as ``attn_bwd_ds``."""
+        p = gl.exp2(s * qk_scale - lse)
+        if MASK:
+            p = gl.where(visible, p, 0.0)
+        if GATED:
+            return p * (dp * gate - gate * delta)
+        return p * (dp - delta)
+
+    @gluon.jit
+    def _ds(s, dp, j, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta, f_gate, qk_scale,
+            GATED: gl.constexpr, FORCED: gl.constexpr):
+        """Step ``j``'s ``dS`` (float32) from its scores ``s`` and ``dP`` tile ``dp``: the window's over the
+        band (rows at positions ``pos``, keys ``o_n`` of the step's tile) and, with ``FORCED``, the
+        selected branch's on its local blocks (the band's last tiles, from ``s_local``: the same mask)
+        and alone on its initial blocks (the steps from ``n_win``, before every row: no mask)."""
+        BN: gl.constexpr = s.shape[1]
+        s0 = _key_tile(j, n_win, first, BN)
+        key = gl.expand_dims(s0 + o_n, 0)  # [1, BN]
+        band = (key <= pos) & (key > pos - W)
+        if FORCED:
+            if j >= n_win:
+                ds = _ds_of(s, dp, f_lse, f_delta, f_gate, band, qk_scale, GATED, False)
+            elif s0 >= s_local:
+                ds = _ds_of(s, dp, w_lse, w_delta, w_gate, band, qk_scale, GATED, True)
+                ds = ds + _ds_of(s, dp, f_lse, f_delta, f_gate, band, qk_scale, GATED, True)
+            else:
+                ds = _ds_of(s, dp, w_lse, w_delta, w_gate, band, qk_scale, GATED, True)
+        else:
+            ds = _ds_of(s, dp, w_lse, w_delta, w_gate, band, qk_scale, GATED, True)
+        return ds
+
+    @gluon.jit
+    def _compute_partition(dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
+                           lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H: gl.constexpr,
+                           G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, GATED: gl.constexpr,
+                           FORCED: gl.constexpr, ACC: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
+        """Warpgroup ``WG``'s 64 rows over the program's key tiles (the module's docstring gives a step's
+        order); then its ``dQ`` rows, times ``scale``."""
+        M: gl.constexpr = q_smem.shape[1]
+        DH: gl.constexpr = q_smem.shape[2]
+        BN: gl.constexpr = k_smem.shape[1]
+        BT: gl.constexpr = M // G
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, DH, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        HQ: gl.constexpr = H * G
+        i_b = gl.program_id(1) // H
+        i_h = gl.program_id(1) % H
+        i0 = gl.program_id(0) * 2 * BT + WG * BT  # the warpgroup's first query
+        n_win, steps, first, s_local = _band(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)  # the program's band
+        o_m = gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
+        t_m = i0 + o_m // G
+        m_m = t_m < T
+        o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
+        pos = gl.expand_dims(q_offset + t_m, 1)  # [M, 1]
+        # rows past the last query: lse +inf makes their P, and so their dS, 0
+        w_lse = _rows(lse, o_row, m_m, float("inf"))
+        w_delta = _rows(delta, o_row, m_m, 0.0)
+        w_gate = w_lse  # read only with GATED
+        if GATED:
+            w_gate = _rows(gate, o_row, m_m, 0.0)
+        f_lse, f_delta, f_gate = w_lse, w_delta, w_gate  # the selected branch's, read only with FORCED
+        if FORCED:
+            f_lse = _rows(lse_frc, o_row, m_m, float("inf"))
+            f_delta = _rows(delta_frc, o_row, m_m, 0.0)
+            if GATED:
+                f_gate = _rows(gate_frc, o_row, m_m, 0.0)
+        o_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        q = q_smem.index(WG)
+        do = do_smem.index(WG)
+        dq_acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
+        s_zero = gl.zeros([M, BN], gl.float32, layout=s_layout)
+        mbarrier.wait(qdo_bar, 0)
+        # steps >= 1: every query's band holds its own key
+        mbarrier.wait(kv_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do, v_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        for j in range(steps - 1):
+            slot = j % STAGES
+            nxt = (j + 1) % STAGES
+            ds = _ds(s, dp, j, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta, f_gate,
+                     qk_scale, GATED, FORCED)
+            dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(slot), dq_acc,
+                                   is_async=True)
+            mbarrier.wait(kv_ready.index(nxt), ((j + 1) // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do, v_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, dp, dq_acc = warpgroup_mma_wait(0, deps=(s_tok, dp_tok, dq_acc))
+            mbarrier.arrive(kv_empty.index(slot))
+        last = (steps - 1) % STAGES
+        ds = _ds(s, dp, steps - 1, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta,
+                 f_gate, qk_scale, GATED, FORCED)
+        dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(last), dq_acc,
+                               is_async=True)
+        dq_acc = warpgroup_mma_wait(0, deps=(dq_acc,))
+        o_r = i0 + gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout)) // G
+        o_h = i_h * G + gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout)) % G
+        o_d = gl.expand_dims(gl.arange(0, DH, layout=gl.SliceLayout(0, acc_layout)), 0)
+        offs = gl.expand_dims(((i_b.to(gl.int64) * T + o_r) * HQ + o_h) * DH, 1) + o_d  # [B, T, HQ, DH]
+        store_scaled(dq, dq_acc, offs, gl.expand_dims(o_r < T, 1) & (o_d < DH), scale, ACC)
+
+    @gluon.jit
+    def window_bwd_dq_gluon_kernel(
+        q_desc, do_desc, k_desc, v_desc,  # q/do [B*T*HQ, D] (G rows a copy), k/v [B*TK, H*D] (64 keys a copy)
+        dq, lse, delta, gate, lse_frc, delta_frc, gate_frc,
+        T, TK, q_offset, W, qk_scale, scale,
+        H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, GATED: gl.constexpr,
+        FORCED: gl.constexpr, ACC: gl.constexpr, STAGES: gl.constexpr,
+    ):
+        """Grid ``(pairs of query tiles, B * H)``, ``num_warps=4`` (the default partition is warpgroup
+        0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24."""
+        DH: gl.constexpr = q_desc.block_type.shape[1]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        M: gl.constexpr = 64  # rows a warpgroup
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, M, DH], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, M, DH], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DH], v_desc.layout)
+        qdo_bar, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
+        WG0: gl.constexpr = 0
+        WG1: gl.constexpr = 1
+        gl.warp_specialize([
+            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
+                                  lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H, G, INIT, LOCAL,
+                                  GATED, FORCED, ACC, WG0, STAGES)),
+            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
+                                  lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H, G, INIT, LOCAL,
+                                  GATED, FORCED, ACC, WG1, STAGES)),
+            (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready,
+                               kv_empty, T, TK, q_offset, W, H, G, INIT, LOCAL, FORCED, STAGES)),
+        ], [4, 1], [240, 24])
+
+
+def _layouts(dtype: torch.dtype, G: int, D: int):
+    """Shared layouts of the ``q``/``do`` copies (``G`` rows) and the key/value tiles."""
+    el = element_type(dtype)
+    return gl.NVMMASharedLayout.get_default_for([G, D], el), gl.NVMMASharedLayout.get_default_for([KEYS, D], el)
+
+
+def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset: int, window: int,
+                        qk_scale: float, scale: float, forced: tuple, acc: bool) -> None:
+    """Launch the kernel: ``dq`` (with ``acc``, added to what it holds); ``frc`` the selected branch's
+    ``(gate, lse, delta)`` (placeholders without ``forced``), ``forced`` ``(FORCED, INIT, LOCAL)``;
+    inputs contiguous, ``gate`` None or float32 ``[B, T, HQ]``. A Triton whose Gluon cannot build it
+    raises naming the flag that turns it off."""
+    B, _, HQ, D = q.shape
+    TK, H = k.shape[1], k.shape[2]
+    G = HQ // H
+    row_layout, key_layout = _layouts(q.dtype, G, D)
+    q_rows, do_rows = q.view(B * T * HQ, D), do.view(B * T * HQ, D)
+    k_rows, v_rows = k.view(B * TK, H * D), v.view(B * TK, H * D)
+    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
+    do_desc = TensorDescriptor(do_rows, list(do_rows.shape), list(do_rows.stride()), [G, D], row_layout)
+    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [KEYS, D], key_layout)
+    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [KEYS, D], key_layout)
+    gate_frc, lse_frc, delta_frc = frc
+    positions = 2 * ROWS // G
+    grid = (-(-T // positions), B * H)
+    try:
+        window_bwd_dq_gluon_kernel[grid](
+            q_desc, do_desc, k_desc, v_desc, dq, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,
+            gate_frc, T, TK, q_offset, window, qk_scale, scale, H=H, G=G, INIT=forced[1], LOCAL=forced[2],
+            GATED=gate is not None, FORCED=forced[0], ACC=acc, STAGES=STAGES, **LAUNCH_OPTIONS)
+    except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
+        raise launch_failed("the window dQ", "NSA_GLUON_WINDOW_DQ", exc) from exc
+
+
+def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dtype: torch.dtype = torch.bfloat16):
+    """The kernel compiled for sm_90 with the installed Triton, without a GPU: what
+    :func:`window_bwd_dq_gluon` would launch for ``G`` query heads a KV head (head dim 128) in the NSA
+    prefill (the selected branch's initial and local blocks, added to its gradient). Returns Triton's
+    compiled kernel (``asm``, ``metadata``)."""
+    D = 128
+    row_layout, key_layout = _layouts(dtype, G, D)
+    values = dict(H=4, G=G, INIT=1, LOCAL=2, GATED=gated, FORCED=forced, ACC=True, STAGES=STAGES)
+    el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
+    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
+                 "do_desc": descriptor_type(dtype, [G, D], row_layout),
+                 "k_desc": descriptor_type(dtype, [KEYS, D], key_layout),
+                 "v_desc": descriptor_type(dtype, [KEYS, D], key_layout),
+                 "dq": el, **{name: "*fp32" for name in ("lse", "delta", "gate", "lse_frc", "delta_frc", "gate_frc")},
+                 "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",
+                 **{name: "constexpr" for name in values}}
+    return compile_for_sm90(window_bwd_dq_gluon_kernel, signature, values, LAUNCH_OPTIONS)

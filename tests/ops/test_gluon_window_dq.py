@@ -1,0 +1,126 @@
+"""The window dQ's Gluon kernel (Hopper, ``NSA_GLUON_WINDOW_DQ``) against the Triton one.
+
+Gluon has no CPU interpreter, so the comparisons run on Hopper GPUs only; on CPU the kernel is
+compiled for sm_90 with the installed Triton. The Triton kernel the GPU tests compare with is checked
+against the float64 reference in ``test_window_kernel.py`` and, inside the NSA prefill (the selected
+branch's initial and local blocks, gates, the gradient added to the other branches'), in
+``test_nsa_attention_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+
+from nsa import NSAConfig
+from nsa.testing import assert_close
+
+
+def test_gluon_window_dq_compiles_for_hopper(tmp_path):
+    """The kernel compiles for sm_90 with the installed Triton, no GPU needed (Gluon's API moves
+    between releases). It fits Hopper's 227 KiB of shared memory a block, and its partitions take the
+    registers its launch gives them (computing warpgroups 240, the copy warp 24)."""
+    pytest.importorskip("triton.experimental.gluon")
+    out = compile_for_hopper("nsa.ops.window.gluon_dq", tmp_path, G=16, gated=True, forced=True)
+    assert 0 < out["shared"] <= 227 * 1024
+    assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
+
+
+def test_gluon_window_dq_takes_what_its_copies_allow():
+    """Where the Gluon dQ applies, device aside (:func:`shapes_fit`): 16-bit contiguous inputs with
+    128-wide heads and 8-64 heads a KV head; with the selected branch's forced blocks, blocks of 64
+    keys and a ``q_offset`` that keeps a program's positions (two query tiles) in one block. Anything
+    else runs the Triton kernel; and never on CPU tensors."""
+    from nsa.ops.window import gluon_dq
+
+    def case(HQ=16, H=1, D=128, dtype=torch.bfloat16, q_offset=0, forced_block=0, transpose=False):
+        q = torch.randn(1, 64, HQ, D, dtype=dtype)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2) if transpose else q
+        k = torch.randn(1, 64, H, D, dtype=dtype)
+        return gluon_dq.shapes_fit(q, k, k, q, q_offset, forced_block)
+
+    assert case() and case(HQ=64, H=8) and case(HQ=64) and case(HQ=32, H=4) and case(dtype=torch.float16)
+    assert case(forced_block=64) and case(forced_block=64, q_offset=8) and case(q_offset=3)
+    assert not case(forced_block=64, q_offset=4)  # 8 positions a program at 16 heads a KV head
+    assert case(HQ=32, H=4, forced_block=64, q_offset=16) and not case(HQ=32, H=4, forced_block=64, q_offset=8)
+    assert not case(forced_block=32)
+    assert not case(D=64)
+    assert not case(HQ=12, H=1)
+    assert not case(HQ=4, H=1)
+    assert not case(dtype=torch.float32)
+    assert not case(transpose=True)
+    q = torch.randn(1, 64, 16, 128, dtype=torch.bfloat16)
+    assert not gluon_dq.fits(q, q[:, :, :1], q[:, :, :1], q, 0)
+
+
+def _skip_without_hopper(device):
+    if not hopper_with_gluon(device):
+        pytest.skip("the Gluon dQ runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "B, T, HQ, H",
+    [(1, 4096, 64, 4), (2, 1500, 16, 1), (1, 2048, 32, 4), (1, 1100, 64, 1)],
+    ids=["T4096-G16", "B2-T1500-G16", "T2048-G8", "T1100-G64"],
+)
+def test_gluon_window_dq_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeypatch):
+    """dq, dk, dv and the gates' gradient of the NSA prefill with the Gluon window dQ equal the Triton
+    kernel's within bf16 rounding: the window's dQ there takes the selected branch's initial and
+    local blocks and gates, and adds to the other branches' dQ; lengths that end inside a query tile
+    and a key tile, a batch, 8-64 heads a KV head; and the Gluon kernel did run."""
+    _skip_without_hopper(nsa_device)
+    from nsa import nsa_attention
+    from nsa.ops.window import gluon_dq
+
+    calls = record_launches(monkeypatch, gluon_dq, "window_bwd_dq_gluon")
+    config = NSAConfig()
+    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    gates = torch.rand(B, T, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
+    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    inputs = [x.requires_grad_() for x in (q, k, v, gates)]
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NSA_GLUON_WINDOW_DQ", flag)
+        o = nsa_attention(*inputs, config, backend="triton")
+        out[flag] = torch.autograd.grad(o, inputs, do)
+    assert len(calls) == 1
+    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
+        assert torch.isfinite(got).all(), name
+        assert_close(f"{name}, Gluon window dQ against Triton's", got, want, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "B, T, HQ, H, q_offset, window",
+    [(1, 2000, 16, 1, 300, 512), (2, 1024, 64, 4, 0, 256), (1, 700, 32, 4, 77, 1000)],
+    ids=["T2000-offset300", "B2-T1024-G16-window256", "T700-G8-offset77-window1000"],
+)
+def test_gluon_window_dq_matches_triton_alone(B, T, HQ, H, q_offset, window, nsa_device, monkeypatch):
+    """The sliding-window op alone (no forced blocks, no gates, nothing to add to): dq, dk and dv with
+    the Gluon dQ equal the Triton kernel's within bf16 rounding, with ``q_offset`` (keys before the
+    first query, not a multiple of a program's positions), windows shorter and longer than a query
+    tile's band of 64-key tiles, and a batch."""
+    _skip_without_hopper(nsa_device)
+    from nsa.ops import sliding_window_attention
+    from nsa.ops.window import gluon_dq
+
+    calls = record_launches(monkeypatch, gluon_dq, "window_bwd_dq_gluon")
+    config = NSAConfig(window=window)
+    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, q_offset + T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NSA_GLUON_WINDOW_DQ", flag)
+        o = sliding_window_attention(*inputs, config, q_offset=q_offset, backend="triton")
+        out[flag] = torch.autograd.grad(o, inputs, do)
+    assert len(calls) == 1
+    for name, got, want in zip(("dq", "dk", "dv"), out["1"], out["0"]):
+        assert torch.isfinite(got).all(), name
+        assert_close(f"{name}, Gluon window dQ against Triton's", got, want, 2e-3)
