@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 import sys
 
+from typing import Optional
+
 import torch
 
 #: Run in a process of its own: the CPU tests' interpreter (TRITON_INTERPRET=1) leaves Triton's
@@ -51,3 +53,36 @@ def record_launches(monkeypatch, module, name: str) -> list:
     launch = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(1) or launch(*args, **kwargs))
     return calls
+
+
+def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launcher: str, B: int, T: int, HQ: int,
+                                 H: int, q_offset: int = 0, window: Optional[int] = None) -> None:
+    """The window kernels' GPU comparison: the gradients of the NSA prefill (``window`` None: forced
+    blocks, gates) or of the sliding-window op alone (``window`` given: ``q_offset``, no gates) with
+    ``flag`` off and on, bf16, 128-wide heads, fresh random inputs. Asserts that the Gluon launcher
+    ``module.launcher`` ran once and that every gradient is finite and equals the Triton kernels' within
+    bf16 rounding."""
+    from nsa import NSAConfig, nsa_attention
+    from nsa.ops import sliding_window_attention
+    from nsa.testing import assert_close
+
+    bf16 = dict(device=device, dtype=torch.bfloat16)
+    calls = record_launches(monkeypatch, module, launcher)
+    q = torch.randn(B, T, HQ, 128, **bf16)
+    k, v = (torch.randn(B, q_offset + T, H, 128, **bf16) for _ in range(2))
+    do = torch.randn(B, T, HQ, 128, **bf16)
+    if window is None:
+        inputs = [x.requires_grad_() for x in (q, k, v, torch.rand(B, T, HQ, 3, **bf16))]
+        run = lambda: nsa_attention(*inputs, NSAConfig(), backend="triton")  # noqa: E731
+    else:
+        inputs = [x.requires_grad_() for x in (q, k, v)]
+        run = lambda: sliding_window_attention(*inputs, NSAConfig(window=window), q_offset=q_offset,  # noqa: E731
+                                               backend="triton")
+    out = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv(flag, value)
+        out[value] = torch.autograd.grad(run(), inputs, do)
+    assert len(calls) == 1
+    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
+        assert torch.isfinite(got).all(), name
+        assert_close(f"{name}, {flag}=1 against 0", got, want, 2e-3)

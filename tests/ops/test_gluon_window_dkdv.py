@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
-
-from nsa import NSAConfig
-from nsa.testing import assert_close
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, window_grads_flag_off_and_on
 
 
 def test_gluon_window_dkdv_compiles_for_hopper(tmp_path):
@@ -70,25 +67,10 @@ def test_gluon_window_dkdv_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkey
     blocks, gates, a phased walk and adds to the selected branch's gradients; lengths that end inside
     a query tile and a key tile, a batch, 8-64 heads a KV head; and the Gluon kernel did run."""
     _skip_without_hopper(nsa_device)
-    from nsa import nsa_attention
     from nsa.ops.window import gluon_dkdv
 
-    calls = record_launches(monkeypatch, gluon_dkdv, "window_bwd_dkdv_gluon")
-    config = NSAConfig()
-    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    gates = torch.rand(B, T, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
-    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v, gates)]
-    out = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("NSA_GLUON_WINDOW_DKDV", flag)
-        o = nsa_attention(*inputs, config, backend="triton")
-        out[flag] = torch.autograd.grad(o, inputs, do)
-    assert len(calls) == 1
-    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
-        assert torch.isfinite(got).all(), name
-        assert_close(f"{name}, Gluon window dK/dV against Triton's", got, want, 2e-3)
+    window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_DKDV", gluon_dkdv, "window_bwd_dkdv_gluon",
+                                 B, T, HQ, H)
 
 
 @pytest.mark.gpu
@@ -103,21 +85,7 @@ def test_gluon_window_dkdv_matches_triton_alone(B, T, HQ, H, q_offset, window, n
     the Gluon dK/dV equal the Triton kernel's within bf16 rounding, with ``q_offset`` (keys before the
     first query), windows shorter and longer than the 128-key tile's band, and a batch."""
     _skip_without_hopper(nsa_device)
-    from nsa.ops import sliding_window_attention
     from nsa.ops.window import gluon_dkdv
 
-    calls = record_launches(monkeypatch, gluon_dkdv, "window_bwd_dkdv_gluon")
-    config = NSAConfig(window=window)
-    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, q_offset + T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v)]
-    out = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("NSA_GLUON_WINDOW_DKDV", flag)
-        o = sliding_window_attention(*inputs, config, q_offset=q_offset, backend="triton")
-        out[flag] = torch.autograd.grad(o, inputs, do)
-    assert len(calls) == 1
-    for name, got, want in zip(("dq", "dk", "dv"), out["1"], out["0"]):
-        assert torch.isfinite(got).all(), name
-        assert_close(f"{name}, Gluon window dK/dV against Triton's", got, want, 2e-3)
+    window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_DKDV", gluon_dkdv, "window_bwd_dkdv_gluon",
+                                 B, T, HQ, H, q_offset, window)

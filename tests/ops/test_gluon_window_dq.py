@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
-
-from nsa import NSAConfig
-from nsa.testing import assert_close
+from _gluon_kernels import compile_for_hopper, hopper_with_gluon, window_grads_flag_off_and_on
 
 
 def test_gluon_window_dq_compiles_for_hopper(tmp_path):
@@ -72,25 +69,10 @@ def test_gluon_window_dq_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeypa
     local blocks and gates, and adds to the other branches' dQ; lengths that end inside a query tile
     and a key tile, a batch, 8-64 heads a KV head; and the Gluon kernel did run."""
     _skip_without_hopper(nsa_device)
-    from nsa import nsa_attention
     from nsa.ops.window import gluon_dq
 
-    calls = record_launches(monkeypatch, gluon_dq, "window_bwd_dq_gluon")
-    config = NSAConfig()
-    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    gates = torch.rand(B, T, HQ, 3, device=nsa_device, dtype=torch.bfloat16)
-    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v, gates)]
-    out = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("NSA_GLUON_WINDOW_DQ", flag)
-        o = nsa_attention(*inputs, config, backend="triton")
-        out[flag] = torch.autograd.grad(o, inputs, do)
-    assert len(calls) == 1
-    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
-        assert torch.isfinite(got).all(), name
-        assert_close(f"{name}, Gluon window dQ against Triton's", got, want, 2e-3)
+    window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_DQ", gluon_dq, "window_bwd_dq_gluon",
+                                 B, T, HQ, H)
 
 
 @pytest.mark.gpu
@@ -106,21 +88,7 @@ def test_gluon_window_dq_matches_triton_alone(B, T, HQ, H, q_offset, window, nsa
     first query, not a multiple of a program's positions), windows shorter and longer than a query
     tile's band of 64-key tiles, and a batch."""
     _skip_without_hopper(nsa_device)
-    from nsa.ops import sliding_window_attention
     from nsa.ops.window import gluon_dq
 
-    calls = record_launches(monkeypatch, gluon_dq, "window_bwd_dq_gluon")
-    config = NSAConfig(window=window)
-    q = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, q_offset + T, H, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
-    do = torch.randn(B, T, HQ, 128, device=nsa_device, dtype=torch.bfloat16)
-    inputs = [x.requires_grad_() for x in (q, k, v)]
-    out = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("NSA_GLUON_WINDOW_DQ", flag)
-        o = sliding_window_attention(*inputs, config, q_offset=q_offset, backend="triton")
-        out[flag] = torch.autograd.grad(o, inputs, do)
-    assert len(calls) == 1
-    for name, got, want in zip(("dq", "dk", "dv"), out["1"], out["0"]):
-        assert torch.isfinite(got).all(), name
-        assert_close(f"{name}, Gluon window dQ against Triton's", got, want, 2e-3)
+    window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_DQ", gluon_dq, "window_bwd_dq_gluon",
+                                 B, T, HQ, H, q_offset, window)

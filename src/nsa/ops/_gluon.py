@@ -1,7 +1,8 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
-slots (:func:`ring_barriers`), a gradient's store (:func:`store_scaled`), compiling a kernel for
-sm_90 without a GPU, and the error a failed launch raises.
+slots (:func:`ring_barriers`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
+descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
+failed launch raises.
 
 Gluon is Triton's lower-level language, experimental in Triton 3.6, and its API moves between
 releases (3.9 renamed the TMA copies and made the old names raise). The kernels import it from here,
@@ -28,11 +29,11 @@ try:
 except ImportError:  # pragma: no cover - an older Triton
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
     TensorDescriptor = tma_load = tma_store = None
-    ring_barriers = store_scaled = None  # the kernels' helpers below, defined only with Gluon
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "compile_for_sm90", "launch_failed", "ring_barriers", "store_scaled"]
+           "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90", "launch_failed",
+           "ring_barriers", "store_scaled"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -51,6 +52,28 @@ def descriptor_type(dtype: torch.dtype, block, layout) -> str:
     shared ``layout``."""
     el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     return f"tensordesc<{el}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def copy_layouts(dtype: torch.dtype, head_rows: int, key_rows: int, D: int):
+    """Shared layouts of the kernels' two kinds of TMA copies of ``dtype``: ``head_rows`` rows of a query
+    tensor (one position's heads of a KV group) and ``key_rows`` rows of a key tensor, ``D`` wide."""
+    el = element_type(dtype)
+    return (gl.NVMMASharedLayout.get_default_for([head_rows, D], el),
+            gl.NVMMASharedLayout.get_default_for([key_rows, D], el))
+
+
+def head_rows_descriptor(x: torch.Tensor, rows: int, layout):
+    """A TMA descriptor over a contiguous ``[B, T, HQ, D]`` tensor seen as ``[B * T * HQ, D]`` rows, a
+    copy of ``rows`` rows: row ``((b T + t) H + h) G`` starts position ``t``'s heads of KV head ``h``."""
+    flat = x.view(-1, x.shape[-1])
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]], layout)
+
+
+def key_rows_descriptor(x: torch.Tensor, rows: int, layout):
+    """A TMA descriptor over a contiguous ``[B, TK, H, D]`` tensor seen as ``[B * TK, H * D]``, a copy of
+    ``rows`` keys of one head: row ``b TK + s``, column ``h D``."""
+    flat = x.view(x.shape[0] * x.shape[1], -1)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]], layout)
 
 
 def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict):
@@ -106,3 +129,5 @@ if gluon is not None:
         if ACC:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
+    ring_barriers = store_scaled = None

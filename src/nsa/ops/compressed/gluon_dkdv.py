@@ -47,8 +47,8 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared, gl,
-                            gluon, launch_failed, mbarrier, on_hopper, ring_barriers, tma, tma_load, tma_store,
-                            warpgroup_mma, warpgroup_mma_wait)
+                            gluon, head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper,
+                            ring_barriers, tma, tma_load, tma_store, warpgroup_mma, warpgroup_mma_wait)
 
 #: Tokens a computing warpgroup owns (two a program: the Triton kernel's token tile of 128).
 TOKENS_PER_WARPGROUP = 64
@@ -323,13 +323,9 @@ def compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk, dv, ds:
     G = HQ // H
     BNW = TOKENS_PER_WARPGROUP
     row_layout, key_layout, ds_layout = _layouts(q.dtype, D)
-    q_rows, do_rows = q.view(B * TQ * HQ, D), do.view(B * TQ * HQ, D)
-    k_rows, v_rows = k_cmp.view(B * NC, H * D), v_cmp.view(B * NC, H * D)
     ds_rows = ds["buffer"].view(-1, ROWS)
-    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
-    do_desc = TensorDescriptor(do_rows, list(do_rows.shape), list(do_rows.stride()), [G, D], row_layout)
-    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [BNW, D], key_layout)
-    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [BNW, D], key_layout)
+    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
+    k_desc, v_desc = (key_rows_descriptor(x, BNW, key_layout) for x in (k_cmp, v_cmp))
     ds_desc = TensorDescriptor(ds_rows, list(ds_rows.shape), list(ds_rows.stride()), [BNW, ROWS], ds_layout)
     grid = (-(-NC // (2 * BNW)), split, B * H)
     try:

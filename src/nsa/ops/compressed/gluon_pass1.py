@@ -24,8 +24,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared, gl,
-                            gluon, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
+                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, tma_load,
+                            warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns (two a program: the Triton launch's 128).
 ROWS = 64
@@ -215,12 +216,6 @@ if gluon is not None:
         ], [4, 1], [240, 24])
 
 
-def _layouts(dtype: torch.dtype, G: int, D: int):
-    """Shared layouts of the query copies (``G`` rows) and the key/value tiles."""
-    el = element_type(dtype)
-    return gl.NVMMASharedLayout.get_default_for([G, D], el), gl.NVMMASharedLayout.get_default_for([TOKENS, D], el)
-
-
 def compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset: int, qk_scale: float, L: int, S: int) -> None:
     """Launch the kernel over the Triton pass 1's grid (128 rows a program): ``o [B, TQ, HQ, D]``,
     ``lse`` (natural log) and ``lse2`` (log2) ``[B, TQ, HQ]``. A Triton whose Gluon cannot build it
@@ -228,12 +223,9 @@ def compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset: int, qk_scal
     B, TQ, HQ, D = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     G = HQ // H
-    row_layout, key_layout = _layouts(q.dtype, G, D)
-    q_rows = q.view(B * TQ * HQ, D)
-    k_rows, v_rows = k_cmp.view(B * NC, H * D), v_cmp.view(B * NC, H * D)
-    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
-    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [TOKENS, D], key_layout)
-    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [TOKENS, D], key_layout)
+    row_layout, key_layout = copy_layouts(q.dtype, G, TOKENS, D)
+    q_desc = head_rows_descriptor(q, G, row_layout)
+    k_desc, v_desc = (key_rows_descriptor(x, TOKENS, key_layout) for x in (k_cmp, v_cmp))
     grid = (-(-TQ // (2 * ROWS // G)), B * H)
     try:
         compressed_pass1_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, lse2, TQ, NC, q_offset, qk_scale,
@@ -247,7 +239,7 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
     :func:`compressed_pass1_gluon` would launch for ``G`` query heads a KV head (head dim 128) and the
     paper's compression geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = _layouts(dtype, G, D)
+    row_layout, key_layout = copy_layouts(dtype, G, TOKENS, D)
     values = dict(H=4, G=G, L=32, S=16, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),

@@ -39,8 +39,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
-                            mbarrier, on_hopper, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, tma_load,
+                            warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a step ((query, head) pairs of one KV group: ``64 // G`` queries), as the Triton kernel's.
 ROWS = 64
@@ -268,12 +269,6 @@ if gluon is not None:
         ], [1], [24])  # the copy warp: 24 registers
 
 
-def _layouts(dtype: torch.dtype, G: int, D: int):
-    """Shared layouts of the ``q``/``do`` copies (``G`` rows) and the key/value blocks."""
-    el = element_type(dtype)
-    return (gl.NVMMASharedLayout.get_default_for([G, D], el), gl.NVMMASharedLayout.get_default_for([BLOCK, D], el))
-
-
 def selected_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_part, ds, inv: dict, qseg: int,
                             qk_scale: float, scale: float) -> None:
     """Launch the kernel over the Triton kernel's grid (``inv``: :func:`invert_selection`'s lists with
@@ -284,13 +279,9 @@ def selected_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_p
     B, T, HQ, D = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = _layouts(q.dtype, G, D)
-    q_rows, do_rows = q.view(B * T * HQ, D), do.view(B * T * HQ, D)
-    k_rows, v_rows = k.view(B * TK, H * D), v.view(B * TK, H * D)
-    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
-    do_desc = TensorDescriptor(do_rows, list(do_rows.shape), list(do_rows.stride()), [G, D], row_layout)
-    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [BLOCK, D], key_layout)
-    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [BLOCK, D], key_layout)
+    row_layout, key_layout = copy_layouts(q.dtype, G, BLOCK, D)
+    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
+    k_desc, v_desc = (key_rows_descriptor(x, BLOCK, key_layout) for x in (k, v))
     n_prog, num_blocks = inv["seg_owner"].numel(), TK // BLOCK
     try:
         selected_bwd_dkdv_gluon_kernel[(n_prog,)](
@@ -307,7 +298,7 @@ def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = tor
     :func:`selected_bwd_dkdv_gluon` would launch for ``G`` query heads a KV head (head dim 128) and the
     paper's 16 selected blocks. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = _layouts(dtype, G, D)
+    row_layout, key_layout = copy_layouts(dtype, G, BLOCK, D)
     values = dict(H=4, G=G, N=16, BQ=ROWS // G, QSEG=qseg, GATED=gated, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),

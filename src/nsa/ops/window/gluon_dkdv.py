@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
-                            mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
+                            tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Keys a computing warpgroup owns (two a program: the Triton kernel's Hopper tile of 128).
 KEYS_PER_WARPGROUP = 64
@@ -284,13 +284,6 @@ if gluon is not None:
         ], [4, 1], [240, 24])
 
 
-def _layouts(dtype: torch.dtype, G: int, D: int):
-    """Shared layouts of the ``q``/``do`` copies (``G`` rows) and the key/value tiles."""
-    el = element_type(dtype)
-    return (gl.NVMMASharedLayout.get_default_for([G, D], el),
-            gl.NVMMASharedLayout.get_default_for([KEYS_PER_WARPGROUP, D], el))
-
-
 def window_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, frc, T: int, q_offset: int, window: int,
                           qk_scale: float, scale: float, forced: tuple, phased: bool, acc: bool) -> None:
     """Launch the kernel over ``window_bwd_dkdv_kernel``'s grid: ``dk``/``dv`` (with ``acc``, added to
@@ -300,13 +293,9 @@ def window_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, frc, T: int, q_
     B, _, HQ, D = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = _layouts(q.dtype, G, D)
-    q_rows, do_rows = q.view(B * T * HQ, D), do.view(B * T * HQ, D)
-    k_rows, v_rows = k.view(B * TK, H * D), v.view(B * TK, H * D)
-    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
-    do_desc = TensorDescriptor(do_rows, list(do_rows.shape), list(do_rows.stride()), [G, D], row_layout)
-    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [KEYS_PER_WARPGROUP, D], key_layout)
-    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [KEYS_PER_WARPGROUP, D], key_layout)
+    row_layout, key_layout = copy_layouts(q.dtype, G, KEYS_PER_WARPGROUP, D)
+    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
+    k_desc, v_desc = (key_rows_descriptor(x, KEYS_PER_WARPGROUP, key_layout) for x in (k, v))
     gate_frc, lse_frc, delta_frc = frc
     grid = (-(-TK // (2 * KEYS_PER_WARPGROUP)), B * H)
     try:
@@ -324,7 +313,7 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
     prefill (the selected branch's local blocks, phased, added to its gradient). Returns Triton's
     compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = _layouts(dtype, G, D)
+    row_layout, key_layout = copy_layouts(dtype, G, KEYS_PER_WARPGROUP, D)
     values = dict(H=4, G=G, BS=64, LOCAL=2, GATED=gated, FORCED=forced, PHASED=True, ACC=True, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),

@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, gl, gluon, launch_failed,
-                            mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
+                            tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -264,12 +264,6 @@ if gluon is not None:
         ], [4, 1], [240, 24])
 
 
-def _layouts(dtype: torch.dtype, G: int, D: int):
-    """Shared layouts of the ``q``/``do`` copies (``G`` rows) and the key/value tiles."""
-    el = element_type(dtype)
-    return gl.NVMMASharedLayout.get_default_for([G, D], el), gl.NVMMASharedLayout.get_default_for([KEYS, D], el)
-
-
 def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset: int, window: int,
                         qk_scale: float, scale: float, forced: tuple, acc: bool) -> None:
     """Launch the kernel: ``dq`` (with ``acc``, added to what it holds); ``frc`` the selected branch's
@@ -279,13 +273,9 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
     B, _, HQ, D = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = _layouts(q.dtype, G, D)
-    q_rows, do_rows = q.view(B * T * HQ, D), do.view(B * T * HQ, D)
-    k_rows, v_rows = k.view(B * TK, H * D), v.view(B * TK, H * D)
-    q_desc = TensorDescriptor(q_rows, list(q_rows.shape), list(q_rows.stride()), [G, D], row_layout)
-    do_desc = TensorDescriptor(do_rows, list(do_rows.shape), list(do_rows.stride()), [G, D], row_layout)
-    k_desc = TensorDescriptor(k_rows, list(k_rows.shape), list(k_rows.stride()), [KEYS, D], key_layout)
-    v_desc = TensorDescriptor(v_rows, list(v_rows.shape), list(v_rows.stride()), [KEYS, D], key_layout)
+    row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
+    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
+    k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
     gate_frc, lse_frc, delta_frc = frc
     positions = 2 * ROWS // G
     grid = (-(-T // positions), B * H)
@@ -304,7 +294,7 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
     prefill (the selected branch's initial and local blocks, added to its gradient). Returns Triton's
     compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = _layouts(dtype, G, D)
+    row_layout, key_layout = copy_layouts(dtype, G, KEYS, D)
     values = dict(H=4, G=G, INIT=1, LOCAL=2, GATED=gated, FORCED=forced, ACC=True, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),

@@ -1,0 +1,30 @@
+"""The TMA descriptors the Gluon kernels' launchers build (``nsa.ops._gluon``), checked on CPU: the
+kernels compute their copies' coordinates from these row views, so a descriptor over the wrong view
+would copy the wrong rows on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_descriptors_view_queries_by_head_rows_and_keys_by_head_columns():
+    """Queries ``[B, T, HQ, D]`` are ``[B T HQ, D]`` rows, one copy a position's ``G`` heads; keys ``[B,
+    TK, H, D]`` are ``[B TK, H D]``, one copy ``keys`` rows of one head's ``D`` columns: the row and
+    column a kernel asks for hold the element it means."""
+    pytest.importorskip("triton.experimental.gluon")
+    from nsa.ops._gluon import copy_layouts, head_rows_descriptor, key_rows_descriptor
+
+    B, T, HQ, H, TK, D = 2, 5, 8, 2, 7, 128
+    G = HQ // H
+    q = torch.randn(B, T, HQ, D, dtype=torch.bfloat16)
+    k = torch.randn(B, TK, H, D, dtype=torch.bfloat16)
+    row_layout, key_layout = copy_layouts(q.dtype, G, 64, D)
+    q_desc, k_desc = head_rows_descriptor(q, G, row_layout), key_rows_descriptor(k, 64, key_layout)
+    assert (q_desc.shape, q_desc.strides, q_desc.block_shape) == ([B * T * HQ, D], [D, 1], [G, D])
+    assert (k_desc.shape, k_desc.strides, k_desc.block_shape) == ([B * TK, H * D], [H * D, 1], [64, D])
+    assert q_desc.base.data_ptr() == q.data_ptr() and k_desc.base.data_ptr() == k.data_ptr()
+    b, t, h, s = 1, 3, 1, 4
+    row = ((b * T + t) * H + h) * G  # the kernels' first row of position t's heads of KV head h
+    assert torch.equal(q_desc.base[row:row + G], q[b, t, h * G:(h + 1) * G])
+    assert torch.equal(k_desc.base[b * TK + s, h * D:(h + 1) * D], k[b, s, h])
