@@ -79,7 +79,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     as ``gluon_dkdv``; its queries a program (``gluon_selected_qseg``). ``gluon_dkdv_variants`` takes
     the selected branch's module with ``--dkdv-branch selected``.
 36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
-    ``gluon_dkdv``.
+    ``gluon_dkdv``. ``gluon_dkdv_variants`` takes the window's modules with ``--dkdv-branch window``,
+    its dQ's with ``--variant-module gluon_dq`` too.
 37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
@@ -1035,10 +1036,12 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
     flag_ab(T, config, GLUON_SELECTED_DKDV, "selected")
 
 
-#: ``(label, file)`` of the Gluon dK/dV modules that :func:`gluon_dkdv_variants` puts in place of
-#: main's (``--dkdv-variant``), and the branch whose module they replace (``--dkdv-branch``).
+#: ``(label, file)`` of the Gluon modules that :func:`gluon_dkdv_variants` puts in place of main's
+#: (``--dkdv-variant``), the branch whose module they replace (``--dkdv-branch``) and that module's
+#: name (``--variant-module``: ``gluon_dkdv``, or the window's ``gluon_dq``).
 DKDV_VARIANTS: List[Tuple[str, str]] = []
 DKDV_BRANCH = "compressed"
+VARIANT_MODULE = "gluon_dkdv"
 
 
 def _module_from_file(name: str, path: str):
@@ -1052,8 +1055,8 @@ def _module_from_file(name: str, path: str):
 
 
 def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
-    """Each :data:`DKDV_VARIANTS` module in place of main's ``gluon_dkdv`` of the branch
-    :data:`DKDV_BRANCH` (compressed or selected: its backward looks the module up at each call): its
+    """Each :data:`DKDV_VARIANTS` module in place of main's :data:`VARIANT_MODULE` of the branch
+    :data:`DKDV_BRANCH` (compressed, selected or window: its backward looks the module up at each call): its
     dq, dk, dv, dgates against main's on the same inputs and output gradient (relative error; a wrong
     version shows here before its times mean anything), then the whole forward+backward in ABBA rounds
     and the kernel lists."""
@@ -1062,10 +1065,10 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
     from nsa.testing import rel_error
 
     kernel = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.kernel")
-    gluon_dkdv = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.gluon_dkdv")
+    main = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.{VARIANT_MODULE}")
 
-    variants = (("main", {"gluon_dkdv": gluon_dkdv}),) + tuple(
-        (label, {"gluon_dkdv": _module_from_file(f"gluon_dkdv_{label}", path)}) for label, path in DKDV_VARIANTS)
+    variants = (("main", {VARIANT_MODULE: main}),) + tuple(
+        (label, {VARIANT_MODULE: _module_from_file(f"{VARIANT_MODULE}_{label}", path)}) for label, path in DKDV_VARIANTS)
     q, k, v, gates, _ = inputs(T, T + 17, backward=True)
     run = training_step(q, k, v, gates, config)
     grads = {}
@@ -1075,9 +1078,9 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
     for label, _ in variants[1:]:
         errs = ", ".join(f"{name} {rel_error(b, a):.1e}" for name, a, b in zip(("dq", "dk", "dv", "dgates"),
                                                                                grads["main"], grads[label]))
-        print(f"T={T} {DKDV_BRANCH} gluon dK/dV {label} against main: {errs}", flush=True)
+        print(f"T={T} {DKDV_BRANCH} {VARIANT_MODULE} {label} against main: {errs}", flush=True)
     del grads
-    step_ab_and_lists(T, config, vars(kernel), variants, f"{DKDV_BRANCH} gluon dK/dV")
+    step_ab_and_lists(T, config, vars(kernel), variants, f"{DKDV_BRANCH} {VARIANT_MODULE}")
 
 
 def gluon_selected_qseg(T: int, config: NSAConfig) -> None:
@@ -1870,16 +1873,20 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=16, help="kernels listed by the section 'kernels'")
     parser.add_argument("--dkdv-variant", action="append", default=[], metavar="LABEL=FILE",
                         help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
-    parser.add_argument("--dkdv-branch", choices=("compressed", "selected"), default="compressed",
-                        help="the branch whose gluon_dkdv the variants replace")
+    parser.add_argument("--dkdv-branch", choices=("compressed", "selected", "window"), default="compressed",
+                        help="the branch whose Gluon module the variants replace")
+    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq"), default="gluon_dkdv",
+                        help="the module the variants replace (gluon_dq: the window's dQ)")
     args = parser.parse_args()
     for spec in args.dkdv_variant:
         label, sep, path = spec.partition("=")
         if not sep or not label or not path:
             parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
         DKDV_VARIANTS.append((label, path))
-    global KERNELS_LISTED, DKDV_BRANCH
-    DKDV_BRANCH = args.dkdv_branch
+    global KERNELS_LISTED, DKDV_BRANCH, VARIANT_MODULE
+    if args.variant_module == "gluon_dq" and args.dkdv_branch != "window":
+        parser.error("--variant-module gluon_dq is the window's: add --dkdv-branch window")
+    DKDV_BRANCH, VARIANT_MODULE = args.dkdv_branch, args.variant_module
     KERNELS_LISTED = args.kernels
     config = NSAConfig()
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
