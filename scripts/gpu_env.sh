@@ -279,3 +279,17 @@ bwd_probe() {
         [ "${PIPESTATUS[0]}" -eq 124 ] && echo "config $i: timed out (100 s)" | tee -a "$OUT/gluon_bwd_probe_h200.txt"
     done
 }
+
+# A Gluon kernel's GPU tests (sessions 63-64): the tests given, in $OUT/gluon_tests.txt with its tail
+# shown; stops the call when one fails, so that no time goes to timing a wrong kernel:
+#   gluon_tests LIMIT TEST...
+gluon_tests() {
+    local limit="$1"
+    shift
+    timeout "$limit" python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short "$@" \
+        > "$OUT/gluon_tests.txt" 2>&1
+    local rc=$?
+    tail -6 "$OUT/gluon_tests.txt"
+    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
+    echo "== tests after $(( $(date +%s) - start )) s"
+}

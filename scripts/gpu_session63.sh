@@ -86,19 +86,6 @@ variant_args() {
     done
 }
 
-# The GPU tests given, in $OUT/gluon_tests.txt with its tail shown; stops the call when one fails, so
-# that no time goes to timing a wrong kernel: gluon_tests LIMIT TEST...
-gluon_tests() {
-    local limit="$1"
-    shift
-    timeout "$limit" python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short "$@" \
-        > "$OUT/gluon_tests.txt" 2>&1
-    local rc=$?
-    tail -4 "$OUT/gluon_tests.txt"
-    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
-    echo "== tests after $(( $(date +%s) - start )) s"
-}
-
 device_line
 case "$step" in
 variants)

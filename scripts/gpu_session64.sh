@@ -43,19 +43,6 @@
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session64.sh STEP}"
 
-# The GPU tests given, in $OUT/gluon_tests.txt with its tail shown; stops the call when one fails, so
-# that no time goes to timing a wrong kernel: gluon_tests LIMIT TEST...
-gluon_tests() {
-    local limit="$1"
-    shift
-    timeout "$limit" python -m pytest -q -p no:cacheprovider --gpu-profile auto -rs --tb=short "$@" \
-        > "$OUT/gluon_tests.txt" 2>&1
-    local rc=$?
-    tail -6 "$OUT/gluon_tests.txt"
-    [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
-    echo "== tests after $(( $(date +%s) - start )) s"
-}
-
 # The exported branch as the working tree: its sources and scripts on the path.
 use_branch_tree() {
     cd .branch64 || { echo "no .branch64/"; exit 2; }

@@ -475,15 +475,15 @@ def compressed_fwd(
     if apart:
         # pass 1 once over every query, then pass 2 by chunks in launches of their own
         lse2 = torch.empty(B, TQ, HQ, dtype=torch.float32, device=q.device)
-        pass1 = dict(PASS2_APART["pass1"] or {})
-        if "rows" in pass1:
-            pass1["BT"] = max(1, pass1.pop("rows") // GP)
-        kv_desc = pass1.pop("kv_desc", False) and bulk_copies_supported(q.device)
-        pass1 = dict(launch, SELECT=False, **pass1)
         if gluon_pass1.fits(q, k_cmp, v_cmp):
             gluon_pass1.compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset, scale * LOG2E,
                                                config.cmp_block, config.cmp_stride)
         else:
+            pass1 = dict(PASS2_APART["pass1"] or {})
+            if "rows" in pass1:
+                pass1["BT"] = max(1, pass1.pop("rows") // GP)
+            kv_desc = pass1.pop("kv_desc", False) and bulk_copies_supported(q.device)
+            pass1 = dict(launch, SELECT=False, **pass1)
             if kv_desc:
                 k_cmp, v_cmp = descriptor_ready(k_cmp), descriptor_ready(v_cmp)
                 pass1.update(d_k=token_tile_descriptor(k_cmp, pass1["BN"], pass1["BDK"]),
