@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90", "launch_failed",
+           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90", "launch_failed",
            "ring_barriers", "store_scaled"]
 
 
@@ -52,6 +52,19 @@ def descriptor_type(dtype: torch.dtype, block, layout) -> str:
     shared ``layout``."""
     el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     return f"tensordesc<{el}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def copies_fit(q: torch.Tensor, k: torch.Tensor, *more: torch.Tensor) -> int:
+    """``G``, the query heads a KV head, where the Gluon kernels' TMA copies take ``q`` ``[B, T, HQ,
+    D]``, ``k`` ``[B, TK, H, D]`` and ``more`` as row matrices: contiguous, 16-bit, 128-wide heads, 8-64
+    heads a KV head (64 rows a warpgroup hold whole positions); else 0."""
+    tensors = (q, k, *more)
+    if not all(t.is_contiguous() and t.shape[3] == 128 for t in tensors):
+        return 0
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    G = q.shape[2] // k.shape[2]
+    return G if G in (8, 16, 32, 64) else 0
 
 
 def copy_layouts(dtype: torch.dtype, head_rows: int, key_rows: int, D: int):

@@ -46,9 +46,10 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, descriptor_type, element_type, fence_async_shared, gl,
-                            gluon, head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper,
-                            ring_barriers, tma, tma_load, tma_store, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, copies_fit, descriptor_type, element_type,
+                            fence_async_shared, gl, gluon, head_rows_descriptor, key_rows_descriptor, launch_failed,
+                            mbarrier, on_hopper, ring_barriers, tma, tma_load, tma_store, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Tokens a computing warpgroup owns (two a program: the Triton kernel's token tile of 128).
 TOKENS_PER_WARPGROUP = 64
@@ -75,12 +76,9 @@ def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, do: to
     """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices), the
     Triton kernel's Hopper tiles (64 rows of 8-64 heads, 128 tokens: ``kv_tiles``' ``GP``, ``BT``,
     ``BN``), and whole query tiles (``TQ`` a multiple of the tile's positions)."""
-    if not all(t.is_contiguous() for t in (q, k_cmp, v_cmp, do)) or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    G = q.shape[2] // k_cmp.shape[2]
-    return (q.shape[3] == k_cmp.shape[3] == v_cmp.shape[3] == 128 and G in (8, 16, 32, 64)
-            and kv_tiles["GP"] == G and kv_tiles["BT"] * G == ROWS and kv_tiles["BN"] == 2 * TOKENS_PER_WARPGROUP
-            and q.shape[1] % kv_tiles["BT"] == 0)
+    G = copies_fit(q, k_cmp, v_cmp, do)
+    return (G > 0 and kv_tiles["GP"] == G and kv_tiles["BT"] * G == ROWS
+            and kv_tiles["BN"] == 2 * TOKENS_PER_WARPGROUP and q.shape[1] % kv_tiles["BT"] == 0)
 
 
 if gluon is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
                             head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, tma_load,
                             warpgroup_mma, warpgroup_mma_wait)
 
@@ -48,9 +48,7 @@ def fits(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor) -> bool:
 def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor) -> bool:
     """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices) and 8-64
     query heads a KV head (64 rows a warpgroup: whole positions)."""
-    if not all(t.is_contiguous() for t in (q, k_cmp, v_cmp)) or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    return q.shape[3] == k_cmp.shape[3] == v_cmp.shape[3] == 128 and q.shape[2] // k_cmp.shape[2] in (8, 16, 32, 64)
+    return copies_fit(q, k_cmp, v_cmp) > 0
 
 
 if gluon is not None:

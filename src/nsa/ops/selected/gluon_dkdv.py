@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
                             key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, tma_load,
                             warpgroup_mma, warpgroup_mma_wait)
 
@@ -67,11 +67,8 @@ def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices), 8-64
     heads a KV head in steps of 64 rows (``bq``, the Triton kernel's queries a step, times ``G``),
     blocks of 64 keys and whole blocks of keys (a block's copy would read the next sequence's keys)."""
-    if not all(t.is_contiguous() for t in (q, k, v, do)) or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    G = q.shape[2] // k.shape[2]
-    return (q.shape[3] == k.shape[3] == v.shape[3] == 128 and G in (8, 16, 32, 64) and bq * G == ROWS
-            and sel_block == BLOCK and k.shape[1] % BLOCK == 0)
+    G = copies_fit(q, k, v, do)
+    return G > 0 and bq * G == ROWS and sel_block == BLOCK and k.shape[1] % BLOCK == 0
 
 
 if gluon is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
                             key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
                             tma_load, warpgroup_mma, warpgroup_mma_wait)
 
@@ -51,11 +51,8 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, cf
 def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, cfg: dict) -> bool:
     """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices), and the
     Triton kernel's Hopper tiles: 64 rows of 8-64 heads (``cfg``'s ``GP``, ``BT``), 128 keys (``BN``)."""
-    if not all(t.is_contiguous() for t in (q, k, v, do)) or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    G = q.shape[2] // k.shape[2]
-    return (q.shape[3] == k.shape[3] == v.shape[3] == 128 and G in (8, 16, 32, 64) and cfg["GP"] == G
-            and cfg["BT"] * G == ROWS and cfg["BN"] == 2 * KEYS_PER_WARPGROUP)
+    G = copies_fit(q, k, v, do)
+    return G > 0 and cfg["GP"] == G and cfg["BT"] * G == ROWS and cfg["BN"] == 2 * KEYS_PER_WARPGROUP
 
 
 if gluon is not None:

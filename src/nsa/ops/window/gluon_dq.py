@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
                             key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
                             tma_load, warpgroup_mma, warpgroup_mma_wait)
 
@@ -55,10 +55,8 @@ def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     heads a KV head; with the selected branch's forced blocks (``forced_block``, their size; 0
     without), blocks of 64 keys, each holding whole programs (``q_offset`` a multiple of a program's
     ``2 BT`` positions), as the forced share needs a program's positions in one block."""
-    if not all(t.is_contiguous() for t in (q, k, v, do)) or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    G = q.shape[2] // k.shape[2]
-    if not (q.shape[3] == k.shape[3] == v.shape[3] == 128 and G in (8, 16, 32, 64)):
+    G = copies_fit(q, k, v, do)
+    if not G:
         return False
     positions = 2 * ROWS // G
     return not forced_block or (forced_block == KEYS and q_offset % positions == 0)
