@@ -6,10 +6,14 @@ Why: at 64k the Triton kernel takes 5.2-5.4 ms of the forward+backward's 87 (H20
 while the dK/dV over the same band, in Gluon, runs at about 390 TFLOP/s; the dQ's programs are short
 (a query tile's band is 9 key tiles), so each program's loads and its start weigh on it.
 
-A program holds two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
-heads, 128 rows), one a computing warpgroup. One warp copies: the program's ``q`` and ``do`` rows
-once (one copy a position: its ``G`` heads are contiguous), then each key tile of the band, 64 keys
-of ``k`` and ``v``, into a ring of slots that both warpgroups read. A warpgroup's step issues the
+A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
+heads, 128 rows), one a computing warpgroup; the kernel is persistent: one program an SM walks the
+items ``program_id, program_id + programs, ...`` (those running at a time are neighbouring tiles of one
+head, whose keys L2 then serves once). One warp copies: an item's ``q`` and ``do`` rows (one copy a
+position: its ``G`` heads are contiguous) as soon as both warpgroups have issued the previous item's
+last products that read them, then each key tile of the item's band, 64 keys of ``k`` and ``v``, into
+a ring of slots that both warpgroups read and that runs on across items. So the next item's rows and
+first tiles arrive while the warpgroups finish an item and store its ``dQ``. A warpgroup's step issues the
 previous tile's ``dQ += dS K``, then this tile's ``S = Q K^T`` and ``dP = dO V^T``, waits for all three
 and releases the previous slot. The rows' lse, delta and gate stay in registers. The tiles are the
 window's band (masked) and, with ``FORCED``, the selected branch's forced blocks as the Triton kernel
@@ -27,9 +31,10 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
-                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
-                            tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
+                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper,
+                            ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._triton.device import sm_count
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -65,14 +70,22 @@ def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
 if gluon is not None:
 
     @gluon.jit
-    def _band(T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
+    def _item(item, T, H: gl.constexpr, BT: gl.constexpr):
+        """``(i_b, i_h, pair)`` of work item ``item``: the pairs of query tiles of one (batch, KV head)
+        are consecutive items."""
+        n_pairs = gl.cdiv(T, 2 * BT)
+        bh = item // n_pairs
+        return bh // H, bh % H, item % n_pairs
+
+    @gluon.jit
+    def _band(pair, T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
               FORCED: gl.constexpr):
-        """``(n_win, steps, first, s_local)`` of query tiles ``2 program_id(0)`` and the next: the band's
+        """``(n_win, steps, first, s_local)`` of query tiles ``2 pair`` and the next: the band's
         key tiles from ``first`` (``n_win`` of them; from ``s_local`` on, with ``FORCED``, the selected
         branch's local blocks too), then the initial blocks left of ``s_local`` (``steps - n_win``):
         ``key_band``'s and the Triton kernel's arithmetic over the program's ``2 BT`` positions (Gluon
         cannot call Triton functions; the GPU tests keep the two in step)."""
-        t_lo = q_offset + gl.program_id(0) * 2 * BT
+        t_lo = q_offset + pair * 2 * BT
         t_hi = gl.minimum(t_lo + 2 * BT, q_offset + T) - 1
         first = gl.maximum(t_lo - W + 1, 0) // BN * BN
         n_win = (t_hi - first) // BN + 1
@@ -89,33 +102,38 @@ if gluon is not None:
         return gl.where(j < n_win, first + j * BN, (j - n_win) * BN)
 
     @gluon.jit
-    def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready,
-                        kv_empty, T, TK, q_offset, W, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr,
-                        LOCAL: gl.constexpr, FORCED: gl.constexpr, STAGES: gl.constexpr):
-        """One warp: the program's ``q`` and ``do`` rows (one copy a position; positions past the last
-        query copy the last one's), then each step's key tile into its slot once both warpgroups have
-        released it."""
+    def _copy_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_free,
+                        kv_ready, kv_empty, T, TK, q_offset, W, n_items, H: gl.constexpr, G: gl.constexpr,
+                        INIT: gl.constexpr, LOCAL: gl.constexpr, FORCED: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: each item's ``q`` and ``do`` rows (one copy a position; positions past the last query
+        copy the last one's) once both warpgroups have released the previous item's, then each step's key
+        tile into its slot once both warpgroups have released it; ``g`` counts the ring's steps."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DH: gl.constexpr = k_desc.block_type.shape[1]
         BT: gl.constexpr = q_smem.shape[1] // G
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        i0 = gl.program_id(0) * 2 * BT
-        n_win, steps, first, s_local = _band(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
-        mbarrier.expect(qdo_bar, 2 * BT * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
-        for p in gl.static_range(2 * BT):
-            row = ((i_b * T + gl.minimum(i0 + p, T - 1)) * H + i_h) * G
-            tma_load(q_desc, [row, 0], qdo_bar, q_smem.index(p // BT).slice((p % BT) * G, G))
-            tma_load(do_desc, [row, 0], qdo_bar, do_smem.index(p // BT).slice((p % BT) * G, G))
-        for j in range(steps):
-            slot = j % STAGES
-            key0 = i_b * TK + _key_tile(j, n_win, first, BN)
-            mbarrier.wait(kv_empty.index(slot), (j // STAGES) & 1)
-            bar = kv_ready.index(slot)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
-            tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
-            mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+        g = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_b, i_h, pair = _item(item, T, H, BT)
+            i0 = pair * 2 * BT
+            n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            mbarrier.wait(qdo_free, it & 1)
+            mbarrier.expect(qdo_ready, 2 * BT * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+            for p in gl.static_range(2 * BT):
+                row = ((i_b * T + gl.minimum(i0 + p, T - 1)) * H + i_h) * G
+                tma_load(q_desc, [row, 0], qdo_ready, q_smem.index(p // BT).slice((p % BT) * G, G))
+                tma_load(do_desc, [row, 0], qdo_ready, do_smem.index(p // BT).slice((p % BT) * G, G))
+            for j in range(steps):
+                slot = (g + j) % STAGES
+                key0 = i_b * TK + _key_tile(j, n_win, first, BN)
+                mbarrier.wait(kv_empty.index(slot), ((g + j) // STAGES) & 1)
+                bar = kv_ready.index(slot)
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
+                tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
+                mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+            g += steps
+            it += 1
 
     @gluon.jit
     def _rows(x, o_row, m_row, other):
@@ -158,12 +176,14 @@ if gluon is not None:
         return ds
 
     @gluon.jit
-    def _compute_partition(dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
-                           lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H: gl.constexpr,
-                           G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, GATED: gl.constexpr,
-                           FORCED: gl.constexpr, ACC: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
-        """Warpgroup ``WG``'s 64 rows over the program's key tiles (the module's docstring gives a step's
-        order); then its ``dQ`` rows, times ``scale``."""
+    def _compute_partition(dq, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_free, kv_ready, kv_empty, lse, delta,
+                           gate, lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, n_items,
+                           H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
+                           GATED: gl.constexpr, FORCED: gl.constexpr, ACC: gl.constexpr, WG: gl.constexpr,
+                           STAGES: gl.constexpr):
+        """Warpgroup ``WG``'s 64 rows of each of the program's items over the item's key tiles (the
+        module's docstring gives a step's order), then their ``dQ`` rows, times ``scale``; ``g`` counts
+        the ring's steps as the copy warp does."""
         M: gl.constexpr = q_smem.shape[1]
         DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
@@ -174,72 +194,80 @@ if gluon is not None:
                                                              instr_shape=[16, DH, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         HQ: gl.constexpr = H * G
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        i0 = gl.program_id(0) * 2 * BT + WG * BT  # the warpgroup's first query
-        n_win, steps, first, s_local = _band(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)  # the program's band
         o_m = gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
-        t_m = i0 + o_m // G
-        m_m = t_m < T
-        o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
-        pos = gl.expand_dims(q_offset + t_m, 1)  # [M, 1]
-        # rows past the last query: lse +inf makes their P, and so their dS, 0
-        w_lse = _rows(lse, o_row, m_m, float("inf"))
-        w_delta = _rows(delta, o_row, m_m, 0.0)
-        w_gate = w_lse  # read only with GATED
-        if GATED:
-            w_gate = _rows(gate, o_row, m_m, 0.0)
-        f_lse, f_delta, f_gate = w_lse, w_delta, w_gate  # the selected branch's, read only with FORCED
-        if FORCED:
-            f_lse = _rows(lse_frc, o_row, m_m, float("inf"))
-            f_delta = _rows(delta_frc, o_row, m_m, 0.0)
-            if GATED:
-                f_gate = _rows(gate_frc, o_row, m_m, 0.0)
         o_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        o_ma = gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout))
+        o_d = gl.expand_dims(gl.arange(0, DH, layout=gl.SliceLayout(0, acc_layout)), 0)
         q = q_smem.index(WG)
         do = do_smem.index(WG)
-        dq_acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([M, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(qdo_bar, 0)
-        # steps >= 1: every query's band holds its own key
-        mbarrier.wait(kv_ready.index(0), 0)
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(do, v_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        for j in range(steps - 1):
-            slot = j % STAGES
-            nxt = (j + 1) % STAGES
-            ds = _ds(s, dp, j, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta, f_gate,
-                     qk_scale, GATED, FORCED)
-            dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(slot), dq_acc,
+        g = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_b, i_h, pair = _item(item, T, H, BT)
+            i0 = pair * 2 * BT + WG * BT  # the warpgroup's first query
+            n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            t_m = i0 + o_m // G
+            m_m = t_m < T
+            o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
+            pos = gl.expand_dims(q_offset + t_m, 1)  # [M, 1]
+            # rows past the last query: lse +inf makes their P, and so their dS, 0
+            w_lse = _rows(lse, o_row, m_m, float("inf"))
+            w_delta = _rows(delta, o_row, m_m, 0.0)
+            w_gate = w_lse  # read only with GATED
+            if GATED:
+                w_gate = _rows(gate, o_row, m_m, 0.0)
+            f_lse, f_delta, f_gate = w_lse, w_delta, w_gate  # the selected branch's, read only with FORCED
+            if FORCED:
+                f_lse = _rows(lse_frc, o_row, m_m, float("inf"))
+                f_delta = _rows(delta_frc, o_row, m_m, 0.0)
+                if GATED:
+                    f_gate = _rows(gate_frc, o_row, m_m, 0.0)
+            dq_acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
+            mbarrier.wait(qdo_ready, it & 1)
+            # steps >= 1: every query's band holds its own key
+            mbarrier.wait(kv_ready.index(g % STAGES), (g // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do, v_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)
-            mbarrier.wait(kv_ready.index(nxt), ((j + 1) // STAGES) & 1)
-            s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(do, v_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s, dp, dq_acc = warpgroup_mma_wait(0, deps=(s_tok, dp_tok, dq_acc))
-            mbarrier.arrive(kv_empty.index(slot))
-        last = (steps - 1) % STAGES
-        ds = _ds(s, dp, steps - 1, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta,
-                 f_gate, qk_scale, GATED, FORCED)
-        dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(last), dq_acc,
-                               is_async=True)
-        dq_acc = warpgroup_mma_wait(0, deps=(dq_acc,))
-        o_r = i0 + gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout)) // G
-        o_h = i_h * G + gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout)) % G
-        o_d = gl.expand_dims(gl.arange(0, DH, layout=gl.SliceLayout(0, acc_layout)), 0)
-        offs = gl.expand_dims(((i_b.to(gl.int64) * T + o_r) * HQ + o_h) * DH, 1) + o_d  # [B, T, HQ, DH]
-        store_scaled(dq, dq_acc, offs, gl.expand_dims(o_r < T, 1) & (o_d < DH), scale, ACC)
+            s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            for j in range(steps - 1):
+                slot = (g + j) % STAGES
+                nxt = (g + j + 1) % STAGES
+                ds = _ds(s, dp, j, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta,
+                         f_gate, qk_scale, GATED, FORCED)
+                dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(slot), dq_acc,
+                                       is_async=True)
+                mbarrier.wait(kv_ready.index(nxt), ((g + j + 1) // STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                dp_tok = warpgroup_mma(do, v_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s, dp, dq_acc = warpgroup_mma_wait(0, deps=(s_tok, dp_tok, dq_acc))
+                mbarrier.arrive(kv_empty.index(slot))
+            mbarrier.arrive(qdo_free)  # the item's products that read q and do are done
+            last = (g + steps - 1) % STAGES
+            ds = _ds(s, dp, steps - 1, n_win, first, s_local, o_n, pos, W, w_lse, w_delta, w_gate, f_lse, f_delta,
+                     f_gate, qk_scale, GATED, FORCED)
+            dq_acc = warpgroup_mma(gl.convert_layout(ds.to(q_smem.dtype), a_layout), k_smem.index(last), dq_acc,
+                                   is_async=True)
+            dq_acc = warpgroup_mma_wait(0, deps=(dq_acc,))
+            mbarrier.arrive(kv_empty.index(last))  # the ring runs on into the next item
+            o_r = i0 + o_ma // G
+            offs = gl.expand_dims(((i_b.to(gl.int64) * T + o_r) * HQ + i_h * G + o_ma % G) * DH, 1) + o_d
+            store_scaled(dq, dq_acc, offs, gl.expand_dims(o_r < T, 1) & (o_d < DH), scale, ACC)
+            g += steps
+            it += 1
 
     @gluon.jit
     def window_bwd_dq_gluon_kernel(
         q_desc, do_desc, k_desc, v_desc,  # q/do [B*T*HQ, D] (G rows a copy), k/v [B*TK, H*D] (64 keys a copy)
         dq, lse, delta, gate, lse_frc, delta_frc, gate_frc,
-        T, TK, q_offset, W, qk_scale, scale,
+        T, TK, q_offset, W, qk_scale, scale, n_items,
         H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, GATED: gl.constexpr,
         FORCED: gl.constexpr, ACC: gl.constexpr, STAGES: gl.constexpr,
     ):
-        """Grid ``(pairs of query tiles, B * H)``, ``num_warps=4`` (the default partition is warpgroup
-        0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24."""
+        """Grid ``(programs,)``, at most one an SM, over ``n_items`` pairs of query tiles (``B H`` times
+        ``cdiv(T, 2 BT)``), ``num_warps=4`` (the default partition is warpgroup 0), ``maxnreg=168``: the
+        computing warpgroups get 240 registers, the copy warp 24."""
         DH: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         M: gl.constexpr = 64  # rows a warpgroup
@@ -247,18 +275,23 @@ if gluon is not None:
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, M, DH], do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DH], v_desc.layout)
-        qdo_bar, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
+        qdo_ready, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
+        # released by both warpgroups once an item's products that read q and do are done; starts so
+        qdo_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(qdo_free, count=2)
+        fence_async_shared()
+        mbarrier.arrive(qdo_free, count=2)
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
-            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
-                                  lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H, G, INIT, LOCAL,
-                                  GATED, FORCED, ACC, WG0, STAGES)),
-            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready, kv_empty, lse, delta, gate,
-                                  lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, H, G, INIT, LOCAL,
-                                  GATED, FORCED, ACC, WG1, STAGES)),
-            (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_bar, kv_ready,
-                               kv_empty, T, TK, q_offset, W, H, G, INIT, LOCAL, FORCED, STAGES)),
+            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_free, kv_ready, kv_empty, lse,
+                                  delta, gate, lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, n_items,
+                                  H, G, INIT, LOCAL, GATED, FORCED, ACC, WG0, STAGES)),
+            (_compute_partition, (dq, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_free, kv_ready, kv_empty, lse,
+                                  delta, gate, lse_frc, delta_frc, gate_frc, T, q_offset, W, qk_scale, scale, n_items,
+                                  H, G, INIT, LOCAL, GATED, FORCED, ACC, WG1, STAGES)),
+            (_copy_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qdo_ready, qdo_free,
+                               kv_ready, kv_empty, T, TK, q_offset, W, n_items, H, G, INIT, LOCAL, FORCED, STAGES)),
         ], [4, 1], [240, 24])
 
 
@@ -275,12 +308,12 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
     q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
     gate_frc, lse_frc, delta_frc = frc
-    positions = 2 * ROWS // G
-    grid = (-(-T // positions), B * H)
+    n_items = B * H * -(-T // (2 * ROWS // G))
+    grid = (min(n_items, sm_count(q.device)),)
     try:
         window_bwd_dq_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, dq, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,
-            gate_frc, T, TK, q_offset, window, qk_scale, scale, H=H, G=G, INIT=forced[1], LOCAL=forced[2],
+            gate_frc, T, TK, q_offset, window, qk_scale, scale, n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2],
             GATED=gate is not None, FORCED=forced[0], ACC=acc, STAGES=STAGES, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the window dQ", "NSA_GLUON_WINDOW_DQ", exc) from exc
@@ -301,5 +334,5 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
                  "v_desc": descriptor_type(dtype, [KEYS, D], key_layout),
                  "dq": el, **{name: "*fp32" for name in ("lse", "delta", "gate", "lse_frc", "delta_frc", "gate_frc")},
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",
-                 **{name: "constexpr" for name in values}}
+                 "n_items": "i32", **{name: "constexpr" for name in values}}
     return compile_for_sm90(window_bwd_dq_gluon_kernel, signature, values, LAUNCH_OPTIONS)
