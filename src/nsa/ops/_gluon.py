@@ -1,6 +1,7 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
-slots (:func:`ring_barriers`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
+slots (:func:`ring_barriers`) and of a persistent program's items (:func:`released_barrier`,
+:func:`pair_item`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
 descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
 failed launch raises.
 
@@ -32,8 +33,8 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90", "launch_failed",
-           "ring_barriers", "store_scaled"]
+           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90",
+           "launch_failed", "ring_barriers", "released_barrier", "pair_item", "store_scaled"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -135,6 +136,27 @@ if gluon is not None:
         return kv_bar, ready, empty
 
     @gluon.jit
+    def released_barrier(CONSUMERS: gl.constexpr):
+        """A persistent program's barrier for its one-off copies of an item (the rows a copy warp loads
+        once an item): ``CONSUMERS`` computing warpgroups release it once the item's products that read
+        those rows are done, and the copy warp waits for that before it loads the next item's; it
+        starts released."""
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=CONSUMERS)
+        fence_async_shared()
+        mbarrier.arrive(bar, count=CONSUMERS)
+        return bar
+
+    @gluon.jit
+    def pair_item(item, T, H: gl.constexpr, BT: gl.constexpr):
+        """``(i_b, i_h, pair)`` of a persistent window kernel's work item ``item``: two query tiles of
+        ``BT`` positions, ``pair`` the index of the first's pair in its (batch, KV head), whose pairs are
+        consecutive items (the programs running at a time then share keys through L2)."""
+        n_pairs = gl.cdiv(T, 2 * BT)
+        bh = item // n_pairs
+        return bh // H, bh % H, item % n_pairs
+
+    @gluon.jit
     def store_scaled(out, acc, offs, mask, scale, ACC: gl.constexpr):
         """``acc * scale`` into ``out`` at ``offs`` in its dtype; with ``ACC`` plus what ``out`` held,
         rounded once (the Triton kernels' ``store_scaled`` rule)."""
@@ -143,4 +165,4 @@ if gluon is not None:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
-    ring_barriers = store_scaled = None
+    ring_barriers = released_barrier = pair_item = store_scaled = None

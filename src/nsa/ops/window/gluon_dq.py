@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
-                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper,
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
+                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item, released_barrier,
                             ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
 from nsa.ops._triton.device import sm_count
 
@@ -68,14 +68,6 @@ def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
 
 
 if gluon is not None:
-
-    @gluon.jit
-    def _item(item, T, H: gl.constexpr, BT: gl.constexpr):
-        """``(i_b, i_h, pair)`` of work item ``item``: the pairs of query tiles of one (batch, KV head)
-        are consecutive items."""
-        n_pairs = gl.cdiv(T, 2 * BT)
-        bh = item // n_pairs
-        return bh // H, bh % H, item % n_pairs
 
     @gluon.jit
     def _band(pair, T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
@@ -114,7 +106,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = _item(item, T, H, BT)
+            i_b, i_h, pair = pair_item(item, T, H, BT)
             i0 = pair * 2 * BT
             n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             mbarrier.wait(qdo_free, it & 1)
@@ -204,7 +196,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = _item(item, T, H, BT)
+            i_b, i_h, pair = pair_item(item, T, H, BT)
             i0 = pair * 2 * BT + WG * BT  # the warpgroup's first query
             n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             t_m = i0 + o_m // G
@@ -276,11 +268,7 @@ if gluon is not None:
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DH], v_desc.layout)
         qdo_ready, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
-        # released by both warpgroups once an item's products that read q and do are done; starts so
-        qdo_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(qdo_free, count=2)
-        fence_async_shared()
-        mbarrier.arrive(qdo_free, count=2)
+        qdo_free = released_barrier(2)  # both warpgroups, once an item's products that read q and do are done
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
