@@ -32,6 +32,24 @@
 #
 #   bash scripts/gpu_session65.sh tables      # nsa-bench prefill (8k-64k) and decode (batch 1-64); the
 #                                             # same GPU tests with the library's defaults
+#
+# At 705c8e2: prefill 64k 31.67 / 117.3 ms (3.70x) forward, 87.28 / 446.3 (5.11x) forward+backward; 8k
+# 0.79x and 1.21x. Decode at 64k 19.01 / 49.55 us (2.61x) at batch 1, 71.63 / 492.8 (6.88x) at batch
+# 16. 436 GPU tests pass, 18 skipped. Two more forms of the window forward, each the persistent kernel
+# with one step's order changed, in .variants65/ beside a copy whose fits() says no (the Triton kernel),
+# against the branch's (the pipelined one, tested), the branch exported to .branch65/ again:
+#   serial:  a step's softmax, then its P V and the next S, both waited for (the first form's order)
+#   early_s: the next S issued before the softmax, then P V, both waited for
+#
+#   bash scripts/gpu_session65.sh variants    # the gradients against the branch's; ABBA forward+backward
+#                                             # and kernel lists at 64k and 8k
+#
+# Gradients bit for bit the branch's in all three. 64k, the kernel: early_s 4.52-4.56 ms, serial
+# 4.66-4.74, the Triton kernel 4.81-4.84, the pipelined branch 5.68-5.77 (a slower machine than the
+# first calls'); the forward+backward within noise (87.82-88.34 but the pipelined 88.40-89.18). 8k:
+# early_s 0.505, serial 0.516-0.523, Triton 0.538-0.544, pipelined 0.640-0.641. The early_s order is
+# now the branch's kernel (df4fe66, the same arithmetic; .variants65/ deleted), merged into main with
+# NSA_GLUON_WINDOW_FWD off: its GPU tests and the whole suite have yet to run on this form.
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session65.sh STEP}"
 
@@ -69,6 +87,12 @@ tables)
     worker_tests 400 "$(git rev-parse --short HEAD 2>/dev/null || echo session65)" tests/ops tests/test_module.py \
         tests/test_varlen.py
     tar_reports
+    ;;
+variants)
+    use_branch_tree
+    NSA_GLUON_WINDOW_FWD=1 probe_run 240 fwd_variants --lengths 65536 8192 --only gluon_dkdv_variants \
+        --dkdv-branch window --variant-module gluon_fwd --dkdv-variant triton=../.variants65/fwd_triton.py \
+        --dkdv-variant serial=../.variants65/fwd_serial.py --dkdv-variant early_s=../.variants65/fwd_early_s.py
     ;;
 *)
     echo "unknown step $step"; exit 2
