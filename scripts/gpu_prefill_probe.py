@@ -85,6 +85,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
     ``gluon_dkdv``.
+39. **The window forward in Gluon** (``gluon_window_fwd``): ``NSA_GLUON_WINDOW_FWD`` off and on, as
+    ``gluon_pass1``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -988,6 +990,10 @@ GLUON_WINDOW_DKDV = (("Triton dK/dV", {"NSA_GLUON_WINDOW_DKDV": "0"}),
 #: ``NSA_GLUON_WINDOW_DQ`` off and on (the window branch's dQ in Gluon, written in session 64).
 GLUON_WINDOW_DQ = (("Triton dQ", {"NSA_GLUON_WINDOW_DQ": "0"}), ("Gluon dQ", {"NSA_GLUON_WINDOW_DQ": "1"}))
 
+#: ``NSA_GLUON_WINDOW_FWD`` off and on (the window branch's forward in Gluon, written in session 64).
+GLUON_WINDOW_FWD = (("Triton forward", {"NSA_GLUON_WINDOW_FWD": "0"}),
+                    ("Gluon forward", {"NSA_GLUON_WINDOW_FWD": "1"}))
+
 #: ``NSA_GLUON_COMPRESSED_PASS1`` off and on (the compressed forward's pass 1 in Gluon, session 63).
 GLUON_PASS1 = (("Triton pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "0"}),
                ("Gluon pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "1"}))
@@ -1029,6 +1035,14 @@ def gluon_pass1(T: int, config: NSAConfig) -> None:
     import os
 
     ab_rounds_and_lists(T, config, os.environ, GLUON_PASS1, "compressed")
+
+
+def gluon_window_fwd(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_WINDOW_FWD`` off and on: the forward and the forward+backward in ABBA rounds and the
+    forward's kernel lists (:func:`ab_rounds_and_lists` over the environment)."""
+    import os
+
+    ab_rounds_and_lists(T, config, os.environ, GLUON_WINDOW_FWD, "window")
 
 
 def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
@@ -1859,7 +1873,7 @@ SECTIONS = {
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
-    "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq,
+    "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
 }
 
 

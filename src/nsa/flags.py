@@ -223,6 +223,15 @@ FLAGS: Mapping[str, Flag] = _declare(
         "until the whole GPU suite has run with it); off runs the Triton kernel.",
     ),
     Flag(
+        "NSA_GLUON_WINDOW_FWD",
+        bool,
+        False,
+        "Forward on Hopper (16-bit, 128-wide heads; with the selected branch's forced blocks, blocks "
+        "of 64 keys): the window branch's forward, where it does not sum the gated branches, as a "
+        "warp-specialised Gluon kernel (a copy warp, two computing warpgroups of 64 rows sharing each "
+        "64-key tile); off runs the Triton kernel. Not yet measured on a GPU.",
+    ),
+    Flag(
         "NSA_GLUON_COMPRESSED_PASS1",
         bool,
         True,
