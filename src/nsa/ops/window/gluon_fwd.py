@@ -6,15 +6,18 @@ Why: at 64k the Triton kernel takes 4.4-4.9 ms of the forward's 31.6 and of the 
 (H200, session 64), well below the window dK/dV's rate in Gluon: a query tile's band is 9 key tiles,
 and each program's loads and start weigh on it.
 
-A program holds two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
-heads, 128 rows), one a computing warpgroup. One warp copies: the program's ``q`` rows once (one copy
-a position), then each 64-key tile of ``k`` and ``v`` into a ring of slots that both warpgroups read.
-A warpgroup's step runs the online softmax of the tile's scores, issues ``acc += P V``, then the next
-tile's ``S = Q K^T``, and waits for both. With ``FORCED`` (the NSA prefill's selected branch reads
-the same keys) the steps are the Triton kernel's: the local blocks first (the band's last tiles),
-whose state is both branches'; that state is kept aside while the initial blocks left of them extend
-the selected branch's alone, which is then stored (``o_frc``, ``lse_frc``: the selected kernel's
-starting state); then the window's other tiles extend the kept state. Rows past the last query copy
+A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
+heads, 128 rows), one a computing warpgroup; the kernel is persistent, as the Gluon dQ: one program
+an SM walks the items ``program_id, program_id + programs, ...``. One warp copies: an item's ``q`` rows
+(one copy a position) once both warpgroups have issued the previous item's last ``S = Q K^T``, then
+each 64-key tile of ``k`` and ``v`` into a ring of slots that both warpgroups read and that runs on
+across items. A warpgroup's step issues its tile's ``S = Q K^T`` and the previous tile's
+``acc += P V``, runs the softmax of ``S`` once it has landed, while ``P V`` runs, then rescales
+``acc``. With ``FORCED`` (the NSA prefill's selected branch reads the same keys) the steps are the
+Triton kernel's: the local blocks first (the band's last tiles), whose state is both branches'; that
+state is kept aside while the initial blocks left of them extend the selected branch's alone, which
+is then stored (``o_frc``, ``lse_frc``: the selected kernel's starting state); then the window's other
+tiles extend the kept state. Rows past the last query copy
 the last one's rows and are not stored.
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
@@ -28,8 +31,9 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
-                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, tma_load,
-                            warpgroup_mma, warpgroup_mma_wait)
+                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item, released_barrier,
+                            ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._triton.device import sm_count
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -61,14 +65,13 @@ def shapes_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int,
 if gluon is not None:
 
     @gluon.jit
-    def _steps(T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
+    def _steps(pair, T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
                FORCED: gl.constexpr):
-        """``(n_loc, n_init, steps, first, s_local)`` of query tiles ``2 program_id(0)`` and the next: with
-        ``FORCED`` the local blocks' tiles from ``s_local`` (``n_loc``), then the initial blocks left of
-        them (``n_init``); then the window's tiles from ``first`` up to ``s_local`` (without ``FORCED``,
-        to the last query): the Triton kernel's arithmetic (``key_band``) over the program's ``2 BT``
-        positions."""
-        t_lo = q_offset + gl.program_id(0) * 2 * BT
+        """``(n_loc, n_init, steps, first, s_local)`` of query tiles ``2 pair`` and the next: with ``FORCED``
+        the local blocks' tiles from ``s_local`` (``n_loc``), then the initial blocks left of them
+        (``n_init``); then the window's tiles from ``first`` up to ``s_local`` (without ``FORCED``, to the
+        last query): the Triton kernel's arithmetic (``key_band``) over the item's ``2 BT`` positions."""
+        t_lo = q_offset + pair * 2 * BT
         t_hi = gl.minimum(t_lo + 2 * BT, q_offset + T) - 1
         first = gl.maximum(t_lo - W + 1, 0) // BN * BN
         n_loc = 0
@@ -88,31 +91,37 @@ if gluon is not None:
         return gl.where(j < n_loc + n_init, tile, first + (j - n_loc - n_init) * BN)
 
     @gluon.jit
-    def _copy_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, T, TK, q_offset,
-                        W, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
-                        FORCED: gl.constexpr, STAGES: gl.constexpr):
-        """One warp: the program's ``q`` rows (one copy a position; positions past the last query copy the
-        last one's), then each step's key tile into its slot once both warpgroups have released it."""
+    def _copy_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, T, TK,
+                        q_offset, W, n_items, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr,
+                        LOCAL: gl.constexpr, FORCED: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: each item's ``q`` rows (one copy a position; positions past the last query copy the
+        last one's) once both warpgroups have released the previous item's, then each step's key tile
+        into its slot once both warpgroups have released it; ``g`` counts the ring's steps."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DH: gl.constexpr = k_desc.block_type.shape[1]
         BT: gl.constexpr = q_smem.shape[1] // G
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        i0 = gl.program_id(0) * 2 * BT
-        n_loc, n_init, steps, first, s_local = _steps(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
-        mbarrier.expect(q_bar, 2 * BT * q_desc.block_type.nbytes)
-        for p in gl.static_range(2 * BT):
-            row = ((i_b * T + gl.minimum(i0 + p, T - 1)) * H + i_h) * G
-            tma_load(q_desc, [row, 0], q_bar, q_smem.index(p // BT).slice((p % BT) * G, G))
-        for j in range(steps):
-            slot = j % STAGES
-            key0 = i_b * TK + _key_tile(j, n_loc, n_init, first, s_local, BN)
-            mbarrier.wait(kv_empty.index(slot), (j // STAGES) & 1)
-            bar = kv_ready.index(slot)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
-            tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
-            mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+        g = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_b, i_h, pair = pair_item(item, T, H, BT)
+            i0 = pair * 2 * BT
+            n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            mbarrier.wait(q_free, it & 1)
+            mbarrier.expect(q_ready, 2 * BT * q_desc.block_type.nbytes)
+            for p in gl.static_range(2 * BT):
+                row = ((i_b * T + gl.minimum(i0 + p, T - 1)) * H + i_h) * G
+                tma_load(q_desc, [row, 0], q_ready, q_smem.index(p // BT).slice((p % BT) * G, G))
+            for j in range(steps):
+                slot = (g + j) % STAGES
+                key0 = i_b * TK + _key_tile(j, n_loc, n_init, first, s_local, BN)
+                mbarrier.wait(kv_empty.index(slot), ((g + j) // STAGES) & 1)
+                bar = kv_ready.index(slot)
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
+                tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
+                mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+            g += steps
+            it += 1
 
     @gluon.jit
     def _store_finished(o, lse, acc, m, l, o_row, m_row, acc_layout: gl.constexpr):
@@ -130,24 +139,38 @@ if gluon is not None:
         gl.store(o + rows * DH + cols, (acc * inv).to(o.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc, n_init, FORCED: gl.constexpr,
-                acc_layout: gl.constexpr):
-        """Before step ``j``, with ``FORCED``: after the local blocks' steps, keep their state aside (the
-        window's) and go on with it as the selected branch's; after the initial blocks' steps, store the
-        selected branch's state and take the window's back. Returns the running and the kept states."""
+    def _switch_stats(j, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED: gl.constexpr):
+        """Before step ``j``'s softmax, with ``FORCED``: after the local blocks' steps keep their row
+        statistics aside (the window's) and go on with them as the selected branch's; after the initial
+        blocks' steps set the selected branch's aside (:func:`_switch_acc` stores them) and take the
+        window's back."""
         if FORCED:
             if j == n_loc:
-                acc_a, m_a, l_a = acc, m, l
+                m_a, l_a = m, l
             if j == n_loc + n_init:
-                _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
-                acc, m, l = acc_a, m_a, l_a
-        return acc, m, l, acc_a, m_a, l_a
+                m_sel, l_sel = m, l
+                m, l = m_a, l_a
+        return m, l, m_a, l_a, m_sel, l_sel
 
     @gluon.jit
-    def _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr,
-                 acc_layout: gl.constexpr):
+    def _switch_acc(j, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init, FORCED: gl.constexpr,
+                    acc_layout: gl.constexpr):
+        """:func:`_switch_stats`'s switches for the accumulator, once it holds the steps before ``j``: the
+        second stores the selected branch's state (``o_frc``, ``lse_frc``: the selected forward's
+        start)."""
+        if FORCED:
+            if j == n_loc:
+                acc_a = acc
+            if j == n_loc + n_init:
+                _store_finished(o_frc, lse_frc, acc, m_sel, l_sel, o_row, m_row, acc_layout)
+                acc = acc_a
+        return acc, acc_a
+
+    @gluon.jit
+    def _softmax(s, j, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr):
         """Step ``j``'s online-softmax update (``attn_fwd_step``'s arithmetic) from its raw scores ``s``:
-        ``(p, acc * alpha, m, l)``; the band masks every step but the initial blocks' (before every row)."""
+        ``(p, m, l, alpha)``, the accumulator's factor ``alpha`` left to the caller (it lands later); the
+        band masks every step but the initial blocks' (before every row)."""
         BN: gl.constexpr = s.shape[1]
         key = gl.expand_dims(_key_tile(j, n_loc, n_init, first, s_local, BN) + o_n, 0)  # [1, BN]
         visible = (key <= pos) & (key > pos - W)
@@ -158,16 +181,17 @@ if gluon is not None:
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing shifts by 0
         p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
         alpha = gl.exp2(m - shift)
-        l = l * alpha + gl.sum(p, 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
-        return p, acc, m_new, l
+        return p, m_new, l * alpha + gl.sum(p, 1), alpha
 
     @gluon.jit
-    def _compute_partition(o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, T, q_offset, W,
-                           qk_scale, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
-                           FORCED: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
-        """Warpgroup ``WG``'s 64 rows over the program's key tiles (the module's docstring gives a step's
-        order); then its ``o`` and ``lse`` rows (and, with ``FORCED``, the selected branch's)."""
+    def _compute_partition(o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, T,
+                           q_offset, W, qk_scale, n_items, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr,
+                           LOCAL: gl.constexpr, FORCED: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
+        """Warpgroup ``WG``'s 64 rows of each of the program's items over the item's key tiles, then their
+        ``o`` and ``lse`` (and, with ``FORCED``, the selected branch's). Step ``j`` issues ``S = Q K^T``
+        of its tile and the previous step's ``acc += P V``, runs its softmax once ``S`` has landed (while
+        ``P V`` runs), then rescales ``acc`` once that has; ``g`` counts the ring's steps as the copy warp
+        does."""
         M: gl.constexpr = q_smem.shape[1]
         DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
@@ -178,78 +202,88 @@ if gluon is not None:
                                                              instr_shape=[16, DH, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         HQ: gl.constexpr = H * G
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        i0 = gl.program_id(0) * 2 * BT + WG * BT  # the warpgroup's first query
-        n_loc, n_init, steps, first, s_local = _steps(T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
         o_m = gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
-        t_m = i0 + o_m // G
-        m_row = t_m < T
-        o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
-        pos = gl.expand_dims(q_offset + t_m, 1)  # [M, 1]
         o_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         q = q_smem.index(WG)
-        acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
-        m = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc_a, m_a, l_a = acc, m, l  # the window's state, kept aside while the initial blocks run
         s_zero = gl.zeros([M, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bar, 0)
-        # steps >= 1: every query's band holds its own key
-        mbarrier.wait(kv_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        for j in range(steps - 1):
-            slot = j % STAGES
-            nxt = (j + 1) % STAGES
-            acc, m, l, acc_a, m_a, l_a = _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc,
-                                                 n_init, FORCED, acc_layout)
-            p, acc, m, l = _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED,
-                                    acc_layout)
-            acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(slot), acc,
+        g = 0
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_b, i_h, pair = pair_item(item, T, H, BT)
+            n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            t_m = pair * 2 * BT + WG * BT + o_m // G
+            m_row = t_m < T
+            o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
+            pos = gl.expand_dims(q_offset + t_m, 1)  # [M, 1]
+            acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
+            m = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            # the window's state, kept aside while the initial blocks run, and the selected branch's statistics
+            acc_a, m_a, l_a, m_sel, l_sel = acc, m, l, m, l
+            mbarrier.wait(q_ready, it & 1)
+            # steps >= 1 (every query's band holds its own key), and no switch before step 1: step 0 is
+            # the window's first tile or, with FORCED, a local block's
+            mbarrier.wait(kv_ready.index(g % STAGES), (g // STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            p, m, l, alpha = _softmax(s, 0, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED)
+            for j in range(1, steps):
+                prev = (g + j - 1) % STAGES
+                cur = (g + j) % STAGES
+                mbarrier.wait(kv_ready.index(cur), ((g + j) // STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(prev), acc,
+                                    is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))  # S lands first: the products finish in order
+                m, l, m_a, l_a, m_sel, l_sel = _switch_stats(j, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED)
+                p, m, l, alpha = _softmax(s, j, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(kv_empty.index(prev))
+                acc, acc_a = _switch_acc(j, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init,
+                                         FORCED, acc_layout)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+            mbarrier.arrive(q_free)  # the item's products that read q are done
+            last = (g + steps - 1) % STAGES
+            acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(last), acc,
                                 is_async=True)
-            mbarrier.wait(kv_ready.index(nxt), ((j + 1) // STAGES) & 1)
-            s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))
-            mbarrier.arrive(kv_empty.index(slot))
-        last = (steps - 1) % STAGES
-        acc, m, l, acc_a, m_a, l_a = _switch(steps - 1, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
-                                             n_loc, n_init, FORCED, acc_layout)
-        p, acc, m, l = _softmax(s, steps - 1, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED,
-                                acc_layout)
-        acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        # the steps ended before the window's own tiles (or in the initial blocks): the switches left
-        acc, m, l, acc_a, m_a, l_a = _switch(steps, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc,
-                                             n_init, FORCED, acc_layout)
-        _store_finished(o, lse, acc, m, l, o_row, m_row, acc_layout)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(last))  # the ring runs on into the next item
+            # the steps ended before the window's own tiles (or in the initial blocks): the switches left
+            m, l, m_a, l_a, m_sel, l_sel = _switch_stats(steps, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED)
+            acc, acc_a = _switch_acc(steps, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init,
+                                     FORCED, acc_layout)
+            _store_finished(o, lse, acc, m, l, o_row, m_row, acc_layout)
+            g += steps
+            it += 1
 
     @gluon.jit
     def window_fwd_gluon_kernel(
         q_desc, k_desc, v_desc,  # q [B*T*HQ, D] (G rows a copy), k/v [B*TK, H*D] (64 keys a copy)
         o, lse, o_frc, lse_frc,
-        T, TK, q_offset, W, qk_scale,
+        T, TK, q_offset, W, qk_scale, n_items,
         H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr, FORCED: gl.constexpr,
         STAGES: gl.constexpr,
     ):
-        """Grid ``(pairs of query tiles, B * H)``, ``num_warps=4`` (the default partition is warpgroup
-        0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24."""
+        """Grid ``(programs,)``, at most one an SM, over ``n_items`` pairs of query tiles (``B H`` times
+        ``cdiv(T, 2 BT)``), ``num_warps=4`` (the default partition is warpgroup 0), ``maxnreg=168``: the
+        computing warpgroups get 240 registers, the copy warp 24."""
         DH: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         M: gl.constexpr = 64  # rows a warpgroup
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, M, DH], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DH], v_desc.layout)
-        q_bar, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
+        q_ready, kv_ready, kv_empty = ring_barriers(STAGES, 2)  # the consumers: both warpgroups
+        q_free = released_barrier(2)  # both warpgroups, once an item's products that read q are done
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
-            (_compute_partition, (o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, T, q_offset,
-                                  W, qk_scale, H, G, INIT, LOCAL, FORCED, WG0, STAGES)),
-            (_compute_partition, (o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, T, q_offset,
-                                  W, qk_scale, H, G, INIT, LOCAL, FORCED, WG1, STAGES)),
-            (_copy_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, kv_ready, kv_empty, T, TK,
-                               q_offset, W, H, G, INIT, LOCAL, FORCED, STAGES)),
+            (_compute_partition, (o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty,
+                                  T, q_offset, W, qk_scale, n_items, H, G, INIT, LOCAL, FORCED, WG0, STAGES)),
+            (_compute_partition, (o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty,
+                                  T, q_offset, W, qk_scale, n_items, H, G, INIT, LOCAL, FORCED, WG1, STAGES)),
+            (_copy_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, T,
+                               TK, q_offset, W, n_items, H, G, INIT, LOCAL, FORCED, STAGES)),
         ], [4, 1], [240, 24])
 
 
@@ -265,10 +299,11 @@ def window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T: int, q_offset: int, win
     row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
     q_desc = head_rows_descriptor(q, G, row_layout)
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
-    grid = (-(-T // (2 * ROWS // G)), B * H)
+    n_items = B * H * -(-T // (2 * ROWS // G))
+    grid = (min(n_items, sm_count(q.device)),)
     try:
         window_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, o_frc, lse_frc, T, TK, q_offset, window, qk_scale,
-                                      H=H, G=G, INIT=forced[1], LOCAL=forced[2], FORCED=forced[0], STAGES=STAGES,
+                                      n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2], FORCED=forced[0], STAGES=STAGES,
                                       **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the window forward", "NSA_GLUON_WINDOW_FWD", exc) from exc
@@ -286,6 +321,6 @@ def compile_for_hopper(G: int = 16, forced: bool = True, dtype: torch.dtype = to
                  "k_desc": descriptor_type(dtype, [KEYS, D], key_layout),
                  "v_desc": descriptor_type(dtype, [KEYS, D], key_layout),
                  "o": el, "lse": "*fp32", "o_frc": el, "lse_frc": "*fp32",
-                 "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32",
+                 "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "n_items": "i32",
                  **{name: "constexpr" for name in values}}
     return compile_for_sm90(window_fwd_gluon_kernel, signature, values, LAUNCH_OPTIONS)
