@@ -17,8 +17,7 @@ across items. A warpgroup's step issues its tile's ``S = Q K^T`` and the previou
 Triton kernel's: the local blocks first (the band's last tiles), whose state is both branches'; that
 state is kept aside while the initial blocks left of them extend the selected branch's alone, which
 is then stored (``o_frc``, ``lse_frc``: the selected kernel's starting state); then the window's other
-tiles extend the kept state. Rows past the last query copy
-the last one's rows and are not stored.
+tiles extend the kept state. Rows past the last query copy the last one's rows and are not stored.
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
 the Triton kernel (``tests/ops/test_gluon_window_fwd.py``); the CPU tests compile it for sm_90 with the
