@@ -80,7 +80,7 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     the selected branch's module with ``--dkdv-branch selected``.
 36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
     ``gluon_dkdv``. ``gluon_dkdv_variants`` takes the window's modules with ``--dkdv-branch window``,
-    its dQ's with ``--variant-module gluon_dq`` too.
+    its dQ's and forward's with ``--variant-module gluon_dq`` or ``gluon_fwd`` too.
 37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
@@ -1052,7 +1052,7 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
 
 #: ``(label, file)`` of the Gluon modules that :func:`gluon_dkdv_variants` puts in place of main's
 #: (``--dkdv-variant``), the branch whose module they replace (``--dkdv-branch``) and that module's
-#: name (``--variant-module``: ``gluon_dkdv``, or the window's ``gluon_dq``).
+#: name (``--variant-module``: ``gluon_dkdv``, or the window's ``gluon_dq`` or ``gluon_fwd``).
 DKDV_VARIANTS: List[Tuple[str, str]] = []
 DKDV_BRANCH = "compressed"
 VARIANT_MODULE = "gluon_dkdv"
@@ -1889,8 +1889,8 @@ def main() -> None:
                         help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
     parser.add_argument("--dkdv-branch", choices=("compressed", "selected", "window"), default="compressed",
                         help="the branch whose Gluon module the variants replace")
-    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq"), default="gluon_dkdv",
-                        help="the module the variants replace (gluon_dq: the window's dQ)")
+    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq", "gluon_fwd"), default="gluon_dkdv",
+                        help="the module the variants replace (gluon_dq, gluon_fwd: the window's dQ, forward)")
     args = parser.parse_args()
     for spec in args.dkdv_variant:
         label, sep, path = spec.partition("=")
@@ -1898,8 +1898,8 @@ def main() -> None:
             parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
         DKDV_VARIANTS.append((label, path))
     global KERNELS_LISTED, DKDV_BRANCH, VARIANT_MODULE
-    if args.variant_module == "gluon_dq" and args.dkdv_branch != "window":
-        parser.error("--variant-module gluon_dq is the window's: add --dkdv-branch window")
+    if args.variant_module in ("gluon_dq", "gluon_fwd") and args.dkdv_branch != "window":
+        parser.error(f"--variant-module {args.variant_module} is the window's: add --dkdv-branch window")
     DKDV_BRANCH, VARIANT_MODULE = args.dkdv_branch, args.variant_module
     KERNELS_LISTED = args.kernels
     config = NSAConfig()
