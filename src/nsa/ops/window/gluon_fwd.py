@@ -11,9 +11,10 @@ heads, 128 rows), one a computing warpgroup; the kernel is persistent, as the Gl
 an SM walks the items ``program_id, program_id + programs, ...``. One warp copies: an item's ``q`` rows
 (one copy a position) once both warpgroups have issued the previous item's last ``S = Q K^T``, then
 each 64-key tile of ``k`` and ``v`` into a ring of slots that both warpgroups read and that runs on
-across items. A warpgroup's step issues its tile's ``S = Q K^T`` and the previous tile's
-``acc += P V``, runs the softmax of ``S`` once it has landed, while ``P V`` runs, then rescales
-``acc``. With ``FORCED`` (the NSA prefill's selected branch reads the same keys) the steps are the
+across items. A warpgroup's step issues the next tile's ``S = Q K^T``, runs the softmax of this tile's
+scores while that runs, rescales ``acc``, issues ``acc += P V`` and waits for both products. (Issuing
+this tile's ``P V`` before the softmax of the next ``S``, as FlashAttention-3 does, was 1.2x slower
+here: the forced blocks' two states then spill registers.) With ``FORCED`` (the NSA prefill's selected branch reads the same keys) the steps are the
 Triton kernel's: the local blocks first (the band's last tiles), whose state is both branches'; that
 state is kept aside while the initial blocks left of them extend the selected branch's alone, which
 is then stored (``o_frc``, ``lse_frc``: the selected kernel's starting state); then the window's other
@@ -138,38 +139,25 @@ if gluon is not None:
         gl.store(o + rows * DH + cols, (acc * inv).to(o.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _switch_stats(j, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED: gl.constexpr):
-        """Before step ``j``'s softmax, with ``FORCED``: after the local blocks' steps keep their row
-        statistics aside (the window's) and go on with them as the selected branch's; after the initial
-        blocks' steps set the selected branch's aside (:func:`_switch_acc` stores them) and take the
-        window's back."""
+    def _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc, n_init, FORCED: gl.constexpr,
+                acc_layout: gl.constexpr):
+        """Before step ``j``, with ``FORCED``: after the local blocks' steps, keep their state aside (the
+        window's) and go on with it as the selected branch's; after the initial blocks' steps, store the
+        selected branch's state (``o_frc``, ``lse_frc``: the selected forward's start) and take the
+        window's back. Returns the running and the kept states."""
         if FORCED:
             if j == n_loc:
-                m_a, l_a = m, l
+                acc_a, m_a, l_a = acc, m, l
             if j == n_loc + n_init:
-                m_sel, l_sel = m, l
-                m, l = m_a, l_a
-        return m, l, m_a, l_a, m_sel, l_sel
+                _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
+                acc, m, l = acc_a, m_a, l_a
+        return acc, m, l, acc_a, m_a, l_a
 
     @gluon.jit
-    def _switch_acc(j, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init, FORCED: gl.constexpr,
-                    acc_layout: gl.constexpr):
-        """:func:`_switch_stats`'s switches for the accumulator, once it holds the steps before ``j``: the
-        second stores the selected branch's state (``o_frc``, ``lse_frc``: the selected forward's
-        start)."""
-        if FORCED:
-            if j == n_loc:
-                acc_a = acc
-            if j == n_loc + n_init:
-                _store_finished(o_frc, lse_frc, acc, m_sel, l_sel, o_row, m_row, acc_layout)
-                acc = acc_a
-        return acc, acc_a
-
-    @gluon.jit
-    def _softmax(s, j, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr):
+    def _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr,
+                 acc_layout: gl.constexpr):
         """Step ``j``'s online-softmax update (``attn_fwd_step``'s arithmetic) from its raw scores ``s``:
-        ``(p, m, l, alpha)``, the accumulator's factor ``alpha`` left to the caller (it lands later); the
-        band masks every step but the initial blocks' (before every row)."""
+        ``(p, acc * alpha, m, l)``; the band masks every step but the initial blocks' (before every row)."""
         BN: gl.constexpr = s.shape[1]
         key = gl.expand_dims(_key_tile(j, n_loc, n_init, first, s_local, BN) + o_n, 0)  # [1, BN]
         visible = (key <= pos) & (key > pos - W)
@@ -180,17 +168,17 @@ if gluon is not None:
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing shifts by 0
         p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
         alpha = gl.exp2(m - shift)
-        return p, m_new, l * alpha + gl.sum(p, 1), alpha
+        l = l * alpha + gl.sum(p, 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+        return p, acc, m_new, l
 
     @gluon.jit
     def _compute_partition(o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, T,
                            q_offset, W, qk_scale, n_items, H: gl.constexpr, G: gl.constexpr, INIT: gl.constexpr,
                            LOCAL: gl.constexpr, FORCED: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
         """Warpgroup ``WG``'s 64 rows of each of the program's items over the item's key tiles, then their
-        ``o`` and ``lse`` (and, with ``FORCED``, the selected branch's). Step ``j`` issues ``S = Q K^T``
-        of its tile and the previous step's ``acc += P V``, runs its softmax once ``S`` has landed (while
-        ``P V`` runs), then rescales ``acc`` once that has; ``g`` counts the ring's steps as the copy warp
-        does."""
+        ``o`` and ``lse`` (and, with ``FORCED``, the selected branch's), a step in the module docstring's
+        order; ``g`` counts the ring's steps as the copy warp does."""
         M: gl.constexpr = q_smem.shape[1]
         DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
@@ -217,40 +205,38 @@ if gluon is not None:
             acc = gl.zeros([M, DH], gl.float32, layout=acc_layout)
             m = gl.full([M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-            # the window's state, kept aside while the initial blocks run, and the selected branch's statistics
-            acc_a, m_a, l_a, m_sel, l_sel = acc, m, l, m, l
+            acc_a, m_a, l_a = acc, m, l  # the window's state, kept aside while the initial blocks run
             mbarrier.wait(q_ready, it & 1)
-            # steps >= 1 (every query's band holds its own key), and no switch before step 1: step 0 is
-            # the window's first tile or, with FORCED, a local block's
+            # steps >= 1: every query's band holds its own key
             mbarrier.wait(kv_ready.index(g % STAGES), (g // STAGES) & 1)
             s = warpgroup_mma(q, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s,))
-            p, m, l, alpha = _softmax(s, 0, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED)
-            for j in range(1, steps):
-                prev = (g + j - 1) % STAGES
-                cur = (g + j) % STAGES
-                mbarrier.wait(kv_ready.index(cur), ((g + j) // STAGES) & 1)
-                s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(prev), acc,
+            for j in range(steps - 1):
+                slot = (g + j) % STAGES
+                nxt = (g + j + 1) % STAGES
+                acc, m, l, acc_a, m_a, l_a = _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
+                                                     n_loc, n_init, FORCED, acc_layout)
+                mbarrier.wait(kv_ready.index(nxt), ((g + j + 1) // STAGES) & 1)
+                s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                p, acc, m, l = _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED,
+                                        acc_layout)
+                acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(slot), acc,
                                     is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok,))  # S lands first: the products finish in order
-                m, l, m_a, l_a, m_sel, l_sel = _switch_stats(j, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED)
-                p, m, l, alpha = _softmax(s, j, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                mbarrier.arrive(kv_empty.index(prev))
-                acc, acc_a = _switch_acc(j, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init,
-                                         FORCED, acc_layout)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+                s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))
+                mbarrier.arrive(kv_empty.index(slot))
             mbarrier.arrive(q_free)  # the item's products that read q are done
             last = (g + steps - 1) % STAGES
+            acc, m, l, acc_a, m_a, l_a = _switch(steps - 1, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
+                                                 n_loc, n_init, FORCED, acc_layout)
+            p, acc, m, l = _softmax(s, steps - 1, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale,
+                                    FORCED, acc_layout)
             acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(last), acc,
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(last))  # the ring runs on into the next item
             # the steps ended before the window's own tiles (or in the initial blocks): the switches left
-            m, l, m_a, l_a, m_sel, l_sel = _switch_stats(steps, m, l, m_a, l_a, m_sel, l_sel, n_loc, n_init, FORCED)
-            acc, acc_a = _switch_acc(steps, acc, acc_a, m_sel, l_sel, o_frc, lse_frc, o_row, m_row, n_loc, n_init,
-                                     FORCED, acc_layout)
+            acc, m, l, acc_a, m_a, l_a = _switch(steps, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
+                                                 n_loc, n_init, FORCED, acc_layout)
             _store_finished(o, lse, acc, m, l, o_row, m_row, acc_layout)
             g += steps
             it += 1
