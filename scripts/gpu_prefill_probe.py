@@ -80,11 +80,13 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     the selected branch's module with ``--dkdv-branch selected``.
 36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
     ``gluon_dkdv``. ``gluon_dkdv_variants`` takes the window's modules with ``--dkdv-branch window``,
-    its dQ's with ``--variant-module gluon_dq`` too.
+    its dQ's and forward's with ``--variant-module gluon_dq`` or ``gluon_fwd`` too.
 37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
     ``gluon_dkdv``.
+39. **The window forward in Gluon** (``gluon_window_fwd``): ``NSA_GLUON_WINDOW_FWD`` off and on, as
+    ``gluon_pass1``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -988,6 +990,10 @@ GLUON_WINDOW_DKDV = (("Triton dK/dV", {"NSA_GLUON_WINDOW_DKDV": "0"}),
 #: ``NSA_GLUON_WINDOW_DQ`` off and on (the window branch's dQ in Gluon, written in session 64).
 GLUON_WINDOW_DQ = (("Triton dQ", {"NSA_GLUON_WINDOW_DQ": "0"}), ("Gluon dQ", {"NSA_GLUON_WINDOW_DQ": "1"}))
 
+#: ``NSA_GLUON_WINDOW_FWD`` off and on (the window branch's forward in Gluon, written in session 64).
+GLUON_WINDOW_FWD = (("Triton forward", {"NSA_GLUON_WINDOW_FWD": "0"}),
+                    ("Gluon forward", {"NSA_GLUON_WINDOW_FWD": "1"}))
+
 #: ``NSA_GLUON_COMPRESSED_PASS1`` off and on (the compressed forward's pass 1 in Gluon, session 63).
 GLUON_PASS1 = (("Triton pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "0"}),
                ("Gluon pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "1"}))
@@ -1031,6 +1037,14 @@ def gluon_pass1(T: int, config: NSAConfig) -> None:
     ab_rounds_and_lists(T, config, os.environ, GLUON_PASS1, "compressed")
 
 
+def gluon_window_fwd(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_WINDOW_FWD`` off and on: the forward and the forward+backward in ABBA rounds and the
+    forward's kernel lists (:func:`ab_rounds_and_lists` over the environment)."""
+    import os
+
+    ab_rounds_and_lists(T, config, os.environ, GLUON_WINDOW_FWD, "window")
+
+
 def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
     """``NSA_GLUON_SELECTED_DKDV`` off and on (:func:`flag_ab`)."""
     flag_ab(T, config, GLUON_SELECTED_DKDV, "selected")
@@ -1038,7 +1052,7 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
 
 #: ``(label, file)`` of the Gluon modules that :func:`gluon_dkdv_variants` puts in place of main's
 #: (``--dkdv-variant``), the branch whose module they replace (``--dkdv-branch``) and that module's
-#: name (``--variant-module``: ``gluon_dkdv``, or the window's ``gluon_dq``).
+#: name (``--variant-module``: ``gluon_dkdv``, or the window's ``gluon_dq`` or ``gluon_fwd``).
 DKDV_VARIANTS: List[Tuple[str, str]] = []
 DKDV_BRANCH = "compressed"
 VARIANT_MODULE = "gluon_dkdv"
@@ -1859,7 +1873,7 @@ SECTIONS = {
     "pass1_rate": pass1_rate, "gluon_dkdv": gluon_dkdv, "gluon_dkdv_variants": gluon_dkdv_variants,
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
-    "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq,
+    "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
 }
 
 
@@ -1875,8 +1889,8 @@ def main() -> None:
                         help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
     parser.add_argument("--dkdv-branch", choices=("compressed", "selected", "window"), default="compressed",
                         help="the branch whose Gluon module the variants replace")
-    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq"), default="gluon_dkdv",
-                        help="the module the variants replace (gluon_dq: the window's dQ)")
+    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq", "gluon_fwd"), default="gluon_dkdv",
+                        help="the module the variants replace (gluon_dq, gluon_fwd: the window's dQ, forward)")
     args = parser.parse_args()
     for spec in args.dkdv_variant:
         label, sep, path = spec.partition("=")
@@ -1884,8 +1898,8 @@ def main() -> None:
             parser.error(f"--dkdv-variant wants LABEL=FILE, got {spec!r}")
         DKDV_VARIANTS.append((label, path))
     global KERNELS_LISTED, DKDV_BRANCH, VARIANT_MODULE
-    if args.variant_module == "gluon_dq" and args.dkdv_branch != "window":
-        parser.error("--variant-module gluon_dq is the window's: add --dkdv-branch window")
+    if args.variant_module in ("gluon_dq", "gluon_fwd") and args.dkdv_branch != "window":
+        parser.error(f"--variant-module {args.variant_module} is the window's: add --dkdv-branch window")
     DKDV_BRANCH, VARIANT_MODULE = args.dkdv_branch, args.variant_module
     KERNELS_LISTED = args.kernels
     config = NSAConfig()

@@ -60,8 +60,8 @@ def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launche
     """The window kernels' GPU comparison: the gradients of the NSA prefill (``window`` None: forced
     blocks, gates) or of the sliding-window op alone (``window`` given: ``q_offset``, no gates) with
     ``flag`` off and on, bf16, 128-wide heads, fresh random inputs. Asserts that the Gluon launcher
-    ``module.launcher`` ran once and that every gradient is finite and equals the Triton kernels' within
-    bf16 rounding."""
+    ``module.launcher`` ran once and that the output and every gradient are finite and equal the Triton
+    kernels' within bf16 rounding."""
     from nsa import NSAConfig, nsa_attention
     from nsa.ops import sliding_window_attention
     from nsa.testing import assert_close
@@ -81,8 +81,9 @@ def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launche
     out = {}
     for value in ("0", "1"):
         monkeypatch.setenv(flag, value)
-        out[value] = torch.autograd.grad(run(), inputs, do)
+        o = run()
+        out[value] = (o.detach(), *torch.autograd.grad(o, inputs, do))
     assert len(calls) == 1
-    for name, got, want in zip(("dq", "dk", "dv", "dgates"), out["1"], out["0"]):
+    for name, got, want in zip(("o", "dq", "dk", "dv", "dgates"), out["1"], out["0"]):
         assert torch.isfinite(got).all(), name
         assert_close(f"{name}, {flag}=1 against 0", got, want, 2e-3)

@@ -61,7 +61,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
-from nsa.ops.window import gluon_dkdv, gluon_dq
+from nsa.ops.window import gluon_dkdv, gluon_dq, gluon_fwd
 from nsa.ops.window.backward import window_bwd_dkdv_kernel, window_bwd_dq_kernel
 from nsa.ops.window.forward import window_fwd_kernel
 
@@ -94,17 +94,21 @@ def _fwd_launch(q, k, v, window, scale, q_offset, tiles, gated, keep, forced=Non
     o_win = torch.empty_like(o) if keep else None
     lse = torch.empty(B, T, HQ, device=q.device, dtype=torch.float32) if keep or not gated else None
     o_frc, lse_frc = (torch.empty_like(o), torch.empty_like(lse)) if forced is not None else (o, lse)
-    gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
-    grid = (cdiv(T, cfg["BT"]), B * H)
-    window_fwd_kernel[grid](
-        q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc, o if o_win is None else o_win,  #
-        o_frc, o if lse_frc is None else lse_frc,  #
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
-        T, q_offset, window, scale * LOG2E,  #
-        H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype, q.device, max(DK, DV)), GATED=gated is not None, KEEP=keep,
-        FORCED=forced is not None, INIT=forced.init_blocks if forced else 0, LOCAL=forced.local_blocks if forced else 0,
-        **cfg, **LAUNCH_OPTIONS,
-    )
+    if not gated and gluon_fwd.fits(q, k, v, q_offset, cfg["BN"] if forced is not None else 0):
+        gluon_fwd.window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T, q_offset, window, scale * LOG2E,
+                                   (forced is not None, forced.init_blocks if forced else 0,
+                                    forced.local_blocks if forced else 0))
+    else:
+        gates, o_cmp, o_slc = (x.contiguous() for x in gated) if gated else (o, o, o)
+        window_fwd_kernel[(cdiv(T, cfg["BT"]), B * H)](
+            q, k, v, o, o if lse is None else lse, gates, o_cmp, o_slc, o if o_win is None else o_win,  #
+            o_frc, o if lse_frc is None else lse_frc,  #
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],  #
+            T, q_offset, window, scale * LOG2E,  #
+            H=H, G=G, DK=DK, DV=DV, PREC=dot_precision(q.dtype, q.device, max(DK, DV)), GATED=gated is not None,
+            KEEP=keep, FORCED=forced is not None, INIT=forced.init_blocks if forced else 0,
+            LOCAL=forced.local_blocks if forced else 0, **cfg, **LAUNCH_OPTIONS,
+        )
     if forced is None:
         o_frc = lse_frc = None
     return o, lse, o_win, o_frc, lse_frc
