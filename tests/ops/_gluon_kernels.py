@@ -12,6 +12,7 @@ import sys
 
 from typing import Optional
 
+import pytest
 import torch
 
 #: Run in a process of its own: the CPU tests' interpreter (TRITON_INTERPRET=1) leaves Triton's
@@ -55,13 +56,33 @@ def record_launches(monkeypatch, module, name: str) -> list:
     return calls
 
 
+#: The window kernels' GPU comparisons inside the NSA prefill (forced blocks, gates): lengths that end
+#: inside a query tile and a key tile, a batch, 8-64 heads a KV head.
+WINDOW_IN_NSA = pytest.mark.parametrize(
+    "B, T, HQ, H",
+    [(1, 4096, 64, 4), (2, 1500, 16, 1), (1, 2048, 32, 4), (1, 1100, 64, 1)],
+    ids=["T4096-G16", "B2-T1500-G16", "T2048-G8", "T1100-G64"],
+)
+
+#: ... and of the sliding-window op alone (no forced blocks, no gates): ``q_offset`` (keys before the
+#: first query, not a multiple of a program's positions), windows shorter and longer than a tile's band
+#: of keys, a batch.
+WINDOW_ALONE = pytest.mark.parametrize(
+    "B, T, HQ, H, q_offset, window",
+    [(1, 2000, 16, 1, 300, 512), (2, 1024, 64, 4, 0, 256), (1, 700, 32, 4, 77, 1000)],
+    ids=["T2000-offset300", "B2-T1024-G16-window256", "T700-G8-offset77-window1000"],
+)
+
+
 def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launcher: str, B: int, T: int, HQ: int,
                                  H: int, q_offset: int = 0, window: Optional[int] = None) -> None:
     """The window kernels' GPU comparison: the gradients of the NSA prefill (``window`` None: forced
     blocks, gates) or of the sliding-window op alone (``window`` given: ``q_offset``, no gates) with
     ``flag`` off and on, bf16, 128-wide heads, fresh random inputs. Asserts that the Gluon launcher
     ``module.launcher`` ran once and that the output and every gradient are finite and equal the Triton
-    kernels' within bf16 rounding."""
+    kernels' within bf16 rounding. Skips where ``device`` is not a Hopper GPU with Gluon."""
+    if not hopper_with_gluon(device):
+        pytest.skip(f"{module.__name__} runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
     from nsa import NSAConfig, nsa_attention
     from nsa.ops import sliding_window_attention
     from nsa.testing import assert_close

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, window_grads_flag_off_and_on
+from _gluon_kernels import WINDOW_ALONE, WINDOW_IN_NSA, compile_for_hopper, window_grads_flag_off_and_on
 
 
 def test_gluon_window_fwd_compiles_for_hopper(tmp_path):
@@ -38,24 +38,14 @@ def test_gluon_window_fwd_takes_the_dq_kernels_tiles():
     assert not gluon_fwd.fits(q, k, k, 0)
 
 
-def _skip_without_hopper(device):
-    if not hopper_with_gluon(device):
-        pytest.skip("the Gluon forward runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
-
-
 @pytest.mark.gpu
 @pytest.mark.parity
-@pytest.mark.parametrize(
-    "B, T, HQ, H",
-    [(1, 4096, 64, 4), (2, 1500, 16, 1), (1, 2048, 32, 4), (1, 1100, 64, 1)],
-    ids=["T4096-G16", "B2-T1500-G16", "T2048-G8", "T1100-G64"],
-)
+@WINDOW_IN_NSA
 def test_gluon_window_fwd_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeypatch):
     """The NSA prefill's output and gradients with the Gluon window forward equal the Triton kernel's
     within bf16 rounding: there it also leaves the selected branch's state over its forced blocks (the
     selected forward's start) and the window's lse the backward reads; lengths that end inside a query
     tile and a key tile, a batch, 8-64 heads a KV head; and the Gluon kernel did run."""
-    _skip_without_hopper(nsa_device)
     from nsa.ops.window import gluon_fwd
 
     window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_FWD", gluon_fwd, "window_fwd_gluon",
@@ -64,16 +54,11 @@ def test_gluon_window_fwd_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.parity
-@pytest.mark.parametrize(
-    "B, T, HQ, H, q_offset, window",
-    [(1, 2000, 16, 1, 300, 512), (2, 1024, 64, 4, 0, 256), (1, 700, 32, 4, 77, 1000)],
-    ids=["T2000-offset300", "B2-T1024-G16-window256", "T700-G8-offset77-window1000"],
-)
+@WINDOW_ALONE
 def test_gluon_window_fwd_matches_triton_alone(B, T, HQ, H, q_offset, window, nsa_device, monkeypatch):
     """The sliding-window op alone (no forced blocks): its output, and the gradients from the lse it
     leaves, with the Gluon forward equal the Triton kernel's within bf16 rounding, with ``q_offset``
     (keys before the first query), windows shorter and longer than a query tile's band, and a batch."""
-    _skip_without_hopper(nsa_device)
     from nsa.ops.window import gluon_fwd
 
     window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_FWD", gluon_fwd, "window_fwd_gluon",

@@ -1,6 +1,6 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
-slots (:func:`ring_barriers`) and of a persistent program's items (:func:`released_barrier`,
+slots (:func:`ring_barriers`, :func:`fill_key_slot`) and of a persistent program's items (:func:`released_barrier`,
 :func:`pair_item`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
 descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
 failed launch raises.
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - an older Triton
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
            "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90",
-           "launch_failed", "ring_barriers", "released_barrier", "pair_item", "store_scaled"]
+           "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "pair_item", "store_scaled"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -136,6 +136,19 @@ if gluon is not None:
         return kv_bar, ready, empty
 
     @gluon.jit
+    def fill_key_slot(k_desc, v_desc, k_smem, v_smem, ready, empty, step, key0, col, STAGES: gl.constexpr):
+        """A copy warp's ring step ``step`` (counted from the program's start): once every consumer has
+        released its slot, the ``k`` and ``v`` tiles at row ``key0``, column ``col`` into it, then the
+        copy warp's own arrival on its ``ready`` (:func:`ring_barriers`)."""
+        slot = step % STAGES
+        mbarrier.wait(empty.index(slot), (step // STAGES) & 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma_load(k_desc, [key0, col], bar, k_smem.index(slot))
+        tma_load(v_desc, [key0, col], bar, v_smem.index(slot))
+        mbarrier.arrive(bar)
+
+    @gluon.jit
     def released_barrier(CONSUMERS: gl.constexpr):
         """A persistent program's barrier for its one-off copies of an item (the rows a copy warp loads
         once an item): ``CONSUMERS`` computing warpgroups release it once the item's products that read
@@ -165,4 +178,4 @@ if gluon is not None:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
-    ring_barriers = released_barrier = pair_item = store_scaled = None
+    ring_barriers = fill_key_slot = released_barrier = pair_item = store_scaled = None

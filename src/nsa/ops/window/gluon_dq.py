@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
-                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item, released_barrier,
-                            ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
+                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item,
+                            released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
 from nsa.ops._triton.device import sm_count
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
@@ -116,14 +116,8 @@ if gluon is not None:
                 tma_load(q_desc, [row, 0], qdo_ready, q_smem.index(p // BT).slice((p % BT) * G, G))
                 tma_load(do_desc, [row, 0], qdo_ready, do_smem.index(p // BT).slice((p % BT) * G, G))
             for j in range(steps):
-                slot = (g + j) % STAGES
-                key0 = i_b * TK + _key_tile(j, n_win, first, BN)
-                mbarrier.wait(kv_empty.index(slot), ((g + j) // STAGES) & 1)
-                bar = kv_ready.index(slot)
-                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-                tma_load(k_desc, [key0, i_h * DH], bar, k_smem.index(slot))
-                tma_load(v_desc, [key0, i_h * DH], bar, v_smem.index(slot))
-                mbarrier.arrive(bar)  # ring_barriers' slots wait for the copy warp's own arrival too
+                fill_key_slot(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, g + j, i_b * TK + _key_tile(j, n_win, first, BN),
+                              i_h * DH, STAGES)
             g += steps
             it += 1
 
