@@ -28,3 +28,15 @@ def test_descriptors_view_queries_by_head_rows_and_keys_by_head_columns():
     row = ((b * T + t) * H + h) * G  # the kernels' first row of position t's heads of KV head h
     assert torch.equal(q_desc.base[row:row + G], q[b, t, h * G:(h + 1) * G])
     assert torch.equal(k_desc.base[b * TK + s, h * D:(h + 1) * D], k[b, s, h])
+
+
+def test_persistent_window_kernels_cover_every_pair_of_query_tiles():
+    """The persistent window kernels' items: every (batch, KV head)'s pairs of query tiles, a last pair
+    that ends inside its tiles included, and never more programs than items or than the GPU has SMs
+    (on the CPU the interpreter's stand-in, 1)."""
+    from nsa.ops._gluon import pair_items_grid
+
+    cpu = torch.device("cpu")
+    assert pair_items_grid(2, 4, 1000, 8, cpu) == (2 * 4 * 125, (1,))
+    assert pair_items_grid(1, 1, 1001, 8, cpu) == (126, (1,))
+    assert pair_items_grid(1, 1, 3, 8, cpu) == (1, (1,))

@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "compile_for_sm90",
+           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "pair_items_grid",
+           "compile_for_sm90",
            "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "pair_item", "store_scaled"]
 
 
@@ -88,6 +89,16 @@ def key_rows_descriptor(x: torch.Tensor, rows: int, layout):
     ``rows`` keys of one head: row ``b TK + s``, column ``h D``."""
     flat = x.view(x.shape[0] * x.shape[1], -1)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]], layout)
+
+
+def pair_items_grid(B: int, H: int, T: int, positions: int, device: torch.device):
+    """A persistent window kernel's ``(n_items, grid)``: its work items are pairs of query tiles
+    (``positions`` query positions each) of every (batch, KV head), walked by at most one program an
+    SM (:func:`pair_item` numbers them)."""
+    from nsa.ops._triton.device import sm_count
+
+    n_items = B * H * -(-T // positions)
+    return n_items, (min(n_items, sm_count(device)),)
 
 
 def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict):

@@ -33,8 +33,8 @@ import torch
 from nsa import flags
 from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
                             head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item,
-                            released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
-from nsa.ops._triton.device import sm_count
+                            pair_items_grid, released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -290,8 +290,7 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
     q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
     gate_frc, lse_frc, delta_frc = frc
-    n_items = B * H * -(-T // (2 * ROWS // G))
-    grid = (min(n_items, sm_count(q.device)),)
+    n_items, grid = pair_items_grid(B, H, T, 2 * ROWS // G, q.device)
     try:
         window_bwd_dq_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, dq, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,

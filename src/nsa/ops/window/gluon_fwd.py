@@ -32,8 +32,8 @@ import torch
 from nsa import flags
 from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
                             head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item,
-                            released_barrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
-from nsa.ops._triton.device import sm_count
+                            pair_items_grid, released_barrier, ring_barriers, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -278,8 +278,7 @@ def window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T: int, q_offset: int, win
     row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
     q_desc = head_rows_descriptor(q, G, row_layout)
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
-    n_items = B * H * -(-T // (2 * ROWS // G))
-    grid = (min(n_items, sm_count(q.device)),)
+    n_items, grid = pair_items_grid(B, H, T, 2 * ROWS // G, q.device)
     try:
         window_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, o_frc, lse_frc, T, TK, q_offset, window, qk_scale,
                                       n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2], FORCED=forced[0], STAGES=STAGES,
