@@ -30,13 +30,11 @@ def test_descriptors_view_queries_by_head_rows_and_keys_by_head_columns():
     assert torch.equal(k_desc.base[b * TK + s, h * D:(h + 1) * D], k[b, s, h])
 
 
-def test_persistent_window_kernels_cover_every_pair_of_query_tiles():
-    """The persistent window kernels' items: every (batch, KV head)'s pairs of query tiles, a last pair
-    that ends inside its tiles included, and never more programs than items or than the GPU has SMs
-    (on the CPU the interpreter's stand-in, 1)."""
-    from nsa.ops._gluon import pair_items_grid
+def test_persistent_kernels_cover_every_item_of_every_head():
+    """The persistent kernels' items: every (batch, KV head)'s tiles, and never more programs than
+    items or than the GPU has SMs (on the CPU the interpreter's stand-in, 1)."""
+    from nsa.ops._gluon import head_items_grid
 
     cpu = torch.device("cpu")
-    assert pair_items_grid(2, 4, 1000, 8, cpu) == (2 * 4 * 125, (1,))
-    assert pair_items_grid(1, 1, 1001, 8, cpu) == (126, (1,))
-    assert pair_items_grid(1, 1, 3, 8, cpu) == (1, (1,))
+    assert head_items_grid(2, 4, 125, cpu) == (2 * 4 * 125, (1,))
+    assert head_items_grid(1, 1, 126, cpu) == (126, (1,))

@@ -1,7 +1,7 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
 slots (:func:`ring_barriers`, :func:`fill_key_slot`) and of a persistent program's items (:func:`released_barrier`,
-:func:`pair_item`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
+:func:`head_item`, :func:`head_items_grid`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
 descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
 failed launch raises.
 
@@ -33,9 +33,9 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "pair_items_grid",
+           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "head_items_grid",
            "compile_for_sm90",
-           "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "pair_item", "store_scaled"]
+           "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled"]
 
 
 def on_hopper(t: torch.Tensor) -> bool:
@@ -91,13 +91,12 @@ def key_rows_descriptor(x: torch.Tensor, rows: int, layout):
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]], layout)
 
 
-def pair_items_grid(B: int, H: int, T: int, positions: int, device: torch.device):
-    """A persistent window kernel's ``(n_items, grid)``: its work items are pairs of query tiles
-    (``positions`` query positions each) of every (batch, KV head), walked by at most one program an
-    SM (:func:`pair_item` numbers them)."""
+def head_items_grid(B: int, H: int, per_head: int, device: torch.device):
+    """A persistent kernel's ``(n_items, grid)``: ``per_head`` work items (tiles of queries or keys) of
+    every (batch, KV head), walked by at most one program an SM (:func:`head_item` numbers them)."""
     from nsa.ops._triton.device import sm_count
 
-    n_items = B * H * -(-T // positions)
+    n_items = B * H * per_head
     return n_items, (min(n_items, sm_count(device)),)
 
 
@@ -172,13 +171,12 @@ if gluon is not None:
         return bar
 
     @gluon.jit
-    def pair_item(item, T, H: gl.constexpr, BT: gl.constexpr):
-        """``(i_b, i_h, pair)`` of a persistent window kernel's work item ``item``: two query tiles of
-        ``BT`` positions, ``pair`` the index of the first's pair in its (batch, KV head), whose pairs are
-        consecutive items (the programs running at a time then share keys through L2)."""
-        n_pairs = gl.cdiv(T, 2 * BT)
-        bh = item // n_pairs
-        return bh // H, bh % H, item % n_pairs
+    def head_item(item, per_head, H: gl.constexpr):
+        """``(i_b, i_h, index)`` of a persistent kernel's work item ``item``: the ``per_head`` items of
+        one (batch, KV head) are consecutive (the programs running at a time then work on neighbouring
+        tiles of one head, whose loads L2 serves once), ``index`` the item's among them."""
+        bh = item // per_head
+        return bh // H, bh % H, item % per_head
 
     @gluon.jit
     def store_scaled(out, acc, offs, mask, scale, ACC: gl.constexpr):
@@ -189,4 +187,4 @@ if gluon is not None:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
-    ring_barriers = fill_key_slot = released_barrier = pair_item = store_scaled = None
+    ring_barriers = fill_key_slot = released_barrier = head_item = store_scaled = None

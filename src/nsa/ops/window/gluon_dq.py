@@ -32,8 +32,8 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
-                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item,
-                            pair_items_grid, released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma,
+                            head_item, head_items_grid, head_rows_descriptor, key_rows_descriptor, launch_failed,
+                            mbarrier, on_hopper, released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma,
                             warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
@@ -106,7 +106,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = pair_item(item, T, H, BT)
+            i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
             i0 = pair * 2 * BT
             n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             mbarrier.wait(qdo_free, it & 1)
@@ -190,7 +190,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = pair_item(item, T, H, BT)
+            i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
             i0 = pair * 2 * BT + WG * BT  # the warpgroup's first query
             n_win, steps, first, s_local = _band(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             t_m = i0 + o_m // G
@@ -290,7 +290,7 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
     q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
     gate_frc, lse_frc, delta_frc = frc
-    n_items, grid = pair_items_grid(B, H, T, 2 * ROWS // G, q.device)
+    n_items, grid = head_items_grid(B, H, -(-T // (2 * ROWS // G)), q.device)
     try:
         window_bwd_dq_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, dq, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,

@@ -30,10 +30,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
-                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, pair_item,
-                            pair_items_grid, released_barrier, ring_barriers, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fill_key_slot, gl, gluon, head_item,
+                            head_items_grid, head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier,
+                            on_hopper, released_barrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -103,7 +102,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = pair_item(item, T, H, BT)
+            i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
             i0 = pair * 2 * BT
             n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             mbarrier.wait(q_free, it & 1)
@@ -190,7 +189,7 @@ if gluon is not None:
         g = 0
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_b, i_h, pair = pair_item(item, T, H, BT)
+            i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
             n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             t_m = pair * 2 * BT + WG * BT + o_m // G
             m_row = t_m < T
@@ -278,7 +277,7 @@ def window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T: int, q_offset: int, win
     row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
     q_desc = head_rows_descriptor(q, G, row_layout)
     k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
-    n_items, grid = pair_items_grid(B, H, T, 2 * ROWS // G, q.device)
+    n_items, grid = head_items_grid(B, H, -(-T // (2 * ROWS // G)), q.device)
     try:
         window_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, o_frc, lse_frc, T, TK, q_offset, window, qk_scale,
                                       n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2], FORCED=forced[0], STAGES=STAGES,
