@@ -4,7 +4,8 @@
 
 Why: at 64k the Triton kernel takes 5.2-5.4 ms of the forward+backward's 87 (H200, session 64),
 while the dK/dV over the same band, in Gluon, runs at about 390 TFLOP/s; the dQ's programs are short
-(a query tile's band is 9 key tiles), so each program's loads and its start weigh on it.
+(a query tile's band is 9 key tiles), so each program's loads and its start weigh on it. This kernel
+takes 4.19-4.25 ms, its first form, one program a pair of query tiles, 4.68-4.71 (session 65).
 
 A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
 heads, 128 rows), one a computing warpgroup; the kernel is persistent: one program an SM walks the

@@ -4,21 +4,23 @@
 
 Why: at 64k the Triton kernel takes 4.4-4.9 ms of the forward's 31.6 and of the forward+backward's 87
 (H200, session 64), well below the window dK/dV's rate in Gluon: a query tile's band is 9 key tiles,
-and each program's loads and start weigh on it.
+and each program's loads and start weigh on it. This kernel takes 4.52-4.56 ms against the Triton
+kernel's 4.81-4.84 on one machine (session 65).
 
-A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G``
-heads, 128 rows), one a computing warpgroup; the kernel is persistent, as the Gluon dQ: one program
-an SM walks the items ``program_id, program_id + programs, ...``. One warp copies: an item's ``q`` rows
-(one copy a position) once both warpgroups have issued the previous item's last ``S = Q K^T``, then
-each 64-key tile of ``k`` and ``v`` into a ring of slots that both warpgroups read and that runs on
-across items. A warpgroup's step issues the next tile's ``S = Q K^T``, runs the softmax of this tile's
-scores while that runs, rescales ``acc``, issues ``acc += P V`` and waits for both products. (Issuing
-this tile's ``P V`` before the softmax of the next ``S``, as FlashAttention-3 does, was 1.2x slower
-here: the forced blocks' two states then spill registers.) With ``FORCED`` (the NSA prefill's selected branch reads the same keys) the steps are the
-Triton kernel's: the local blocks first (the band's last tiles), whose state is both branches'; that
-state is kept aside while the initial blocks left of them extend the selected branch's alone, which
-is then stored (``o_frc``, ``lse_frc``: the selected kernel's starting state); then the window's other
-tiles extend the kept state. Rows past the last query copy the last one's rows and are not stored.
+A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G`` heads,
+128 rows), one a computing warpgroup; the kernel is persistent, as the Gluon dQ: one program an SM walks
+the items ``program_id, program_id + programs, ...``. One warp copies: an item's ``q`` rows (one copy a
+position) once both warpgroups have issued the previous item's last ``S = Q K^T``, then each 64-key tile
+of ``k`` and ``v`` into a ring of slots that both warpgroups read and that runs on across items. A
+warpgroup's step issues the next tile's ``S = Q K^T``, runs the softmax of this tile's scores while that
+runs, rescales ``acc``, issues ``acc += P V`` and waits for both products. (Issuing this tile's ``P V``
+before the softmax of the next ``S``, as FlashAttention-3 does, was 1.2x slower here: the forced blocks'
+two states then spill registers.) With ``FORCED`` (the NSA prefill's selected branch reads the same
+keys) the steps are the Triton kernel's: the local blocks first (the band's last tiles), whose state is
+both branches'; that state is kept aside while the initial blocks left of them extend the selected
+branch's alone, which is then stored (``o_frc``, ``lse_frc``: the selected kernel's starting state);
+then the window's other tiles extend the kept state. Rows past the last query copy the last one's rows
+and are not stored.
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
 the Triton kernel (``tests/ops/test_gluon_window_fwd.py``); the CPU tests compile it for sm_90 with the
