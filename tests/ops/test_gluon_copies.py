@@ -38,3 +38,25 @@ def test_persistent_kernels_cover_every_item_of_every_head():
     cpu = torch.device("cpu")
     assert head_items_grid(2, 4, 125, cpu) == (2 * 4 * 125, (1,))
     assert head_items_grid(1, 1, 126, cpu) == (126, (1,))
+
+
+def test_a_launchs_descriptors_and_their_signature_agree():
+    """:func:`launch_descriptors` gives the query-like tensors' head-row copies (``G`` from the heads
+    over the keys' heads) and the key tensors' copies, in order, with the layouts that
+    :func:`descriptor_signature` names for a kernel compiled without a GPU."""
+    pytest.importorskip("triton.experimental.gluon")
+    from nsa.ops._gluon import copy_layouts, descriptor_signature, descriptor_type, launch_descriptors
+
+    B, T, HQ, H, TK, D = 2, 5, 32, 2, 7, 128
+    q, do = (torch.randn(B, T, HQ, D, dtype=torch.float16) for _ in range(2))
+    k = torch.randn(B, TK, H, D, dtype=torch.float16)
+    descs = launch_descriptors((q, do), (k,), 64)
+    assert [d.block_shape for d in descs] == [[16, D], [16, D], [64, D]]
+    assert [d.shape for d in descs] == [[B * T * HQ, D], [B * T * HQ, D], [B * TK, H * D]]
+    assert descs[0].base.data_ptr() == q.data_ptr() and descs[1].base.data_ptr() == do.data_ptr()
+    row_layout, key_layout = copy_layouts(torch.float16, 16, 64, D)
+    assert [d.layout for d in descs] == [row_layout, row_layout, key_layout]
+    assert descriptor_signature(torch.float16, 16, 64, ("q_desc", "do_desc"), ("k_desc",), D) == {
+        "q_desc": descriptor_type(torch.float16, [16, D], row_layout),
+        "do_desc": descriptor_type(torch.float16, [16, D], row_layout),
+        "k_desc": descriptor_type(torch.float16, [64, D], key_layout)}

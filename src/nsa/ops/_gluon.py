@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - an older Triton
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
            "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
-           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "head_items_grid",
+           "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "launch_descriptors",
+           "descriptor_signature", "head_items_grid",
            "compile_for_sm90",
            "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled"]
 
@@ -89,6 +90,24 @@ def key_rows_descriptor(x: torch.Tensor, rows: int, layout):
     ``rows`` keys of one head: row ``b TK + s``, column ``h D``."""
     flat = x.view(x.shape[0] * x.shape[1], -1)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]], layout)
+
+
+def launch_descriptors(heads, keys, key_rows: int) -> list:
+    """A launch's TMA descriptors, in order: one over each ``[B, T, HQ, D]`` tensor of ``heads`` (a copy
+    a position's ``G`` heads of one KV head, :func:`head_rows_descriptor`), then one over each ``[B, TK,
+    H, D]`` tensor of ``keys`` (a copy ``key_rows`` keys of one head, :func:`key_rows_descriptor`)."""
+    G = heads[0].shape[2] // keys[0].shape[2]
+    row_layout, key_layout = copy_layouts(heads[0].dtype, G, key_rows, heads[0].shape[-1])
+    return ([head_rows_descriptor(x, G, row_layout) for x in heads]
+            + [key_rows_descriptor(x, key_rows, key_layout) for x in keys])
+
+
+def descriptor_signature(dtype: torch.dtype, G: int, key_rows: int, heads, keys, D: int = 128) -> Dict[str, str]:
+    """:func:`compile_for_sm90`'s signature entries of :func:`launch_descriptors`' descriptors, by the
+    names of the kernel's arguments that take them (``heads``, then ``keys``)."""
+    row_layout, key_layout = copy_layouts(dtype, G, key_rows, D)
+    return {**{name: descriptor_type(dtype, [G, D], row_layout) for name in heads},
+            **{name: descriptor_type(dtype, [key_rows, D], key_layout) for name in keys}}
 
 
 def head_items_grid(B: int, H: int, per_head: int, device: torch.device):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fence_async_shared, gl, gluon,
-                            head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier, on_hopper, tma_load,
-                            warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared, gl, gluon,
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns (two a program: the Triton launch's 128).
 ROWS = 64
@@ -218,12 +218,10 @@ def compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset: int, qk_scal
     """Launch the kernel over the Triton pass 1's grid (128 rows a program): ``o [B, TQ, HQ, D]``,
     ``lse`` (natural log) and ``lse2`` (log2) ``[B, TQ, HQ]``. A Triton whose Gluon cannot build it
     raises naming the flag that turns it off."""
-    B, TQ, HQ, D = q.shape
+    B, TQ, HQ, _ = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     G = HQ // H
-    row_layout, key_layout = copy_layouts(q.dtype, G, TOKENS, D)
-    q_desc = head_rows_descriptor(q, G, row_layout)
-    k_desc, v_desc = (key_rows_descriptor(x, TOKENS, key_layout) for x in (k_cmp, v_cmp))
+    q_desc, k_desc, v_desc = launch_descriptors((q,), (k_cmp, v_cmp), TOKENS)
     grid = (-(-TQ // (2 * ROWS // G)), B * H)
     try:
         compressed_pass1_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, lse2, TQ, NC, q_offset, qk_scale,
@@ -237,12 +235,9 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
     :func:`compressed_pass1_gluon` would launch for ``G`` query heads a KV head (head dim 128) and the
     paper's compression geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = copy_layouts(dtype, G, TOKENS, D)
     values = dict(H=4, G=G, L=32, S=16, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "k_desc": descriptor_type(dtype, [TOKENS, D], key_layout),
-                 "v_desc": descriptor_type(dtype, [TOKENS, D], key_layout),
+    signature = {**descriptor_signature(dtype, G, TOKENS, ("q_desc",), ("k_desc", "v_desc"), D),
                  "o": el, "lse": "*fp32", "lse2": "*fp32",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
                  **{name: "constexpr" for name in values}}

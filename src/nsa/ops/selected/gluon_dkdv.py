@@ -39,9 +39,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
-                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, tma_load,
-                            warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, gl, gluon, launch_descriptors,
+                            launch_failed, mbarrier, on_hopper, ring_barriers, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Query rows a step ((query, head) pairs of one KV group: ``64 // G`` queries), as the Triton kernel's.
 ROWS = 64
@@ -273,12 +273,10 @@ def selected_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_p
     else the float32 ``dk_part``/``dv_part [S, 64, D]``; ``ds [B, T, H, N, G, 64]``. ``gate`` None or
     float32 ``[B, T, HQ]``. A Triton whose Gluon cannot build it raises naming the flag that turns it
     off."""
-    B, T, HQ, D = q.shape
+    B, T, HQ, _ = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = copy_layouts(q.dtype, G, BLOCK, D)
-    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
-    k_desc, v_desc = (key_rows_descriptor(x, BLOCK, key_layout) for x in (k, v))
+    q_desc, do_desc, k_desc, v_desc = launch_descriptors((q, do), (k, v), BLOCK)
     n_prog, num_blocks = inv["seg_owner"].numel(), TK // BLOCK
     try:
         selected_bwd_dkdv_gluon_kernel[(n_prog,)](
@@ -295,13 +293,9 @@ def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = tor
     :func:`selected_bwd_dkdv_gluon` would launch for ``G`` query heads a KV head (head dim 128) and the
     paper's 16 selected blocks. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = copy_layouts(dtype, G, BLOCK, D)
     values = dict(H=4, G=G, N=16, BQ=ROWS // G, QSEG=qseg, GATED=gated, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "do_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "k_desc": descriptor_type(dtype, [BLOCK, D], key_layout),
-                 "v_desc": descriptor_type(dtype, [BLOCK, D], key_layout),
+    signature = {**descriptor_signature(dtype, G, BLOCK, ("q_desc", "do_desc"), ("k_desc", "v_desc"), D),
                  "dk": el, "dv": el, "dk_part": "*fp32", "dv_part": "*fp32", "ds": el,
                  "lse": "*fp32", "delta": "*fp32", "gate": "*fp32",
                  **{name: "*i32" for name in ("t_sorted", "n_sorted", "starts", "counts", "seg_first", "seg_count",

@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, gl, gluon, head_rows_descriptor,
-                            key_rows_descriptor, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
-                            tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, gl, gluon, launch_descriptors,
+                            launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait)
 
 #: Keys a computing warpgroup owns (two a program: the Triton kernel's Hopper tile of 128).
 KEYS_PER_WARPGROUP = 64
@@ -287,12 +287,10 @@ def window_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, frc, T: int, q_
     what they hold); ``frc`` the selected branch's ``(gate, lse, delta)`` (placeholders without
     ``forced``), ``forced`` ``(FORCED, BS, LOCAL)``; inputs contiguous, ``gate`` None or float32
     ``[B, T, HQ]``. A Triton whose Gluon cannot build it raises naming the flag that turns it off."""
-    B, _, HQ, D = q.shape
+    B, _, HQ, _ = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = copy_layouts(q.dtype, G, KEYS_PER_WARPGROUP, D)
-    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
-    k_desc, v_desc = (key_rows_descriptor(x, KEYS_PER_WARPGROUP, key_layout) for x in (k, v))
+    q_desc, do_desc, k_desc, v_desc = launch_descriptors((q, do), (k, v), KEYS_PER_WARPGROUP)
     gate_frc, lse_frc, delta_frc = frc
     grid = (-(-TK // (2 * KEYS_PER_WARPGROUP)), B * H)
     try:
@@ -310,13 +308,10 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
     prefill (the selected branch's local blocks, phased, added to its gradient). Returns Triton's
     compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = copy_layouts(dtype, G, KEYS_PER_WARPGROUP, D)
     values = dict(H=4, G=G, BS=64, LOCAL=2, GATED=gated, FORCED=forced, PHASED=True, ACC=True, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "do_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "k_desc": descriptor_type(dtype, [KEYS_PER_WARPGROUP, D], key_layout),
-                 "v_desc": descriptor_type(dtype, [KEYS_PER_WARPGROUP, D], key_layout),
+    signature = {**descriptor_signature(dtype, G, KEYS_PER_WARPGROUP, ("q_desc", "do_desc"), ("k_desc", "v_desc"),
+                                        D),
                  "dk": el, "dv": el, **{name: "*fp32" for name in ("lse", "delta", "gate", "lse_frc", "delta_frc",
                                                                     "gate_frc")},
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",

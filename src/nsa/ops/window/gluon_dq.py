@@ -32,10 +32,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, copy_layouts, descriptor_type, fill_key_slot, gl, gluon,
-                            head_item, head_items_grid, head_rows_descriptor, key_rows_descriptor, launch_failed,
-                            mbarrier, on_hopper, released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fill_key_slot, gl, gluon, head_item,
+                            head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper, released_barrier,
+                            ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -284,12 +283,10 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
     ``(gate, lse, delta)`` (placeholders without ``forced``), ``forced`` ``(FORCED, INIT, LOCAL)``;
     inputs contiguous, ``gate`` None or float32 ``[B, T, HQ]``. A Triton whose Gluon cannot build it
     raises naming the flag that turns it off."""
-    B, _, HQ, D = q.shape
+    B, _, HQ, _ = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
-    q_desc, do_desc = (head_rows_descriptor(x, G, row_layout) for x in (q, do))
-    k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
+    q_desc, do_desc, k_desc, v_desc = launch_descriptors((q, do), (k, v), KEYS)
     gate_frc, lse_frc, delta_frc = frc
     n_items, grid = head_items_grid(B, H, -(-T // (2 * ROWS // G)), q.device)
     try:
@@ -307,13 +304,9 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
     prefill (the selected branch's initial and local blocks, added to its gradient). Returns Triton's
     compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = copy_layouts(dtype, G, KEYS, D)
     values = dict(H=4, G=G, INIT=1, LOCAL=2, GATED=gated, FORCED=forced, ACC=True, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "do_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "k_desc": descriptor_type(dtype, [KEYS, D], key_layout),
-                 "v_desc": descriptor_type(dtype, [KEYS, D], key_layout),
+    signature = {**descriptor_signature(dtype, G, KEYS, ("q_desc", "do_desc"), ("k_desc", "v_desc"), D),
                  "dq": el, **{name: "*fp32" for name in ("lse", "delta", "gate", "lse_frc", "delta_frc", "gate_frc")},
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",
                  "n_items": "i32", **{name: "constexpr" for name in values}}

@@ -32,9 +32,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copy_layouts, descriptor_type, fill_key_slot, gl, gluon, head_item,
-                            head_items_grid, head_rows_descriptor, key_rows_descriptor, launch_failed, mbarrier,
-                            on_hopper, released_barrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (compile_for_sm90, descriptor_signature, fill_key_slot, gl, gluon, head_item,
+                            head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper, released_barrier,
+                            ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -273,12 +273,10 @@ def window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T: int, q_offset: int, win
     (float32), and with ``forced`` ``(FORCED, INIT, LOCAL)`` on, the selected branch's ``o_frc`` and
     ``lse_frc`` over its forced blocks (placeholders otherwise); inputs contiguous. A Triton whose Gluon
     cannot build it raises naming the flag that turns it off."""
-    B, _, HQ, D = q.shape
+    B, _, HQ, _ = q.shape
     TK, H = k.shape[1], k.shape[2]
     G = HQ // H
-    row_layout, key_layout = copy_layouts(q.dtype, G, KEYS, D)
-    q_desc = head_rows_descriptor(q, G, row_layout)
-    k_desc, v_desc = (key_rows_descriptor(x, KEYS, key_layout) for x in (k, v))
+    q_desc, k_desc, v_desc = launch_descriptors((q,), (k, v), KEYS)
     n_items, grid = head_items_grid(B, H, -(-T // (2 * ROWS // G)), q.device)
     try:
         window_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, o_frc, lse_frc, T, TK, q_offset, window, qk_scale,
@@ -293,12 +291,9 @@ def compile_for_hopper(G: int = 16, forced: bool = True, dtype: torch.dtype = to
     :func:`window_fwd_gluon` would launch for ``G`` query heads a KV head (head dim 128), with the NSA
     prefill's forced blocks or without. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
-    row_layout, key_layout = copy_layouts(dtype, G, KEYS, D)
     values = dict(H=4, G=G, INIT=1, LOCAL=2, FORCED=forced, STAGES=STAGES)
     el = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    signature = {"q_desc": descriptor_type(dtype, [G, D], row_layout),
-                 "k_desc": descriptor_type(dtype, [KEYS, D], key_layout),
-                 "v_desc": descriptor_type(dtype, [KEYS, D], key_layout),
+    signature = {**descriptor_signature(dtype, G, KEYS, ("q_desc",), ("k_desc", "v_desc"), D),
                  "o": el, "lse": "*fp32", "o_frc": el, "lse_frc": "*fp32",
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "n_items": "i32",
                  **{name: "constexpr" for name in values}}
