@@ -40,11 +40,30 @@ def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def assert_compiles_for_hopper(module: str, cache: pathlib.Path, computing: int = 240, copying: int = 24,
+                               **kwargs) -> None:
+    """The Gluon kernels' CPU test (skipped where Triton has no Gluon): :func:`compile_for_hopper`
+    builds ``module``'s kernel, which fits Hopper's 227 KiB of shared memory a block and whose
+    partitions take the registers its launch gives them (``computing`` for each computing warpgroup,
+    ``copying`` for the copy warp)."""
+    pytest.importorskip("triton.experimental.gluon")
+    out = compile_for_hopper(module, cache, **kwargs)
+    assert 0 < out["shared"] <= 227 * 1024
+    assert {f"inc {computing}", f"dec {copying}"} <= set(out["setmaxnreg"])
+
+
 def hopper_with_gluon(device) -> bool:
     """Whether ``device`` is a Hopper GPU (compute capability 9) and Triton has Gluon."""
     from nsa.ops._gluon import on_hopper
 
     return torch.device(device).type == "cuda" and on_hopper(torch.empty(0, device=device))
+
+
+def skip_without_hopper(device, kernel: str) -> None:
+    """Skip the calling GPU test unless ``device`` is a Hopper GPU with Triton's Gluon, naming
+    ``kernel``."""
+    if not hopper_with_gluon(device):
+        pytest.skip(f"{kernel} runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
 
 
 def record_launches(monkeypatch, module, name: str) -> list:
@@ -81,8 +100,7 @@ def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launche
     ``flag`` off and on, bf16, 128-wide heads, fresh random inputs. Asserts that the Gluon launcher
     ``module.launcher`` ran once and that the output and every gradient are finite and equal the Triton
     kernels' within bf16 rounding. Skips where ``device`` is not a Hopper GPU with Gluon."""
-    if not hopper_with_gluon(device):
-        pytest.skip(f"{module.__name__} runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+    skip_without_hopper(device, module.__name__)
     from nsa import NSAConfig, nsa_attention
     from nsa.ops import sliding_window_attention
     from nsa.testing import assert_close

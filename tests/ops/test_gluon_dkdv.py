@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+from _gluon_kernels import assert_compiles_for_hopper, record_launches, skip_without_hopper
 
 from nsa import NSAConfig
 from nsa.testing import assert_close
@@ -23,10 +23,7 @@ def test_gluon_dkdv_compiles_for_hopper(tmp_path):
     GPU is. It fits Hopper's 227 KiB of shared memory a block, and its partitions take the registers
     its launch gives them (computing warpgroups 240, the copy warp 24). Compiled in a fresh Triton
     cache, so that a cached build cannot stand in for the compile."""
-    pytest.importorskip("triton.experimental.gluon")
-    out = compile_for_hopper("nsa.ops.compressed.gluon_dkdv", tmp_path, G=16, gated=True)
-    assert 0 < out["shared"] <= 227 * 1024
-    assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
+    assert_compiles_for_hopper("nsa.ops.compressed.gluon_dkdv", tmp_path, G=16, gated=True)
 
 
 def test_gluon_dkdv_takes_what_its_copies_and_tiles_allow():
@@ -74,8 +71,7 @@ def test_gluon_dkdv_matches_triton(B, T, HQ, H, q_offset, gated, max_splits, nsa
     bf16 rounding (both sum each token's query tiles in the same order; the products round
     differently), with a batch, gates, ``q_offset``, query chunks or none, 8-64 heads a KV group, and
     token counts that end inside a tile; and the Gluon kernel did run."""
-    if not hopper_with_gluon(nsa_device):
-        pytest.skip("the Gluon dK/dV runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+    skip_without_hopper(nsa_device, "the Gluon dK/dV")
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import gluon_dkdv, kernel
 

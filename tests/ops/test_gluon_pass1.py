@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+from _gluon_kernels import assert_compiles_for_hopper, record_launches, skip_without_hopper
 
 from nsa import NSAConfig
 from nsa.testing import assert_close
@@ -20,10 +20,7 @@ def test_gluon_pass1_compiles_for_hopper(tmp_path):
     """The kernel compiles for sm_90 with the installed Triton, no GPU needed (Gluon's API moves
     between releases). It fits Hopper's 227 KiB of shared memory a block, and its partitions take the
     registers its launch gives them (computing warpgroups 240, the copy warp 24)."""
-    pytest.importorskip("triton.experimental.gluon")
-    out = compile_for_hopper("nsa.ops.compressed.gluon_pass1", tmp_path, G=16)
-    assert 0 < out["shared"] <= 227 * 1024
-    assert {"inc 240", "dec 24"} <= set(out["setmaxnreg"])
+    assert_compiles_for_hopper("nsa.ops.compressed.gluon_pass1", tmp_path, G=16)
 
 
 def test_gluon_pass1_takes_what_its_copies_allow():
@@ -60,8 +57,7 @@ def test_gluon_pass1_matches_triton(B, T, HQ, H, q_offset, nsa_device, monkeypat
     leaves, so a wrong one would move it), past 16k tokens where pass 2 runs apart, with a batch,
     ``q_offset``, 8-64 heads a KV head and lengths that end inside a query tile; and the Gluon kernel
     did run."""
-    if not hopper_with_gluon(nsa_device):
-        pytest.skip("the Gluon pass 1 runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+    skip_without_hopper(nsa_device, "the Gluon pass 1")
     from nsa.ops._triton.compressed_fwd import compressed_fwd
     from nsa.ops.compressed import gluon_pass1
 

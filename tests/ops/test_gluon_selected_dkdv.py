@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import compile_for_hopper, hopper_with_gluon, record_launches
+from _gluon_kernels import assert_compiles_for_hopper, record_launches, skip_without_hopper
 
 from nsa.testing import assert_close
 
@@ -20,10 +20,7 @@ def test_gluon_selected_dkdv_compiles_for_hopper(tmp_path):
     """The kernel compiles for sm_90 with the installed Triton, no GPU needed (Gluon's API moves
     between releases). It fits Hopper's 227 KiB of shared memory a block, and the computing warpgroup
     takes the registers the copy warp gives up (256 and 24 of a launch at 168)."""
-    pytest.importorskip("triton.experimental.gluon")
-    out = compile_for_hopper("nsa.ops.selected.gluon_dkdv", tmp_path, G=16, gated=True)
-    assert 0 < out["shared"] <= 227 * 1024
-    assert {"inc 256", "dec 24"} <= set(out["setmaxnreg"])
+    assert_compiles_for_hopper("nsa.ops.selected.gluon_dkdv", tmp_path, computing=256, G=16, gated=True)
 
 
 def test_gluon_selected_dkdv_takes_what_its_copies_and_tiles_allow():
@@ -72,8 +69,7 @@ def test_gluon_selected_dkdv_matches_triton(B, T, HQ, H, q_offset, gated, qseg, 
     differently), with a batch, gates, ``q_offset``, 8-64 heads a KV head, owners of one segment and of
     many (the reduction's partials), lists with repeats, -1 and future blocks, and segments that end
     inside a step; and the Gluon kernel did run."""
-    if not hopper_with_gluon(nsa_device):
-        pytest.skip("the Gluon dK/dV runs on Hopper GPUs (compute capability 9) with Triton's Gluon")
+    skip_without_hopper(nsa_device, "the Gluon dK/dV")
     from nsa import NSAConfig
     from nsa.ops.selected import gluon_dkdv
     from nsa.ops.selected.kernel import BWD_TILES, selected_bwd_dkdv, selected_fwd
