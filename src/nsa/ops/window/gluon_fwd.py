@@ -5,7 +5,7 @@
 Why: at 64k the Triton kernel takes 4.4-4.9 ms of the forward's 31.6 and of the forward+backward's 87
 (H200, session 64), well below the window dK/dV's rate in Gluon: a query tile's band is 9 key tiles,
 and each program's loads and start weigh on it. This kernel takes 4.52-4.56 ms against the Triton
-kernel's 4.81-4.84 on one machine (session 65).
+kernel's 4.81-4.84 on one machine (session 65), 4.16-4.17 against 4.47-4.51 on another (session 66).
 
 A work item is two of the Triton kernel's query tiles (``2 BT`` positions of one KV head's ``G`` heads,
 128 rows), one a computing warpgroup; the kernel is persistent, as the Gluon dQ: one program an SM walks

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU calls of session 66 (H200). Session 65 left in main the window forward in Gluon
+# (nsa/ops/window/gluon_fwd.py, NSA_GLUON_WINDOW_FWD, off) in a form whose own tests had not run, and
+# two branches compiled offline, never run, both rebased on main this session: the window dK/dV made
+# persistent (next/gluon-window-dkdv-persistent) and the window dQ with the next tile's S and dP issued
+# before this tile's dS (next/gluon-window-dq-early-s). Their files are exported to .variants66/
+# (untracked, deleted after the calls):
+#   git show next/gluon-window-dkdv-persistent:src/nsa/ops/window/gluon_dkdv.py > .variants66/persistent_dkdv.py
+#   git show next/gluon-window-dq-early-s:src/nsa/ops/window/gluon_dq.py > .variants66/early_s_dq.py
+#
+#   bash scripts/gpu_session66.sh probes      # NSA_GLUON_WINDOW_FWD off and on at 64k and 8k (ABBA
+#                                             # forward and forward+backward, kernel lists); each
+#                                             # branch's kernel against main's (gradients, ABBA, lists)
+#
+#   bash scripts/gpu_session66.sh tables      # the GPU tests of the ops, the layer and varlen with the
+#                                             # library's defaults; nsa-bench prefill (8k-64k) and
+#                                             # decode (batch 1-64)
+source "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: gpu_session66.sh STEP}"
+
+device_line
+case "$step" in
+probes)
+    probe_run 150 gluon_window_fwd --lengths 65536 8192 --only gluon_window_fwd
+    probe_run 210 persistent_dkdv --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --dkdv-variant persistent=.variants66/persistent_dkdv.py
+    probe_run 210 early_s_dq --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_dq --dkdv-variant early_s=.variants66/early_s_dq.py
+    ;;
+tables)
+    worker_tests 380 "$(git rev-parse --short HEAD 2>/dev/null || echo session66)" tests/ops tests/test_module.py \
+        tests/test_varlen.py
+    tar_reports
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    ;;
+*)
+    echo "unknown step $step"; exit 2
+    ;;
+esac
+echo "== done after $(( $(date +%s) - start )) s"
