@@ -15,6 +15,9 @@
 #   bash scripts/gpu_session66.sh tables      # the GPU tests of the ops, the layer and varlen with the
 #                                             # library's defaults; nsa-bench prefill (8k-64k) and
 #                                             # decode (batch 1-64)
+#
+#   bash scripts/gpu_session66.sh suite       # the same GPU tests alone, each test's outcome on its
+#                                             # own line, under a longer limit
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session66.sh STEP}"
 
@@ -34,6 +37,11 @@ tables)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+suite)
+    verbose_tests 560 "$(git rev-parse --short HEAD 2>/dev/null || echo session66)" suite tests/ops \
+        tests/test_module.py tests/test_varlen.py
+    tar_reports
     ;;
 *)
     echo "unknown step $step"; exit 2
