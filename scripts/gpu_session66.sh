@@ -28,7 +28,11 @@
 #   bash scripts/gpu_session66.sh suite       # the same GPU tests alone, each test's outcome on its
 #                                             # own line, under a longer limit
 #
-# 447 passed, 18 skipped in 335 s.
+# 447 passed, 18 skipped in 335 s. The H200 baseline's prefill points were session 35's kernels (64k
+# forward+backward 96.9 ms), its decode points session 50's:
+#
+#   bash scripts/gpu_session66.sh baseline    # every point of the pytest-benchmark baseline saved again,
+#                                             # prefill then decode (the JSON copied to $OUT)
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session66.sh STEP}"
 
@@ -53,6 +57,15 @@ suite)
     verbose_tests 560 "$(git rev-parse --short HEAD 2>/dev/null || echo session66)" suite tests/ops \
         tests/test_module.py tests/test_varlen.py
     tar_reports
+    ;;
+baseline)
+    for kind in prefill decode; do
+        timeout 280 python -m pytest tests/benchmarks -k "$kind" --gpu-profile h200 --nsa-baseline=save \
+            -p no:cacheprovider -q > "$OUT/baseline_$kind.log" 2>&1
+        echo "== baseline $kind: rc $? after $(( $(date +%s) - start )) s"
+        tail -4 "$OUT/baseline_$kind.log"
+    done
+    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
     ;;
 *)
     echo "unknown step $step"; exit 2
