@@ -33,6 +33,14 @@
 #
 #   bash scripts/gpu_session66.sh baseline    # every point of the pytest-benchmark baseline saved again,
 #                                             # prefill then decode (the JSON copied to $OUT)
+#
+# Prefill points as the tables' (64k forward+backward 86.17 / 448.1 ms). The decode points' graph
+# replays at batch 1 spread widely: 19.1-145 us at 64k, median 33.7 (the CLI's 19.0), 15.2-97.9 at 16k,
+# median 24.0: the host stalled past the flush before submitting them. A replay now waits behind a
+# 0.5 ms device spin as well (nsa.bench.timing.HOST_SLACK_S):
+#
+#   bash scripts/gpu_session66.sh timing      # the timing GPU tests; the decode points saved again;
+#                                             # the CLI's decode table at batch 1 and 16
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session66.sh STEP}"
 
@@ -66,6 +74,16 @@ baseline)
         tail -4 "$OUT/baseline_$kind.log"
     done
     cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    ;;
+timing)
+    timeout 120 python -m pytest tests/bench -p no:cacheprovider --gpu-profile auto -q -rs 2>&1 | tail -4
+    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile h200 --nsa-baseline=save \
+        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
+    echo "== baseline decode: rc $? after $(( $(date +%s) - start )) s"
+    tail -4 "$OUT/baseline_decode.log"
+    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    timeout 120 python -m nsa.bench decode --profile h200 --batch 1,16 --graph --budget 4 \
+        --csv "$OUT/decode_h200_b1_b16.csv" 2>&1 | tail -12
     ;;
 *)
     echo "unknown step $step"; exit 2

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from nsa.bench.timing import TIMER, PairTimer, Runner, Samples, measure, measure_within, plan_rounds, run_pedantic
+from nsa.bench.timing import (HOST_SLACK_S, TIMER, PairTimer, Runner, Samples, measure, measure_within, plan_rounds,
+                              run_pedantic, spin_cycles_per_s)
 
 CPU = torch.device("cpu")
 
@@ -92,18 +93,41 @@ def test_measure_within_times_the_planned_rounds():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph, queued, syncs", [(False, False, 1), (True, False, 0), (False, True, 0)])
-def test_graph_replay_is_submitted_while_the_flush_runs(graph, queued, syncs, nsa_device, monkeypatch):
+def test_graph_replay_is_submitted_behind_the_flush_and_a_device_wait(graph, queued, syncs, nsa_device, monkeypatch):
     """An eager call starts on a synchronised device (it pays its launches); a graph
-    replay, or any call of a queued runner, is enqueued behind the flush, so the host's
-    submission is not timed."""
+    replay is enqueued behind the flush and a spin of HOST_SLACK_S, and any call of a
+    queued runner behind the flush, so the host's submission is not timed."""
     x = torch.randn(1024, device=nsa_device)
     runner = Runner(lambda t: t * 2, [(x,)], nsa_device, graph=graph, queued=queued)
-    calls = []
+    calls, spins = [], []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(torch.cuda, "_sleep", spins.append)
     runner.setup()
     assert len(calls) == syncs
-    assert ("submitted during the flush" in runner.method) == graph
+    assert ("submitted behind the flush and a 0.5 ms device wait" in runner.method) == graph
     assert ("queued back to back" in runner.method) == queued
+    cycles_per_s = spin_cycles_per_s(nsa_device)
+    assert spins == ([int(HOST_SLACK_S * cycles_per_s)] if graph else [])
+    assert 1e8 < cycles_per_s < 1e10  # a GPU clock between 0.1 and 10 GHz
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive  # another worker's kernels on the same GPU would lengthen the replay's samples
+def test_graph_replay_sample_leaves_out_a_stalled_host(nsa_device):
+    """The host stalls for 0.4 HOST_SLACK_S between the start event and the replay's submission
+    (as a garbage collection might): the sample is still the replay's device time alone. Behind the
+    flush only (tens of microseconds), it held most of the stall."""
+    x = torch.randn(1024, device=nsa_device)
+    runner = Runner(lambda t: t * 2, [(x,)], nsa_device, graph=True)
+    timer = PairTimer()
+    timer.reset(nsa_device)
+    for _ in range(5):
+        (index,), _ = runner.setup()
+        timer()
+        time.sleep(0.4 * HOST_SLACK_S)
+        runner.target(index)
+        timer()
+    assert max(timer.durations[1:]) < 0.2 * HOST_SLACK_S, timer.durations
 
 
 @pytest.mark.gpu

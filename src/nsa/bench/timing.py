@@ -8,10 +8,11 @@ One sample is one call of the measured function (or one replay of its CUDA graph
   sets is taken, so the call never reads operands an earlier call left in L2.
   An eager call starts on an idle device (synchronised first), so it pays its
   launches, as it would in an eager decode loop. A graph replay is submitted while
-  the flush still runs, so its sample is the replay's device time, as
-  ``triton.testing.do_bench`` measures it: a decode loop enqueues the next replay
-  while the last one runs, and the host's few microseconds of graph submission
-  would otherwise count as step time. A ``queued`` runner (the prefill tables)
+  the device still flushes and then waits :data:`HOST_SLACK_S` (a spin kernel), so
+  its sample is the replay's device time, as ``triton.testing.do_bench`` measures
+  it: a decode loop enqueues the next replay while the last one runs, and neither
+  the host's few microseconds of graph submission nor a host that stalls (a
+  garbage collection, pytest-benchmark's own loop) should count as step time. A ``queued`` runner (the prefill tables)
   enqueues its calls back to back and waits for the device once, after the last:
   the host runs ahead, so a sample is the call's device time, as ``do_bench``
   takes it, and the launches count only where the device outruns the host.
@@ -39,6 +40,13 @@ FLUSH_FACTOR = 2
 FALLBACK_L2_BYTES = 64 * 2**20
 #: Input sets never exceed this count (beyond a few, rotation adds nothing over the flush).
 MAX_INPUT_SETS = 8
+#: Device time a graph replay's sample waits behind, after the flush, while the host records the
+#: start event and submits the replay. The flush alone (tens of microseconds) was not enough under
+#: pytest-benchmark: in session 66 the H200's batch-1 replays at 64k took 19.1-145 us there, median
+#: 33.7, where the CLI's took 19.0.
+HOST_SLACK_S = 0.5e-3
+#: Spin cycles of the one-off calibration of the device's wait (about 5 ms at 2 GHz).
+CALIBRATION_CYCLES = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,26 @@ def input_set_count(set_bytes: int, device: torch.device, *, memory_fraction: fl
     return max(1, min(wanted, MAX_INPUT_SETS, affordable))
 
 
+_spin_rates: Dict[int, float] = {}
+
+
+def spin_cycles_per_s(device: torch.device) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` (a kernel that spins that many GPU clock cycles)
+    on a CUDA ``device``, measured once per device with CUDA events."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _spin_rates:
+        with torch.cuda.device(index):
+            torch.cuda._sleep(1000)  # load the kernel outside the measurement
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(CALIBRATION_CYCLES)
+            end.record()
+            end.synchronize()
+            _spin_rates[index] = CALIBRATION_CYCLES / (start.elapsed_time(end) / 1e3)
+    return _spin_rates[index]
+
+
 def _capture(fn: Callable[..., Any], args: Sequence[Any]) -> "torch.cuda.CUDAGraph":
     """Capture ``fn(*args)`` into a CUDA graph (warm-up on a side stream first, as torch requires)."""
     side = torch.cuda.Stream()
@@ -207,6 +235,10 @@ class Runner:
         if cuda and flush_l2:
             self._flush = torch.empty(FLUSH_FACTOR * l2_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
         self._graphs = [_capture(fn, args) for args in self.input_sets] if graph else []
+        # A replay waits behind the device's spin, so the host's submission (and any stall) is not timed.
+        self._slack_cycles = 0
+        if graph and hasattr(torch.cuda, "_sleep"):
+            self._slack_cycles = int(HOST_SLACK_S * spin_cycles_per_s(self.device))
 
     @property
     def method(self) -> str:
@@ -216,21 +248,26 @@ class Runner:
         flushed = "L2 flushed" if self._flush is not None else "L2 not flushed"
         replay = "eager"
         if self.graph:
-            replay = "graph replay submitted during the flush" if self._flush is not None else "graph replay"
+            behind = [what for what, on in (("the flush", self._flush is not None),
+                                             (f"a {HOST_SLACK_S * 1e3:g} ms device wait", self._slack_cycles > 0)) if on]
+            replay = "graph replay" + (f" submitted behind {' and '.join(behind)}" if behind else "")
         if self.queued:
             replay += ", calls queued back to back"
         return f"cuda-events, {flushed}, {len(self.input_sets)} input set(s), {replay}"
 
     def setup(self) -> Tuple[Tuple[int], Dict[str, Any]]:
-        """Untimed: pick the next input set, flush L2, wait for the device (not when
-        ``queued``). Returns pytest-benchmark's ``(args, kwargs)`` for :meth:`target`."""
+        """Untimed: pick the next input set, flush L2, then wait for the device (an eager call) or
+        enqueue the device's wait (a graph replay; neither when ``queued``). Returns
+        pytest-benchmark's ``(args, kwargs)`` for :meth:`target`."""
         index = self._next
         self._next = (self._next + 1) % len(self.input_sets)
         if self._flush is not None:
             self._flush.zero_()
-        idle_start = not self.queued and not (self.graph and self._flush is not None)
+        if self._slack_cycles:
+            torch.cuda._sleep(self._slack_cycles)
+        idle_start = not self.queued and not (self.graph and (self._flush is not None or self._slack_cycles))
         if self.device.type == "cuda" and idle_start:
-            torch.cuda.synchronize(self.device)  # a replay is submitted while the flush runs instead
+            torch.cuda.synchronize(self.device)
         return (index,), {}
 
     def target(self, index: int) -> Any:
