@@ -12,10 +12,11 @@ One sample is one call of the measured function (or one replay of its CUDA graph
   its sample is the replay's device time, as ``triton.testing.do_bench`` measures
   it: a decode loop enqueues the next replay while the last one runs, and neither
   the host's few microseconds of graph submission nor a host that stalls (a
-  garbage collection, pytest-benchmark's own loop) should count as step time. A ``queued`` runner (the prefill tables)
-  enqueues its calls back to back and waits for the device once, after the last:
-  the host runs ahead, so a sample is the call's device time, as ``do_bench``
-  takes it, and the launches count only where the device outruns the host.
+  garbage collection, pytest-benchmark's own loop) should count as step time. A
+  ``queued`` runner (the prefill tables) enqueues its calls back to back and waits
+  for the device once, after the last: the host runs ahead, so a sample is the
+  call's device time, as ``do_bench`` takes it, and the launches count only where
+  the device outruns the host.
 - **CPU**: :func:`time.perf_counter` around the call.
 
 :class:`Runner` holds the function and its input sets; :func:`measure` runs the
@@ -248,8 +249,9 @@ class Runner:
         flushed = "L2 flushed" if self._flush is not None else "L2 not flushed"
         replay = "eager"
         if self.graph:
-            behind = [what for what, on in (("the flush", self._flush is not None),
-                                             (f"a {HOST_SLACK_S * 1e3:g} ms device wait", self._slack_cycles > 0)) if on]
+            behind = ["the flush"] if self._flush is not None else []
+            if self._slack_cycles:
+                behind.append(f"a {HOST_SLACK_S * 1e3:g} ms device wait")
             replay = "graph replay" + (f" submitted behind {' and '.join(behind)}" if behind else "")
         if self.queued:
             replay += ", calls queued back to back"
@@ -265,8 +267,8 @@ class Runner:
             self._flush.zero_()
         if self._slack_cycles:
             torch.cuda._sleep(self._slack_cycles)
-        idle_start = not self.queued and not (self.graph and (self._flush is not None or self._slack_cycles))
-        if self.device.type == "cuda" and idle_start:
+        queued_behind = self.graph and (self._flush is not None or self._slack_cycles)  # the replay's wait
+        if self.device.type == "cuda" and not self.queued and not queued_behind:
             torch.cuda.synchronize(self.device)
         return (index,), {}
 
