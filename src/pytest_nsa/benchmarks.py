@@ -16,8 +16,9 @@ machine to its ``machine_info``.
 
 At session end the benchmarks that passed are saved to, or compared with,
 ``<dir>/<profile>/benchmarks.json`` (:mod:`nsa.bench.baselines`). A regression
-beyond the profile's ``regression_threshold_pct`` that also exceeds the measured
-spread fails the session with a table; improvements never fail; a missing
+beyond the profile's ``regression_threshold_pct`` (``host_bound_threshold_pct``
+for a host-bound benchmark) that also exceeds the measured spread fails the
+session with a table; improvements never fail; a missing
 baseline is reported; a baseline from another device or software stack is
 refused naming the fields that differ. Under pytest-xdist pytest-benchmark
 disables its timing, so nothing is recorded or compared, the tests run once as
@@ -228,11 +229,13 @@ def _compare(state: BenchState, config: pytest.Config) -> None:
         state.lines.append(f"baseline {state.path} refused: recorded on another device or software stack; "
                            f"differs in {'; '.join(diff)}")  # fmt: skip
         return
-    threshold = benchmark_settings(config).regression_threshold_pct
-    state.rows = baselines.compare(baseline, state.measured, threshold)
+    settings = benchmark_settings(config)
+    threshold, host_threshold = settings.regression_threshold_pct, settings.host_bound_threshold_pct
+    state.rows = baselines.compare(baseline, state.measured, threshold, host_threshold)
     regressions = sum(1 for r in state.rows if r.verdict == baselines.REGRESSION)
     state.lines.append(f"compared with {state.path} (recorded {baseline.created or 'at an unknown time'}; "
-                       f"threshold {threshold:g}% and {baselines.SPREAD_FACTOR:g} x IQR)")  # fmt: skip
+                       f"threshold {threshold:g}% ({host_threshold:g}% where host-bound) and "
+                       f"{baselines.SPREAD_FACTOR:g} x IQR)")  # fmt: skip
     state.lines.extend(baselines.table(state.rows))
     if regressions:
         state.failed = True

@@ -84,12 +84,14 @@ class Tolerance:
 @dataclass(frozen=True)
 class BenchmarkSettings:
     """Settings of the benchmark suites: context lengths and batch sizes for decode,
-    ``rounds`` per measurement, the regression threshold in percent and prefill lengths."""
+    ``rounds`` per measurement, the regression threshold in percent (and the one for host-bound
+    benchmarks, :func:`nsa.bench.baselines.host_bound`) and prefill lengths."""
 
     contexts: Tuple[int, ...]
     batch_sizes: Tuple[int, ...]
     rounds: int
     regression_threshold_pct: float
+    host_bound_threshold_pct: float
     prefill_lengths: Tuple[int, ...]
 
 

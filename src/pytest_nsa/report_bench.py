@@ -24,7 +24,7 @@ NOT_COMPARED = "not compared"
 
 def _params(info: Mapping[str, Any]) -> Dict[str, Any]:
     shape = info.get("shape") if isinstance(info.get("shape"), Mapping) else {}
-    keep = {k: info[k] for k in ("kind", "impl", "mode", "nsa_over_dense") if k in info}
+    keep = {k: info[k] for k in ("kind", "impl", "mode", "nsa_over_dense", "host_share") if info.get(k) is not None}
     return {**keep, **shape}
 
 

@@ -216,6 +216,7 @@ SCHEMA: Check = _mapping({
         "batch_sizes": _counts,
         "rounds": _count,
         "regression_threshold_pct": _positive,
+        "host_bound_threshold_pct": _positive,
         "prefill_lengths": _counts,
     }),
 })
@@ -241,7 +242,7 @@ REQUIRED: Tuple[str, ...] = (
     *(f"tolerances.{d}.{k}" for d in DTYPES for k in KINDS),
     "gradcheck.eps", "gradcheck.atol", "gradcheck.rtol",
     "benchmark.contexts", "benchmark.batch_sizes", "benchmark.rounds",
-    "benchmark.regression_threshold_pct", "benchmark.prefill_lengths",
+    "benchmark.regression_threshold_pct", "benchmark.host_bound_threshold_pct", "benchmark.prefill_lengths",
     *(f"features.{f}.{k}" for f in FEATURES for k in ("enabled", "reason")),
 )
 

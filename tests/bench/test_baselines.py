@@ -85,6 +85,32 @@ def test_compare_verdicts():
     assert any("slower" in l and "+20.0%" in l and "REGRESSION (limit 110 us)" in l for l in lines)
 
 
+def test_compare_judges_host_bound_benchmarks_by_their_threshold():
+    """A benchmark whose baseline or run recorded a host share of at least HOST_BOUND_SHARE takes
+    the host-bound threshold; without one (or without the threshold) the plain one."""
+    def timed(median, share):
+        return bl.Entry(median=median, iqr=1e-6, q1=median, q3=median, mean=median, min=median, max=median,
+                        stddev=0.0, rounds=10, info={"shape": {"length": 1}, "host_share": share})  # fmt: skip
+
+    base = bl.Baseline("h200", MACHINE, {
+        "host": timed(400e-6, 0.9), "host_now": timed(400e-6, None), "device": timed(400e-6, 0.1),
+        "host_far": timed(400e-6, 0.9), "unknown": timed(400e-6, None),
+    })  # fmt: skip
+    now = {"host": timed(760e-6, 0.8), "host_now": timed(760e-6, 0.7), "device": timed(760e-6, 0.1),
+           "host_far": timed(1100e-6, 0.9), "unknown": timed(760e-6, None)}
+    rows = {r.name: r for r in bl.compare(base, now, threshold_pct=10, host_bound_threshold_pct=150)}
+    assert {n: (r.verdict, r.host_bound) for n, r in rows.items()} == {
+        "host": (bl.OK, True), "host_now": (bl.OK, True), "device": (bl.REGRESSION, False),
+        "host_far": (bl.REGRESSION, True), "unknown": (bl.REGRESSION, False),
+    }  # fmt: skip
+    assert rows["host_far"].limit == pytest.approx(1000e-6)
+    assert any("host_far" in line and "REGRESSION (limit 1 ms), host-bound" in line for line in bl.table(list(rows.values())))
+    # without a host-bound threshold every benchmark takes the plain one
+    plain = {r.name: r.verdict for r in bl.compare(base, now, threshold_pct=10)}
+    assert plain["host"] == bl.REGRESSION
+    assert bl.host_bound(timed(1.0, bl.HOST_BOUND_SHARE)) and not bl.host_bound(timed(1.0, 0.49), timed(1.0, None))
+
+
 def test_updated_merges_same_machine_and_replaces_another():
     old = bl.Baseline("h200", MACHINE, {"a": entry(1.0), "b": entry(2.0)})
     merged, note = bl.updated(old, "h200", MACHINE, {"b": entry(3.0)})

@@ -111,6 +111,31 @@ def test_graph_replay_is_submitted_behind_the_flush_and_a_device_wait(graph, que
     assert spins == ([int(HOST_SLACK_S * cycles_per_s)] if graph else [])
 
 
+def test_runner_keeps_the_host_part_of_each_call_but_shares_it_on_a_gpu_only():
+    """Every eager call's host part is kept (perf_counter around it); on the CPU a sample is all
+    host time, so there is no host share to judge a benchmark by."""
+    runner = Runner(lambda: time.sleep(0.002), [()], CPU)
+    samples = measure(runner, rounds=3, warmup=1)
+    assert len(runner.host_times) == 4 and min(runner.host_times) >= 0.002
+    assert runner.host_share(samples) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive  # another worker's kernels would lengthen the device's part of the samples
+def test_host_share_tells_a_host_bound_call_from_a_device_bound_one(nsa_device):
+    """A call of a few tiny kernels is host-bound (its launches take most of its sample); a
+    large matrix product is not (HOST_BOUND_SHARE splits them); a replay has no host share."""
+    from nsa.bench.baselines import HOST_BOUND_SHARE
+
+    tiny = torch.randn(256, device=nsa_device)
+    small = Runner(lambda t: ((t * 2 + 1) * 3 - 1).sum(), [(tiny,)], nsa_device)
+    big = torch.randn(8192, 8192, device=nsa_device)
+    large = Runner(lambda a: a @ a @ a, [(big,)], nsa_device)
+    replay = Runner(lambda t: t * 2, [(tiny,)], nsa_device, graph=True)
+    shares = [r.host_share(measure(r, rounds=5, warmup=2)) for r in (small, large, replay)]
+    assert shares[0] >= HOST_BOUND_SHARE and shares[1] < HOST_BOUND_SHARE and shares[2] is None, shares
+
+
 @pytest.mark.gpu
 @pytest.mark.exclusive  # another worker's kernels on the same GPU would lengthen the replay's samples
 def test_graph_replay_sample_leaves_out_a_stalled_host(nsa_device):

@@ -8,6 +8,7 @@ and a tenfold slower sleep is a regression whatever the machine's noise.
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import pytest
 
@@ -25,7 +26,7 @@ from nsa.bench.timing import TIMER, Runner, run_pedantic
 def test_sleep(benchmark, nsa_bench):
     runner = Runner(lambda: time.sleep({delay}), [()], torch.device("cpu"))
     samples = run_pedantic(benchmark, runner, rounds=5, warmup=1)
-    benchmark.extra_info.update(nsa_bench.machine, shape={{"length": {length}}})
+    benchmark.extra_info.update(nsa_bench.machine, shape={{"length": {length}}}, host_share={host_share})
     if samples is not None:
         assert samples.median >= {delay}
 
@@ -42,8 +43,8 @@ def _no_gpu(fake):
 
 @pytest.fixture
 def suite(pytester):
-    def write(delay: float, length: int = 1) -> None:
-        pytester.makepyfile(test_bench=BENCH_TEST.format(delay=delay, length=length))
+    def write(delay: float, length: int = 1, host_share: Optional[float] = None) -> None:
+        pytester.makepyfile(test_bench=BENCH_TEST.format(delay=delay, length=length, host_share=host_share))
 
     return write
 
@@ -89,6 +90,22 @@ def test_save_then_compare_then_planted_regression_fails(pytester, suite, inproc
         "FAILED: 1 benchmark(s) regressed beyond the threshold and the spread",
     ])  # fmt: skip
     assert json.loads(baseline_file.read_text()) == stored  # compare never writes
+
+
+def test_host_bound_benchmark_is_judged_by_its_own_threshold(pytester, suite, inprocess, baseline_file):
+    """A benchmark recorded as host-bound (host share 0.9) may run twice as long as its baseline
+    (the host machine's speed and state move it so) and is marked; four times as long fails."""
+    suite(0.005, host_share=0.9)
+    assert inprocess("--nsa-baseline=save").ret == 0
+    suite(0.010, host_share=0.9)
+    doubled = inprocess("--nsa-bench")
+    assert doubled.ret == 0
+    doubled.stdout.fnmatch_lines(["compared with*threshold 25% (150% where host-bound) and 1.5 x IQR)",
+                                  "test_bench.py::test_sleep*ms*ms*+*%*ok, host-bound"])  # fmt: skip
+    suite(0.020, host_share=0.9)
+    quadrupled = inprocess("--nsa-bench")
+    assert quadrupled.ret == pytest.ExitCode.TESTS_FAILED
+    quadrupled.stdout.fnmatch_lines(["test_bench.py::test_sleep*ms*ms*+*%*REGRESSION (limit*), host-bound"])
 
 
 def test_improvement_never_fails(pytester, suite, inprocess):

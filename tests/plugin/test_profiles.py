@@ -58,6 +58,7 @@ def test_every_shipped_profile_is_complete(shipped, name):
         assert 0 < profile.tolerance(dtype, "fwd") <= profile.tolerance(dtype, "grad") < 0.1
     assert set(profile.gradcheck) == {"eps", "atol", "rtol"}
     assert profile.benchmark.rounds > 0 and profile.benchmark.regression_threshold_pct > 0
+    assert profile.benchmark.host_bound_threshold_pct > profile.benchmark.regression_threshold_pct
     assert all(not f.enabled and f.reason for f in [profile.feature("fa2")])
 
 
@@ -115,6 +116,7 @@ def test_profile_tolerance_rejects_unknown_dtype_and_kind(shipped):
         ("software:\n  triton_pairings: {\"2.4\": 3.0}\n", 3, "expected a quoted version"),
         ("benchmark:\n  rounds: 2.5\n", 3, "benchmark.rounds: expected a positive integer"),
         ("benchmark:\n  contexts: []\n", 3, "expected a non-empty list of positive integers"),
+        ("benchmark:\n  host_bound_threshold_pct: 0\n", 3, "benchmark.host_bound_threshold_pct: expected a positive"),
         ("features:\n  triton_fast: {enabled: true}\n", 3, "unknown feature 'triton_fast'; allowed: triton"),
         ("features:\n  fa2: {enabled: 'yes'}\n", 3, "features.fa2.enabled: expected true or false"),
         ("device:\n  name_pattern: '(H100'\n", 3, "invalid regular expression"),

@@ -230,6 +230,8 @@ class Runner:
         if graph and not cuda:
             raise ValueError(f"graph replay needs a CUDA device, got {self.device}")
         self.fn, self.input_sets, self.graph = fn, [tuple(s) for s in input_sets], graph
+        #: The host's part of each eager call (``perf_counter`` around it; not of replays): see :meth:`host_share`.
+        self.host_times: List[float] = []
         self.queued = queued and cuda
         self._next = 0
         self._flush: Optional[torch.Tensor] = None
@@ -277,7 +279,19 @@ class Runner:
         if self.graph:
             self._graphs[index].replay()
             return None
-        return self.fn(*self.input_sets[index])
+        start = time.perf_counter()
+        out = self.fn(*self.input_sets[index])
+        self.host_times.append(time.perf_counter() - start)
+        return out
+
+    def host_share(self, samples: Samples) -> Optional[float]:
+        """How much of ``samples`` (this runner's last ones) the host's submission takes: the median
+        host part of those calls over their median sample. Near 1 the call is host-bound, its time the
+        host's launches (it follows the host machine as much as the code); ``None`` where a sample
+        holds no host time (replays, queued calls) or is all host time (the CPU)."""
+        if self.device.type != "cuda" or self.graph or self.queued or len(self.host_times) < len(samples.times):
+            return None
+        return statistics.median(self.host_times[-len(samples.times):]) / samples.median
 
 
 def measure(runner: Runner, *, rounds: int, warmup: int, timer: Optional[PairTimer] = None) -> Samples:
