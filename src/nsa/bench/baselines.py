@@ -16,9 +16,10 @@ refused naming the fields that differ. A benchmark regresses when its median
 exceeds the baseline median by more than ``max(threshold * baseline median,
 SPREAD_FACTOR * spread)``, the spread being the larger IQR of the two runs;
 improvements never fail. A host-bound benchmark (``info["host_share"]`` of
-either run at least :data:`HOST_BOUND_SHARE`: the host's launches take most of
-its time) is judged with the profile's wider host-bound threshold: its time
-follows the host machine as much as the code. No pytest or torch import here.
+either run at least :data:`HOST_BOUND_SHARE`: the host's launches take at least
+half its time) is judged with the profile's wider host-bound threshold: its
+time follows the host machine as much as the code. No pytest or torch import
+here.
 """
 
 from __future__ import annotations
