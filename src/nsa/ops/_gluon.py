@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Dict, Mapping
 
 import torch
+from triton.runtime.jit import constexpr_function
 
 try:
     from triton.experimental import gluon
@@ -36,7 +37,21 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
            "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "launch_descriptors",
            "descriptor_signature", "head_items_grid",
            "compile_for_sm90",
-           "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled"]
+           "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled",
+           "wgmma_layout", "a_operand_layout"]
+
+
+@constexpr_function
+def wgmma_layout(n: int):
+    """The register layout of a computing warpgroup's ``[64, n]`` wgmma accumulator (called in a
+    kernel on a constexpr width)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@constexpr_function
+def a_operand_layout(acc_layout):
+    """The register layout of a 16-bit A operand of a wgmma product into an ``acc_layout`` accumulator."""
+    return gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
 
 
 def on_hopper(t: torch.Tensor) -> bool:

@@ -46,10 +46,10 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (TensorDescriptor, compile_for_sm90, copies_fit, descriptor_type, element_type,
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_type, element_type,
                             fence_async_shared, gl, gluon, head_rows_descriptor, key_rows_descriptor, launch_failed,
-                            mbarrier, on_hopper, ring_barriers, tma, tma_load, tma_store, warpgroup_mma,
-                            warpgroup_mma_wait)
+                            mbarrier, on_hopper, ring_barriers, TensorDescriptor, tma, tma_load, tma_store,
+                            warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Tokens a computing warpgroup owns (two a program: the Triton kernel's token tile of 128).
 TOKENS_PER_WARPGROUP = 64
@@ -185,11 +185,9 @@ if gluon is not None:
         DH: gl.constexpr = q_smem.shape[2]
         BNW: gl.constexpr = k_smem.shape[1]
         BT: gl.constexpr = M // G
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, DH, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        st_layout: gl.constexpr = wgmma_layout(M)
+        acc_layout: gl.constexpr = wgmma_layout(DH)
+        a_layout: gl.constexpr = a_operand_layout(acc_layout)
         i_n = gl.program_id(0)
         i_s = gl.program_id(1)
         i_b = gl.program_id(2) // H

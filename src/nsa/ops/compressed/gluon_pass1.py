@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared, gl, gluon,
-                            launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
+                            gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns (two a program: the Triton launch's 128).
 ROWS = 64
@@ -117,11 +117,9 @@ if gluon is not None:
         DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
         BTW: gl.constexpr = M // G
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, DH, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = wgmma_layout(BN)
+        o_layout: gl.constexpr = wgmma_layout(DH)
+        p_layout: gl.constexpr = a_operand_layout(o_layout)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         i_t = _query_tile(TQ, 2 * BTW)

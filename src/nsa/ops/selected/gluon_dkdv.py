@@ -39,9 +39,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, gl, gluon, launch_descriptors,
-                            launch_failed, mbarrier, on_hopper, ring_barriers, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, gl, gluon,
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, ring_barriers, tma_load,
+                            warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a step ((query, head) pairs of one KV group: ``64 // G`` queries), as the Triton kernel's.
 ROWS = 64
@@ -177,11 +177,9 @@ if gluon is not None:
         M: gl.constexpr = BQ * G
         DH: gl.constexpr = q_smem.shape[2]
         BS: gl.constexpr = k_smem.shape[0]
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, DH, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        st_layout: gl.constexpr = wgmma_layout(M)
+        acc_layout: gl.constexpr = wgmma_layout(DH)
+        a_layout: gl.constexpr = a_operand_layout(acc_layout)
         # the dS stores: 8 neighbouring keys a thread, a row's 64 keys by 8 threads
         ds_layout: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
         i_o, live, e_lo, e_hi, steps = _segment(seg_owner, starts, counts, seg_first, NBHJ, QSEG, BQ)

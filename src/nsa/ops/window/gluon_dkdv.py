@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, gl, gluon, launch_descriptors,
-                            launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait)
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, gl, gluon,
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
+                            tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Keys a computing warpgroup owns (two a program: the Triton kernel's Hopper tile of 128).
 KEYS_PER_WARPGROUP = 64
@@ -195,11 +195,9 @@ if gluon is not None:
         DH: gl.constexpr = q_smem.shape[2]
         BNW: gl.constexpr = k_smem.shape[1]
         BT: gl.constexpr = M // G
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, M, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, DH, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        st_layout: gl.constexpr = wgmma_layout(M)
+        acc_layout: gl.constexpr = wgmma_layout(DH)
+        a_layout: gl.constexpr = a_operand_layout(acc_layout)
         i_b = gl.program_id(1) // H
         i_h = gl.program_id(1) % H
         steps, n_tail, i_first, i_split, i_local = _band(T, q_offset, W, BT, 2 * BNW, BS, LOCAL, FORCED, PHASED)

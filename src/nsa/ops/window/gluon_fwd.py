@@ -32,9 +32,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (compile_for_sm90, descriptor_signature, fill_key_slot, gl, gluon, head_item,
-                            head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper, released_barrier,
-                            ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait)
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, descriptor_signature, fill_key_slot, gl, gluon,
+                            head_item, head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper,
+                            released_barrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -178,11 +178,9 @@ if gluon is not None:
         DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
         BT: gl.constexpr = M // G
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, DH, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        s_layout: gl.constexpr = wgmma_layout(BN)
+        acc_layout: gl.constexpr = wgmma_layout(DH)
+        a_layout: gl.constexpr = a_operand_layout(acc_layout)
         HQ: gl.constexpr = H * G
         o_m = gl.arange(0, M, layout=gl.SliceLayout(1, s_layout))
         o_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
