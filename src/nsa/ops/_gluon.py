@@ -1,7 +1,8 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
 slots (:func:`ring_barriers`, :func:`fill_key_slot`) and of a persistent program's items (:func:`released_barrier`,
-:func:`head_item`, :func:`head_items_grid`), a gradient's store (:func:`store_scaled`), the TMA copies' layouts and
+:func:`head_item`, :func:`head_items_grid`), a gradient's store (:func:`store_scaled`), a warpgroup's wgmma register layouts
+(:func:`wgmma_layout`, :func:`a_operand_layout`), the TMA copies' layouts and
 descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
 failed launch raises.
 
