@@ -114,6 +114,7 @@ from triton.testing import do_bench
 
 from compiled_kernels import resources
 from nsa import NSAConfig
+from nsa.bench.timing import spin_cycles_per_s
 from nsa.bench.workloads import Shape, prefill_inputs
 from nsa.ops import mean_compress, nsa_attention, select_blocks
 from nsa.ops._triton.compressed_fwd import PASS2_APART
@@ -147,13 +148,8 @@ def bench(fn: Callable[[], object]) -> float:
 
 
 def cycles_per_ms() -> float:
-    torch.cuda._sleep(1000)  # load the kernel
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    torch.cuda._sleep(20_000_000)
-    e1.record()
-    e1.synchronize()
-    return 20_000_000 / e0.elapsed_time(e1)
+    """``torch.cuda._sleep``'s cycles per ms on the current GPU (the library's calibration)."""
+    return spin_cycles_per_s(torch.device("cuda")) / 1e3
 
 
 def timed(fn: Callable[[], object], rounds: int, hide_ms: float, cpms: float) -> tuple:
