@@ -87,6 +87,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``gluon_dkdv``.
 39. **The window forward in Gluon** (``gluon_window_fwd``): ``NSA_GLUON_WINDOW_FWD`` off and on, as
     ``gluon_pass1``.
+40. **The compressed forward's scoring pass in Gluon** (``gluon_scores``): ``NSA_GLUON_COMPRESSED_SCORES``
+    off and on, as ``gluon_pass1``.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -994,6 +996,10 @@ GLUON_WINDOW_FWD = (("Triton forward", {"NSA_GLUON_WINDOW_FWD": "0"}),
 GLUON_PASS1 = (("Triton pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "0"}),
                ("Gluon pass 1", {"NSA_GLUON_COMPRESSED_PASS1": "1"}))
 
+#: ``NSA_GLUON_COMPRESSED_SCORES`` off and on (the compressed forward's scoring pass in Gluon, session 67).
+GLUON_SCORES = (("Triton pass 2", {"NSA_GLUON_COMPRESSED_SCORES": "0"}),
+                ("Gluon pass 2", {"NSA_GLUON_COMPRESSED_SCORES": "1"}))
+
 
 def step_ab_and_lists(T: int, config: NSAConfig, table: dict, variants: tuple, what: str) -> None:
     """The whole forward+backward in ABBA rounds (:func:`step_abba`) and its kernel lists
@@ -1031,6 +1037,13 @@ def gluon_pass1(T: int, config: NSAConfig) -> None:
     import os
 
     ab_rounds_and_lists(T, config, os.environ, GLUON_PASS1, "compressed")
+
+
+def gluon_scores(T: int, config: NSAConfig) -> None:
+    """``NSA_GLUON_COMPRESSED_SCORES`` off and on, as :func:`gluon_pass1`."""
+    import os
+
+    ab_rounds_and_lists(T, config, os.environ, GLUON_SCORES, "compressed")
 
 
 def gluon_window_fwd(T: int, config: NSAConfig) -> None:
@@ -1870,6 +1883,7 @@ SECTIONS = {
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
+    "gluon_scores": gluon_scores,
 }
 
 

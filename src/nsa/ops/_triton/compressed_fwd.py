@@ -56,7 +56,7 @@ from nsa.ops._triton.attention import (
 )
 from nsa.ops._triton.device import bulk_copies_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
-from nsa.ops.compressed import gluon_pass1
+from nsa.ops.compressed import gluon_pass1, gluon_scores
 
 # the score buffer of one launch stays under this; longer inputs run in query chunks
 SCORE_BUFFER_BYTES = 256 * 1024 * 1024
@@ -497,13 +497,20 @@ def compressed_fwd(
                             **({"maxnreg": PASS2_APART["maxnreg"]} if PASS2_APART["maxnreg"] else {}),
                             lse2=lse2, PASS1=False)
         outputs = (q, q)  # pass 1 wrote them
+    gluon_pass2 = apart and gluon_scores.fits(q, k_cmp, geo["R"])
     for t0 in range(0, TQ, chunk):
         t1 = min(t0 + chunk, TQ)
         sc = scores[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel) if select else q
-        compressed_fwd_kernel[(cdiv(t1 - t0, chunk_launch["BT"]), B * H)](
-            q, k_cmp, v_cmp, *outputs, sc,  #
-            TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **chunk_launch, **LAUNCH_OPTIONS,
-        )
+        if gluon_pass2:
+            gluon_scores.compressed_scores_gluon(
+                q, k_cmp, lse2, sc, q_offset, scale * LOG2E, t0, t1, nsel,
+                dict(L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block, R=geo["R"], KC=geo["KC"],
+                     NSPILL=planes))
+        else:
+            compressed_fwd_kernel[(cdiv(t1 - t0, chunk_launch["BT"]), B * H)](
+                q, k_cmp, v_cmp, *outputs, sc,  #
+                TQ, NC, q_offset, scale * LOG2E, t0, t1, nsel, **chunk_launch, **LAUNCH_OPTIONS,
+            )
         if select:
             block_topn(sc, idx, t0, q_offset + t0, config.sel_block, config.init_blocks, config.local_blocks)
     return o, lse, idx

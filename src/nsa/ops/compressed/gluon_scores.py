@@ -1,0 +1,253 @@
+"""The compressed forward's scoring pass on Hopper, warp-specialised (Gluon): the block masses that
+``compressed_fwd_kernel`` (:mod:`nsa.ops._triton.compressed_fwd`) writes in its launches of pass 2
+alone (``PASS2_APART``), from the log2-domain ``lse`` pass 1 left.
+
+Why: at 64k tokens the Triton pass 2 takes 5.6 ms of the 31 ms forward (about 390 TFLOP/s of its
+one product), where its exponentials alone need about 2.2 ms of an H200's special-function units and
+its product about as long on the tensor cores: the two can overlap.
+
+A program owns the Triton launch's 128 query rows (``128 // G`` positions of one KV head's ``G``
+heads). One warp copies: the query rows (one copy a position), then each tile of ``TOKENS`` compressed
+keys the program's queries score into a ring of slots. Two warpgroups compute, each over its half of
+every key tile (64 tokens), with the product transposed, ``S^T = K Q^T`` (64 tokens by the 128 rows),
+so that the sums a block mass needs mostly stay inside a thread: a thread holds a token row for 32 of
+the rows, whose heads it adds first (in registers, then over two lane bits), and a block's tokens lie
+on lanes four apart (two lane bits). A step issues the next tile's product before it turns this one
+into masses, which then overlap on the tensor cores and the special-function units.
+
+The masses are the Triton pass 2's (spec Eq. 9-10): ``p = exp2(s * scale - lse)``, a token's mass split
+over the selection blocks its units overlap (plane ``s`` of a row holds what a block's tokens put ``s``
+blocks further), summed over the group's heads; they differ from the Triton kernel's by rounding (the
+sums run in another order). Tiles past the tokens the program's first query sees are masked by each
+row's visible count (spec ``Nc(t)``).
+
+Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
+the Triton launch (``tests/ops/test_gluon_scores.py``); the CPU tests compile it for sm_90 with the
+installed Triton (:func:`compile_for_hopper`). :func:`fits` says where it applies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nsa import flags
+from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared, gl, gluon,
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
+                            warpgroup_mma_wait, wgmma_layout)
+
+#: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
+ROWS = 128
+#: Compressed tokens a ring slot; each computing warpgroup takes half.
+TOKENS = 128
+#: Slots of the key ring (32 KiB each; the query rows take 32 KiB more).
+STAGES = 4
+#: Launch options: the default partition is warpgroup 0 (4 warps); the computing warpgroups take
+#: 240 registers, the copy warp 24, from a launch at 168.
+LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=168)
+
+
+def geometry_fits(tokens_per_block: int) -> bool:
+    """Whether a selection block's ``R`` compressed tokens tile a warpgroup's 64: a power of two up to 64
+    (the spec's defaults: 4)."""
+    return 1 <= tokens_per_block <= 64 and tokens_per_block & (tokens_per_block - 1) == 0
+
+
+def fits(q: torch.Tensor, k_cmp: torch.Tensor, tokens_per_block: int) -> bool:
+    """Whether this kernel replaces the Triton pass 2: ``NSA_GLUON_COMPRESSED_SCORES`` on, a Hopper GPU
+    with Gluon, and inputs and a geometry it takes (:func:`shapes_fit`, :func:`geometry_fits`)."""
+    return (flags.get("NSA_GLUON_COMPRESSED_SCORES") and on_hopper(q) and shapes_fit(q, k_cmp)
+            and geometry_fits(tokens_per_block))
+
+
+def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
+    """Contiguous 16-bit inputs with 128-wide heads (the TMA copies take them as row matrices) and 8-64
+    query heads a KV head (a program's 128 rows hold whole positions)."""
+    return copies_fit(q, k_cmp) > 0
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _visible(t, NC, L: gl.constexpr, S: gl.constexpr):
+        """Compressed tokens visible at positions ``t`` (spec ``Nc(t)``), capped at ``NC``."""
+        return gl.minimum(gl.where(t + 1 >= L, (t + 1 - L) // S + 1, 0), NC)
+
+    @gluon.jit
+    def _query_tile(T0, T1, BTP: gl.constexpr):
+        """The program's tile of ``BTP`` positions among queries ``[T0, T1)`` (``T0`` a multiple of
+        ``BTP``): the last first, as the Triton launch orders them."""
+        return T0 // BTP + gl.cdiv(T1 - T0, BTP) - 1 - gl.program_id(0)
+
+    @gluon.jit
+    def _scored_tiles(i_t, T1, q_offset, BTP: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
+                      BN: gl.constexpr):
+        """Key tiles the program walks: those holding the tokens of every block up to the last query's
+        own (the top-n kernel reads each query's blocks up to its own; masses of tokens not yet visible
+        are 0)."""
+        t_last = q_offset + gl.minimum(i_t * BTP + BTP, T1) - 1
+        return gl.cdiv((t_last // SEL + 1) * R, BN)
+
+    @gluon.jit
+    def _copy_partition(q_desc, k_desc, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, T0, T1,
+                        H: gl.constexpr, G: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
+                        STAGES: gl.constexpr):
+        """One warp: the program's query rows, then every key tile into its ring slot once both
+        warpgroups have released the slot's previous tile (every slot starts released)."""
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DH: gl.constexpr = k_desc.block_type.shape[1]
+        BTP: gl.constexpr = q_smem.shape[0] // G
+        i_t = _query_tile(T0, T1, BTP)
+        i_b = gl.program_id(1) // H
+        i_h = gl.program_id(1) % H
+        mbarrier.expect(q_bar, BTP * q_desc.block_type.nbytes)
+        for p in gl.static_range(BTP):
+            t = gl.minimum(i_t * BTP + p, TQ - 1)  # a position past the last: any real one
+            tma_load(q_desc, [((i_b * TQ + t) * H + i_h) * G, 0], q_bar, q_smem.slice(p * G, G))
+        for j in range(_scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)):
+            slot = j % STAGES
+            mbarrier.wait(k_empty.index(slot), (j // STAGES) & 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            # tokens past the batch's last are masked: any rows do (past the tensor's, zeros)
+            tma_load(k_desc, [i_b * NC + j * BN, i_h * DH], k_ready.index(slot), k_smem.index(slot))
+
+    @gluon.jit
+    def _tile_masses(s, tok0, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale, NC, q_offset,
+                     G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, R: gl.constexpr, KC: gl.constexpr,
+                     NSPILL: gl.constexpr):
+        """The block masses of a warpgroup's 64 tokens from ``tok0`` on, from their scores ``s`` ``[64
+        tokens, 128 rows]``, stored to each position's score row (``row0`` offsets ``[positions]``,
+        ``m_store`` the positions a launch writes), plane after plane."""
+        s_layout: gl.constexpr = s.type.layout
+        o_tok = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        x = s * qk_scale - gl.expand_dims(lse, 0)
+        if tok0 + 64 > nv_first:  # a row may not see every token: mask before the exponential
+            nv = _visible(q_offset + t_col, NC, L, S)
+            x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv, 0), x, float("-inf"))
+        # each token's probability summed over the heads of a position: [64 tokens, positions]
+        p_pos = gl.sum(gl.reshape(gl.exp2(x), [64, s.shape[1] // G, G]), axis=2)
+        pos_layout: gl.constexpr = p_pos.type.layout
+        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, pos_layout)) % R  # a token's place in its block
+        for shift in gl.static_range(NSPILL):
+            # units [r, r + KC) of a token against block `shift` further's [shift R, shift R + R)
+            overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
+            weight = gl.where(overlap > 0, overlap, 0).to(gl.float32) / KC
+            mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, s.shape[1] // G]), axis=1)
+            o_blk = tok0 // R + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
+            rows = gl.convert_layout(row0, gl.SliceLayout(0, mass.type.layout))
+            m_pos = gl.convert_layout(m_store, gl.SliceLayout(0, mass.type.layout))
+            gl.store(scores + gl.expand_dims(rows + shift * NSEL, 0) + gl.expand_dims(o_blk, 1), mass,
+                     mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
+
+    @gluon.jit
+    def _compute_partition(lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+                           T0, T1, NSEL, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
+                           SEL: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr,
+                           WG: gl.constexpr, STAGES: gl.constexpr):
+        """Warpgroup ``WG``'s half of every key tile (the module's docstring gives a step's order)."""
+        M: gl.constexpr = q_smem.shape[0]
+        BN: gl.constexpr = k_smem.shape[1]
+        BTP: gl.constexpr = M // G
+        s_layout: gl.constexpr = wgmma_layout(M)
+        i_t = _query_tile(T0, T1, BTP)
+        i_b = gl.program_id(1) // H
+        i_h = gl.program_id(1) % H
+        o_c = gl.arange(0, M, layout=gl.SliceLayout(0, s_layout))  # the program's query rows
+        t_col = i_t * BTP + o_c // G
+        real = t_col < TQ
+        lse = gl.load(lse2 + (i_b.to(gl.int64) * TQ + t_col) * (H * G) + i_h * G + o_c % G, mask=real, other=0.0)
+        # a row that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding row by +inf,
+        # so that its probabilities are 0 in unmasked tiles too
+        lse = gl.where(real, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
+        nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every row sees the tokens before
+        o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
+        m_store = o_p < T1
+        n_tiles = _scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)
+        queries_t = q_smem.permute((1, 0))
+        s_zero = gl.zeros([64, M], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(k_smem.index(0).slice(WG * 64, 64), queries_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        for j in range(n_tiles - 1):
+            mbarrier.arrive(k_empty.index(j % STAGES))
+            nxt = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1)
+            # the next tile's product runs while this one's masses are summed
+            s_next = warpgroup_mma(k_smem.index(nxt).slice(WG * 64, 64), queries_t, s_zero, use_acc=False,
+                                   is_async=True)
+            _tile_masses(s, j * BN + WG * 64, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale, NC,
+                         q_offset, G, L, S, R, KC, NSPILL)
+            s = warpgroup_mma_wait(0, deps=(s_next,))
+        mbarrier.arrive(k_empty.index((n_tiles - 1) % STAGES))
+        _tile_masses(s, (n_tiles - 1) * BN + WG * 64, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                     NC, q_offset, G, L, S, R, KC, NSPILL)
+
+    @gluon.jit
+    def compressed_scores_gluon_kernel(
+        q_desc, k_desc,  # q [B*TQ*HQ, D] (G rows a copy), k [B*NC, H*D] (TOKENS a copy)
+        lse2, scores, TQ, NC, q_offset, qk_scale, T0, T1, NSEL,
+        H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
+        KC: gl.constexpr, NSPILL: gl.constexpr, STAGES: gl.constexpr,
+    ):
+        """Grid ``(query tiles of 128 rows in [T0, T1), B * H)``, ``num_warps=4`` (the default partition
+        is warpgroup 0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24.
+        ``scores`` ``[B, T1 - T0, H, NSPILL, NSEL]`` float32, ``lse2`` ``[B, TQ, HQ]`` (log2 domain)."""
+        DH: gl.constexpr = q_desc.block_type.shape[1]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        M: gl.constexpr = 128
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [M, DH], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+        fence_async_shared()
+        for i in gl.static_range(STAGES):  # every slot starts released by both warpgroups
+            mbarrier.arrive(k_empty.index(i), count=2)
+        WG0: gl.constexpr = 0
+        WG1: gl.constexpr = 1
+        gl.warp_specialize([
+            (_compute_partition, (lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+                                  T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG0, STAGES)),
+            (_compute_partition, (lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+                                  T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG1, STAGES)),
+            (_copy_partition, (q_desc, k_desc, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, T0, T1,
+                               H, G, SEL, R, STAGES)),
+        ], [4, 1], [240, 24])
+
+
+def compressed_scores_gluon(q, k_cmp, lse2, scores, q_offset: int, qk_scale: float, t0: int, t1: int, nsel: int,
+                            geometry: dict) -> None:
+    """Launch the kernel for queries ``[t0, t1)`` (``t0`` a multiple of ``128 // G``): their block
+    masses into ``scores`` ``[B, t1 - t0, H, planes, nsel]`` float32 from ``lse2`` ``[B, TQ, HQ]``
+    (pass 1's, log2 domain). ``geometry``: ``L``, ``S`` (compression), ``SEL`` (selection block),
+    ``R``, ``KC``, ``NSPILL`` (:func:`~nsa.ops._triton.compressed_fwd._score_geometry`). A Triton whose
+    Gluon cannot build it raises naming the flag that turns it off."""
+    B, TQ, HQ, _ = q.shape
+    NC, H = k_cmp.shape[1], k_cmp.shape[2]
+    G = HQ // H
+    q_desc, k_desc = launch_descriptors((q,), (k_cmp,), TOKENS)
+    grid = (-(-(t1 - t0) // (ROWS // G)), B * H)
+    try:
+        compressed_scores_gluon_kernel[grid](q_desc, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel,
+                                             H=H, G=G, STAGES=STAGES, **geometry, **LAUNCH_OPTIONS)
+    except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
+        raise launch_failed("the compressed forward's scoring pass", "NSA_GLUON_COMPRESSED_SCORES", exc) from exc
+
+
+def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
+    """The kernel compiled for sm_90 with the installed Triton, without a GPU: what
+    :func:`compressed_scores_gluon` would launch for ``G`` query heads a KV head (head dim 128) and the
+    paper's compression and selection geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
+    D = 128
+    values = dict(H=4, G=G, L=32, S=16, SEL=64, R=4, KC=2, NSPILL=2, STAGES=STAGES)
+    signature = {**descriptor_signature(dtype, G, TOKENS, ("q_desc",), ("k_desc",), D),
+                 "lse2": "*fp32", "scores": "*fp32",
+                 "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
+                 "T0": "i32", "T1": "i32", "NSEL": "i32",
+                 **{name: "constexpr" for name in values}}
+    return compile_for_sm90(compressed_scores_gluon_kernel, signature, values, LAUNCH_OPTIONS)
