@@ -29,12 +29,14 @@ try:
     # Triton 3.9 renamed the TMA copies (the old names raise); 3.6 has only the old ones
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    # a barrier of the threads of a program (of a partition, inside warp_specialize): 3.7 renamed it
+    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 except ImportError:  # pragma: no cover - an older Triton
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
-    TensorDescriptor = tma_load = tma_store = None
+    TensorDescriptor = tma_load = tma_store = thread_barrier = None
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
-           "TensorDescriptor", "tma_load", "tma_store", "on_hopper", "element_type", "descriptor_type",
+           "TensorDescriptor", "tma_load", "tma_store", "thread_barrier", "on_hopper", "element_type", "descriptor_type",
            "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "launch_descriptors",
            "descriptor_signature", "head_items_grid",
            "compile_for_sm90",

@@ -31,9 +31,11 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
+from triton.runtime.jit import constexpr_function
+
 from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared, gl, gluon,
-                            launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait, wgmma_layout)
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, thread_barrier, tma_load,
+                            warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
 ROWS = 128
@@ -65,6 +67,30 @@ def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
     return copies_fit(q, k_cmp) > 0
 
 
+@constexpr_function
+def position_bit(G: int, bit: int) -> bool:
+    """Whether bit ``bit`` of a product column (of 128) is a position's: the ``log2(128 // G)`` position
+    bits take the two a thread shares with three other lanes (bits 1 and 2) first, then the highest;
+    the head bits are the rest, so that most of a position's heads lie in one thread's registers."""
+    n_pos = (128 // G).bit_length() - 1
+    return bit in (1, 2, 6, 5, 4, 3)[:n_pos]
+
+
+@constexpr_function
+def bit_rank(G: int, bit: int) -> int:
+    """The place of column bit ``bit`` among the position bits (in the position's index) or among the
+    head bits (in the head's), counted from the lowest."""
+    return sum(1 for b in range(bit) if position_bit(G, b) == position_bit(G, bit))
+
+
+@constexpr_function
+def head_axis(G: int, i: int) -> int:
+    """The axis of the ``i``-th lowest head bit in a column index split into its 7 bits (``[rows, bit
+    6, ..., bit 0]``): summed lowest bit first, so that each sum leaves the next one's axis in place."""
+    heads = [b for b in range(7) if not position_bit(G, b)]
+    return 7 - heads[i]
+
+
 if gluon is not None:
 
     @gluon.jit
@@ -88,21 +114,29 @@ if gluon is not None:
         return gl.cdiv((t_last // SEL + 1) * R, BN)
 
     @gluon.jit
-    def _copy_partition(q_desc, k_desc, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, T0, T1,
-                        H: gl.constexpr, G: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
-                        STAGES: gl.constexpr):
-        """One warp: the program's query rows, then every key tile into its ring slot once both
-        warpgroups have released the slot's previous tile (every slot starts released)."""
+    def _column_owner(o_c, G: gl.constexpr):
+        """The position (in the program's tile) and head of each product column ``o_c`` (:func:`position_bit`)."""
+        pos = gl.zeros_like(o_c)
+        head = gl.zeros_like(o_c)
+        for bit in gl.static_range(7):
+            b = (o_c >> bit) & 1
+            if position_bit(G, bit):
+                pos += b << bit_rank(G, bit)
+            else:
+                head += b << bit_rank(G, bit)
+        return pos, head
+
+    @gluon.jit
+    def _copy_partition(k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, H: gl.constexpr,
+                        G: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: every key tile into its ring slot once both warpgroups have released the slot's
+        previous tile (every slot starts released)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DH: gl.constexpr = k_desc.block_type.shape[1]
-        BTP: gl.constexpr = q_smem.shape[0] // G
+        BTP: gl.constexpr = 128 // G
         i_t = _query_tile(T0, T1, BTP)
         i_b = gl.program_id(1) // H
         i_h = gl.program_id(1) % H
-        mbarrier.expect(q_bar, BTP * q_desc.block_type.nbytes)
-        for p in gl.static_range(BTP):
-            t = gl.minimum(i_t * BTP + p, TQ - 1)  # a position past the last: any real one
-            tma_load(q_desc, [((i_b * TQ + t) * H + i_h) * G, 0], q_bar, q_smem.slice(p * G, G))
         for j in range(_scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)):
             slot = j % STAGES
             mbarrier.wait(k_empty.index(slot), (j // STAGES) & 1)
@@ -111,27 +145,28 @@ if gluon is not None:
             tma_load(k_desc, [i_b * NC + j * BN, i_h * DH], k_ready.index(slot), k_smem.index(slot))
 
     @gluon.jit
-    def _tile_masses(s, tok0, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale, NC, q_offset,
-                     G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, R: gl.constexpr, KC: gl.constexpr,
-                     NSPILL: gl.constexpr):
+    def _tile_masses(s, tok0, lse, nv_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                     G: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr):
         """The block masses of a warpgroup's 64 tokens from ``tok0`` on, from their scores ``s`` ``[64
-        tokens, 128 rows]``, stored to each position's score row (``row0`` offsets ``[positions]``,
-        ``m_store`` the positions a launch writes), plane after plane."""
-        s_layout: gl.constexpr = s.type.layout
-        o_tok = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        tokens, 128 columns]`` (columns as :func:`_column_owner` places them), stored to each position's
+        score row (``row0`` offsets ``[positions]``, ``m_store`` the positions a launch writes), plane
+        after plane."""
+        BTP: gl.constexpr = 128 // G
+        o_tok = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s.type.layout))
         x = s * qk_scale - gl.expand_dims(lse, 0)
-        if tok0 + 64 > nv_first:  # a row may not see every token: mask before the exponential
-            nv = _visible(q_offset + t_col, NC, L, S)
-            x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv, 0), x, float("-inf"))
-        # each token's probability summed over the heads of a position: [64 tokens, positions]
-        p_pos = gl.sum(gl.reshape(gl.exp2(x), [64, s.shape[1] // G, G]), axis=2)
-        pos_layout: gl.constexpr = p_pos.type.layout
-        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, pos_layout)) % R  # a token's place in its block
+        if tok0 + 64 > nv_first:  # a column may not see every token: mask before the exponential
+            x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv_col, 0), x, float("-inf"))
+        # each token's probability summed over the heads of a position, in registers but for G = 64
+        p_bits = gl.reshape(gl.exp2(x), [64, 2, 2, 2, 2, 2, 2, 2])
+        for i in gl.static_range(7 - (BTP.bit_length() - 1)):
+            p_bits = gl.sum(p_bits, axis=head_axis(G, i))
+        p_pos = gl.reshape(p_bits, [64, BTP])
+        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, p_pos.type.layout)) % R  # a token's place in its block
         for shift in gl.static_range(NSPILL):
             # units [r, r + KC) of a token against block `shift` further's [shift R, shift R + R)
             overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
             weight = gl.where(overlap > 0, overlap, 0).to(gl.float32) / KC
-            mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, s.shape[1] // G]), axis=1)
+            mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, BTP]), axis=1)
             o_blk = tok0 // R + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
             rows = gl.convert_layout(row0, gl.SliceLayout(0, mass.type.layout))
             m_pos = gl.convert_layout(m_store, gl.SliceLayout(0, mass.type.layout))
@@ -139,33 +174,46 @@ if gluon is not None:
                      mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
 
     @gluon.jit
-    def _compute_partition(lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+    def _compute_partition(q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
                            T0, T1, NSEL, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
                            SEL: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr,
                            WG: gl.constexpr, STAGES: gl.constexpr):
-        """Warpgroup ``WG``'s half of every key tile (the module's docstring gives a step's order)."""
-        M: gl.constexpr = q_smem.shape[0]
+        """Warpgroup ``WG``'s half of every key tile (the module's docstring gives a step's order), after
+        it has copied the program's query rows into its own slot, in its column order."""
+        M: gl.constexpr = 128
+        DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
         BTP: gl.constexpr = M // G
         s_layout: gl.constexpr = wgmma_layout(M)
         i_t = _query_tile(T0, T1, BTP)
         i_b = gl.program_id(1) // H
         i_h = gl.program_id(1) % H
-        o_c = gl.arange(0, M, layout=gl.SliceLayout(0, s_layout))  # the program's query rows
-        t_col = i_t * BTP + o_c // G
+        # the query rows, through registers: a TMA copy moves whole rows in order
+        rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        pos, head = _column_owner(gl.arange(0, M, layout=gl.SliceLayout(1, rows_layout)), G)
+        t = gl.minimum(i_t * BTP + pos, TQ - 1)  # a position past the last: any real one
+        o_row = ((i_b.to(gl.int64) * TQ + t) * H + i_h) * G + head
+        o_d = gl.arange(0, DH, layout=gl.SliceLayout(0, rows_layout))
+        queries = q_smem.index(WG)
+        queries.store(gl.load(q + gl.expand_dims(o_row * DH, 1) + gl.expand_dims(o_d, 0)))
+        fence_async_shared()
+        thread_barrier()
+        # each column's log2-domain lse and visible tokens
+        pos, head = _column_owner(gl.arange(0, M, layout=gl.SliceLayout(0, s_layout)), G)
+        t_col = i_t * BTP + pos
         real = t_col < TQ
-        lse = gl.load(lse2 + (i_b.to(gl.int64) * TQ + t_col) * (H * G) + i_h * G + o_c % G, mask=real, other=0.0)
-        # a row that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding row by +inf,
-        # so that its probabilities are 0 in unmasked tiles too
+        lse = gl.load(lse2 + (i_b.to(gl.int64) * TQ + t_col) * (H * G) + i_h * G + head, mask=real, other=0.0)
+        # a column that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding one by
+        # +inf, so that its probabilities are 0 in unmasked tiles too
         lse = gl.where(real, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
-        nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every row sees the tokens before
+        nv_col = _visible(q_offset + t_col, NC, L, S)
+        nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
         o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
         row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
         m_store = o_p < T1
         n_tiles = _scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)
-        queries_t = q_smem.permute((1, 0))
+        queries_t = queries.permute((1, 0))
         s_zero = gl.zeros([64, M], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bar, 0)
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(k_smem.index(0).slice(WG * 64, 64), queries_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
@@ -176,16 +224,17 @@ if gluon is not None:
             # the next tile's product runs while this one's masses are summed
             s_next = warpgroup_mma(k_smem.index(nxt).slice(WG * 64, 64), queries_t, s_zero, use_acc=False,
                                    is_async=True)
-            _tile_masses(s, j * BN + WG * 64, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale, NC,
-                         q_offset, G, L, S, R, KC, NSPILL)
+            _tile_masses(s, j * BN + WG * 64, lse, nv_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                         G, R, KC, NSPILL)
             s = warpgroup_mma_wait(0, deps=(s_next,))
         mbarrier.arrive(k_empty.index((n_tiles - 1) % STAGES))
-        _tile_masses(s, (n_tiles - 1) * BN + WG * 64, lse, t_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                     NC, q_offset, G, L, S, R, KC, NSPILL)
+        _tile_masses(s, (n_tiles - 1) * BN + WG * 64, lse, nv_col, nv_first, scores, row0, m_store, NSEL,
+                     qk_scale, G, R, KC, NSPILL)
 
     @gluon.jit
     def compressed_scores_gluon_kernel(
-        q_desc, k_desc,  # q [B*TQ*HQ, D] (G rows a copy), k [B*NC, H*D] (TOKENS a copy)
+        q,  # [B, TQ, HQ, D]
+        k_desc,  # k [B*NC, H*D] (TOKENS a copy)
         lse2, scores, TQ, NC, q_offset, qk_scale, T0, T1, NSEL,
         H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
         KC: gl.constexpr, NSPILL: gl.constexpr, STAGES: gl.constexpr,
@@ -193,15 +242,13 @@ if gluon is not None:
         """Grid ``(query tiles of 128 rows in [T0, T1), B * H)``, ``num_warps=4`` (the default partition
         is warpgroup 0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24.
         ``scores`` ``[B, T1 - T0, H, NSPILL, NSEL]`` float32, ``lse2`` ``[B, TQ, HQ]`` (log2 domain)."""
-        DH: gl.constexpr = q_desc.block_type.shape[1]
+        DH: gl.constexpr = k_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        M: gl.constexpr = 128
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [M, DH], q_desc.layout)
+        # a warpgroup's query rows, [128, DH] as a key tile: the key tile's shared layout
+        q_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 128, DH], k_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
@@ -211,12 +258,11 @@ if gluon is not None:
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
-            (_compute_partition, (lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+            (_compute_partition, (q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
                                   T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG0, STAGES)),
-            (_compute_partition, (lse2, scores, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+            (_compute_partition, (q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
                                   T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG1, STAGES)),
-            (_copy_partition, (q_desc, k_desc, q_smem, k_smem, q_bar, k_ready, k_empty, TQ, NC, q_offset, T0, T1,
-                               H, G, SEL, R, STAGES)),
+            (_copy_partition, (k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, H, G, SEL, R, STAGES)),
         ], [4, 1], [240, 24])
 
 
@@ -230,10 +276,10 @@ def compressed_scores_gluon(q, k_cmp, lse2, scores, q_offset: int, qk_scale: flo
     B, TQ, HQ, _ = q.shape
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     G = HQ // H
-    q_desc, k_desc = launch_descriptors((q,), (k_cmp,), TOKENS)
+    (k_desc,) = launch_descriptors((q,), (k_cmp,), TOKENS)[1:]
     grid = (-(-(t1 - t0) // (ROWS // G)), B * H)
     try:
-        compressed_scores_gluon_kernel[grid](q_desc, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel,
+        compressed_scores_gluon_kernel[grid](q, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel,
                                              H=H, G=G, STAGES=STAGES, **geometry, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed forward's scoring pass", "NSA_GLUON_COMPRESSED_SCORES", exc) from exc
@@ -245,7 +291,8 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
     paper's compression and selection geometry. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     D = 128
     values = dict(H=4, G=G, L=32, S=16, SEL=64, R=4, KC=2, NSPILL=2, STAGES=STAGES)
-    signature = {**descriptor_signature(dtype, G, TOKENS, ("q_desc",), ("k_desc",), D),
+    signature = {"q": "*bf16" if dtype == torch.bfloat16 else "*fp16",
+                 **descriptor_signature(dtype, G, TOKENS, (), ("k_desc",), D),
                  "lse2": "*fp32", "scores": "*fp32",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
                  "T0": "i32", "T1": "i32", "NSEL": "i32",
