@@ -145,8 +145,16 @@ if gluon is not None:
             tma_load(k_desc, [i_b * NC + j * BN, i_h * DH], k_ready.index(slot), k_smem.index(slot))
 
     @gluon.jit
-    def _tile_masses(s, tok0, lse, nv_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                     G: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr):
+    def _issue(k_smem, k_ready, j, queries_t, s_zero, WG: gl.constexpr, STAGES: gl.constexpr):
+        """Warpgroup ``WG``'s product of tile ``j`` once its keys have landed: ``S^T`` of its 64 tokens
+        against the program's 128 columns, asynchronous."""
+        slot = j % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        return warpgroup_mma(k_smem.index(slot).slice(WG * 64, 64), queries_t, s_zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _tile_masses(s, tok0, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                     G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr):
         """The block masses of a warpgroup's 64 tokens from ``tok0`` on, from their scores ``s`` ``[64
         tokens, 128 columns]`` (columns as :func:`_column_owner` places them), stored to each position's
         score row (``row0`` offsets ``[positions]``, ``m_store`` the positions a launch writes), plane
@@ -155,23 +163,28 @@ if gluon is not None:
         o_tok = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s.type.layout))
         x = s * qk_scale - gl.expand_dims(lse, 0)
         if tok0 + 64 > nv_first:  # a column may not see every token: mask before the exponential
-            x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv_col, 0), x, float("-inf"))
+            pos, _ = _column_owner(gl.arange(0, 128, layout=gl.SliceLayout(0, s.type.layout)), G)
+            nv = _visible(q_offset + i_t * BTP + pos, NC, L, S)
+            x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv, 0), x, float("-inf"))
         # each token's probability summed over the heads of a position, in registers but for G = 64
         p_bits = gl.reshape(gl.exp2(x), [64, 2, 2, 2, 2, 2, 2, 2])
         for i in gl.static_range(7 - (BTP.bit_length() - 1)):
             p_bits = gl.sum(p_bits, axis=head_axis(G, i))
         p_pos = gl.reshape(p_bits, [64, BTP])
-        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, p_pos.type.layout)) % R  # a token's place in its block
-        for shift in gl.static_range(NSPILL):
-            # units [r, r + KC) of a token against block `shift` further's [shift R, shift R + R)
-            overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
-            weight = gl.where(overlap > 0, overlap, 0).to(gl.float32) / KC
-            mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, BTP]), axis=1)
-            o_blk = tok0 // R + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
-            rows = gl.convert_layout(row0, gl.SliceLayout(0, mass.type.layout))
-            m_pos = gl.convert_layout(m_store, gl.SliceLayout(0, mass.type.layout))
-            gl.store(scores + gl.expand_dims(rows + shift * NSEL, 0) + gl.expand_dims(o_blk, 1), mass,
-                     mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
+        # a tile past the last block stores nothing; the branch also keeps ptxas from hoisting the wait
+        # for the next tile's product above these sums (it moves a wait up to the start of its block)
+        if tok0 // R < NSEL:
+            o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, p_pos.type.layout)) % R  # a token's place in its block
+            for shift in gl.static_range(NSPILL):
+                # units [r, r + KC) of a token against block `shift` further's [shift R, shift R + R)
+                overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
+                weight = gl.where(overlap > 0, overlap, 0).to(gl.float32) / KC
+                mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, BTP]), axis=1)
+                o_blk = tok0 // R + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
+                rows = gl.convert_layout(row0, gl.SliceLayout(0, mass.type.layout))
+                m_pos = gl.convert_layout(m_store, gl.SliceLayout(0, mass.type.layout))
+                gl.store(scores + gl.expand_dims(rows + shift * NSEL, 0) + gl.expand_dims(o_blk, 1), mass,
+                         mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
 
     @gluon.jit
     def _compute_partition(q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
@@ -206,7 +219,6 @@ if gluon is not None:
         # a column that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding one by
         # +inf, so that its probabilities are 0 in unmasked tiles too
         lse = gl.where(real, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
-        nv_col = _visible(q_offset + t_col, NC, L, S)
         nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
         o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
         row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
@@ -214,22 +226,36 @@ if gluon is not None:
         n_tiles = _scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)
         queries_t = queries.permute((1, 0))
         s_zero = gl.zeros([64, M], gl.float32, layout=s_layout)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(k_smem.index(0).slice(WG * 64, 64), queries_t, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        for j in range(n_tiles - 1):
+        # tiles in pairs, each of the two products in registers of its own: a product carried from one
+        # loop turn to the next in the registers it was issued into needs no copy, which ptxas would
+        # have to wait for (a single carried product: the masses waited for the next tile's product)
+        s_a = _issue(k_smem, k_ready, 0, queries_t, s_zero, WG, STAGES)
+        s_a = warpgroup_mma_wait(0, deps=(s_a,))
+        for i in range((n_tiles - 1) // 2):  # pairs with a tile after them
+            j = 2 * i
             mbarrier.arrive(k_empty.index(j % STAGES))
-            nxt = (j + 1) % STAGES
-            mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1)
-            # the next tile's product runs while this one's masses are summed
-            s_next = warpgroup_mma(k_smem.index(nxt).slice(WG * 64, 64), queries_t, s_zero, use_acc=False,
-                                   is_async=True)
-            _tile_masses(s, j * BN + WG * 64, lse, nv_col, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                         G, R, KC, NSPILL)
-            s = warpgroup_mma_wait(0, deps=(s_next,))
-        mbarrier.arrive(k_empty.index((n_tiles - 1) % STAGES))
-        _tile_masses(s, (n_tiles - 1) * BN + WG * 64, lse, nv_col, nv_first, scores, row0, m_store, NSEL,
-                     qk_scale, G, R, KC, NSPILL)
+            s_b = _issue(k_smem, k_ready, j + 1, queries_t, s_zero, WG, STAGES)
+            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                         G, L, S, R, KC, NSPILL)
+            s_b = warpgroup_mma_wait(0, deps=(s_b,))
+            mbarrier.arrive(k_empty.index((j + 1) % STAGES))
+            s_a = _issue(k_smem, k_ready, j + 2, queries_t, s_zero, WG, STAGES)
+            _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
+                         qk_scale, G, L, S, R, KC, NSPILL)
+            s_a = warpgroup_mma_wait(0, deps=(s_a,))
+        j = (n_tiles - 1) // 2 * 2  # s_a's tile; one more after it, or none
+        mbarrier.arrive(k_empty.index(j % STAGES))
+        if j + 1 < n_tiles:
+            s_b = _issue(k_smem, k_ready, j + 1, queries_t, s_zero, WG, STAGES)
+            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                         G, L, S, R, KC, NSPILL)
+            s_b = warpgroup_mma_wait(0, deps=(s_b,))
+            mbarrier.arrive(k_empty.index((j + 1) % STAGES))
+            _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
+                         qk_scale, G, L, S, R, KC, NSPILL)
+        else:
+            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
+                         G, L, S, R, KC, NSPILL)
 
     @gluon.jit
     def compressed_scores_gluon_kernel(
