@@ -6,6 +6,16 @@
 #   bash scripts/gpu_session67.sh scores      # its GPU tests and the timing GPU tests (host share);
 #                                             # NSA_GLUON_COMPRESSED_SCORES off and on at 64k and 32k
 #                                             # (ABBA forward and forward+backward, kernel lists)
+#
+# All 8 tests passed; the kernel took 7.14-7.18 ms at 64k against the Triton pass 2's 5.47-5.53 (all
+# 8 launches), 2.01 against 1.40-1.42 at 32k. Two versions followed, each run as this step (its
+# tests, then the probe): the query rows copied through registers in a column order that keeps most
+# of a position's heads in one thread (5.67 ms against 5.50-5.60; 1.66 against 1.40-1.45 at 32k),
+# then tiles in pairs with the stores in a branch, so that ptxas keeps the next tile's product in
+# flight during the masses (5.47-5.57 against 5.57-5.58; 1.64 against 1.40-1.45). Where its time goes:
+#
+#   bash scripts/gpu_session67.sh diagnose    # scripts/gpu_scores_probe.py: the kernel's launches with
+#                                             # one part of its work taken away at a time
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session67.sh STEP}"
 
@@ -17,6 +27,9 @@ scores)
     echo "== timing tests: rc $? after $(( $(date +%s) - start )) s"
     tail -4 "$OUT/timing_tests.txt"
     probe_run 240 gluon_scores --lengths 65536 32768 --only gluon_scores
+    ;;
+diagnose)
+    timeout 300 python scripts/gpu_scores_probe.py --lengths 65536 32768 2>&1 | tee "$OUT/scores_probe_h200.txt"
     ;;
 *)
     echo "unknown step $step"; exit 2
