@@ -16,6 +16,17 @@
 #
 #   bash scripts/gpu_session67.sh diagnose    # scripts/gpu_scores_probe.py: the kernel's launches with
 #                                             # one part of its work taken away at a time
+#
+# At 64k, the Triton pass 2 5.35 ms, the kernel 5.47; without the exponentials 4.56, with one plane of
+# masses 5.04, unmasked 5.23, 2 ring slots 5.20, 3 slots 5.33. Walks cut to one or two key tiles a
+# program (the probe again with those forms): 1.30 and 1.53 ms at 64k, 0.645 and 0.756 at 32k (main
+# 5.33-5.39 and 1.61-1.65): about 4 us a program beside its walk, a fifth of the kernel at 64k and a
+# third at 32k. The kernel made persistent (a program an SM walks query tiles one after another, its
+# key ring running on, each warpgroup's query rows and lse for the next tile gathered by cp.async
+# while it walks this one; 2 ring slots):
+#
+#   bash scripts/gpu_session67.sh persistent  # its GPU tests; NSA_GLUON_COMPRESSED_SCORES off and on at
+#                                             # 64k and 32k; the probe's forms main, one_tile, two_tiles
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session67.sh STEP}"
 
@@ -27,6 +38,12 @@ scores)
     echo "== timing tests: rc $? after $(( $(date +%s) - start )) s"
     tail -4 "$OUT/timing_tests.txt"
     probe_run 240 gluon_scores --lengths 65536 32768 --only gluon_scores
+    ;;
+persistent)
+    run_group scores 200 2 tests/ops/test_gluon_scores.py
+    probe_run 240 gluon_scores --lengths 65536 32768 --only gluon_scores
+    timeout 200 python scripts/gpu_scores_probe.py --lengths 65536 32768 --forms main one_tile two_tiles 2>&1 \
+        | tee "$OUT/scores_probe_persistent_h200.txt" | grep "^T="
     ;;
 diagnose)
     timeout 300 python scripts/gpu_scores_probe.py --lengths 65536 32768 2>&1 | tee "$OUT/scores_probe_h200.txt"

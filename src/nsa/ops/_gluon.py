@@ -14,7 +14,7 @@ it for sm_90 (:func:`compile_for_sm90`), its GPU tests compare it with the Trito
 
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Sequence
 
 import torch
 from triton.runtime.jit import constexpr_function
@@ -24,6 +24,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Triton 3.9 renamed the TMA copies (the old names raise); 3.6 has only the old ones
@@ -31,12 +32,15 @@ try:
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     # a barrier of the threads of a program (of a partition, inside warp_specialize): 3.7 renamed it
     thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # a gather of 4-16 bytes a thread into shared memory (cp.async): 3.8 renamed it
+    gather_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 except ImportError:  # pragma: no cover - an older Triton
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
-    TensorDescriptor = tma_load = tma_store = thread_barrier = None
+    TensorDescriptor = tma_load = tma_store = thread_barrier = async_copy = gather_async = None
 
 __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait",
-           "TensorDescriptor", "tma_load", "tma_store", "thread_barrier", "on_hopper", "element_type", "descriptor_type",
+           "TensorDescriptor", "tma_load", "tma_store", "thread_barrier", "async_copy",
+           "gather_async", "on_hopper", "element_type", "descriptor_type",
            "copies_fit", "copy_layouts", "head_rows_descriptor", "key_rows_descriptor", "launch_descriptors",
            "descriptor_signature", "head_items_grid",
            "compile_for_sm90",
@@ -137,18 +141,21 @@ def head_items_grid(B: int, H: int, per_head: int, device: torch.device):
     return n_items, (min(n_items, sm_count(device)),)
 
 
-def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict):
+def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict,
+                     aligned: Sequence[str] = ()):
     """``kernel`` compiled for sm_90 with the installed Triton, without a GPU: ``signature`` maps
     every argument to its type (``"constexpr"`` for those in ``constexprs``, which gives their
-    values), ``options`` are the launch's (``num_warps``, ``maxnreg``). Returns Triton's compiled
-    kernel (``asm``, ``metadata``)."""
+    values), ``options`` are the launch's (``num_warps``, ``maxnreg``), ``aligned`` names the pointer
+    arguments a launch specialises as 16-byte aligned (as it does every such tensor's). Returns Triton's
+    compiled kernel (``asm``, ``metadata``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     names = list(signature)
     values = {(names.index(name),): value for name, value in constexprs.items()}
-    return triton.compile(GluonASTSource(kernel, dict(signature), values), target=GPUTarget("cuda", 90, 32),
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    return triton.compile(GluonASTSource(kernel, dict(signature), values, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(options))
 
 

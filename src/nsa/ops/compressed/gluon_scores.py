@@ -33,16 +33,17 @@ import torch
 from nsa import flags
 from triton.runtime.jit import constexpr_function
 
-from nsa.ops._gluon import (compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared, gl, gluon,
-                            launch_descriptors, launch_failed, mbarrier, on_hopper, thread_barrier, tma_load,
-                            warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
+from nsa.ops._gluon import (async_copy, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
+                            gather_async, gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper,
+                            thread_barrier, tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
+from nsa.ops._triton.device import sm_count
 
 #: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
 ROWS = 128
 #: Compressed tokens a ring slot; each computing warpgroup takes half.
 TOKENS = 128
 #: Slots of the key ring (32 KiB each; the query rows take 32 KiB more).
-STAGES = 4
+STAGES = 2
 #: Launch options: the default partition is warpgroup 0 (4 warps); the computing warpgroups take
 #: 240 registers, the copy warp 24, from a launch at 168.
 LAUNCH_OPTIONS = dict(num_warps=4, maxnreg=168)
@@ -99,12 +100,6 @@ if gluon is not None:
         return gl.minimum(gl.where(t + 1 >= L, (t + 1 - L) // S + 1, 0), NC)
 
     @gluon.jit
-    def _query_tile(T0, T1, BTP: gl.constexpr):
-        """The program's tile of ``BTP`` positions among queries ``[T0, T1)`` (``T0`` a multiple of
-        ``BTP``): the last first, as the Triton launch orders them."""
-        return T0 // BTP + gl.cdiv(T1 - T0, BTP) - 1 - gl.program_id(0)
-
-    @gluon.jit
     def _scored_tiles(i_t, T1, q_offset, BTP: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
                       BN: gl.constexpr):
         """Key tiles the program walks: those holding the tokens of every block up to the last query's
@@ -127,22 +122,50 @@ if gluon is not None:
         return pos, head
 
     @gluon.jit
-    def _copy_partition(k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, H: gl.constexpr,
+    def _item(item, n_qt, BH, T0, H: gl.constexpr, BTP: gl.constexpr):
+        """``(i_t, i_b, i_h)`` of work item ``item``: the query tiles of ``[T0, T1)`` (``n_qt`` a head)
+        last first, every (batch, KV head) of a tile in turn (``BH``), so that the longest walks go first
+        and the programs running at a time read neighbouring key tiles of few heads."""
+        bh = item % BH
+        return T0 // BTP + n_qt - 1 - item // BH, bh // H, bh % H
+
+    @gluon.jit
+    def _copy_partition(k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, BH, H: gl.constexpr,
                         G: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr):
-        """One warp: every key tile into its ring slot once both warpgroups have released the slot's
-        previous tile (every slot starts released)."""
+        """One warp: the key tiles of the program's items, one after another through the ring (a slot
+        once both warpgroups have released its previous tile; every slot starts released)."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
         DH: gl.constexpr = k_desc.block_type.shape[1]
         BTP: gl.constexpr = 128 // G
-        i_t = _query_tile(T0, T1, BTP)
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        for j in range(_scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)):
-            slot = j % STAGES
-            mbarrier.wait(k_empty.index(slot), (j // STAGES) & 1)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            # tokens past the batch's last are masked: any rows do (past the tensor's, zeros)
-            tma_load(k_desc, [i_b * NC + j * BN, i_h * DH], k_ready.index(slot), k_smem.index(slot))
+        n_qt = gl.cdiv(T1 - T0, BTP)
+        c = 0
+        for item in range(gl.program_id(0), n_qt * BH, gl.num_programs(0)):
+            i_t, i_b, i_h = _item(item, n_qt, BH, T0, H, BTP)
+            for j in range(_scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)):
+                slot = c % STAGES
+                mbarrier.wait(k_empty.index(slot), (c // STAGES) & 1)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                # tokens past the batch's last are masked: any rows do (past the tensor's, zeros)
+                tma_load(k_desc, [i_b * NC + j * BN, i_h * DH], k_ready.index(slot), k_smem.index(slot))
+                c += 1
+
+    @gluon.jit
+    def _prefetch(q, lse2, q_dst, lse_dst, item, n_qt, BH, TQ, T0, H: gl.constexpr, G: gl.constexpr):
+        """Start copying work item ``item``'s query rows and their log2-domain lse into ``q_dst`` and
+        ``lse_dst`` in the column order of :func:`_column_owner` (a gather: a TMA copy moves rows in
+        order), as one group of asynchronous copies (cp.async)."""
+        BTP: gl.constexpr = 128 // G
+        DH: gl.constexpr = q_dst.shape[1]
+        i_t, i_b, i_h = _item(item, n_qt, BH, T0, H, BTP)
+        rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        pos, head = _column_owner(gl.arange(0, 128, layout=gl.SliceLayout(1, rows_layout)), G)
+        t = gl.minimum(i_t * BTP + pos, TQ - 1)  # a position past the last: any real one
+        o_row = ((i_b.to(gl.int64) * TQ + t) * H + i_h) * G + head
+        o_d = gl.arange(0, DH, layout=gl.SliceLayout(0, rows_layout))
+        gather_async(q_dst, q + gl.expand_dims(o_row * DH, 1) + gl.expand_dims(o_d, 0))
+        pos, head = _column_owner(gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0])), G)
+        t = gl.minimum(i_t * BTP + pos, TQ - 1)
+        gather_async(lse_dst, lse2 + (i_b.to(gl.int64) * TQ + t) * (H * G) + i_h * G + head)
 
     @gluon.jit
     def _issue(k_smem, k_ready, j, queries_t, s_zero, WG: gl.constexpr, STAGES: gl.constexpr):
@@ -187,91 +210,97 @@ if gluon is not None:
                          mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
 
     @gluon.jit
-    def _compute_partition(q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
-                           T0, T1, NSEL, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
+    def _compute_partition(q, lse2, scores, q_smem, lse_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
+                           T0, T1, NSEL, BH, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
                            SEL: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr,
                            WG: gl.constexpr, STAGES: gl.constexpr):
-        """Warpgroup ``WG``'s half of every key tile (the module's docstring gives a step's order), after
-        it has copied the program's query rows into its own slot, in its column order."""
+        """Warpgroup ``WG``'s half of every key tile of the program's items (the module's docstring gives
+        a step's order). Its own two slots of query rows and lse take turns: while it walks an item, the
+        next item's are copied into the other."""
         M: gl.constexpr = 128
-        DH: gl.constexpr = q_smem.shape[2]
         BN: gl.constexpr = k_smem.shape[1]
         BTP: gl.constexpr = M // G
         s_layout: gl.constexpr = wgmma_layout(M)
-        i_t = _query_tile(T0, T1, BTP)
-        i_b = gl.program_id(1) // H
-        i_h = gl.program_id(1) % H
-        # the query rows, through registers: a TMA copy moves whole rows in order
-        rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        pos, head = _column_owner(gl.arange(0, M, layout=gl.SliceLayout(1, rows_layout)), G)
-        t = gl.minimum(i_t * BTP + pos, TQ - 1)  # a position past the last: any real one
-        o_row = ((i_b.to(gl.int64) * TQ + t) * H + i_h) * G + head
-        o_d = gl.arange(0, DH, layout=gl.SliceLayout(0, rows_layout))
-        queries = q_smem.index(WG)
-        queries.store(gl.load(q + gl.expand_dims(o_row * DH, 1) + gl.expand_dims(o_d, 0)))
-        fence_async_shared()
-        thread_barrier()
-        # each column's log2-domain lse and visible tokens
-        pos, head = _column_owner(gl.arange(0, M, layout=gl.SliceLayout(0, s_layout)), G)
-        t_col = i_t * BTP + pos
-        real = t_col < TQ
-        lse = gl.load(lse2 + (i_b.to(gl.int64) * TQ + t_col) * (H * G) + i_h * G + head, mask=real, other=0.0)
-        # a column that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding one by
-        # +inf, so that its probabilities are 0 in unmasked tiles too
-        lse = gl.where(real, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
-        nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
-        o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
-        row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
-        m_store = o_p < T1
-        n_tiles = _scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)
-        queries_t = queries.permute((1, 0))
         s_zero = gl.zeros([64, M], gl.float32, layout=s_layout)
-        # tiles in pairs, each of the two products in registers of its own: a product carried from one
-        # loop turn to the next in the registers it was issued into needs no copy, which ptxas would
-        # have to wait for (a single carried product: the masses waited for the next tile's product)
-        s_a = _issue(k_smem, k_ready, 0, queries_t, s_zero, WG, STAGES)
-        s_a = warpgroup_mma_wait(0, deps=(s_a,))
-        for i in range((n_tiles - 1) // 2):  # pairs with a tile after them
-            j = 2 * i
-            mbarrier.arrive(k_empty.index(j % STAGES))
-            s_b = _issue(k_smem, k_ready, j + 1, queries_t, s_zero, WG, STAGES)
-            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                         G, L, S, R, KC, NSPILL)
-            s_b = warpgroup_mma_wait(0, deps=(s_b,))
-            mbarrier.arrive(k_empty.index((j + 1) % STAGES))
-            s_a = _issue(k_smem, k_ready, j + 2, queries_t, s_zero, WG, STAGES)
-            _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
-                         qk_scale, G, L, S, R, KC, NSPILL)
+        n_qt = gl.cdiv(T1 - T0, BTP)
+        n_items = n_qt * BH
+        _prefetch(q, lse2, q_smem.index(2 * WG), lse_smem.index(2 * WG), gl.program_id(0), n_qt, BH, TQ, T0, H, G)
+        async_copy.commit_group()
+        c = 0  # the ring's tiles walked so far
+        k = 0  # the program's items so far
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            buf = 2 * WG + k % 2
+            nxt = item + gl.num_programs(0)
+            if nxt < n_items:  # the other slots' item finished its products before this one began
+                _prefetch(q, lse2, q_smem.index(4 * WG + 1 - buf), lse_smem.index(4 * WG + 1 - buf), nxt, n_qt, BH,
+                          TQ, T0, H, G)
+            async_copy.commit_group()  # (empty past the last item: one group an item either way)
+            async_copy.wait_group(1)  # this item's copies
+            fence_async_shared()
+            thread_barrier()
+            i_t, i_b, i_h = _item(item, n_qt, BH, T0, H, BTP)
+            pos, _ = _column_owner(gl.arange(0, M, layout=gl.SliceLayout(0, s_layout)), G)
+            lse = lse_smem.index(buf).load(gl.SliceLayout(0, s_layout))
+            # a column that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding one by
+            # +inf, so that its probabilities are 0 in unmasked tiles too
+            lse = gl.where(i_t * BTP + pos < TQ, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
+            nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
+            o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
+            row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
+            m_store = o_p < T1
+            n_tiles = _scored_tiles(i_t, T1, q_offset, BTP, SEL, R, BN)
+            queries_t = q_smem.index(buf).permute((1, 0))
+            # tiles in pairs, each of the two products in registers of its own: a product carried from
+            # one loop turn to the next in the registers it was issued into needs no copy, which ptxas
+            # would have to wait for (a single carried product: the masses waited for the next product)
+            s_a = _issue(k_smem, k_ready, c, queries_t, s_zero, WG, STAGES)
             s_a = warpgroup_mma_wait(0, deps=(s_a,))
-        j = (n_tiles - 1) // 2 * 2  # s_a's tile; one more after it, or none
-        mbarrier.arrive(k_empty.index(j % STAGES))
-        if j + 1 < n_tiles:
-            s_b = _issue(k_smem, k_ready, j + 1, queries_t, s_zero, WG, STAGES)
-            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                         G, L, S, R, KC, NSPILL)
-            s_b = warpgroup_mma_wait(0, deps=(s_b,))
-            mbarrier.arrive(k_empty.index((j + 1) % STAGES))
-            _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
-                         qk_scale, G, L, S, R, KC, NSPILL)
-        else:
-            _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                         G, L, S, R, KC, NSPILL)
+            for i in range((n_tiles - 1) // 2):  # pairs with a tile after them
+                j = 2 * i
+                mbarrier.arrive(k_empty.index((c + j) % STAGES))
+                s_b = _issue(k_smem, k_ready, c + j + 1, queries_t, s_zero, WG, STAGES)
+                _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
+                             qk_scale, G, L, S, R, KC, NSPILL)
+                s_b = warpgroup_mma_wait(0, deps=(s_b,))
+                mbarrier.arrive(k_empty.index((c + j + 1) % STAGES))
+                s_a = _issue(k_smem, k_ready, c + j + 2, queries_t, s_zero, WG, STAGES)
+                _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store,
+                             NSEL, qk_scale, G, L, S, R, KC, NSPILL)
+                s_a = warpgroup_mma_wait(0, deps=(s_a,))
+            j = (n_tiles - 1) // 2 * 2  # s_a's tile; one more after it, or none
+            mbarrier.arrive(k_empty.index((c + j) % STAGES))
+            if j + 1 < n_tiles:
+                s_b = _issue(k_smem, k_ready, c + j + 1, queries_t, s_zero, WG, STAGES)
+                _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
+                             qk_scale, G, L, S, R, KC, NSPILL)
+                s_b = warpgroup_mma_wait(0, deps=(s_b,))
+                mbarrier.arrive(k_empty.index((c + j + 1) % STAGES))
+                _tile_masses(s_b, (j + 1) * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store,
+                             NSEL, qk_scale, G, L, S, R, KC, NSPILL)
+            else:
+                _tile_masses(s_a, j * BN + WG * 64, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL,
+                             qk_scale, G, L, S, R, KC, NSPILL)
+            c += n_tiles
+            k += 1
+        async_copy.wait_group(0)
 
     @gluon.jit
     def compressed_scores_gluon_kernel(
         q,  # [B, TQ, HQ, D]
         k_desc,  # k [B*NC, H*D] (TOKENS a copy)
-        lse2, scores, TQ, NC, q_offset, qk_scale, T0, T1, NSEL,
+        lse2, scores, TQ, NC, q_offset, qk_scale, T0, T1, NSEL, BH,
         H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
         KC: gl.constexpr, NSPILL: gl.constexpr, STAGES: gl.constexpr,
     ):
-        """Grid ``(query tiles of 128 rows in [T0, T1), B * H)``, ``num_warps=4`` (the default partition
-        is warpgroup 0), ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24.
-        ``scores`` ``[B, T1 - T0, H, NSPILL, NSEL]`` float32, ``lse2`` ``[B, TQ, HQ]`` (log2 domain)."""
+        """Persistent: grid ``(programs,)``, at most one an SM, over the ``BH = B * H`` heads' query tiles
+        of 128 rows in ``[T0, T1)``; ``num_warps=4`` (the default partition is warpgroup 0),
+        ``maxnreg=168``: the computing warpgroups get 240 registers, the copy warp 24. ``scores`` ``[B,
+        T1 - T0, H, NSPILL, NSEL]`` float32, ``lse2`` ``[B, TQ, HQ]`` (log2 domain)."""
         DH: gl.constexpr = k_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        # a warpgroup's query rows, [128, DH] as a key tile: the key tile's shared layout
-        q_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 128, DH], k_desc.layout)
+        # each warpgroup's two slots of query rows, [128, DH] as a key tile: the key tile's shared layout
+        q_smem = gl.allocate_shared_memory(k_desc.dtype, [4, 128, DH], k_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [4, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,11 +313,11 @@ if gluon is not None:
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
-            (_compute_partition, (q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
-                                  T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG0, STAGES)),
-            (_compute_partition, (q, lse2, scores, q_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,
-                                  T0, T1, NSEL, H, G, L, S, SEL, R, KC, NSPILL, WG1, STAGES)),
-            (_copy_partition, (k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, H, G, SEL, R, STAGES)),
+            (_compute_partition, (q, lse2, scores, q_smem, lse_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset,
+                                  qk_scale, T0, T1, NSEL, BH, H, G, L, S, SEL, R, KC, NSPILL, WG0, STAGES)),
+            (_compute_partition, (q, lse2, scores, q_smem, lse_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset,
+                                  qk_scale, T0, T1, NSEL, BH, H, G, L, S, SEL, R, KC, NSPILL, WG1, STAGES)),
+            (_copy_partition, (k_desc, k_smem, k_ready, k_empty, NC, q_offset, T0, T1, BH, H, G, SEL, R, STAGES)),
         ], [4, 1], [240, 24])
 
 
@@ -303,9 +332,9 @@ def compressed_scores_gluon(q, k_cmp, lse2, scores, q_offset: int, qk_scale: flo
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     G = HQ // H
     (k_desc,) = launch_descriptors((q,), (k_cmp,), TOKENS)[1:]
-    grid = (-(-(t1 - t0) // (ROWS // G)), B * H)
+    grid = (min(-(-(t1 - t0) // (ROWS // G)) * B * H, sm_count(q.device)),)
     try:
-        compressed_scores_gluon_kernel[grid](q, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel,
+        compressed_scores_gluon_kernel[grid](q, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel, B * H,
                                              H=H, G=G, STAGES=STAGES, **geometry, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed forward's scoring pass", "NSA_GLUON_COMPRESSED_SCORES", exc) from exc
@@ -321,6 +350,7 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
                  **descriptor_signature(dtype, G, TOKENS, (), ("k_desc",), D),
                  "lse2": "*fp32", "scores": "*fp32",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
-                 "T0": "i32", "T1": "i32", "NSEL": "i32",
+                 "T0": "i32", "T1": "i32", "NSEL": "i32", "BH": "i32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(compressed_scores_gluon_kernel, signature, values, LAUNCH_OPTIONS)
+    return compile_for_sm90(compressed_scores_gluon_kernel, signature, values, LAUNCH_OPTIONS,
+                            aligned=("q", "lse2", "scores"))
