@@ -27,6 +27,16 @@
 #
 #   bash scripts/gpu_session67.sh persistent  # its GPU tests; NSA_GLUON_COMPRESSED_SCORES off and on at
 #                                             # 64k and 32k; the probe's forms main, one_tile, two_tiles
+#
+# All 8 tests passed. The kernel 4.84 ms at 64k against the Triton pass 2's 5.51-5.58 (1.14x), 1.264
+# against 1.39-1.45 at 32k; the forward 31.10-31.21 against 31.37-31.80 at 64k, 12.16-12.18 against
+# 12.26-12.27 at 32k; forward+backward 85.81-86.16 against 85.84-86.68 (ABBA). One or two key tiles a
+# program: 0.76-0.83 and 0.84 ms at 64k (1.30 and 1.53 before). NSA_GLUON_COMPRESSED_SCORES on by
+# default:
+#
+#   bash scripts/gpu_session67.sh tables      # the GPU tests of the ops, the layer and varlen with the
+#                                             # library's defaults (each test's outcome on its own line);
+#                                             # nsa-bench prefill (8k-64k)
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session67.sh STEP}"
 
@@ -44,6 +54,13 @@ persistent)
     probe_run 240 gluon_scores --lengths 65536 32768 --only gluon_scores
     timeout 200 python scripts/gpu_scores_probe.py --lengths 65536 32768 --forms main one_tile two_tiles 2>&1 \
         | tee "$OUT/scores_probe_persistent_h200.txt" | grep "^T="
+    ;;
+tables)
+    verbose_tests 440 "$(git rev-parse --short HEAD 2>/dev/null || echo session67)" suite tests/ops \
+        tests/test_module.py tests/test_varlen.py
+    tar_reports
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
     ;;
 diagnose)
     timeout 300 python scripts/gpu_scores_probe.py --lengths 65536 32768 2>&1 | tee "$OUT/scores_probe_h200.txt"

@@ -244,11 +244,12 @@ FLAGS: Mapping[str, Flag] = _declare(
     Flag(
         "NSA_GLUON_COMPRESSED_SCORES",
         bool,
-        False,
+        True,
         "Forward on Hopper where the compressed branch's scoring pass runs apart (past 16k tokens; "
         "16-bit, 128-wide heads, selection blocks of a power of two compressed tokens up to 64): that "
-        "pass (the block masses the top-n ranks) as a warp-specialised Gluon kernel (a copy warp, two "
-        "computing warpgroups); off runs the Triton launch. The masses differ by rounding only.",
+        "pass (the block masses the top-n ranks) as a persistent warp-specialised Gluon kernel (a copy "
+        "warp, two computing warpgroups), 1.14x the Triton launch's speed at 64k on an H200; off runs "
+        "the Triton launch. The masses differ by rounding only.",
     ),
     Flag(
         "NSA_FLOAT32_DOT",

@@ -1,24 +1,32 @@
-"""The compressed forward's scoring pass on Hopper, warp-specialised (Gluon): the block masses that
-``compressed_fwd_kernel`` (:mod:`nsa.ops._triton.compressed_fwd`) writes in its launches of pass 2
-alone (``PASS2_APART``), from the log2-domain ``lse`` pass 1 left.
+"""The compressed forward's scoring pass on Hopper, warp-specialised and persistent (Gluon): the
+block masses that ``compressed_fwd_kernel`` (:mod:`nsa.ops._triton.compressed_fwd`) writes in its
+launches of pass 2 alone (``PASS2_APART``), from the log2-domain ``lse`` pass 1 left.
 
-Why: at 64k tokens the Triton pass 2 takes 5.6 ms of the 31 ms forward (about 390 TFLOP/s of its
-one product), where its exponentials alone need about 2.2 ms of an H200's special-function units and
-its product about as long on the tensor cores: the two can overlap.
+Why: at 64k tokens the Triton pass 2 takes 5.5 ms of the 31 ms forward on an H200. Its exponentials
+alone need about 2.2 ms of the special-function units and its one product about as long on the tensor
+cores, and the two can overlap. This kernel takes 4.84 ms there (1.14x), 1.26 against 1.39-1.45 at 32k
+(session 67; ``docs/perf/prefill.md``).
 
-A program owns the Triton launch's 128 query rows (``128 // G`` positions of one KV head's ``G``
-heads). One warp copies: the query rows (one copy a position), then each tile of ``TOKENS`` compressed
-keys the program's queries score into a ring of slots. Two warpgroups compute, each over its half of
-every key tile (64 tokens), with the product transposed, ``S^T = K Q^T`` (64 tokens by the 128 rows),
-so that the sums a block mass needs mostly stay inside a thread: a thread holds a token row for 32 of
-the rows, whose heads it adds first (in registers, then over two lane bits), and a block's tokens lie
-on lanes four apart (two lane bits). A step issues the next tile's product before it turns this one
-into masses, which then overlap on the tensor cores and the special-function units.
+One program an SM walks work items, each the Triton launch's 128 query rows (``128 // G`` positions of
+one KV head's ``G`` heads), the longest walks first. One warp copies every key tile of ``TOKENS``
+compressed tokens an item's queries score, item after item, into a ring of slots. Two warpgroups
+compute, each over its half of every key tile (64 tokens), with the product transposed, ``S^T = K
+Q^T`` (64 tokens by the 128 rows). Each warpgroup gathers an item's query rows (cp.async) into its own
+slot in an order that puts most of a position's heads in one thread's registers (:func:`position_bit`),
+so that the head sums need no shuffles and a block's tokens lie on lanes four apart (two lane bits);
+it gathers the next item's rows and lse while it walks this one. It takes key tiles in pairs, each
+product in registers of its own, and issues the next tile's product before it turns this one into
+masses, which then overlap on the tensor cores and the special-function units.
+
+Made after three forms measured on the H200 at 64k (``scripts/gpu_session67.sh``): a program a tile
+with the rows in order (heads summed across lanes, 96 shuffles a tile) 7.16 ms; the rows gathered in
+the order above 5.67; the pairs 5.47, where about 4 us a program went beside its walk (copying its
+rows and lse, its first key tile, launching).
 
 The masses are the Triton pass 2's (spec Eq. 9-10): ``p = exp2(s * scale - lse)``, a token's mass split
 over the selection blocks its units overlap (plane ``s`` of a row holds what a block's tokens put ``s``
 blocks further), summed over the group's heads; they differ from the Triton kernel's by rounding (the
-sums run in another order). Tiles past the tokens the program's first query sees are masked by each
+sums run in another order). Tiles past the tokens an item's first query sees are masked by each
 row's visible count (spec ``Nc(t)``).
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
@@ -42,7 +50,8 @@ from nsa.ops._triton.device import sm_count
 ROWS = 128
 #: Compressed tokens a ring slot; each computing warpgroup takes half.
 TOKENS = 128
-#: Slots of the key ring (32 KiB each; the query rows take 32 KiB more).
+#: Slots of the key ring (32 KiB each; the query rows take 128 KiB: two slots a warpgroup). Two
+#: measured faster than four (5.20 against 5.47 ms at 64k, session 67, a program a tile).
 STAGES = 2
 #: Launch options: the default partition is warpgroup 0 (4 warps); the computing warpgroups take
 #: 240 registers, the copy warp 24, from a launch at 168.
