@@ -1,8 +1,8 @@
 """Where does the Gluon scoring pass (``nsa/ops/compressed/gluon_scores.py``) spend its time?
 
-Why: written in session 67, it runs as fast as the Triton pass 2 at 64k tokens on the H200 and
-slower at 32k, about 2200 cycles a tile of 128 tokens by 128 rows where the tensor cores need 1024
-and the special-function units (the exponentials) 1024. This script times the kernel's launches over
+Why: in session 67 its forms before the persistent one ran as fast as the Triton pass 2 at 64k
+tokens on the H200 and slower at 32k, about 2200 cycles a tile of 128 tokens by 128 rows where the
+tensor cores need 1024 and the special-function units (the exponentials) 1024. This script times the kernel's launches over
 every query of a prefill (the chunks ``compressed_fwd`` launches) in forms that each take one part
 of its work away, so that what is left shows what binds it; each form's results are wrong but for
 ``main``:
