@@ -2,8 +2,10 @@
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
 slots (:func:`ring_barriers`, :func:`fill_key_slot`) and of a persistent program's items (:func:`released_barrier`,
 :func:`head_item`, :func:`head_items_grid`), a gradient's store (:func:`store_scaled`), a warpgroup's wgmma register layouts
-(:func:`wgmma_layout`, :func:`a_operand_layout`), the TMA copies' layouts and
-descriptors over the library's tensors, compiling a kernel for sm_90 without a GPU, and the error a
+(:func:`wgmma_layout`, :func:`a_operand_layout`), the compressed tokens a position sees
+(:func:`visible_compressed`), the TMA copies' layouts and descriptors over the library's tensors, a
+partition's thread barrier and cp.async gathers (:data:`thread_barrier`, :data:`gather_async`) by
+their name in the installed release, compiling a kernel for sm_90 without a GPU, and the error a
 failed launch raises.
 
 Gluon is Triton's lower-level language, experimental in Triton 3.6, and its API moves between
@@ -45,6 +47,7 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
            "descriptor_signature", "head_items_grid",
            "compile_for_sm90",
            "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled",
+           "visible_compressed",
            "wgmma_layout", "a_operand_layout"]
 
 
@@ -223,6 +226,13 @@ if gluon is not None:
         return bh // H, bh % H, item % per_head
 
     @gluon.jit
+    def visible_compressed(t, NC, L: gl.constexpr, S: gl.constexpr):
+        """Compressed tokens visible at positions ``t`` (spec ``Nc(t)``) for compression blocks of ``L``
+        tokens at stride ``S``, capped at ``NC``: the Triton kernels' ``visible_cmp`` (Gluon cannot call
+        Triton functions)."""
+        return gl.minimum(gl.where(t + 1 >= L, (t + 1 - L) // S + 1, 0), NC)
+
+    @gluon.jit
     def store_scaled(out, acc, offs, mask, scale, ACC: gl.constexpr):
         """``acc * scale`` into ``out`` at ``offs`` in its dtype; with ``ACC`` plus what ``out`` held,
         rounded once (the Triton kernels' ``store_scaled`` rule)."""
@@ -231,4 +241,4 @@ if gluon is not None:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
-    ring_barriers = fill_key_slot = released_barrier = head_item = store_scaled = None
+    ring_barriers = fill_key_slot = released_barrier = head_item = store_scaled = visible_compressed = None

@@ -25,8 +25,8 @@ import torch
 
 from nsa import flags
 from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
-                            gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait, wgmma_layout)
+                            gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load,
+                            visible_compressed, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns (two a program: the Triton launch's 128).
 ROWS = 64
@@ -54,12 +54,6 @@ def shapes_fit(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor) -> boo
 if gluon is not None:
 
     @gluon.jit
-    def _visible(t, NC, L: gl.constexpr, S: gl.constexpr):
-        """Compressed tokens visible at positions ``t`` (spec ``Nc(t)``), capped at ``NC``:
-        ``visible_cmp``'s arithmetic (Gluon cannot call Triton functions)."""
-        return gl.minimum(gl.where(t + 1 >= L, (t + 1 - L) // S + 1, 0), NC)
-
-    @gluon.jit
     def _query_tile(TQ, BT: gl.constexpr):
         """The program's query tile: the last first, as the Triton launch orders them."""
         return gl.cdiv(TQ, BT) - 1 - gl.program_id(0)
@@ -82,7 +76,7 @@ if gluon is not None:
                 t = gl.minimum(i_t * 2 * BTW + c * BTW + p, TQ - 1)  # a position past the last: any real one
                 tma_load(q_desc, [((i_b * TQ + t) * H + i_h) * G, 0], q_bar.index(c),
                          q_smem.index(c).slice(p * G, G))
-        n_hi = _visible(q_offset + gl.minimum(i_t * 2 * BTW + 2 * BTW, TQ) - 1, NC, L, S)
+        n_hi = visible_compressed(q_offset + gl.minimum(i_t * 2 * BTW + 2 * BTW, TQ) - 1, NC, L, S)
         key0 = i_b * NC
         for j in range(gl.cdiv(n_hi, BN)):
             slot = j % STAGES
@@ -127,9 +121,9 @@ if gluon is not None:
         i_h = gl.program_id(1) % H
         o_m = gl.arange(0, M, layout=row_s)
         t0 = i_t * 2 * BTW  # the program's first query
-        nv = _visible(q_offset + t0 + WG * BTW + o_m // G, NC, L, S)
-        n_full = _visible(q_offset + t0, NC, L, S) // BN * BN  # every row sees the tiles before
-        n_hi = _visible(q_offset + gl.minimum(t0 + 2 * BTW, TQ) - 1, NC, L, S)
+        nv = visible_compressed(q_offset + t0 + WG * BTW + o_m // G, NC, L, S)
+        n_full = visible_compressed(q_offset + t0, NC, L, S) // BN * BN  # every row sees the tiles before
+        n_hi = visible_compressed(q_offset + gl.minimum(t0 + 2 * BTW, TQ) - 1, NC, L, S)
         n_tiles = gl.cdiv(n_hi, BN)
         o_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         q = q_smem.index(WG)

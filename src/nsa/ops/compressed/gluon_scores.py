@@ -37,13 +37,13 @@ installed Triton (:func:`compile_for_hopper`). :func:`fits` says where it applie
 from __future__ import annotations
 
 import torch
-
-from nsa import flags
 from triton.runtime.jit import constexpr_function
 
+from nsa import flags
 from nsa.ops._gluon import (async_copy, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
                             gather_async, gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper,
-                            thread_barrier, tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
+                            thread_barrier, tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait,
+                            wgmma_layout)
 from nsa.ops._triton.device import sm_count
 
 #: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
@@ -102,11 +102,6 @@ def head_axis(G: int, i: int) -> int:
 
 
 if gluon is not None:
-
-    @gluon.jit
-    def _visible(t, NC, L: gl.constexpr, S: gl.constexpr):
-        """Compressed tokens visible at positions ``t`` (spec ``Nc(t)``), capped at ``NC``."""
-        return gl.minimum(gl.where(t + 1 >= L, (t + 1 - L) // S + 1, 0), NC)
 
     @gluon.jit
     def _scored_tiles(i_t, T1, q_offset, BTP: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
@@ -196,7 +191,7 @@ if gluon is not None:
         x = s * qk_scale - gl.expand_dims(lse, 0)
         if tok0 + 64 > nv_first:  # a column may not see every token: mask before the exponential
             pos, _ = _column_owner(gl.arange(0, 128, layout=gl.SliceLayout(0, s.type.layout)), G)
-            nv = _visible(q_offset + i_t * BTP + pos, NC, L, S)
+            nv = visible_compressed(q_offset + i_t * BTP + pos, NC, L, S)
             x = gl.where(gl.expand_dims(o_tok, 1) < gl.expand_dims(nv, 0), x, float("-inf"))
         # each token's probability summed over the heads of a position, in registers but for G = 64
         p_bits = gl.reshape(gl.exp2(x), [64, 2, 2, 2, 2, 2, 2, 2])
@@ -253,7 +248,7 @@ if gluon is not None:
             # a column that sees nothing (lse -inf) is masked everywhere: shift it by 0; a padding one by
             # +inf, so that its probabilities are 0 in unmasked tiles too
             lse = gl.where(i_t * BTP + pos < TQ, gl.where(lse == float("-inf"), 0.0, lse), float("inf"))
-            nv_first = _visible(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
+            nv_first = visible_compressed(q_offset + i_t * BTP, NC, L, S)  # every column sees the tokens before
             o_p = i_t * BTP + gl.arange(0, BTP, layout=gl.BlockedLayout([1], [32], [4], [0]))
             row0 = ((i_b.to(gl.int64) * (T1 - T0) + o_p - T0) * H + i_h) * (NSPILL * NSEL)
             m_store = o_p < T1
