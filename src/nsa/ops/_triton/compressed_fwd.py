@@ -16,7 +16,8 @@ compressed tokens:
 
 Both passes run in one program, or, where the walks are long, pass 1 over every query and then
 pass 2 in launches of its own, whose programs need neither ``p @ v``'s accumulator nor V's tiles
-and so fit more to an SM (:data:`PASS2_APART`; the same results bitwise).
+and so fit more to an SM (:data:`PASS2_APART`; the same results bitwise). On Hopper those two run
+as Gluon kernels instead (:mod:`nsa.ops.compressed.gluon_pass1`, :mod:`nsa.ops.compressed.gluon_scores`).
 
 Pass 2 walks selection blocks in steps of ``NB``: a step covers the compressed
 tokens whose first raw position lies in those blocks, ``RP`` a block (``R =

@@ -41,10 +41,9 @@ from triton.runtime.jit import constexpr_function
 
 from nsa import flags
 from nsa.ops._gluon import (async_copy, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
-                            gather_async, gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper,
-                            thread_barrier, tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait,
+                            gather_async, gl, gluon, head_items_grid, launch_descriptors, launch_failed, mbarrier,
+                            on_hopper, thread_barrier, tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait,
                             wgmma_layout)
-from nsa.ops._triton.device import sm_count
 
 #: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
 ROWS = 128
@@ -106,15 +105,16 @@ if gluon is not None:
     @gluon.jit
     def _scored_tiles(i_t, T1, q_offset, BTP: gl.constexpr, SEL: gl.constexpr, R: gl.constexpr,
                       BN: gl.constexpr):
-        """Key tiles the program walks: those holding the tokens of every block up to the last query's
-        own (the top-n kernel reads each query's blocks up to its own; masses of tokens not yet visible
+        """Key tiles an item (query tile ``i_t``) walks: those holding the tokens of every block up to its
+        last query's own (the top-n kernel reads each query's blocks up to its own; masses of tokens not yet visible
         are 0)."""
         t_last = q_offset + gl.minimum(i_t * BTP + BTP, T1) - 1
         return gl.cdiv((t_last // SEL + 1) * R, BN)
 
     @gluon.jit
     def _column_owner(o_c, G: gl.constexpr):
-        """The position (in the program's tile) and head of each product column ``o_c`` (:func:`position_bit`)."""
+        """The position (in an item's query tile) and head of each product column ``o_c``
+        (:func:`position_bit`)."""
         pos = gl.zeros_like(o_c)
         head = gl.zeros_like(o_c)
         for bit in gl.static_range(7):
@@ -181,7 +181,8 @@ if gluon is not None:
 
     @gluon.jit
     def _tile_masses(s, tok0, lse, i_t, NC, q_offset, nv_first, scores, row0, m_store, NSEL, qk_scale,
-                     G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, NSPILL: gl.constexpr):
+                     G: gl.constexpr, L: gl.constexpr, S: gl.constexpr, R: gl.constexpr, KC: gl.constexpr,
+                     NSPILL: gl.constexpr):
         """The block masses of a warpgroup's 64 tokens from ``tok0`` on, from their scores ``s`` ``[64
         tokens, 128 columns]`` (columns as :func:`_column_owner` places them), stored to each position's
         score row (``row0`` offsets ``[positions]``, ``m_store`` the positions a launch writes), plane
@@ -201,7 +202,7 @@ if gluon is not None:
         # a tile past the last block stores nothing; the branch also keeps ptxas from hoisting the wait
         # for the next tile's product above these sums (it moves a wait up to the start of its block)
         if tok0 // R < NSEL:
-            o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, p_pos.type.layout)) % R  # a token's place in its block
+            o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, p_pos.type.layout)) % R  # place in its block
             for shift in gl.static_range(NSPILL):
                 # units [r, r + KC) of a token against block `shift` further's [shift R, shift R + R)
                 overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
@@ -336,7 +337,7 @@ def compressed_scores_gluon(q, k_cmp, lse2, scores, q_offset: int, qk_scale: flo
     NC, H = k_cmp.shape[1], k_cmp.shape[2]
     G = HQ // H
     (k_desc,) = launch_descriptors((q,), (k_cmp,), TOKENS)[1:]
-    grid = (min(-(-(t1 - t0) // (ROWS // G)) * B * H, sm_count(q.device)),)
+    _, grid = head_items_grid(B, H, -(-(t1 - t0) // (ROWS // G)), q.device)
     try:
         compressed_scores_gluon_kernel[grid](q, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel, B * H,
                                              H=H, G=G, STAGES=STAGES, **geometry, **LAUNCH_OPTIONS)
