@@ -39,6 +39,29 @@ def test_gluon_scores_takes_what_its_copies_and_blocks_allow():
     assert not gluon_scores.fits(q, q[:, :3, :1], 4)
 
 
+@pytest.mark.parametrize("G", [8, 16, 32, 64])
+def test_gluon_scores_column_order_holds_every_row_once_with_heads_in_registers(G):
+    """The product's 128 columns (:func:`position_bit`, :func:`bit_rank`) hold each of the program's
+    ``128 // G`` positions' ``G`` heads once; the heads take the accumulator's register bits (column
+    bits 0 and 3-6) before its lane bits (1 and 2), so that up to 32 heads a position sum inside a
+    thread; and :func:`head_axis` sums them highest axis first, each sum leaving the next one's axis
+    in place."""
+    from nsa.ops.compressed.gluon_scores import bit_rank, head_axis, position_bit
+
+    def owner(c):
+        pos = sum(((c >> b) & 1) << bit_rank(G, b) for b in range(7) if position_bit(G, b))
+        head = sum(((c >> b) & 1) << bit_rank(G, b) for b in range(7) if not position_bit(G, b))
+        return pos, head
+
+    assert sorted(owner(c) for c in range(128)) == [(p, h) for p in range(128 // G) for h in range(G)]
+    head_bits = [b for b in range(7) if not position_bit(G, b)]
+    assert len(head_bits) == G.bit_length() - 1
+    lane_bits = {1, 2}
+    assert set(head_bits) & lane_bits == (set() if G <= 32 else {2})
+    axes = [head_axis(G, i) for i in range(len(head_bits))]
+    assert axes == sorted(axes, reverse=True) and axes == [7 - b for b in head_bits]
+
+
 def _scores_read(chunks, B, H, q_offset, sel_block):
     """The block masses the top-n kernel reads, chunk after chunk (``(t0, scores [B, TC, H, planes,
     nsel])``): a query's plane ``s`` up to its own block less ``s``, flattened."""
