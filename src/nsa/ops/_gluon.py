@@ -48,7 +48,14 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
            "compile_for_sm90",
            "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled",
            "visible_compressed",
-           "wgmma_layout", "a_operand_layout"]
+           "wgmma_layout", "a_operand_layout", "PAIR_LAUNCH"]
+
+
+#: The launch of a kernel of two computing warpgroups and a copy warp (all but the selected dK/dV's):
+#: the default partition is warpgroup 0 (4 warps); from a launch at 168 registers a thread, the
+#: kernel's ``warp_specialize(..., [4, 1], [240, 24])`` gives the computing warpgroups 240, the copy
+#: warp 24.
+PAIR_LAUNCH = dict(num_warps=4, maxnreg=168)
 
 
 @constexpr_function
