@@ -1,8 +1,8 @@
 """What the Gluon kernels (Hopper, warp-specialised) share: Gluon's imports where the installed
 Triton has them, the TMA copies by their name in that release, the barriers of a copy warp's ring of
-slots (:func:`ring_barriers`, :func:`fill_key_slot`), the launch of two computing warpgroups and a
-copy warp (:data:`PAIR_LAUNCH`) and of a persistent program's items (:func:`released_barrier`,
-:func:`head_item`, :func:`head_items_grid`), a gradient's store (:func:`store_scaled`), a warpgroup's wgmma register layouts
+slots (:func:`ring_barriers`, :func:`fill_key_slot`) and of a persistent program's items
+(:func:`released_barrier`, :func:`head_item`, :func:`head_items_grid`), the launch of two computing
+warpgroups and a copy warp (:data:`PAIR_LAUNCH`), a gradient's store (:func:`store_scaled`), a warpgroup's wgmma register layouts
 (:func:`wgmma_layout`, :func:`a_operand_layout`), the compressed tokens a position sees
 (:func:`visible_compressed`), the TMA copies' layouts and descriptors over the library's tensors, a
 partition's thread barrier and cp.async gathers (:data:`thread_barrier`, :data:`gather_async`) by
