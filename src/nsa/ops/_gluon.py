@@ -55,7 +55,8 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
 #: The launch of a kernel of two computing warpgroups and a copy warp (all but the selected dK/dV's):
 #: the default partition is warpgroup 0 (4 warps); from a launch at 168 registers a thread, the
 #: kernel's ``warp_specialize(..., [4, 1], [240, 24])`` gives the computing warpgroups 240, the copy
-#: warp 24.
+#: warp 24. The kernels import it as their ``LAUNCH_OPTIONS``, the name every launch site passes
+#: (``tests/ops/test_launch_options.py``).
 PAIR_LAUNCH = dict(num_warps=4, maxnreg=168)
 
 

@@ -46,7 +46,8 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, a_operand_layout, compile_for_sm90, copies_fit, descriptor_type, element_type,
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_type, element_type,
                             fence_async_shared, gl, gluon, head_rows_descriptor, key_rows_descriptor, launch_failed,
                             mbarrier, on_hopper, ring_barriers, TensorDescriptor, tma, tma_load, tma_store,
                             warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
@@ -325,7 +326,7 @@ def compressed_bwd_dkdv_gluon(q, k_cmp, v_cmp, do, gate, lse, delta, dk, dv, ds:
         compressed_bwd_dkdv_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, ds_desc, dk, dv, lse, delta, lse if gate is None else gate,
             ds["offsets"], TQ, NC, q_offset, ds["total"], qk_scale, scale, H=H, G=G, L=L, S=S, SPLIT=split,
-            GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, **PAIR_LAUNCH)
+            GATED=gate is not None, STAGES=STAGES, DS_BUFFERS=DS_BUFFERS, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed dK/dV", "NSA_GLUON_COMPRESSED_DKDV", exc) from exc
 
@@ -345,4 +346,4 @@ def compile_for_hopper(G: int = 16, gated: bool = True, dtype: torch.dtype = tor
                  "dk": "*fp32", "dv": "*fp32", "lse": "*fp32", "delta": "*fp32", "gate": "*fp32", "ds_off": "*i64",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "TOTAL": "i64", "qk_scale": "fp32", "scale": "fp32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(compressed_bwd_dkdv_gluon_kernel, signature, values, PAIR_LAUNCH)
+    return compile_for_sm90(compressed_bwd_dkdv_gluon_kernel, signature, values, LAUNCH_OPTIONS)

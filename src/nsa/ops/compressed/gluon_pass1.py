@@ -24,9 +24,10 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature,
-                            fence_async_shared, gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper,
-                            tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
+                            gl, gluon, launch_descriptors, launch_failed, mbarrier, on_hopper, tma_load,
+                            visible_compressed, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns (two a program: the Triton launch's 128).
 ROWS = 64
@@ -214,7 +215,7 @@ def compressed_pass1_gluon(q, k_cmp, v_cmp, o, lse, lse2, q_offset: int, qk_scal
     grid = (-(-TQ // (2 * ROWS // G)), B * H)
     try:
         compressed_pass1_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, lse2, TQ, NC, q_offset, qk_scale,
-                                            H=H, G=G, L=L, S=S, STAGES=STAGES, **PAIR_LAUNCH)
+                                            H=H, G=G, L=L, S=S, STAGES=STAGES, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed forward's pass 1", "NSA_GLUON_COMPRESSED_PASS1", exc) from exc
 
@@ -230,4 +231,4 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
                  "o": el, "lse": "*fp32", "lse2": "*fp32",
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(compressed_pass1_gluon_kernel, signature, values, PAIR_LAUNCH)
+    return compile_for_sm90(compressed_pass1_gluon_kernel, signature, values, LAUNCH_OPTIONS)

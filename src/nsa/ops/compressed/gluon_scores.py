@@ -40,10 +40,11 @@ import torch
 from triton.runtime.jit import constexpr_function
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, async_copy, compile_for_sm90, copies_fit, descriptor_signature,
-                            fence_async_shared, gather_async, gl, gluon, head_items_grid, launch_descriptors,
-                            launch_failed, mbarrier, on_hopper, thread_barrier, tma_load, visible_compressed,
-                            warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (async_copy, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
+                            gather_async, gl, gluon, head_items_grid, launch_descriptors, launch_failed, mbarrier,
+                            on_hopper, thread_barrier, tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait,
+                            wgmma_layout)
 
 #: Query rows a program (the Triton pass 2's 128), which both computing warpgroups share.
 ROWS = 128
@@ -337,7 +338,7 @@ def compressed_scores_gluon(q, k_cmp, lse2, scores, q_offset: int, qk_scale: flo
     _, grid = head_items_grid(B, H, -(-(t1 - t0) // (ROWS // G)), q.device)
     try:
         compressed_scores_gluon_kernel[grid](q, k_desc, lse2, scores, TQ, NC, q_offset, qk_scale, t0, t1, nsel, B * H,
-                                             H=H, G=G, STAGES=STAGES, **geometry, **PAIR_LAUNCH)
+                                             H=H, G=G, STAGES=STAGES, **geometry, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the compressed forward's scoring pass", "NSA_GLUON_COMPRESSED_SCORES", exc) from exc
 
@@ -354,5 +355,5 @@ def compile_for_hopper(G: int = 16, dtype: torch.dtype = torch.bfloat16):
                  "TQ": "i32", "NC": "i32", "q_offset": "i32", "qk_scale": "fp32",
                  "T0": "i32", "T1": "i32", "NSEL": "i32", "BH": "i32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(compressed_scores_gluon_kernel, signature, values, PAIR_LAUNCH,
+    return compile_for_sm90(compressed_scores_gluon_kernel, signature, values, LAUNCH_OPTIONS,
                             aligned=("q", "lse2", "scores"))

@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, gl,
-                            gluon, launch_descriptors, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, gl, gluon,
+                            launch_descriptors, launch_failed, mbarrier, on_hopper, ring_barriers, store_scaled,
                             tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Keys a computing warpgroup owns (two a program: the Triton kernel's Hopper tile of 128).
@@ -292,7 +293,7 @@ def window_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, frc, T: int, q_
         window_bwd_dkdv_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, dk, dv, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,
             gate_frc, T, TK, q_offset, window, qk_scale, scale, H=H, G=G, BS=forced[1], LOCAL=forced[2],
-            GATED=gate is not None, FORCED=forced[0], PHASED=phased, ACC=acc, STAGES=STAGES, **PAIR_LAUNCH)
+            GATED=gate is not None, FORCED=forced[0], PHASED=phased, ACC=acc, STAGES=STAGES, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the window dK/dV", "NSA_GLUON_WINDOW_DKDV", exc) from exc
 
@@ -311,4 +312,4 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
                                                                     "gate_frc")},
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(window_bwd_dkdv_gluon_kernel, signature, values, PAIR_LAUNCH)
+    return compile_for_sm90(window_bwd_dkdv_gluon_kernel, signature, values, LAUNCH_OPTIONS)

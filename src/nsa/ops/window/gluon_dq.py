@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature,
-                            fill_key_slot, gl, gluon, head_item, head_items_grid, launch_descriptors, launch_failed,
-                            mbarrier, on_hopper, released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma,
-                            warpgroup_mma_wait, wgmma_layout)
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, fill_key_slot, gl,
+                            gluon, head_item, head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper,
+                            released_barrier, ring_barriers, store_scaled, tma_load, warpgroup_mma, warpgroup_mma_wait,
+                            wgmma_layout)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
 ROWS = 64
@@ -289,7 +290,7 @@ def window_bwd_dq_gluon(q, k, v, do, gate, lse, delta, dq, frc, T: int, q_offset
         window_bwd_dq_gluon_kernel[grid](
             q_desc, do_desc, k_desc, v_desc, dq, lse, delta, lse if gate is None else gate, lse_frc, delta_frc,
             gate_frc, T, TK, q_offset, window, qk_scale, scale, n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2],
-            GATED=gate is not None, FORCED=forced[0], ACC=acc, STAGES=STAGES, **PAIR_LAUNCH)
+            GATED=gate is not None, FORCED=forced[0], ACC=acc, STAGES=STAGES, **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the window dQ", "NSA_GLUON_WINDOW_DQ", exc) from exc
 
@@ -306,4 +307,4 @@ def compile_for_hopper(G: int = 16, gated: bool = True, forced: bool = True, dty
                  "dq": el, **{name: "*fp32" for name in ("lse", "delta", "gate", "lse_frc", "delta_frc", "gate_frc")},
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "scale": "fp32",
                  "n_items": "i32", **{name: "constexpr" for name in values}}
-    return compile_for_sm90(window_bwd_dq_gluon_kernel, signature, values, PAIR_LAUNCH)
+    return compile_for_sm90(window_bwd_dq_gluon_kernel, signature, values, LAUNCH_OPTIONS)

@@ -32,8 +32,9 @@ from __future__ import annotations
 import torch
 
 from nsa import flags
-from nsa.ops._gluon import (PAIR_LAUNCH, a_operand_layout, compile_for_sm90, descriptor_signature, fill_key_slot, gl,
-                            gluon, head_item, head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper,
+from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
+from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, descriptor_signature, fill_key_slot, gl, gluon,
+                            head_item, head_items_grid, launch_descriptors, launch_failed, mbarrier, on_hopper,
                             released_barrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns ((position, head) pairs of one KV group; two a program).
@@ -276,7 +277,7 @@ def window_fwd_gluon(q, k, v, o, lse, o_frc, lse_frc, T: int, q_offset: int, win
     try:
         window_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o, lse, o_frc, lse_frc, T, TK, q_offset, window, qk_scale,
                                       n_items, H=H, G=G, INIT=forced[1], LOCAL=forced[2], FORCED=forced[0], STAGES=STAGES,
-                                      **PAIR_LAUNCH)
+                                      **LAUNCH_OPTIONS)
     except Exception as exc:  # Gluon is experimental: its API moves between Triton releases
         raise launch_failed("the window forward", "NSA_GLUON_WINDOW_FWD", exc) from exc
 
@@ -292,4 +293,4 @@ def compile_for_hopper(G: int = 16, forced: bool = True, dtype: torch.dtype = to
                  "o": el, "lse": "*fp32", "o_frc": el, "lse_frc": "*fp32",
                  "T": "i32", "TK": "i32", "q_offset": "i32", "W": "i32", "qk_scale": "fp32", "n_items": "i32",
                  **{name: "constexpr" for name in values}}
-    return compile_for_sm90(window_fwd_gluon_kernel, signature, values, PAIR_LAUNCH)
+    return compile_for_sm90(window_fwd_gluon_kernel, signature, values, LAUNCH_OPTIONS)
