@@ -866,6 +866,33 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
     ab_rounds_and_lists(T, config, module.PASS2_APART, variants, "pass 2")
 
 
+#: The compressed forward's short walks (queries that see at most ``SHORT_TOKENS`` compressed tokens:
+#: 16k and shorter) in the fused launch's short tiles, the default, or in the long walks' passes apart
+#: (the Gluon pass 1 and scoring pass on Hopper).
+SHORT_APART = (("short walks fused", {"SHORT_TOKENS": 1024}), ("short walks apart", {"SHORT_TOKENS": 0}))
+
+
+def short_apart(T: int, config: NSAConfig) -> None:
+    """:data:`SHORT_APART`: the forward and forward+backward (ABBA) and the forward's kernel lists
+    (:func:`ab_rounds_and_lists`), after each variant's selections against the default's."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    from nsa.testing import rel_error
+
+    q, k, v, _ = inputs(T, T + 4)
+    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
+    outs = {}
+    for label, tiles in SHORT_APART:
+        with tiles_as_default(vars(module), **tiles):
+            outs[label] = module.compressed_fwd(q, k_cmp, v_cmp, config, config.softmax_scale(D), 0, store_o=True,
+                                                select=True)
+    (o_a, lse_a, idx_a), (o_b, lse_b, idx_b) = (outs[label] for label, _ in SHORT_APART)
+    same = (idx_a == idx_b).all(-1).float().mean().item() * 100
+    print(f"T={T} short walks apart against fused: o {rel_error(o_b, o_a):.1e}, lse {rel_error(lse_b, lse_a):.1e}, "
+          f"{same:.3f} % of the (query, head) selections equal", flush=True)
+    ab_rounds_and_lists(T, config, vars(module), SHORT_APART, "compressed short walks")
+
+
 def pass2_tiles(T: int, config: NSAConfig) -> None:
     """:func:`_pass2_sweep` over :data:`PASS2_TILES`."""
     _pass2_sweep(T, config, PASS2_TILES)
@@ -1103,6 +1130,8 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
                                                                                grads["main"], grads[label]))
         print(f"T={T} {DKDV_BRANCH} {VARIANT_MODULE} {label} against main: {errs}", flush=True)
     del grads
+    if VARIANT_MODULE == "gluon_fwd":  # a forward kernel: the forward alone in ABBA rounds too
+        step_abba(T, config, vars(kernel), variants, f"{DKDV_BRANCH} {VARIANT_MODULE}", forward=True)
     step_ab_and_lists(T, config, vars(kernel), variants, f"{DKDV_BRANCH} {VARIANT_MODULE}")
 
 
@@ -1883,7 +1912,7 @@ SECTIONS = {
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
-    "gluon_scores": gluon_scores,
+    "gluon_scores": gluon_scores, "short_apart": short_apart,
 }
 
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU calls of session 68 (H200). The window forward in Gluon (nsa/ops/window/gluon_fwd.py) stepped
+# through 128 keys a step instead of 64, in the order local blocks, window, initial blocks, the local
+# blocks' accumulator kept in shared memory while the window's steps ran (2 ring slots: shared
+# memory); compiled offline, never run. Main's kernel (64 keys a step) was exported to .variants68/
+# (untracked, deleted after the calls), as were the variants of the later steps:
+#   git show e35570e:src/nsa/ops/window/gluon_fwd.py > .variants68/keys64_fwd.py
+#
+#   bash scripts/gpu_session68.sh probe       # the Gluon window forward's GPU tests; the kernel against
+#                                             # main's (gradients, ABBA forward and forward+backward,
+#                                             # kernel lists) at 64k and 8k; the compressed forward's
+#                                             # short walks (8k, 16k) fused or in the passes apart
+#
+# The 9 tests passed; the kernel 6.85-6.91 ms at 64k against main's 4.53-4.54, 0.77-0.80 against 0.50
+# at 8k. The short walks apart: 8k forward 2.49-2.50 against 2.40-2.44 ms, 16k the same within noise.
+# The 128-key steps with a key and a value ring of their own (a key slot refills once its scores are
+# done), and the same tree at 64 keys and 4 slots (.variants68/split64_fwd.py):
+#
+#   bash scripts/gpu_session68.sh split       # the tests; main's kernel (keys64) and the 64-key form
+#                                             # (split64) against this one
+#
+# The 9 tests passed; 128 keys 5.79-5.86 ms at 64k, split64 5.54, main's 4.49-4.58 (0.65, 0.60 and 0.50
+# at 8k). Nsight Compute on main's kernel at 8k (restored in src/), and two variants of it: the 64-key
+# form with the local state kept in swizzled shared memory and one ring (.variants68/stash_fwd.py), and
+# main's with 6 ring slots (.variants68/stages6_fwd.py):
+#
+#   bash scripts/gpu_session68.sh ncu         # ncu --set full (details, SASS source page with stall
+#                                             # samples); the variants against main's
+#
+# Tensor pipe 33.9 % busy, issue slots 39.2 %, 0.56 eligible warps a scheduler. stash 5.18-5.23 ms at
+# 64k, stages6 4.62-4.64, main's 4.56-4.69 (0.571-0.578, 0.508-0.509, 0.504-0.520 at 8k). The rows of
+# the next item in a second slot of their own (in src/), against main's and the same with 5 ring slots
+# (.variants68/qbuf2_stages5_fwd.py):
+#
+#   bash scripts/gpu_session68.sh qbuf        # the tests; the variants against this one
+#
+# The 9 tests passed; all three bitwise the same and within noise: 4.58-4.62 ms at 64k (main's
+# 4.60-4.61, 5 slots 4.58-4.61), 0.505-0.527 at 8k. Main's kernel restored; no kernel changed this
+# session. The tables at the session's last commit:
+#
+#   bash scripts/gpu_session68.sh tables      # nsa-bench prefill (8k-64k) and decode (batch 1-64)
+#
+source "$(dirname "$0")/gpu_env.sh"
+step="${1:?usage: gpu_session68.sh STEP}"
+
+device_line
+case "$step" in
+probe)
+    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
+    probe_run 240 window_fwd_keys --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py
+    probe_run 150 short_apart --lengths 8192 16384 --only short_apart
+    ;;
+split)
+    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
+    probe_run 300 window_fwd_split --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py \
+        --dkdv-variant split64=.variants68/split64_fwd.py
+    ;;
+ncu)
+    timeout 200 ncu --profile-from-start off --clock-control none -k regex:window_fwd_gluon_kernel --set full --import-source no \
+        -o /tmp/window_fwd python scripts/ncu_prefill.py --length 8192 > "$OUT/ncu_run.txt" 2>&1
+    echo "== ncu: rc $? after $(( $(date +%s) - start )) s"
+    ncu -i /tmp/window_fwd.ncu-rep --page details > "$OUT/ncu_details_window_fwd.txt" 2>&1
+    ncu -i /tmp/window_fwd.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_sass_window_fwd.csv" 2>&1
+    echo "== ncu pages after $(( $(date +%s) - start )) s"
+    probe_run 300 window_fwd_variants --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant stash=.variants68/stash_fwd.py \
+        --dkdv-variant stages6=.variants68/stages6_fwd.py
+    ;;
+qbuf)
+    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
+    probe_run 300 window_fwd_qbuf --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py \
+        --dkdv-variant stages5=.variants68/qbuf2_stages5_fwd.py
+    ;;
+tables)
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    decode_table h200
+    ;;
+*)
+    echo "unknown step $step"
+    exit 2
+    ;;
+esac
