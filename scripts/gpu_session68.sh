@@ -40,6 +40,21 @@
 #
 #   bash scripts/gpu_session68.sh tables      # nsa-bench prefill (8k-64k) and decode (batch 1-64)
 #
+# At 3313cbc: prefill 64k 31.12 / 120.0 ms (3.86x) forward, 87.35 / 451.2 (5.17x) forward+backward; 8k
+# 0.93x and 1.21x. Decode at 64k 19.14 / 49.62 us (2.59x) at batch 1, 71.52 / 492.8 (6.89x) at batch 16.
+# Nsight Compute's source page had shown the steps' loop issuing about 536 instructions a step, about
+# 100 of them selects: the switches between the forced blocks' and the window's states compiled into
+# selects of the whole accumulator at every step, and every tile masked. The steps in phases, each a
+# loop of its own (local blocks, initial blocks, the window's edge tiles masked, its inner tiles not):
+#
+#   bash scripts/gpu_session68.sh phases      # the tests; main's kernel (keys64) against this one
+#
+# The 9 tests passed; bitwise main's results; the kernel 4.28-4.30 ms at 64k against main's 4.63-4.68
+# (1.08x), 0.467-0.471 against 0.503-0.505 at 8k. Kept. The prefill table with it, and the GPU tests of
+# the NSA prefill, the window kernels and varlen:
+#
+#   bash scripts/gpu_session68.sh final       # nsa-bench prefill (8k-64k); those GPU tests
+#
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session68.sh STEP}"
 
@@ -74,10 +89,21 @@ qbuf)
         --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py \
         --dkdv-variant stages5=.variants68/qbuf2_stages5_fwd.py
     ;;
+phases)
+    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
+    probe_run 240 window_fwd_phases --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py
+    ;;
 tables)
     h200_prefill
     echo "== prefill table after $(( $(date +%s) - start )) s"
     decode_table h200
+    ;;
+final)
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    run_group nsa 240 8 tests/ops/test_nsa_attention_kernel.py tests/ops/test_window_kernel.py tests/ops/test_gluon_window_fwd.py \
+        tests/test_varlen.py
     ;;
 *)
     echo "unknown step $step"

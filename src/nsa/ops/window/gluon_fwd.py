@@ -66,10 +66,11 @@ if gluon is not None:
     @gluon.jit
     def _steps(pair, T, q_offset, W, BT: gl.constexpr, BN: gl.constexpr, INIT: gl.constexpr, LOCAL: gl.constexpr,
                FORCED: gl.constexpr):
-        """``(n_loc, n_init, steps, first, s_local)`` of query tiles ``2 pair`` and the next: with ``FORCED``
-        the local blocks' tiles from ``s_local`` (``n_loc``), then the initial blocks left of them
-        (``n_init``); then the window's tiles from ``first`` up to ``s_local`` (without ``FORCED``, to the
-        last query): the Triton kernel's arithmetic (``key_band``) over the item's ``2 BT`` positions."""
+        """``(n_loc, n_init, steps, first, s_local, n_edge)`` of query tiles ``2 pair`` and the next: with
+        ``FORCED`` the local blocks' tiles from ``s_local`` (``n_loc``), then the initial blocks left of
+        them (``n_init``); then the window's tiles from ``first`` up to ``s_local`` (without ``FORCED``, to
+        the last query), the first ``n_edge`` of them reaching below the last query's band: the Triton
+        kernel's arithmetic (``key_band``) over the item's ``2 BT`` positions."""
         t_lo = q_offset + pair * 2 * BT
         t_hi = gl.minimum(t_lo + 2 * BT, q_offset + T) - 1
         first = gl.maximum(t_lo - W + 1, 0) // BN * BN
@@ -81,7 +82,9 @@ if gluon is not None:
             n_loc = (t_hi - s_local) // BN + 1
             n_init = gl.cdiv(gl.minimum(INIT * BN, s_local), BN)
         n_win = gl.cdiv(s_local - first, BN)
-        return n_loc, n_init, n_loc + n_init + n_win, first, s_local
+        # the window's tiles that start below the last query's band (the rest lie inside every row's)
+        n_edge = gl.minimum(gl.maximum(gl.cdiv(t_hi - W + 1 - first, BN), 0), n_win)
+        return n_loc, n_init, n_loc + n_init + n_win, first, s_local, n_edge
 
     @gluon.jit
     def _key_tile(j, n_loc, n_init, first, s_local, BN: gl.constexpr):
@@ -104,7 +107,7 @@ if gluon is not None:
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
             i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
             i0 = pair * 2 * BT
-            n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            n_loc, n_init, steps, first, s_local, n_edge = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             mbarrier.wait(q_free, it & 1)
             mbarrier.expect(q_ready, 2 * BT * q_desc.block_type.nbytes)
             for p in gl.static_range(2 * BT):
@@ -148,15 +151,17 @@ if gluon is not None:
 
     @gluon.jit
     def _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr,
-                 acc_layout: gl.constexpr):
+                 MASK: gl.constexpr, acc_layout: gl.constexpr):
         """Step ``j``'s online-softmax update (``attn_fwd_step``'s arithmetic) from its raw scores ``s``:
-        ``(p, acc * alpha, m, l)``; the band masks every step but the initial blocks' (before every row)."""
+        ``(p, acc * alpha, m, l)``. ``MASK`` 2: the band masks every step but the initial blocks' (before
+        every row); 1: the band; 0: none (every key of the tile lies in every row's band, or before it)."""
         BN: gl.constexpr = s.shape[1]
-        key = gl.expand_dims(_key_tile(j, n_loc, n_init, first, s_local, BN) + o_n, 0)  # [1, BN]
-        visible = (key <= pos) & (key > pos - W)
-        if FORCED:
-            visible = visible | ((j >= n_loc) & (j < n_loc + n_init))
-        s = gl.where(visible, s, float("-inf"))
+        if MASK > 0:
+            key = gl.expand_dims(_key_tile(j, n_loc, n_init, first, s_local, BN) + o_n, 0)  # [1, BN]
+            visible = (key <= pos) & (key > pos - W)
+            if FORCED and MASK == 2:
+                visible = visible | ((j >= n_loc) & (j < n_loc + n_init))
+            s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, 1) * qk_scale)
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing shifts by 0
         p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
@@ -164,6 +169,24 @@ if gluon is not None:
         l = l * alpha + gl.sum(p, 1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
         return p, acc, m_new, l
+
+    @gluon.jit
+    def _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc, n_init, first, s_local, o_n,
+              pos, W, qk_scale, FORCED: gl.constexpr, MASK: gl.constexpr, STAGES: gl.constexpr,
+              acc_layout: gl.constexpr, a_layout: gl.constexpr):
+        """Ring step ``g + j``: issue the next tile's ``S = Q K^T``, turn this tile's scores ``s`` into
+        its probabilities (:func:`_softmax`, ``MASK``) while that runs, issue ``acc += P V``, wait for
+        both and release the slot. Returns the next tile's scores and the running state."""
+        slot = (g + j) % STAGES
+        nxt = (g + j + 1) % STAGES
+        mbarrier.wait(kv_ready.index(nxt), ((g + j + 1) // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        p, acc, m, l = _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, MASK,
+                                acc_layout)
+        acc = warpgroup_mma(gl.convert_layout(p.to(k_smem.dtype), a_layout), v_smem.index(slot), acc, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))
+        mbarrier.arrive(kv_empty.index(slot))
+        return s, acc, m, l
 
     @gluon.jit
     def _compute_partition(o, lse, o_frc, lse_frc, q_smem, k_smem, v_smem, q_ready, q_free, kv_ready, kv_empty, T,
@@ -188,7 +211,7 @@ if gluon is not None:
         it = 0
         for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
             i_b, i_h, pair = head_item(item, gl.cdiv(T, 2 * BT), H)
-            n_loc, n_init, steps, first, s_local = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
+            n_loc, n_init, steps, first, s_local, n_edge = _steps(pair, T, q_offset, W, BT, BN, INIT, LOCAL, FORCED)
             t_m = pair * 2 * BT + WG * BT + o_m // G
             m_row = t_m < T
             o_row = (i_b.to(gl.int64) * T + t_m) * HQ + i_h * G + o_m % G
@@ -202,25 +225,42 @@ if gluon is not None:
             mbarrier.wait(kv_ready.index(g % STAGES), (g // STAGES) & 1)
             s = warpgroup_mma(q, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s,))
-            for j in range(steps - 1):
-                slot = (g + j) % STAGES
-                nxt = (g + j + 1) % STAGES
-                acc, m, l, acc_a, m_a, l_a = _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
-                                                     n_loc, n_init, FORCED, acc_layout)
-                mbarrier.wait(kv_ready.index(nxt), ((g + j + 1) // STAGES) & 1)
-                s_tok = warpgroup_mma(q, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p, acc, m, l = _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED,
-                                        acc_layout)
-                acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(slot), acc,
-                                    is_async=True)
-                s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))
-                mbarrier.arrive(kv_empty.index(slot))
+            # the steps in phases, each a loop of its own, so that no step tests for the switches or masks
+            # what its phase does not need (the same arithmetic as one loop over generic steps)
+            if FORCED:
+                b1 = gl.minimum(n_loc, steps - 1)
+                b2 = gl.minimum(n_loc + n_init, steps - 1)
+                b3 = gl.minimum(b2 + n_edge, steps - 1)
+                for j in range(0, b1):  # the local blocks: the band
+                    s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
+                                         n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 1, STAGES, acc_layout,
+                                         a_layout)
+                if b1 == n_loc:  # the window's state, kept aside; the selected branch's goes on
+                    acc_a, m_a, l_a = acc, m, l
+                for j in range(b1, b2):  # the initial blocks, before every row
+                    s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
+                                         n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 0, STAGES, acc_layout,
+                                         a_layout)
+                if b2 == n_loc + n_init:  # the selected branch's state is final; the window's back
+                    _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
+                    acc, m, l = acc_a, m_a, l_a
+                for j in range(b2, b3):  # the window's tiles that reach below the last query's band
+                    s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
+                                         n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 1, STAGES, acc_layout,
+                                         a_layout)
+                for j in range(b3, steps - 1):  # inside every row's band, before its own block
+                    s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
+                                         n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 0, STAGES, acc_layout,
+                                         a_layout)
+            else:
+                for j in range(steps - 1):
+                    s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
+                                         n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 1, STAGES, acc_layout,
+                                         a_layout)
             mbarrier.arrive(q_free)  # the item's products that read q are done
             last = (g + steps - 1) % STAGES
-            acc, m, l, acc_a, m_a, l_a = _switch(steps - 1, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
-                                                 n_loc, n_init, FORCED, acc_layout)
             p, acc, m, l = _softmax(s, steps - 1, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale,
-                                    FORCED, acc_layout)
+                                    FORCED, 2, acc_layout)
             acc = warpgroup_mma(gl.convert_layout(p.to(q_smem.dtype), a_layout), v_smem.index(last), acc,
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
