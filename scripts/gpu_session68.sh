@@ -55,6 +55,12 @@
 #
 #   bash scripts/gpu_session68.sh final       # nsa-bench prefill (8k-64k); those GPU tests
 #
+# At 21e269d: prefill 64k 31.60 / 120.6 ms (3.82x) forward, 87.47 / 457.0 (5.22x) forward+backward; 8k
+# 2.110 / 1.783 (0.85x) and 1.22x. The tests: 99 passed, 4 skipped (interpreter sizes). A GPU test of
+# the NSA prefill with windows of 192 and 1000 keys (the edge between masked and unmasked tiles):
+#
+#   bash scripts/gpu_session68.sh windows     # the Gluon window forward's GPU tests
+#
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session68.sh STEP}"
 
@@ -104,6 +110,18 @@ final)
     echo "== prefill table after $(( $(date +%s) - start )) s"
     run_group nsa 240 8 tests/ops/test_nsa_attention_kernel.py tests/ops/test_window_kernel.py tests/ops/test_gluon_window_fwd.py \
         tests/test_varlen.py
+    ;;
+windows)
+    run_group windows 150 4 tests/ops/test_gluon_window_fwd.py
+    # a mutant whose edge tiles go unmasked (no edge tile): the new test must fail on it
+    rm -rf /tmp/mutant && cp -r src /tmp/mutant
+    sed -i 's/        n_edge = gl.minimum(gl.maximum(gl.cdiv(t_hi - W + 1 - first, BN), 0), n_win)/        n_edge = 0 * n_win/' \
+        /tmp/mutant/nsa/ops/window/gluon_fwd.py
+    grep -c "n_edge = 0 \* n_win" /tmp/mutant/nsa/ops/window/gluon_fwd.py
+    PYTHONPATH=/tmp/mutant:$PWD/scripts timeout 120 python -m pytest -q -p no:cacheprovider -n 2 --gpu-profile auto \
+        tests/ops/test_gluon_window_fwd.py -k "other_windows or in_nsa" > "$OUT/windows_mutant.txt" 2>&1
+    echo "== mutant: rc $? after $(( $(date +%s) - start )) s"
+    grep -E "passed|failed" "$OUT/windows_mutant.txt" | tail -3
     ;;
 *)
     echo "unknown step $step"

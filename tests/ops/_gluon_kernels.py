@@ -94,12 +94,14 @@ WINDOW_ALONE = pytest.mark.parametrize(
 
 
 def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launcher: str, B: int, T: int, HQ: int,
-                                 H: int, q_offset: int = 0, window: Optional[int] = None) -> None:
+                                 H: int, q_offset: int = 0, window: Optional[int] = None,
+                                 nsa_window: Optional[int] = None) -> None:
     """The window kernels' GPU comparison: the gradients of the NSA prefill (``window`` None: forced
-    blocks, gates) or of the sliding-window op alone (``window`` given: ``q_offset``, no gates) with
-    ``flag`` off and on, bf16, 128-wide heads, fresh random inputs. Asserts that the Gluon launcher
-    ``module.launcher`` ran once and that the output and every gradient are finite and equal the Triton
-    kernels' within bf16 rounding. Skips where ``device`` is not a Hopper GPU with Gluon."""
+    blocks, gates; its window ``nsa_window``, the default's where None) or of the sliding-window op
+    alone (``window`` given: ``q_offset``, no gates) with ``flag`` off and on, bf16, 128-wide heads,
+    fresh random inputs. Asserts that the Gluon launcher ``module.launcher`` ran once and that the output
+    and every gradient are finite and equal the Triton kernels' within bf16 rounding. Skips where
+    ``device`` is not a Hopper GPU with Gluon."""
     skip_without_hopper(device, module.__name__)
     from nsa import NSAConfig, nsa_attention
     from nsa.ops import sliding_window_attention
@@ -112,7 +114,8 @@ def window_grads_flag_off_and_on(monkeypatch, device, flag: str, module, launche
     do = torch.randn(B, T, HQ, 128, **bf16)
     if window is None:
         inputs = [x.requires_grad_() for x in (q, k, v, torch.rand(B, T, HQ, 3, **bf16))]
-        run = lambda: nsa_attention(*inputs, NSAConfig(), backend="triton")  # noqa: E731
+        config = NSAConfig() if nsa_window is None else NSAConfig(window=nsa_window)
+        run = lambda: nsa_attention(*inputs, config, backend="triton")  # noqa: E731
     else:
         inputs = [x.requires_grad_() for x in (q, k, v)]
         run = lambda: sliding_window_attention(*inputs, NSAConfig(window=window), q_offset=q_offset,  # noqa: E731

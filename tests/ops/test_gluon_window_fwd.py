@@ -51,6 +51,19 @@ def test_gluon_window_fwd_matches_triton_in_nsa(B, T, HQ, H, nsa_device, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.parity
+@pytest.mark.parametrize("window", [192, 1000], ids=["window192", "window1000"])
+def test_gluon_window_fwd_matches_triton_in_nsa_other_windows(window, nsa_device, monkeypatch):
+    """As in the NSA prefill above, with windows that move the edge between the band's masked tiles and
+    those inside every row's band (unmasked): 192 keys (one window tile or none inside every row's band)
+    and 1000 (many inside, the band's edge at every offset within a tile)."""
+    from nsa.ops.window import gluon_fwd
+
+    window_grads_flag_off_and_on(monkeypatch, nsa_device, "NSA_GLUON_WINDOW_FWD", gluon_fwd, "window_fwd_gluon",
+                                 1, 1500, 16, 1, nsa_window=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
 @WINDOW_ALONE
 def test_gluon_window_fwd_matches_triton_alone(B, T, HQ, H, q_offset, window, nsa_device, monkeypatch):
     """The sliding-window op alone (no forced blocks): its output, and the gradients from the lse it
