@@ -876,7 +876,6 @@ def short_apart(T: int, config: NSAConfig) -> None:
     """:data:`SHORT_APART`: the forward and forward+backward (ABBA) and the forward's kernel lists
     (:func:`ab_rounds_and_lists`), after each variant's selections against the default's."""
     from nsa.ops._triton import compressed_fwd as module
-
     from nsa.testing import rel_error
 
     q, k, v, _ = inputs(T, T + 4)

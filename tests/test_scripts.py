@@ -97,6 +97,28 @@ def test_ncu_stalls_adds_launches_and_weighs_their_ratios_by_instructions(tmp_pa
     assert text.index("score_kernel") < text.index("combine_kernel")  # by time
 
 
+def test_ncu_source_stalls_sums_reasons_and_ranks_instructions(tmp_path):
+    """``scripts/ncu_source_stalls.py`` reads Nsight Compute's source page (SASS): each reason's
+    samples summed over the instructions (the "Not Issued" twins left out), and the instructions ranked
+    by their samples, with their executions and commonest reasons."""
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+            "stall_wait", "stall_barrier (Not Issued)"]
+    rows = [["Kernel Name", "window_fwd_gluon_kernel"], head,
+            ["0x0", "  HGMMA.64x64x16.F32.BF16 R88, gdesc[UR48], RZ", "5", "1,584", "1", "4", "9"],
+            ["0x10", "  MUFU.EX2 R1, R1", "12", "142592", "10", "2", "9"],
+            ["0x20", "  NOP", "0", "-", "0", "0", "0"]]
+    path = tmp_path / "source.csv"
+    path.write_text("==PROF== Disconnected\n" + "\n".join(",".join(f'"{c}"' for c in row) for row in rows) + "\n")
+    probe = _script("ncu_source_stalls")
+    listing = probe.instructions(str(path))
+    assert [i.samples for i in listing] == [5, 12, 0] and listing[0].executed == 1584
+    assert listing[1].reasons == {"barrier": 10, "wait": 2}
+    text = probe.report(str(path), top=2)
+    assert "| barrier | 11 | 64.7 % |" in text and "| wait | 6 | 35.3 % |" in text, text
+    assert text.index("MUFU.EX2") < text.index("HGMMA") and "NOP" not in text
+    assert "| 1 | 12 | 70.6 % | 142592 | `MUFU.EX2 R1, R1` | barrier 10, wait 2 |" in text, text
+
+
 def test_prefill_timeline_splits_calls_at_the_flushes_and_counts_idle_time():
     """``scripts/gpu_prefill_timeline.py`` cuts the profiled trace into calls at the runner's L2
     flushes: the fill that opens the trace and those like it. A call's own fill, longer and once a
