@@ -61,6 +61,16 @@
 #
 #   bash scripts/gpu_session68.sh windows     # the Gluon window forward's GPU tests
 #
+# 11 passed; a mutant with no edge tiles failed the new test and the four NSA cases (6 failed). The
+# window dQ with its inner band tiles unmasked, each kind of step a branch of its own (branch
+# next/window-dq-unmasked, in src/ for the call), against main's (.variants68/main_dq.py):
+#
+#   bash scripts/gpu_session68.sh dq          # the window dQ's GPU tests; main's kernel against it at 64k
+#
+# The 9 tests passed; gradients bitwise main's. Both sides printed as "main" (the variant's label
+# repeated the section's own): in the ABBA order the branch's rows are the 1st, 4th, 5th and 8th
+# (forward+backward 85.95-87.05 ms against 86.81-87.30) and its kernel lists the 1st and 3rd (the dQ
+# 4.37-4.52 ms against 4.44-4.50): within noise, left on its branch.
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session68.sh STEP}"
 
@@ -122,6 +132,11 @@ windows)
         tests/ops/test_gluon_window_fwd.py -k "other_windows or in_nsa" > "$OUT/windows_mutant.txt" 2>&1
     echo "== mutant: rc $? after $(( $(date +%s) - start )) s"
     grep -E "passed|failed" "$OUT/windows_mutant.txt" | tail -3
+    ;;
+dq)
+    run_group window_dq 110 4 tests/ops/test_gluon_window_dq.py
+    probe_run 150 window_dq_unmasked --lengths 65536 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_dq --dkdv-variant main=.variants68/main_dq.py
     ;;
 *)
     echo "unknown step $step"
