@@ -74,19 +74,25 @@
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session68.sh STEP}"
 
+# The Gluon window forward's GPU tests, then the probe's comparison of gluon_fwd.py files against this
+# tree's at 64k and 8k: window_fwd_variants NAME LIMIT LABEL=FILE...
+window_fwd_variants() {
+    local name="$1" limit="$2" variant args=()
+    shift 2
+    for variant in "$@"; do args+=(--dkdv-variant "$variant"); done
+    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
+    probe_run "$limit" "$name" --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd "${args[@]}"
+}
+
 device_line
 case "$step" in
 probe)
-    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
-    probe_run 240 window_fwd_keys --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
-        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py
+    window_fwd_variants window_fwd_keys 240 keys64=.variants68/keys64_fwd.py
     probe_run 150 short_apart --lengths 8192 16384 --only short_apart
     ;;
 split)
-    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
-    probe_run 300 window_fwd_split --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
-        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py \
-        --dkdv-variant split64=.variants68/split64_fwd.py
+    window_fwd_variants window_fwd_split 300 keys64=.variants68/keys64_fwd.py split64=.variants68/split64_fwd.py
     ;;
 ncu)
     timeout 200 ncu --profile-from-start off --clock-control none -k regex:window_fwd_gluon_kernel --set full --import-source no \
@@ -97,18 +103,13 @@ ncu)
     echo "== ncu pages after $(( $(date +%s) - start )) s"
     probe_run 300 window_fwd_variants --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
         --variant-module gluon_fwd --dkdv-variant stash=.variants68/stash_fwd.py \
-        --dkdv-variant stages6=.variants68/stages6_fwd.py
+        --dkdv-variant stages6=.variants68/stages6_fwd.py  # no tests: main's kernel, variants unmerged
     ;;
 qbuf)
-    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
-    probe_run 300 window_fwd_qbuf --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
-        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py \
-        --dkdv-variant stages5=.variants68/qbuf2_stages5_fwd.py
+    window_fwd_variants window_fwd_qbuf 300 keys64=.variants68/keys64_fwd.py stages5=.variants68/qbuf2_stages5_fwd.py
     ;;
 phases)
-    run_group window_fwd 150 2 tests/ops/test_gluon_window_fwd.py
-    probe_run 240 window_fwd_phases --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
-        --variant-module gluon_fwd --dkdv-variant keys64=.variants68/keys64_fwd.py
+    window_fwd_variants window_fwd_phases 240 keys64=.variants68/keys64_fwd.py
     ;;
 tables)
     h200_prefill
