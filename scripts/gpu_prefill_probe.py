@@ -80,7 +80,8 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     the selected branch's module with ``--dkdv-branch selected``.
 36. **The window dK/dV in Gluon** (``gluon_window_dkdv``): ``NSA_GLUON_WINDOW_DKDV`` off and on, as
     ``gluon_dkdv``. ``gluon_dkdv_variants`` takes the window's modules with ``--dkdv-branch window``,
-    its dQ's and forward's with ``--variant-module gluon_dq`` or ``gluon_fwd`` too.
+    its dQ's and forward's with ``--variant-module gluon_dq`` or ``gluon_fwd`` too, and the compressed
+    forward's pass 1 with ``--variant-module gluon_pass1``.
 37. **The compressed forward's pass 1 in Gluon** (``gluon_pass1``): ``NSA_GLUON_COMPRESSED_PASS1`` off
     and on, the forward and the forward+backward (ABBA) and the forward's kernel lists.
 38. **The window dQ in Gluon** (``gluon_window_dq``): ``NSA_GLUON_WINDOW_DQ`` off and on, as
@@ -1091,6 +1092,10 @@ def gluon_selected_dkdv(T: int, config: NSAConfig) -> None:
 DKDV_VARIANTS: List[Tuple[str, str]] = []
 DKDV_BRANCH = "compressed"
 VARIANT_MODULE = "gluon_dkdv"
+#: The module whose globals name a variant module where that is not its branch's ``kernel`` (the
+#: compressed forward's launcher calls pass 1's kernel), and the modules of forward kernels.
+VARIANT_TABLES = {"gluon_pass1": "nsa.ops._triton.compressed_fwd"}
+FORWARD_MODULES = ("gluon_fwd", "gluon_pass1")
 
 
 def _module_from_file(name: str, path: str):
@@ -1113,7 +1118,7 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
 
     from nsa.testing import rel_error
 
-    kernel = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.kernel")
+    kernel = importlib.import_module(VARIANT_TABLES.get(VARIANT_MODULE, f"nsa.ops.{DKDV_BRANCH}.kernel"))
     main = importlib.import_module(f"nsa.ops.{DKDV_BRANCH}.{VARIANT_MODULE}")
 
     variants = (("main", {VARIANT_MODULE: main}),) + tuple(
@@ -1129,7 +1134,7 @@ def gluon_dkdv_variants(T: int, config: NSAConfig) -> None:
                                                                                grads["main"], grads[label]))
         print(f"T={T} {DKDV_BRANCH} {VARIANT_MODULE} {label} against main: {errs}", flush=True)
     del grads
-    if VARIANT_MODULE == "gluon_fwd":  # a forward kernel: the forward alone in ABBA rounds too
+    if VARIANT_MODULE in FORWARD_MODULES:  # a forward kernel: the forward alone in ABBA rounds too
         step_abba(T, config, vars(kernel), variants, f"{DKDV_BRANCH} {VARIANT_MODULE}", forward=True)
     step_ab_and_lists(T, config, vars(kernel), variants, f"{DKDV_BRANCH} {VARIANT_MODULE}")
 
@@ -1927,8 +1932,9 @@ def main() -> None:
                         help="a gluon_dkdv.py for the section 'gluon_dkdv_variants' (repeat for more)")
     parser.add_argument("--dkdv-branch", choices=("compressed", "selected", "window"), default="compressed",
                         help="the branch whose Gluon module the variants replace")
-    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq", "gluon_fwd"), default="gluon_dkdv",
-                        help="the module the variants replace (gluon_dq, gluon_fwd: the window's dQ, forward)")
+    parser.add_argument("--variant-module", choices=("gluon_dkdv", "gluon_dq", "gluon_fwd", "gluon_pass1"),
+                        default="gluon_dkdv", help="the module the variants replace (gluon_dq, gluon_fwd: the "
+                        "window's dQ, forward; gluon_pass1: the compressed forward's pass 1)")
     args = parser.parse_args()
     for spec in args.dkdv_variant:
         label, sep, path = spec.partition("=")
@@ -1938,6 +1944,8 @@ def main() -> None:
     global KERNELS_LISTED, DKDV_BRANCH, VARIANT_MODULE
     if args.variant_module in ("gluon_dq", "gluon_fwd") and args.dkdv_branch != "window":
         parser.error(f"--variant-module {args.variant_module} is the window's: add --dkdv-branch window")
+    if args.variant_module == "gluon_pass1" and args.dkdv_branch != "compressed":
+        parser.error("--variant-module gluon_pass1 is the compressed branch's: leave --dkdv-branch compressed")
     DKDV_BRANCH, VARIANT_MODULE = args.dkdv_branch, args.variant_module
     KERNELS_LISTED = args.kernels
     config = NSAConfig()

@@ -40,6 +40,37 @@ def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+#: The same compile, its cubin disassembled by the ``cuobjdump`` that ships with Triton's NVIDIA
+#: backend (an empty string where it does not).
+_SASS = """
+import importlib, os, subprocess, sys, tempfile, triton
+compiled = importlib.import_module({module!r}).compile_for_hopper(**{kwargs!r})
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+if not os.path.exists(tool):
+    sys.exit(0)
+with tempfile.TemporaryDirectory() as tmp:
+    cubin = os.path.join(tmp, "kernel.cubin")
+    with open(cubin, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    sys.stdout.write(subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout)
+"""
+
+
+def hopper_sass(module: str, cache: pathlib.Path, **kwargs) -> str:
+    """The SASS of ``module.compile_for_hopper(**kwargs)`` (as :func:`compile_for_hopper` builds it),
+    one instruction a line; skips the calling test where Triton has no Gluon or no ``cuobjdump``."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
+        p for p in (str(pathlib.Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")) if p))
+    run = subprocess.run([sys.executable, "-c", _SASS.format(module=module, kwargs=kwargs)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    if not run.stdout.strip():
+        pytest.skip("Triton's NVIDIA backend ships no cuobjdump here")
+    return run.stdout
+
+
 def assert_compiles_for_hopper(module: str, cache: pathlib.Path, computing: int = 240, copying: int = 24,
                                **kwargs) -> None:
     """The Gluon kernels' CPU test (skipped where Triton has no Gluon): :func:`compile_for_hopper`

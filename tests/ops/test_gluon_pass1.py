@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gluon_kernels import assert_compiles_for_hopper, record_launches, skip_without_hopper
+from _gluon_kernels import assert_compiles_for_hopper, hopper_sass, record_launches, skip_without_hopper
 
 from nsa import NSAConfig
 from nsa.testing import assert_close
@@ -21,6 +21,21 @@ def test_gluon_pass1_compiles_for_hopper(tmp_path):
     between releases). It fits Hopper's 227 KiB of shared memory a block, and its partitions take the
     registers its launch gives them (computing warpgroups 240, the copy warp 24)."""
     assert_compiles_for_hopper("nsa.ops.compressed.gluon_pass1", tmp_path, G=16)
+
+
+def test_gluon_pass1_softmax_runs_beside_p_v(tmp_path):
+    """In each computing warpgroup's steps, the softmax's exponentials lie between the wait for the
+    scores (``P V`` left in flight: ``DEPBAR.LE gsb0, 0x1``) and the wait for ``P V`` (``0x0``), as
+    compiled for sm_90: ptxas hoists a wgmma wait to the top of its block unless a shared-memory store
+    stands before it, which would put the wait before the exponentials and leave no product beside them."""
+    lines = [line.split("*/", 1)[1].strip() for line in hopper_sass("nsa.ops.compressed.gluon_pass1", tmp_path, G=16)
+             .splitlines() if line.strip().startswith("/*") and "*/" in line]
+    steps = [i for i, line in enumerate(lines) if line.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1")]
+    assert len(steps) == 2  # one steps' loop a computing warpgroup
+    for i in steps:
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+        exps = sum(line.startswith("MUFU.EX2") for line in lines[i:end])
+        assert exps >= 64, f"{exps} exponentials between the waits (a 64 x 128 tile needs 64 a thread)"
 
 
 def test_gluon_pass1_takes_what_its_copies_allow():

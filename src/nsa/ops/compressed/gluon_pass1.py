@@ -9,10 +9,17 @@ A program is the Triton launch's: 128 rows (``128 // G`` query positions of one 
 the query tiles that see the most compressed tokens first. One warp copies: each warpgroup's 64 query
 rows (one copy a position: a position's heads are contiguous), then every key and value tile of
 ``BN`` tokens the program's last query sees, into a ring of slots. Two warpgroups compute, 64 rows
-each: a step issues this tile's scores and the previous tile's ``P V``, waits for both, releases the
-previous tile's slot, and runs this tile's online softmax. Tiles past the tokens the program's first
-query sees are masked by each row's visible count (spec ``Nc(t)``). The outputs are the Triton
+each, in FlashAttention-3's order: a step issues this tile's scores, rescales the accumulator while
+they run, issues the previous tile's ``P V``, waits for the scores alone and runs their online softmax
+while ``P V`` runs, then waits for ``P V`` and releases its slot. Tiles past the tokens the program's
+first query sees are masked by each row's visible count (spec ``Nc(t)``). The outputs are the Triton
 launch's: ``o``, the natural-log ``lse`` and the log2-domain ``lse2`` that pass 2 reads.
+
+ptxas hoists a wgmma wait to the top of its block, so the wait for ``P V`` would land before the
+exponentials and nothing would run beside them; it keeps the wait after a shared-memory store, so a
+step stores its row sums (``sink``, never read) before that wait. Until session 69 a step waited for
+both products before its softmax: the arithmetic is the same, bit for bit, and the kernel takes
+8.27-8.41 ms at 64k against 8.58-8.61 (H200; ``docs/perf/prefill.md``).
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
 the Triton launch (``tests/ops/test_gluon_pass1.py``); the CPU tests compile it for sm_90 with the
@@ -86,6 +93,11 @@ if gluon is not None:
             tma_load(v_desc, [key0 + j * BN, i_h * DH], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
+    def _pinned(x):
+        """``x`` through an opaque copy that keeps its place among the wgmma issues."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=1)
+
+    @gluon.jit
     def _softmax(s, m_i, l_i, n0, o_n, nv, n_full, qk_scale):
         """One tile's online softmax on raw scores ``s`` (tokens ``n0 + o_n``; past ``n_full`` masked
         by each row's visible count ``nv``): ``(p, alpha, m, l)``. A row that has seen nothing shifts by
@@ -99,8 +111,8 @@ if gluon is not None:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
-    def _compute_partition(o, lse, lse2, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC, q_offset,
-                           qk_scale, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
+    def _compute_partition(o, lse, lse2, sink, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC,
+                           q_offset, qk_scale, H: gl.constexpr, G: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
                            WG: gl.constexpr, STAGES: gl.constexpr):
         """Warpgroup ``WG``'s 64 rows over the program's tiles (the module's docstring gives a step's
         order); then its rows of ``o``, ``lse`` (natural log) and ``lse2`` (log2), as
@@ -140,14 +152,20 @@ if gluon is not None:
                 slot = j % STAGES
                 prev = (j - 1) % STAGES
                 mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
                 s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                # the previous softmax's rescale while the scores run (alpha through an opaque copy: LLVM
+                # would hoist the product into the previous step, before the wait for that step's P V)
+                acc = acc * gl.expand_dims(gl.convert_layout(_pinned(alpha), row_o), 1)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                s, acc = warpgroup_mma_wait(0, deps=(s_tok, acc))
-                mbarrier.arrive(kv_empty.index(prev))
+                s = warpgroup_mma_wait(1, deps=(s_tok,))  # the scores; P V runs on beside their softmax
                 p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BN, o_n, nv, n_full, qk_scale)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                # a store ptxas keeps before the wait below, which so stays after the exponentials
+                sink.index(WG).store(l_i)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(kv_empty.index(prev))
                 p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -179,6 +197,7 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, M, DH], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, DH], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DH], v_desc.layout)
+        sink = gl.allocate_shared_memory(gl.float32, [2, M], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # never read
         q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -195,9 +214,9 @@ if gluon is not None:
         WG0: gl.constexpr = 0
         WG1: gl.constexpr = 1
         gl.warp_specialize([
-            (_compute_partition, (o, lse, lse2, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC,
+            (_compute_partition, (o, lse, lse2, sink, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC,
                                   q_offset, qk_scale, H, G, L, S, WG0, STAGES)),
-            (_compute_partition, (o, lse, lse2, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC,
+            (_compute_partition, (o, lse, lse2, sink, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, TQ, NC,
                                   q_offset, qk_scale, H, G, L, S, WG1, STAGES)),
             (_copy_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
                                TQ, NC, q_offset, H, G, L, S, STAGES)),
