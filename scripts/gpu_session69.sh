@@ -18,6 +18,41 @@
 # serialisation check:
 #
 #   bash scripts/gpu_session69.sh final       # nsa-bench prefill (8k-64k); those GPU tests
+#
+# At 61e9878: prefill 64k 30.13 / 115.9 ms (3.85x) forward, 84.66 / 440.9 (5.21x) forward+backward; 8k
+# 2.105 / 1.833 (0.87x) and 6.082 / 7.411 (1.22x). The tests: 69 passed, 4 skipped (interpreter sizes);
+# no kernel's wgmma serialised. The decode table (no decode kernel changed):
+#
+#   bash scripts/gpu_session69.sh decode      # nsa-bench decode (batch 1-64)
+#
+# At 61e9878: batch 1 at 64k 18.96 / 49.82 us (2.63x), batch 16 71.04 / 493.6 (6.95x). The window
+# forward in Gluon (nsa/ops/window/gluon_fwd.py) issues a step's P V after its softmax and waits for it
+# at once: no product of a warpgroup runs beside the next softmax. In src/ for the call: the window's
+# steps (after the forced blocks') issue the previous tile's P V and the next tile's scores, then run
+# this tile's softmax beside both (a shared-memory store keeping ptxas's wait for P V after it). Main's
+# kernel exported to .variants69/before_fwd.py:
+#
+#   bash scripts/gpu_session69.sh window      # the window forward's GPU tests; main's kernel (before)
+#                                             # against this one at 64k and 8k
+#
+# The 11 tests passed; bitwise main's results. The kernel 4.07-4.09 ms at 64k against main's 4.07-4.13,
+# 0.479-0.481 against 0.464-0.468 at 8k: no faster. Dropped (docs/perf/attempts/
+# prefill_window_fwd_overlapped.patch); main's kernel restored.
+#
+# The two computing warpgroups of these kernels read one ring of key tiles, each slot released by both,
+# so they run in step: their softmaxes fall together, as do their products. FlashAttention-3 makes them
+# take turns (ping-pong): a warpgroup issues a step's products only after the other has issued its own,
+# so that one's softmax runs beside the other's products. Two mbarriers in shared memory pass the turn.
+# Variants (.variants69/): pass 1 taking turns (pingpong_pass1.py, this tree's pass 1 otherwise), the
+# overlapped window forward above (overlapped_fwd.py) and the same taking turns (pingpong_fwd.py):
+#
+#   bash scripts/gpu_session69.sh turns       # each against this tree's kernel: pass 1 at 64k, the
+#                                             # window forward at 64k and 8k
+#
+# All bitwise this tree's results, none faster. Pass 1 taking turns 8.08-8.13 ms against 7.90-7.91 (this
+# machine). The window forward taking turns 4.26-4.30 ms at 64k against 4.00-4.07 (overlapped 4.07-4.09),
+# 0.493-0.496 at 8k against 0.466-0.467 (overlapped 0.472-0.474). Dropped (docs/perf/attempts/
+# prefill_pass1_turns.patch, prefill_window_fwd_turns.patch).
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session69.sh STEP}"
 
@@ -34,6 +69,21 @@ final)
     run_group nsa 200 8 tests/ops/test_gluon_pass1.py tests/ops/test_nsa_attention_kernel.py \
         tests/ops/test_compressed_kernel.py
     run_group wgmma 150 1 tests/ops/test_wgmma_serialisation.py
+    ;;
+decode)
+    decode_table h200
+    ;;
+window)
+    run_group window_fwd 150 4 tests/ops/test_gluon_window_fwd.py
+    probe_run 300 window_fwd_variants --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant before=.variants69/before_fwd.py
+    ;;
+turns)
+    probe_run 150 pass1_turns --lengths 65536 --only gluon_dkdv_variants --variant-module gluon_pass1 \
+        --dkdv-variant pingpong=.variants69/pingpong_pass1.py
+    probe_run 330 window_fwd_turns --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant overlapped=.variants69/overlapped_fwd.py \
+        --dkdv-variant pingpong=.variants69/pingpong_fwd.py
     ;;
 *)
     echo "unknown step $step"
