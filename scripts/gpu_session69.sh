@@ -53,6 +53,21 @@
 # machine). The window forward taking turns 4.26-4.30 ms at 64k against 4.00-4.07 (overlapped 4.07-4.09),
 # 0.493-0.496 at 8k against 0.466-0.467 (overlapped 0.472-0.474). Dropped (docs/perf/attempts/
 # prefill_pass1_turns.patch, prefill_window_fwd_turns.patch).
+#
+# Pass 1 launched a program a query tile (32768 at 64k, one at a time an SM): each one's copies of its
+# query rows and first key tiles start only when it does. In src/ for the call: pass 1 persistent, as the
+# window forward is (a program an SM walks the query tiles, the key ring runs on from one to the next, a
+# warpgroup's next query rows load once it has issued its last scores). This tree's kernel exported to
+# .variants69/programs_pass1.py:
+#
+#   bash scripts/gpu_session69.sh persistent  # pass 1's GPU tests; the program-a-tile kernel (programs)
+#                                             # against this one at 64k and 32k
+#
+# The 7 tests passed; bitwise the same. Pass 1 persistent 7.46-7.47 ms at 64k against 8.15-8.30 (1.10x),
+# 2.04-2.10 at 32k against 2.31-2.34; the forward 29.94-30.41 ms against 30.60-30.74 at 64k, 11.67-11.80
+# against 11.94-11.99 at 32k. Kept. The prefill table with it and the GPU tests again:
+#
+#   bash scripts/gpu_session69.sh final       # as above
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session69.sh STEP}"
 
@@ -84,6 +99,11 @@ turns)
     probe_run 330 window_fwd_turns --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
         --variant-module gluon_fwd --dkdv-variant overlapped=.variants69/overlapped_fwd.py \
         --dkdv-variant pingpong=.variants69/pingpong_fwd.py
+    ;;
+persistent)
+    run_group pass1 150 4 tests/ops/test_gluon_pass1.py
+    probe_run 300 pass1_persistent --lengths 65536 32768 --only gluon_dkdv_variants --variant-module gluon_pass1 \
+        --dkdv-variant programs=.variants69/programs_pass1.py
     ;;
 *)
     echo "unknown step $step"
