@@ -126,9 +126,12 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     lse; here in query tiles of 16 rows, 4 positions, ``PASS2_APART["pass1"]``), then each query chunk's
     pass 2 in a launch of its own with its own tiles (8 blocks a step and query tiles of 8
     positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the blocks equal the fused
-    launch's bitwise (padding head rows, B > 1, a query offset, four chunks; queries that choose 2
-    of up to 10 free blocks), and the blocks are the reference's. A caller's tiles keep pass 2
-    fused."""
+    launch's bitwise on a GPU (padding head rows, B > 1, a query offset, four chunks; queries that
+    choose 2 of up to 10 free blocks), and the blocks are the reference's. A caller's tiles keep pass
+    2 fused. Under the interpreter a product is numpy's matmul, whose summation order may follow its
+    operands' shapes (on an AMD EPYC, session 69: 2 of 19200 ``o`` elements one float16 step apart,
+    ``lse`` one float32 step), so there ``o`` and ``lse`` agree within rounding and the blocks
+    exactly."""
     from nsa.ops._triton import compressed_fwd as module
 
     monkeypatch.setattr(module, "SHORT_TOKENS", 0)
@@ -155,7 +158,10 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
         apart = run()
     assert launches_of(launches) == [(True, False, 32, 4)] + [(False, True, 8, 8)] * 4
     for name, a, b in zip(("o", "lse", "block_idx"), fused, apart):
-        assert torch.equal(a, b), name
+        if name == "block_idx" or nsa_device.type == "cuda":
+            assert torch.equal(a, b), name
+        else:
+            assert_close(f"{name}, pass 2 apart against fused", b, a, 1e-4)
     ref = select_blocks(q.double(), k.double(), config, q_offset=q_offset, backend="reference")
     assert_valid_selection(apart[2], ref, block_scores(q, k, config, q_offset=q_offset), config, q_offset=q_offset)
     with every_launch(execute=False) as launches:
