@@ -68,6 +68,21 @@
 # against 11.94-11.99 at 32k. Kept. The prefill table with it and the GPU tests again:
 #
 #   bash scripts/gpu_session69.sh final       # as above
+#
+# At b823b18: prefill 64k 30.16 / 117.4 ms (3.89x) forward, 85.63 / 449.0 (5.24x) forward+backward; 8k
+# 2.122 / 1.932 (0.91x) and 6.203 / 7.554 (1.22x). The tests: 69 passed, 4 skipped; no wgmma serialised.
+# Where no query sees more than 1024 compressed tokens (16k and shorter) the compressed forward runs as
+# one fused Triton launch; session 68 found its passes apart (both Gluon kernels) slower at 8k and the
+# same at 16k. Pass 1 is now faster, so again:
+#
+#   bash scripts/gpu_session69.sh short       # the probe's short_apart at 8k and 16k
+#
+# 8k: apart still slower (pass 1 0.231-0.233 ms and the scoring pass 0.127 against the fused launch's
+# 0.337-0.341; the forward 2.179-2.213 against 2.138-2.194). 16k: apart now faster (0.625 + 0.387
+# against 1.120-1.184; the forward 4.984-5.042 against 5.065-5.143, forward+backward 14.21-14.38
+# against 14.15-14.47); selections equal but for 0.002-0.003 % of (query, head) rows (near-ties). Not
+# changed this session: SHORT_TOKENS also picks the Triton launch's short tiles where the Gluon kernels
+# do not run (other GPUs), and the device time was spent.
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session69.sh STEP}"
 
@@ -104,6 +119,9 @@ persistent)
     run_group pass1 150 4 tests/ops/test_gluon_pass1.py
     probe_run 300 pass1_persistent --lengths 65536 32768 --only gluon_dkdv_variants --variant-module gluon_pass1 \
         --dkdv-variant programs=.variants69/programs_pass1.py
+    ;;
+short)
+    probe_run 200 short_apart --lengths 8192 16384 --only short_apart
     ;;
 *)
     echo "unknown step $step"
