@@ -26,18 +26,24 @@ print(json.dumps(dict(shared=compiled.metadata.shared, setmaxnreg=setmaxnreg)))
 """
 
 
-def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
-    """``module.compile_for_hopper(**kwargs)`` in a fresh process with the Triton cache ``cache`` (so
-    that a cached build cannot stand in for the compile): its shared memory in bytes (``shared``) and
-    its partitions' register moves (``setmaxnreg``: e.g. ``"inc 240"``). Fails with the compiler's
-    error."""
+def _in_fresh_process(code: str, cache: pathlib.Path) -> str:
+    """``code`` run by a fresh Python with the Triton cache ``cache`` (so that a cached build cannot
+    stand in for the compile), the library's ``src`` first on its path and no interpreter; its
+    standard output. Fails with the last of its standard error where it fails."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
         p for p in (str(pathlib.Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")) if p))
-    code = _COMPILE.format(module=module, kwargs=kwargs)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run.stdout
+
+
+def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
+    """``module.compile_for_hopper(**kwargs)`` in a fresh process (:func:`_in_fresh_process`): its
+    shared memory in bytes (``shared``) and its partitions' register moves (``setmaxnreg``: e.g.
+    ``"inc 240"``). Fails with the compiler's error."""
+    out = _in_fresh_process(_COMPILE.format(module=module, kwargs=kwargs), cache)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 #: The same compile, its cubin disassembled by the ``cuobjdump`` that ships with Triton's NVIDIA
@@ -60,15 +66,10 @@ def hopper_sass(module: str, cache: pathlib.Path, **kwargs) -> str:
     """The SASS of ``module.compile_for_hopper(**kwargs)`` (as :func:`compile_for_hopper` builds it),
     one instruction a line; skips the calling test where Triton has no Gluon or no ``cuobjdump``."""
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
-        p for p in (str(pathlib.Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")) if p))
-    run = subprocess.run([sys.executable, "-c", _SASS.format(module=module, kwargs=kwargs)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    if not run.stdout.strip():
+    sass = _in_fresh_process(_SASS.format(module=module, kwargs=kwargs), cache)
+    if not sass.strip():
         pytest.skip("Triton's NVIDIA backend ships no cuobjdump here")
-    return run.stdout
+    return sass
 
 
 def assert_compiles_for_hopper(module: str, cache: pathlib.Path, computing: int = 240, copying: int = 24,
