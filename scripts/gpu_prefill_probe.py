@@ -868,9 +868,10 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
 
 
 #: The compressed forward's short walks (queries that see at most ``SHORT_TOKENS`` compressed tokens:
-#: 16k and shorter) in the fused launch's short tiles, the default, or in the long walks' passes apart
-#: (the Gluon pass 1 and scoring pass on Hopper).
-SHORT_APART = (("short walks fused", {"SHORT_TOKENS": 1024}), ("short walks apart", {"SHORT_TOKENS": 0}))
+#: 16k and shorter; on Hopper ``GLUON_SHORT_TOKENS``) all in the fused launch's short tiles, or all in
+#: the long walks' passes apart (the Gluon pass 1 and scoring pass on Hopper).
+SHORT_APART = (("short walks fused", {"SHORT_TOKENS": 1024, "GLUON_SHORT_TOKENS": 1024}),
+               ("short walks apart", {"SHORT_TOKENS": 0, "GLUON_SHORT_TOKENS": 0}))
 
 
 def short_apart(T: int, config: NSAConfig) -> None:

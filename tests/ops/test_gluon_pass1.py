@@ -95,3 +95,55 @@ def test_gluon_pass1_matches_triton(B, T, HQ, H, q_offset, nsa_device, monkeypat
     assert_close("lse, Gluon pass 1 against Triton's", lse[seen], lse_want[seen], 2e-3)
     agree = (idx == idx_want).float().mean().item()
     assert agree > 0.999, f"the selections agree on {agree:.4%} of their entries"
+
+
+def test_short_walk_tokens_follow_the_gluon_passes(monkeypatch):
+    """Where pass 1 and the scoring pass would both run as Gluon kernels the fused launch of short
+    walks takes only queries that see at most ``GLUON_SHORT_TOKENS`` compressed tokens, elsewhere
+    ``SHORT_TOKENS`` (the Triton launches' own tiles); never the Gluon limit on CPU tensors."""
+    from nsa.ops._triton import compressed_fwd as module
+    from nsa.ops.compressed import gluon_pass1, gluon_scores
+
+    assert module.GLUON_SHORT_TOKENS < module.SHORT_TOKENS
+    q = torch.randn(1, 64, 16, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 3, 1, 128, dtype=torch.bfloat16)
+    config = NSAConfig()
+    assert module.short_walk_tokens(q, k, k, config) == module.SHORT_TOKENS
+    for first, second in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(gluon_pass1, "fits", lambda *args, fit=first: fit)
+        monkeypatch.setattr(gluon_scores, "fits", lambda *args, fit=second: fit)
+        want = module.GLUON_SHORT_TOKENS if first and second else module.SHORT_TOKENS
+        assert module.short_walk_tokens(q, k, k, config) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parity
+@pytest.mark.parametrize("T, gluon", [(7999, False), (9000, True), (12000, True), (16384, True)],
+                         ids=["T7999-fused", "T9000", "T12000", "T16384"])
+def test_gluon_passes_take_the_longer_short_walks(T, gluon, nsa_device, monkeypatch):
+    """On Hopper the compressed forward runs its passes apart as Gluon kernels from
+    ``GLUON_SHORT_TOKENS`` compressed tokens on (9k-16k tokens here), where the Triton launches keep
+    the fused launch up to ``SHORT_TOKENS``: its ``o``, ``lse`` and selection equal the fused launch's
+    (within bf16 rounding; near-ties aside); below the limit (8k) the fused launch runs either way."""
+    skip_without_hopper(nsa_device, "the Gluon passes")
+    from nsa.ops._triton.compressed_fwd import compressed_fwd
+    from nsa.ops.compressed import gluon_pass1
+
+    calls = record_launches(monkeypatch, gluon_pass1, "compressed_pass1_gluon")
+    config = NSAConfig()
+    nc = config.num_cmp(T)
+    q = torch.randn(1, T, 64, 128, device=nsa_device, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, nc, 4, 128, device=nsa_device, dtype=torch.bfloat16) for _ in range(2))
+    scale = config.softmax_scale(128)
+    out = {}
+    for flag in ("0", "1"):  # pass 1 in Triton: both passes' limit is SHORT_TOKENS, the launch fused
+        monkeypatch.setenv("NSA_GLUON_COMPRESSED_PASS1", flag)
+        out[flag] = compressed_fwd(q, k, v, config, scale, 0, select=True)
+    assert len(calls) == int(gluon)
+    (o, lse, idx), (o_want, lse_want, idx_want) = out["1"], out["0"]
+    assert_close("o, the passes apart against the fused launch", o, o_want, 2e-3)
+    seen = torch.isfinite(lse_want)
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert_close("lse, the passes apart against the fused launch", lse[seen], lse_want[seen], 2e-3)
+    agree = (idx == idx_want).float().mean().item()
+    assert agree > 0.999, f"the selections agree on {agree:.4%} of their entries"

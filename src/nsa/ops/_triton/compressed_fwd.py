@@ -72,6 +72,19 @@ SCORE_BUFFER_BYTES = 256 * 1024 * 1024
 #: 4.868 against 4.878 and 64k 19.14 against 18.34-18.36.
 SHORT_TILES = dict(block_n=32, blocks_per_step=16, num_stages=2, maxnreg=128)
 SHORT_TOKENS = 1024
+#: Where both passes apart run as Gluon kernels (Hopper: :mod:`nsa.ops.compressed.gluon_pass1`,
+#: :mod:`nsa.ops.compressed.gluon_scores`), the short walks' fused launch takes only queries that see
+#: at most this many compressed tokens. H200, session 69, the forward with the passes apart against the
+#: fused launch: 16k (1023 tokens) 4.98-5.04 ms against 5.07-5.14, 8k (511) 2.18-2.21 against 2.14-2.19.
+GLUON_SHORT_TOKENS = 512
+
+
+def short_walk_tokens(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig) -> int:
+    """The most compressed tokens a query of a call may see for the call to take the short walks' fused
+    launch: :data:`GLUON_SHORT_TOKENS` where pass 1 and the scoring pass would both run as Gluon kernels,
+    :data:`SHORT_TOKENS` elsewhere (the Triton launches' own tiles)."""
+    gluon = gluon_pass1.fits(q, k_cmp, v_cmp) and gluon_scores.fits(q, k_cmp, config.sel_block // config.cmp_stride)
+    return GLUON_SHORT_TOKENS if gluon else SHORT_TOKENS
 
 #: Pass 2 as a launch of its own (``enabled``) where the launch selects, stores ``o`` and takes the
 #: long walks' default tiles (not :data:`SHORT_TILES`, nor a caller's) on a GPU where the tiles
@@ -415,7 +428,7 @@ def compressed_fwd(
             num_warps/num_stages: launch options (defaults from the shapes); maxnreg: a cap
             on registers a thread (Triton's launch option; none by default). Where none of
             block_n, blocks_per_step, num_stages and maxnreg is given and no query sees more
-            than :data:`SHORT_TOKENS` compressed tokens, the launch takes :data:`SHORT_TILES`
+            than :func:`short_walk_tokens` compressed tokens, the launch takes :data:`SHORT_TILES`
             (16-bit inputs, heads up to 128 wide); where none of the tiles is given and queries
             see more, pass 2 may run in launches of its own (:data:`PASS2_APART`);
             score_buffer_bytes: cap on the block-score buffer (queries run in chunks).
@@ -438,7 +451,7 @@ def compressed_fwd(
     BT = max(1, rows // GP)
     narrow_16bit = max(DK, DV) <= 128 and q.dtype != torch.float32
     short_walks = (block_n, blocks_per_step, num_stages, maxnreg) == (None,) * 4 and narrow_16bit and \
-        config.num_cmp(q_offset + TQ) <= SHORT_TOKENS
+        config.num_cmp(q_offset + TQ) <= short_walk_tokens(q, k_cmp, v_cmp, config)
     # pass 2 apart where the fused launch takes the long walks' tiles tuned on Hopper, not a caller's
     apart = PASS2_APART["enabled"] and select and store_o and not short_walks and not callers_tiles and \
         hopper_tiles_fit(q.dtype, max(DK, DV), q.device)
