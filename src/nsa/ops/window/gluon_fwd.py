@@ -142,19 +142,23 @@ if gluon is not None:
         gl.store(o + rows * DH + cols, (acc * inv).to(o.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _switch(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc, n_init, FORCED: gl.constexpr,
-                acc_layout: gl.constexpr):
-        """Before step ``j``, with ``FORCED``: after the local blocks' steps, keep their state aside (the
-        window's) and go on with it as the selected branch's; after the initial blocks' steps, store the
-        selected branch's state (``o_frc``, ``lse_frc``: the selected forward's start) and take the
-        window's back. Returns the running and the kept states."""
-        if FORCED:
-            if j == n_loc:
-                acc_a, m_a, l_a = acc, m, l
-            if j == n_loc + n_init:
-                _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
-                acc, m, l = acc_a, m_a, l_a
-        return acc, m, l, acc_a, m_a, l_a
+    def _keep_local(j, acc, m, l, acc_a, m_a, l_a, n_loc):
+        """Before step ``j``: after the local blocks' steps, their state kept aside (the window's) while
+        it goes on as the selected branch's. Returns the kept state."""
+        if j == n_loc:
+            acc_a, m_a, l_a = acc, m, l
+        return acc_a, m_a, l_a
+
+    @gluon.jit
+    def _finish_forced(j, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc, n_init,
+                       acc_layout: gl.constexpr):
+        """Before step ``j``: after the initial blocks' steps, the selected branch's state stored
+        (``o_frc``, ``lse_frc``: the selected forward's start) and the window's taken back. Returns the
+        running state."""
+        if j == n_loc + n_init:
+            _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
+            acc, m, l = acc_a, m_a, l_a
+        return acc, m, l
 
     @gluon.jit
     def _softmax(s, j, acc, m, l, n_loc, n_init, first, s_local, o_n, pos, W, qk_scale, FORCED: gl.constexpr,
@@ -242,15 +246,13 @@ if gluon is not None:
                     s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
                                          n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 1, STAGES, acc_layout,
                                          a_layout)
-                if b1 == n_loc:  # the window's state, kept aside; the selected branch's goes on
-                    acc_a, m_a, l_a = acc, m, l
+                acc_a, m_a, l_a = _keep_local(b1, acc, m, l, acc_a, m_a, l_a, n_loc)
                 for j in range(b1, b2):  # the initial blocks, before every row
                     s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
                                          n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 0, STAGES, acc_layout,
                                          a_layout)
-                if b2 == n_loc + n_init:  # the selected branch's state is final; the window's back
-                    _store_finished(o_frc, lse_frc, acc, m, l, o_row, m_row, acc_layout)
-                    acc, m, l = acc_a, m_a, l_a
+                acc, m, l = _finish_forced(b2, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc,
+                                           n_init, acc_layout)
                 for j in range(b2, b3):  # the window's tiles that reach below the last query's band
                     s, acc, m, l = _step(j, g, s, acc, m, l, q, k_smem, v_smem, kv_ready, kv_empty, s_zero, n_loc,
                                          n_init, first, s_local, o_n, pos, W, qk_scale, FORCED, 1, STAGES, acc_layout,
@@ -272,9 +274,10 @@ if gluon is not None:
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(last))  # the ring runs on into the next item
-            # the steps ended before the window's own tiles (or in the initial blocks): the switches left
-            acc, m, l, acc_a, m_a, l_a = _switch(steps, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row,
-                                                 n_loc, n_init, FORCED, acc_layout)
+            if FORCED:  # the steps ended before the window's own tiles (or in the initial blocks): the switches left
+                acc_a, m_a, l_a = _keep_local(steps, acc, m, l, acc_a, m_a, l_a, n_loc)
+                acc, m, l = _finish_forced(steps, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc,
+                                           n_init, acc_layout)
             _store_finished(o, lse, acc, m, l, o_row, m_row, acc_layout)
             g += steps
             it += 1
