@@ -46,13 +46,11 @@ def compile_for_hopper(module: str, cache: pathlib.Path, **kwargs) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-#: The same compile: its PTX, a line ``_SASS_FOLLOWS``, then its cubin disassembled by the
-#: ``cuobjdump`` that ships with Triton's NVIDIA backend (nothing where it does not).
-_SASS_FOLLOWS = "// SASS follows"
+#: The same compile, its cubin disassembled by the ``cuobjdump`` that ships with Triton's NVIDIA
+#: backend (an empty string where it does not).
 _SASS = """
 import importlib, os, subprocess, sys, tempfile, triton
 compiled = importlib.import_module({module!r}).compile_for_hopper(**{kwargs!r})
-sys.stdout.write(compiled.asm["ptx"] + "\\n" + {marker!r} + "\\n")
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if not os.path.exists(tool):
     sys.exit(0)
@@ -64,66 +62,14 @@ with tempfile.TemporaryDirectory() as tmp:
 """
 
 
-def hopper_ptx_and_sass(module: str, cache: pathlib.Path, **kwargs) -> tuple:
-    """The PTX and the SASS of ``module.compile_for_hopper(**kwargs)`` (as :func:`compile_for_hopper`
-    builds it), one instruction a line; skips the calling test where Triton has no Gluon or no
-    ``cuobjdump``."""
+def hopper_sass(module: str, cache: pathlib.Path, **kwargs) -> str:
+    """The SASS of ``module.compile_for_hopper(**kwargs)`` (as :func:`compile_for_hopper` builds it),
+    one instruction a line; skips the calling test where Triton has no Gluon or no ``cuobjdump``."""
     pytest.importorskip("triton.experimental.gluon")
-    ptx, sass = _in_fresh_process(_SASS.format(module=module, kwargs=kwargs, marker=_SASS_FOLLOWS), cache) \
-        .split(_SASS_FOLLOWS + "\n", 1)
+    sass = _in_fresh_process(_SASS.format(module=module, kwargs=kwargs), cache)
     if not sass.strip():
         pytest.skip("Triton's NVIDIA backend ships no cuobjdump here")
-    return ptx, sass
-
-
-def hopper_sass(module: str, cache: pathlib.Path, **kwargs) -> str:
-    """The SASS of :func:`hopper_ptx_and_sass`."""
-    return hopper_ptx_and_sass(module, cache, **kwargs)[1]
-
-
-def sass_lines(sass: str) -> list:
-    """The instructions of :func:`hopper_sass`'s output as ``(address, text)``, without encodings."""
-    out = []
-    for line in sass.splitlines():
-        line = line.strip()
-        if line.startswith("/*") and "*/" in line:
-            address, rest = line[2:].split("*/", 1)
-            out.append((int(address, 16), rest.split(";", 1)[0].strip()))
-    return out
-
-
-def rescale_factors(ptx: str) -> list:
-    """For each accumulator rescale (:func:`nsa.ops._gluon.rescale_rows`) in a kernel's PTX, the
-    registers its warp vote tests and those its multiplies take as factors, as two sets: equal where
-    the vote sees every row factor a thread applies."""
-    lines = [line.strip() for line in ptx.splitlines()]
-    found = []
-    for i, line in enumerate(lines):
-        if line.startswith("setp.neu.f32 %grow,"):
-            voted, used = {line.split(",")[1].strip()}, set()
-            for later in lines[i + 1:]:
-                if later.startswith("NSA_RESCALED_"):
-                    break
-                if later.startswith("setp.neu.or.f32 %grow,"):
-                    voted.add(later.split(",")[1].strip())
-                if later.startswith("mul.f32"):
-                    used.add(later.rstrip(";").split(",")[2].strip())
-            found.append((voted, used))
-    return found
-
-
-def rescales_behind_votes(sass: str) -> list:
-    """For each warp vote (``VOTE.ANY``) in :func:`hopper_sass`'s output, the float multiplies between
-    the forward branch after it and that branch's target: the accumulator's rescale a warp skips when
-    its rows keep their maxima (:func:`nsa.ops._gluon.rescale_rows`)."""
-    lines = sass_lines(sass)
-    skipped = []
-    for i, (_, text) in enumerate(lines):
-        if text.startswith("VOTE.ANY"):
-            j, branch = next((j, t) for j, (_, t) in enumerate(lines[i + 1:], i + 1) if " BRA " in f" {t}")
-            target = int(branch.rsplit(" ", 1)[1], 16)
-            skipped.append(sum(t.startswith("FMUL") for a, t in lines[j + 1:] if a < target))
-    return skipped
+    return sass
 
 
 def assert_compiles_for_hopper(module: str, cache: pathlib.Path, computing: int = 240, copying: int = 24,

@@ -48,7 +48,7 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
            "descriptor_signature", "head_items_grid",
            "compile_for_sm90",
            "launch_failed", "ring_barriers", "fill_key_slot", "released_barrier", "head_item", "store_scaled",
-           "visible_compressed", "lazy_max", "rescale_rows", "RESCALE_MARGIN",
+           "visible_compressed",
            "wgmma_layout", "a_operand_layout", "PAIR_LAUNCH"]
 
 
@@ -58,41 +58,6 @@ __all__ = ["gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mm
 #: warp 24. The kernels import it as their ``LAUNCH_OPTIONS``, the name every launch site passes
 #: (``tests/ops/test_launch_options.py``).
 PAIR_LAUNCH = dict(num_warps=4, maxnreg=168)
-
-
-#: The compressed forward's pass 1 keeps a row's running maximum (log2 domain) in its online softmax
-#: until a tile's exceeds it by more than this (FlashAttention-4's rule, :func:`lazy_max`): a row's
-#: probabilities then stay below ``2 ** RESCALE_MARGIN``, well inside float32 sums and bf16's exponent
-#: range, its rescale factor is exactly 1, and a warp whose rows all keep theirs skips the accumulator's
-#: rescale (:func:`rescale_rows`: 64 of a step's ~600 instructions). ``o = acc / l`` and
-#: ``lse = m + log2 l`` hold for any ``m``; only the rounding moves: a row's largest probability, exactly
-#: 1 at an exact maximum, rounds to bf16 in ``P V``. Pass 1 took 2-4 % less time (session 70); the
-#: window forward took 1 % less and moved past its 2e-3 bound against the Triton kernel, so keeps exact
-#: maxima (``docs/perf/attempts/prefill_window_fwd_lazy_rescale.patch``).
-RESCALE_MARGIN = 8.0
-
-#: Accumulator elements a thread holds in a warpgroup's ``[64, 128]`` float32 wgmma tile.
-_ACC_ELEMENTS = 64
-
-
-def _rescale_asm(n: int) -> str:
-    """PTX of :func:`rescale_rows` over ``n`` accumulator elements a thread: operands ``0..n-1`` the
-    products (tied to the accumulator's ``n..2n-1``), ``2n..3n-1`` each element's row factor. The
-    elements run (row r, r, r + 8, r + 8) per 8 columns (wgmma's accumulator fragment), so operands
-    ``2n`` and ``2n + 2`` are the thread's two rows. A warp votes: if any of its lanes has a factor
-    other than 1, all of them multiply."""
-    muls = "\n".join(f"mul.f32 ${i}, ${i}, ${2 * n + i};" for i in range(n))
-    return ("{\n.reg .pred %grow;\n"
-            f"setp.neu.f32 %grow, ${2 * n}, 0f3F800000;\n"
-            f"setp.neu.or.f32 %grow, ${2 * n + 2}, 0f3F800000, %grow;\n"
-            "vote.sync.any.pred %grow, %grow, 0xffffffff;\n"
-            "@!%grow bra.uni NSA_RESCALED_${:uid};\n"
-            f"{muls}\n"
-            "NSA_RESCALED_${:uid}:\n}")
-
-
-def _rescale_constraints(n: int) -> str:
-    return ",".join(["=f"] * n + [str(i) for i in range(n)] + ["f"] * n)
 
 
 @constexpr_function
@@ -284,32 +249,5 @@ if gluon is not None:
         if ACC:
             acc = acc + gl.load(out + offs, mask=mask, other=0.0).to(gl.float32)
         gl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
-    _RESCALE_ASM = gl.constexpr(_rescale_asm(_ACC_ELEMENTS))
-    _RESCALE_CONSTRAINTS = gl.constexpr(_rescale_constraints(_ACC_ELEMENTS))
-    _RESCALE_MARGIN = gl.constexpr(RESCALE_MARGIN)
-    _RESCALE_PACK = gl.constexpr(_ACC_ELEMENTS)
-
-    @gluon.jit
-    def lazy_max(m, m_tile):
-        """A row's running maximum after a tile whose maximum is ``m_tile`` (both log2-domain, scaled):
-        kept unless the tile's exceeds it by more than :data:`RESCALE_MARGIN` (a row that has seen
-        nothing takes any finite one). Returns ``(m_new, shift, alpha)``: the exponent's shift (0 for a
-        row that has still seen nothing) and the factor of the row's sum and accumulator, exactly 1
-        where the maximum is kept."""
-        grow = m_tile > m + _RESCALE_MARGIN
-        m_new = gl.where(grow, m_tile, m)
-        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        return m_new, shift, gl.where(grow, gl.exp2(m - shift), 1.0)
-
-    @gluon.jit
-    def rescale_rows(acc, alpha):
-        """``acc * alpha`` (a warpgroup's ``[64, 128]`` float32 wgmma accumulator, ``alpha`` its rows'
-        factors in the row slice of its layout), the products skipped by a warp whose rows' factors are
-        all 1 (:func:`lazy_max`). Opaque to the compilers: it keeps its place among the wgmma issues."""
-        factors = gl.expand_dims(alpha, 1)
-        return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS, [acc, factors], dtype=gl.float32,
-                                         is_pure=False, pack=_RESCALE_PACK)
-
 else:  # pragma: no cover - an older Triton: the kernels' helpers exist only with Gluon
     ring_barriers = fill_key_slot = released_barrier = head_item = store_scaled = visible_compressed = None
-    lazy_max = rescale_rows = None

@@ -18,16 +18,10 @@ its slot. Tiles past the tokens the item's first query sees are masked by each r
 (spec ``Nc(t)``). The outputs are the Triton launch's: ``o``, the natural-log ``lse`` and the
 log2-domain ``lse2`` that pass 2 reads.
 
-A row keeps its running maximum until a tile's passes it by more than ``RESCALE_MARGIN``
-(:func:`nsa.ops._gluon.lazy_max`); a warp whose rows all keep theirs skips the accumulator's rescale
-(:func:`nsa.ops._gluon.rescale_rows`, a warp vote in inline PTX, opaque so that it stays among the
-wgmma issues). The kernel took 7.43-7.44 ms at 64k against 7.58-7.74 with a rescale every step
-(session 70); ``o`` and ``lse`` round differently, within the tests' 2e-3 bounds.
-
 ptxas hoists a wgmma wait to the top of its block, so the wait for ``P V`` would land before the
 exponentials and nothing would run beside them; it keeps the wait after a shared-memory store, so a
 step stores its row sums (``sink``, never read) before that wait. Until session 69 a program took one
-item and a step waited for both products before its softmax. With the same arithmetic, bit for bit,
+item and a step waited for both products before its softmax. The arithmetic is the same, bit for bit;
 at 64k the kernel took 8.58-8.61 ms, 8.27-8.41 in this order, and persistent 7.46-7.47 against
 8.15-8.30 on another machine (1.12x at 32k; H200, ``docs/perf/prefill.md``).
 
@@ -43,9 +37,8 @@ import torch
 from nsa import flags
 from nsa.ops._gluon import PAIR_LAUNCH as LAUNCH_OPTIONS  # two computing warpgroups, a copy warp
 from nsa.ops._gluon import (a_operand_layout, compile_for_sm90, copies_fit, descriptor_signature, fence_async_shared,
-                            gl, gluon, head_item, head_items_grid, launch_descriptors, launch_failed, lazy_max,
-                            mbarrier, on_hopper, rescale_rows, tma_load, visible_compressed, warpgroup_mma,
-                            warpgroup_mma_wait, wgmma_layout)
+                            gl, gluon, head_item, head_items_grid, launch_descriptors, launch_failed, mbarrier,
+                            on_hopper, tma_load, visible_compressed, warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
 
 #: Query rows a computing warpgroup owns (two an item: a Triton launch program's 128).
 ROWS = 64
@@ -113,14 +106,21 @@ if gluon is not None:
             it += 1
 
     @gluon.jit
+    def _pinned(x):
+        """``x`` through an opaque copy that keeps its place among the wgmma issues."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=1)
+
+    @gluon.jit
     def _softmax(s, m_i, l_i, n0, o_n, nv, n_full, qk_scale):
         """One tile's online softmax on raw scores ``s`` (tokens ``n0 + o_n``; past ``n_full`` masked
         by each row's visible count ``nv``): ``(p, alpha, m, l)``. A row that has seen nothing shifts by
         0, so that no exponent sees -inf - -inf."""
         if n0 >= n_full:
             s = gl.where(gl.expand_dims(n0 + o_n, 0) < gl.expand_dims(nv, 1), s, float("-inf"))
-        m_new, shift, alpha = lazy_max(m_i, gl.max(s, axis=1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
+        alpha = gl.exp2(m_i - shift)
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
@@ -171,9 +171,9 @@ if gluon is not None:
                     mbarrier.wait(k_ready.index(slot), ((g + j) // STAGES) & 1)
                     s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                           is_async=True)
-                    # the previous softmax's rescale while the scores run (opaque: LLVM would hoist a plain
-                    # product into the previous step, before the wait for that step's P V)
-                    acc = rescale_rows(acc, gl.convert_layout(alpha, row_o))
+                    # the previous softmax's rescale while the scores run (alpha through an opaque copy: LLVM
+                    # would hoist the product into the previous step, before the wait for that step's P V)
+                    acc = acc * gl.expand_dims(gl.convert_layout(_pinned(alpha), row_o), 1)
                     mbarrier.wait(v_ready.index(prev), ((g + j - 1) // STAGES) & 1)
                     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                     s = warpgroup_mma_wait(1, deps=(s_tok,))  # the scores; P V runs on beside their softmax
@@ -184,7 +184,7 @@ if gluon is not None:
                     mbarrier.arrive(kv_empty.index(prev))
                     p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
                 mbarrier.arrive(q_free.index(WG))  # the item's products that read q are done
-                acc = rescale_rows(acc, gl.convert_layout(alpha, row_o))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 last = (g + n_tiles - 1) % STAGES
                 mbarrier.wait(v_ready.index(last), ((g + n_tiles - 1) // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
