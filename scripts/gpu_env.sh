@@ -88,6 +88,17 @@ h200_prefill() {
         2>&1 | tail -8
 }
 
+# The prefill table (h200_prefill), then the GPU tests of the compressed forward's pass 1, the NSA
+# prefill and the compressed kernels, and the check that no library kernel has its wgmma serialised
+# (sessions 69-70's "final" step; run_group names their outputs after the calling script's step).
+prefill_table_and_tests() {
+    h200_prefill
+    echo "== prefill table after $(( $(date +%s) - start )) s"
+    run_group nsa 200 8 tests/ops/test_gluon_pass1.py tests/ops/test_nsa_attention_kernel.py \
+        tests/ops/test_compressed_kernel.py
+    run_group wgmma 150 1 tests/ops/test_wgmma_serialisation.py
+}
+
 # One scripts/gpu_prefill_probe.py run under a time limit, its output shown and kept as
 # $OUT/prefill_NAME_h200.txt, then the elapsed time: probe_run LIMIT NAME PROBE-ARG...
 probe_run() {

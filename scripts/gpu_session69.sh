@@ -94,11 +94,7 @@ pass1)
         --dkdv-variant before=.variants69/before_pass1.py --dkdv-variant sink=.variants69/sink_pass1.py
     ;;
 final)
-    h200_prefill
-    echo "== prefill table after $(( $(date +%s) - start )) s"
-    run_group nsa 200 8 tests/ops/test_gluon_pass1.py tests/ops/test_nsa_attention_kernel.py \
-        tests/ops/test_compressed_kernel.py
-    run_group wgmma 150 1 tests/ops/test_wgmma_serialisation.py
+    prefill_table_and_tests
     ;;
 decode)
     decode_table h200

@@ -76,11 +76,7 @@ pass1)
     probe_run 250 short_apart --lengths 8192 12288 16384 --only short_apart
     ;;
 final)
-    h200_prefill
-    echo "== prefill table after $(( $(date +%s) - start )) s"
-    run_group nsa 200 8 tests/ops/test_gluon_pass1.py tests/ops/test_nsa_attention_kernel.py \
-        tests/ops/test_compressed_kernel.py
-    run_group wgmma 150 1 tests/ops/test_wgmma_serialisation.py
+    prefill_table_and_tests
     ;;
 decode)
     decode_table h200
