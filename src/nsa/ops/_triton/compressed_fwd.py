@@ -75,7 +75,9 @@ SHORT_TOKENS = 1024
 #: Where both passes apart run as Gluon kernels (Hopper: :mod:`nsa.ops.compressed.gluon_pass1`,
 #: :mod:`nsa.ops.compressed.gluon_scores`), the short walks' fused launch takes only queries that see
 #: at most this many compressed tokens. H200, session 69, the forward with the passes apart against the
-#: fused launch: 16k (1023 tokens) 4.98-5.04 ms against 5.07-5.14, 8k (511) 2.18-2.21 against 2.14-2.19.
+#: fused launch: 16k (1023 tokens) 4.98-5.04 ms against 5.07-5.14, 8k (511) 2.18-2.21 against 2.14-2.19;
+#: session 70: 16k 5.03-5.04 against 5.13-5.14, 12k (767) 3.56-3.60 against 3.55-3.62, 8k 2.17-2.20
+#: against 2.14-2.17.
 GLUON_SHORT_TOKENS = 512
 
 

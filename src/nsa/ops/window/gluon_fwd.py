@@ -274,7 +274,7 @@ if gluon is not None:
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(last))  # the ring runs on into the next item
-            if FORCED:  # the steps ended before the window's own tiles (or in the initial blocks): the switches left
+            if FORCED:  # the switches that steps ending before the window's own tiles left undone
                 acc_a, m_a, l_a = _keep_local(steps, acc, m, l, acc_a, m_a, l_a, n_loc)
                 acc, m, l = _finish_forced(steps, acc, m, l, acc_a, m_a, l_a, o_frc, lse_frc, o_row, m_row, n_loc,
                                            n_init, acc_layout)
