@@ -53,6 +53,19 @@
 #
 # At f1fef55: prefill 8k 2.132 / 1.979 ms (0.93x) forward, 6.227 / 7.559 (1.21x) forward+backward; 64k
 # 30.32 / 119.3 (3.94x) and 86.05 / 451.7 (5.25x). The tests: 23 passed.
+#
+# The window forward's steps wait on their own chain (scores, softmax, P V, the wait), one 64-key tile
+# each. In src/ for the call: the window's own tiles inside every row's band run two tiles a step (both
+# tiles' scores issued together, one softmax over both: one maximum, one rescale, one wait), over a ring
+# of 6 slots instead of 4; the forced blocks' and the edge tiles' steps as before. Main's kernel and the
+# pairs over 4 slots exported to .variants70/ (before_fwd.py, pairs_stages4.py):
+#
+#   bash scripts/gpu_session70.sh pairs       # the window forward's GPU tests; main's kernel (before) and
+#                                             # the 4-slot pairs against this one at 64k and 8k
+#
+# The 11 tests passed. Slower: the kernel 4.58-4.65 ms at 64k against main's 4.08-4.15 (4 slots
+# 5.03-5.04), 0.527-0.530 at 8k against 0.468-0.479 (0.565-0.572); the 8k forward 2.171-2.208 against
+# 2.127-2.156. Dropped (docs/perf/attempts/prefill_window_fwd_pair_steps.patch).
 source "$(dirname "$0")/gpu_env.sh"
 step="${1:?usage: gpu_session70.sh STEP}"
 
@@ -80,6 +93,12 @@ final)
     ;;
 decode)
     decode_table h200
+    ;;
+pairs)
+    run_group window_fwd 150 4 tests/ops/test_gluon_window_fwd.py
+    probe_run 330 window_fwd_pairs --lengths 65536 8192 --only gluon_dkdv_variants --dkdv-branch window \
+        --variant-module gluon_fwd --dkdv-variant before=.variants70/before_fwd.py \
+        --dkdv-variant stages4=.variants70/pairs_stages4.py
     ;;
 table)
     h200_prefill
