@@ -5,7 +5,8 @@
 # instructions. In src/ for the call: a row keeps its running maximum until a tile's passes it by more
 # than RESCALE_MARGIN (8, log2; FlashAttention-4's rule), so its factor is exactly 1, and a warp whose
 # rows all keep theirs branches over the rescale (nsa.ops._gluon.lazy_max, rescale_rows: a warp vote in
-# inline PTX). Not bitwise main's: the probabilities are scaled by the kept maximum. Main's kernels
+# inline PTX). Not bitwise main's: the probabilities are scaled by the kept maximum. (Reverted at the
+# end: the steps rescale and pass1 need docs/perf/attempts/prefill_lazy_rescale.patch applied.) Main's kernels
 # exported to .variants70/ (untracked, deleted after the calls):
 #   git show HEAD:src/nsa/ops/window/gluon_fwd.py > .variants70/before_fwd.py
 #   git show HEAD:src/nsa/ops/compressed/gluon_pass1.py > .variants70/before_pass1.py
@@ -21,7 +22,7 @@
 # exactly 1 at an exact maximum and rounds to bf16 at a kept one. The peaked tests passed (4e-3); the
 # mutant's run found no GPU profile (gpu_profiles/ not copied) and ran nothing. The window forward
 # 4.131-4.137 ms against main's 4.158-4.209 (profiler, two rounds), the 64k forward 29.84-30.34 against
-# 30.16-30.35 in ABBA rounds: within noise, for a quarter of a step's instructions fewer. The window
+# 30.16-30.35 in ABBA rounds: within noise, for a sixth of a step's instructions fewer. The window
 # forward is not bound by issuing its instructions. Its lazy rescale dropped (docs/perf/attempts/
 # prefill_lazy_rescale.patch); pass 1 keeps it for the next call:
 #
@@ -57,8 +58,9 @@
 # The window forward's steps wait on their own chain (scores, softmax, P V, the wait), one 64-key tile
 # each. In src/ for the call: the window's own tiles inside every row's band run two tiles a step (both
 # tiles' scores issued together, one softmax over both: one maximum, one rescale, one wait), over a ring
-# of 6 slots instead of 4; the forced blocks' and the edge tiles' steps as before. Main's kernel and the
-# pairs over 4 slots exported to .variants70/ (before_fwd.py, pairs_stages4.py):
+# of 6 slots instead of 4; the forced blocks' and the edge tiles' steps as before (dropped: the step
+# needs docs/perf/attempts/prefill_window_fwd_pair_steps.patch applied). Main's kernel and the pairs
+# over 4 slots exported to .variants70/ (before_fwd.py, pairs_stages4.py):
 #
 #   bash scripts/gpu_session70.sh pairs       # the window forward's GPU tests; main's kernel (before) and
 #                                             # the 4-slot pairs against this one at 64k and 8k
