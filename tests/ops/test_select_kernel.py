@@ -120,18 +120,12 @@ def test_select_in_query_chunks_equals_one_launch(nsa_device):
     assert torch.equal(chunked[2].long(), ref.long())
 
 
-def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
-    """``PASS2_APART``: where the long walks take their default tiles tuned on Hopper (16-bit inputs;
-    ``SHORT_TOKENS`` 0 here), pass 1 runs once over every query (``o``, ``lse`` and the log2-domain
-    lse; here in query tiles of 16 rows, 4 positions, ``PASS2_APART["pass1"]``), then each query chunk's
-    pass 2 in a launch of its own with its own tiles (8 blocks a step and query tiles of 8
-    positions, against the fused launch's 32 and 16). ``o``, ``lse`` and the blocks equal the fused
-    launch's bitwise on a GPU (padding head rows, B > 1, a query offset, four chunks; queries that
-    choose 2 of up to 10 free blocks), and the blocks are the reference's. A caller's tiles keep pass
-    2 fused. Under the interpreter a product is numpy's matmul, whose summation order may follow its
-    operands' shapes (on an AMD EPYC, session 69: 2 of 19200 ``o`` elements one float16 step apart,
-    ``lse`` one float32 step), so there ``o`` and ``lse`` agree within rounding and the blocks
-    exactly."""
+def _pass2_apart_case(nsa_device, monkeypatch):
+    """The small compressed forward of the ``PASS2_APART`` tests: ``SHORT_TOKENS`` 0 (the long walks
+    at any length), ``G = 3`` padded to 4 head rows, B > 1, a query offset, a score budget of four query
+    chunks (32, 32, 32 and 4 queries) and queries that choose 2 of up to 10 free blocks; pass 2 apart
+    with its own tiles (8 blocks a step, query tiles of 8 positions) and pass 1 in query tiles of 16
+    rows. Returns ``(module, config, q, k, run)``, ``run(**tiles)`` the launch with the budget."""
     from nsa.ops._triton import compressed_fwd as module
 
     monkeypatch.setattr(module, "SHORT_TOKENS", 0)
@@ -143,16 +137,31 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     scale = config.softmax_scale(D)
     planes = module._score_geometry(config)["NSPILL"]
     budget = 40 * B * H * config.num_sel_blocks(q_offset + T) * planes * 4  # chunks of 32, 32, 32 and 4 queries
-    run = lambda **tiles: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True,
+    run = lambda **tiles: module.compressed_fwd(q, k, v, config, scale, q_offset, select=True,  # noqa: E731
                                                 score_buffer_bytes=budget, **tiles)
-    monkeypatch.setitem(module.PASS2_APART, "enabled", False)
-    fused = run()
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
     monkeypatch.setitem(module.PASS2_APART, "blocks_per_step", 8)
     monkeypatch.setitem(module.PASS2_APART, "rows", 32)
     # pass 1's own launch given in rows, as the default is (the register cap binds on a GPU alone)
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, num_warps=8, num_stages=2, maxnreg=128))
-    launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])
+    return module, config, q, k, run
+
+
+def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
+    """``PASS2_APART``: where the long walks take their default tiles tuned on Hopper (16-bit inputs;
+    :func:`_pass2_apart_case`), pass 1 runs once over every query (``o``, ``lse`` and the log2-domain
+    lse), then each query chunk's pass 2 in a launch of its own with its own tiles (against the fused
+    launch's 32 blocks a step and 16 positions). ``o``, ``lse`` and the blocks equal the fused launch's
+    bitwise on a GPU, and the blocks are the reference's. A caller's tiles keep pass 2 fused. Under the
+    interpreter a product is numpy's matmul, whose summation order may follow its operands' shapes (on
+    an AMD EPYC, session 69: 2 of 19200 ``o`` elements one float16 step apart, ``lse`` one float32
+    step), so there ``o`` and ``lse`` agree within rounding and the blocks exactly."""
+    module, config, q, k, run = _pass2_apart_case(nsa_device, monkeypatch)
+    q_offset = 9
+    monkeypatch.setitem(module.PASS2_APART, "enabled", False)
+    fused = run()
+    monkeypatch.setitem(module.PASS2_APART, "enabled", True)
+    launches_of = lambda launches: [(kw.get("PASS1", True), kw["SELECT"], kw["NB"], kw["BT"])  # noqa: E731
                                     for name, kw in launches if name == "compressed_fwd_kernel"]
     with every_launch() as launches:
         apart = run()
@@ -167,8 +176,13 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     with every_launch(execute=False) as launches:
         run(block_n=64)
     assert launches_of(launches) == [(True, True, 32, 16)] * 4
-    # pass 1's whole tiles through tensor descriptors (8-token tiles; on a GPU 16, the least its dot
-    # takes): the same results, bitwise
+
+
+def test_pass2_apart_pass1_through_descriptors(nsa_device, monkeypatch):
+    """In :func:`_pass2_apart_case`'s launch, pass 1 reading its whole key tiles through tensor
+    descriptors (8-token tiles; on a GPU 16, the least its dot takes) leaves the same ``o``, ``lse``
+    and blocks as plain loads, bitwise; the last query tiles read whole tiles."""
+    module, config, q, k, run = _pass2_apart_case(nsa_device, monkeypatch)
     bn = max(8, min_dot_side(q.device))
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, BN=bn, num_warps=8, num_stages=2, maxnreg=128))
     plain = run()
@@ -177,7 +191,7 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     with every_launch() as launches:
         described = run()
     assert [kw.get("KV_DESC", False) for name, kw in launches if name == "compressed_fwd_kernel"] == [True] + [False] * 4
-    assert config.num_cmp(q_offset + T - 16) >= bn  # the last query tiles read whole tiles
+    assert config.num_cmp(9 + q.shape[1] - 16) >= bn  # the last query tiles read whole tiles
     for name, a, b in zip(("o", "lse", "block_idx"), plain, described):
         assert torch.equal(a, b), name
 
