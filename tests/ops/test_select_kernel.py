@@ -125,7 +125,7 @@ def _pass2_apart_case(nsa_device, monkeypatch):
     at any length), ``G = 3`` padded to 4 head rows, B > 1, a query offset, a score budget of four query
     chunks (32, 32, 32 and 4 queries) and queries that choose 2 of up to 10 free blocks; pass 2 apart
     with its own tiles (8 blocks a step, query tiles of 8 positions) and pass 1 in query tiles of 16
-    rows. Returns ``(module, config, q, k, run)``, ``run(**tiles)`` the launch with the budget."""
+    rows. Returns ``(module, config, q, k, q_offset, run)``, ``run(**tiles)`` the launch with the budget."""
     from nsa.ops._triton import compressed_fwd as module
 
     monkeypatch.setattr(module, "SHORT_TOKENS", 0)
@@ -144,7 +144,7 @@ def _pass2_apart_case(nsa_device, monkeypatch):
     monkeypatch.setitem(module.PASS2_APART, "rows", 32)
     # pass 1's own launch given in rows, as the default is (the register cap binds on a GPU alone)
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, num_warps=8, num_stages=2, maxnreg=128))
-    return module, config, q, k, run
+    return module, config, q, k, q_offset, run
 
 
 def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
@@ -156,8 +156,7 @@ def test_pass2_apart_equals_the_fused_launch(nsa_device, monkeypatch):
     interpreter a product is numpy's matmul, whose summation order may follow its operands' shapes (on
     an AMD EPYC, session 69: 2 of 19200 ``o`` elements one float16 step apart, ``lse`` one float32
     step), so there ``o`` and ``lse`` agree within rounding and the blocks exactly."""
-    module, config, q, k, run = _pass2_apart_case(nsa_device, monkeypatch)
-    q_offset = 9
+    module, config, q, k, q_offset, run = _pass2_apart_case(nsa_device, monkeypatch)
     monkeypatch.setitem(module.PASS2_APART, "enabled", False)
     fused = run()
     monkeypatch.setitem(module.PASS2_APART, "enabled", True)
@@ -182,7 +181,7 @@ def test_pass2_apart_pass1_through_descriptors(nsa_device, monkeypatch):
     """In :func:`_pass2_apart_case`'s launch, pass 1 reading its whole key tiles through tensor
     descriptors (8-token tiles; on a GPU 16, the least its dot takes) leaves the same ``o``, ``lse``
     and blocks as plain loads, bitwise; the last query tiles read whole tiles."""
-    module, config, q, k, run = _pass2_apart_case(nsa_device, monkeypatch)
+    module, config, q, k, q_offset, run = _pass2_apart_case(nsa_device, monkeypatch)
     bn = max(8, min_dot_side(q.device))
     monkeypatch.setitem(module.PASS2_APART, "pass1", dict(rows=16, BN=bn, num_warps=8, num_stages=2, maxnreg=128))
     plain = run()
@@ -191,7 +190,7 @@ def test_pass2_apart_pass1_through_descriptors(nsa_device, monkeypatch):
     with every_launch() as launches:
         described = run()
     assert [kw.get("KV_DESC", False) for name, kw in launches if name == "compressed_fwd_kernel"] == [True] + [False] * 4
-    assert config.num_cmp(9 + q.shape[1] - 16) >= bn  # the last query tiles read whole tiles
+    assert config.num_cmp(q_offset + q.shape[1] - 16) >= bn  # the last query tiles read whole tiles
     for name, a, b in zip(("o", "lse", "block_idx"), plain, described):
         assert torch.equal(a, b), name
 

@@ -84,8 +84,9 @@ GLUON_SHORT_TOKENS = 512
 def short_walk_tokens(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, config: NSAConfig) -> int:
     """The most compressed tokens a query of a call may see for the call to take the short walks' fused
     launch: :data:`GLUON_SHORT_TOKENS` where pass 1 and the scoring pass would both run as Gluon kernels,
-    :data:`SHORT_TOKENS` elsewhere (the Triton launches' own tiles)."""
-    gluon = gluon_pass1.fits(q, k_cmp, v_cmp) and gluon_scores.fits(q, k_cmp, config.sel_block // config.cmp_stride)
+    :data:`SHORT_TOKENS` elsewhere (the Triton launches' own tiles). Asks both kernels as the passes'
+    dispatch below does (the scoring pass with :func:`_score_geometry`'s tokens a block)."""
+    gluon = gluon_pass1.fits(q, k_cmp, v_cmp) and gluon_scores.fits(q, k_cmp, _score_geometry(config)["R"])
     return GLUON_SHORT_TOKENS if gluon else SHORT_TOKENS
 
 #: Pass 2 as a launch of its own (``enabled``) where the launch selects, stores ``o`` and takes the
