@@ -4,8 +4,9 @@ Every float tensor made by ``torch.empty``/``torch.empty_like``/``Tensor.new_emp
 during a test is filled with NaN, so an output element that a kernel forgets to
 write fails the comparison loudly instead of passing with stale memory; every integer
 one with its dtype's largest value, far from any index, length or key a kernel writes. Triton's CPU
-interpreter stops re-patching its language at every ``@triton.jit`` helper call
-(:mod:`_interpreter`), which takes about 40 % off the suite's time on a CPU.
+interpreter stops re-patching its language at every ``@triton.jit`` helper call, checking integer
+overflows that it never asserts, and rebuilding a dtype table (:mod:`_interpreter`), which takes
+more than half off the suite's time on a CPU.
 """
 
 from __future__ import annotations

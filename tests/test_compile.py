@@ -16,12 +16,12 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from nsa import NSAAttention, NSAConfig, ops
 from nsa.ops import nsa_attention
+from nsa.ops.window.kernel import forced_in_window
 from nsa.testing import recorded_cuda_graphs
 
+#: its window holds the local blocks: on Triton the window kernels compute the selected branch's
+#: forced blocks too, where both branches read (k, v) and q_offset is a multiple of their tile's positions
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=4, window=32)
-#: SMALL with a window that holds the local blocks: on Triton the window kernels then compute the
-#: selected branch's forced blocks, where both branches read (k, v)
-SMALL_FORCED = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=32)
 #: public op -> its custom op (nsa.ops.library); the others break the graph
 CUSTOM_OPS = {"nsa_attention": "nsa.attention", "mean_compress": "nsa.mean_compress", "nsa_decode": "nsa.decode",
               "apply_rotary": "nsa.rotary"}
@@ -173,9 +173,10 @@ def _triton_inputs(T, kv_len, heads=(4, 2), dims=(16, 16), requires=(True,) * 4,
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(dict(config=SMALL_FORCED), id="shared-kv-mean-compressed-forced-in-window"),
+        # one case a graph: shared keys (compressed by mean_compress in the graph), their own, and
+        # no attention gradient (each case a training step twice under the interpreter)
+        pytest.param(dict(q_offset=32), id="shared-kv-mean-compressed-forced-in-window-q-offset"),
         pytest.param(dict(own_kv=True, dims=(32, 16)), id="own-cmp-and-win-kv-dk32-dv16"),
-        pytest.param(dict(q_offset=29), id="q-offset"),
         pytest.param(dict(requires=(False, False, False, True)), id="gates-only"),
     ],
 )
@@ -183,7 +184,8 @@ def test_fullgraph_training_on_triton_is_eager_training(case, nsa_device):
     """On the Triton route a compiled training step holds ``nsa.attention_train`` forward and
     ``nsa.attention_train_backward`` backward, and gives eager's output and every gradient
     bitwise (the same kernels on the same tensors)."""
-    config, q_offset = case.get("config", SMALL), case.get("q_offset", 0)
+    config, q_offset = SMALL, case.get("q_offset", 0)
+    assert forced_in_window(config, 2, q_offset)  # taken where the window reads (k, v)
     T = 61
     q, k, v, gates = _triton_inputs(T, T + q_offset, dims=case.get("dims", (16, 16)),
                                     requires=case.get("requires", (True,) * 4), device=nsa_device)

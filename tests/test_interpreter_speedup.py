@@ -1,6 +1,7 @@
 """The test suite's interpreter speed-up (``tests/_interpreter.py``) is in place and changes
 nothing but time: nested ``@triton.jit`` helpers compute what they did, the language is patched
-once per launch, and a launch still restores it."""
+once per launch, and a launch still restores it; integer arithmetic gives the same values without
+the overflow checks, and the NumPy dtypes looked up are those the interpreter computes."""
 
 from __future__ import annotations
 
@@ -45,6 +46,59 @@ def test_the_suite_runs_with_the_speedup_installed():
     from triton.runtime import interpreter
 
     assert getattr(interpreter._patch_lang, "_nsa_cached", False), "tests/_interpreter.py did not install"
+    assert getattr(interpreter._get_np_dtype, "_nsa_cached", False), "_get_np_dtype is not looked up"
+    assert interpreter.interpreter_builder.options.sanitize_overflow is False, "the overflow checks still run"
+
+
+@triton.jit
+def _offsets_kernel(x, out, stride, N: tl.constexpr):
+    row = tl.program_id(0)
+    o = tl.arange(0, N)
+    tl.store(out + row * N + o, row * stride + o * 3 - tl.load(x + row * N + o))
+
+
+@needs_interpreter
+def test_integer_arithmetic_is_the_same_without_the_overflow_checks(monkeypatch):
+    """32-bit products, sums and differences (as offsets are computed) give the same values with the
+    interpreter's overflow checks and without them (the speed-up's setting). The checks assert only
+    under ``debug=True``, where a product past 2**31 fails; without it (the suite's runs) they
+    compute and assert nothing."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+
+    def run(stride: int, checked: bool, debug: bool = False) -> torch.Tensor:
+        monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=checked,
+                                                                    debug=debug))
+        out = torch.empty(4, 16, dtype=torch.int32)
+        _offsets_kernel[(4,)](x, out, stride, N=16)
+        return out
+
+    x = torch.randint(-1000, 1000, (4, 16), dtype=torch.int32)
+    want = (torch.arange(4)[:, None] * (1 << 20) + torch.arange(16) * 3 - x).int()
+    assert torch.equal(run(1 << 20, checked=False), want) and torch.equal(run(1 << 20, checked=True), want)
+    assert torch.equal(run(1 << 20, checked=True, debug=True), want)
+    assert torch.equal(run(1 << 30, checked=True), run(1 << 30, checked=False))  # wrapped alike, unasserted
+    with pytest.raises(Exception, match="int32 overflow detected for operation mul"):  # in an InterpreterError
+        run(1 << 30, checked=True, debug=True)
+
+
+def test_numpy_dtypes_are_those_the_interpreter_computes():
+    """Scalar, block, pointer and block-of-pointer types: the table answers as the interpreter's own
+    function does, and block types that differ only in shape share an answer."""
+    from triton.runtime import interpreter
+
+    looked_up = interpreter._get_np_dtype
+    computed = getattr(looked_up, "__wrapped__", None)
+    assert computed is not None, "the looked-up function keeps the interpreter's own as __wrapped__"
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16,
+               tl.float32, tl.float64]
+    types = [*scalars, *(tl.block_type(t, [4, 8]) for t in scalars), *(tl.block_type(t, [16]) for t in scalars),
+             tl.pointer_type(tl.float32), tl.block_type(tl.pointer_type(tl.bfloat16), [8])]
+    for _ in range(2):  # asked and then answered from the table
+        assert [looked_up(t) for t in types] == [computed(t) for t in types]
 
 
 @needs_interpreter

@@ -425,13 +425,13 @@ def test_forced_in_window_applies_only_where_exact(nsa_device, monkeypatch):
                                                  init_blocks=2, local_blocks=3), id="G1-init2-local3"),
     ],
 )
-@pytest.mark.parametrize("phased", [False, True], ids=["walk", "phased"])
-def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, config, phased, nsa_device):
+def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, config, nsa_device):
     """The window's backward with ``forced=`` adds the selected branch's forced-block share (``dq``
     over every forced block, ``dk``/``dv`` over the local ones) and the selected backward with
     ``forced_done`` leaves it out: together, every gradient equals the two branches' own
-    backwards (float32 rounding), gated, and ``dkv=`` adds into the selected branch's dK/dV.
-    ``phased``: the dK/dV kernel's band walked from a phase point, wrapping (16-key tiles)."""
+    backwards (float32 rounding), gated, and ``dkv=`` adds into the selected branch's dK/dV. Both
+    walks of the dK/dV kernel's band: from its start, and phased (from a phase point, wrapping;
+    16-key tiles)."""
     from nsa.ops.selected.kernel import selected_bwd, selected_fwd
     from nsa.ops.window.kernel import window_bwd, window_fwd
 
@@ -451,14 +451,15 @@ def test_forced_blocks_backward_in_the_window_kernels(T, HQ, H, D, q_offset, con
     want_slc = selected_bwd(q, k, v, blocks, o_slc, lse_slc, do, config.sel_block, scale, q_offset, forced=forced,
                             delta=delta[0], gate=gate[0])
     want_win = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], gate=gate[1])
-    dq = torch.zeros_like(q)
-    _, dk, dv = selected_bwd(q, k, v, blocks, o_slc, lse_slc, do, config.sel_block, scale, q_offset, forced=forced,
-                             delta=delta[0], dq=dq, gate=gate[0], forced_done=True)
-    got = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], dq=dq,
-                     gate=gate[1], forced=dict(config=config, lse=lse_slc, delta=delta[0], gate=gate[0]),
-                     dkv=(dk, dv), tiles={"dkdv": dict(BN=16, PHASED=True)} if phased else None)
-    assert got[1] is dk and got[2] is dv
-    for name, g, a, b in zip(("dq", "dk", "dv"), got, want_slc, want_win):
-        assert_close(name, g, a + b, 1e-5)
+    for walk, tiles in (("from the start", None), ("phased", {"dkdv": dict(BN=16, PHASED=True)})):
+        dq = torch.zeros_like(q)
+        _, dk, dv = selected_bwd(q, k, v, blocks, o_slc, lse_slc, do, config.sel_block, scale, q_offset,
+                                 forced=forced, delta=delta[0], dq=dq, gate=gate[0], forced_done=True)
+        got = window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, delta=delta[1], dq=dq,
+                         gate=gate[1], forced=dict(config=config, lse=lse_slc, delta=delta[0], gate=gate[0]),
+                         dkv=(dk, dv), tiles=tiles)
+        assert got[1] is dk and got[2] is dv
+        for name, g, a, b in zip(("dq", "dk", "dv"), got, want_slc, want_win):
+            assert_close(f"{name}, the band walked {walk}", g, a + b, 1e-5)
     with pytest.raises(ValueError, match="dkv must be contiguous tensors shaped like k"):
         window_bwd(q, k, v, o_win, lse_win, do, config.window, scale, q_offset, dkv=(dk[:, :-1], dv))
