@@ -186,7 +186,7 @@ def test_fullgraph_training_on_triton_is_eager_training(case, nsa_device):
     bitwise (the same kernels on the same tensors)."""
     config, q_offset = SMALL, case.get("q_offset", 0)
     assert forced_in_window(config, 2, q_offset)  # taken where the window reads (k, v)
-    T = 61
+    T = 41  # 5 selection blocks with the offset: a real top-4 (the kernels' own tests take longer rows)
     q, k, v, gates = _triton_inputs(T, T + q_offset, dims=case.get("dims", (16, 16)),
                                     requires=case.get("requires", (True,) * 4), device=nsa_device)
     extra = {}
@@ -283,7 +283,7 @@ def test_fullgraph_layer_on_triton_trains_and_decodes_as_eager(nsa_device, monke
 
     layer = _layer(device=nsa_device, dtype=torch.float32, backend="triton")
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
-    x = torch.randn(1, 70, 64, device=nsa_device, requires_grad=True)
+    x = torch.randn(1, 50, 64, device=nsa_device, requires_grad=True)
     assert all(torch.equal(a, b) for a, b in zip(_train(compiled, x), _train(layer, x)))
     max_rows, step_gates = mlp_emission.MAX_ROWS, NSAAttention._step_gates
     with torch.no_grad():
@@ -293,7 +293,7 @@ def test_fullgraph_layer_on_triton_trains_and_decodes_as_eager(nsa_device, monke
             monkeypatch.setattr(mlp_emission, "MAX_ROWS", max_rows if launches else 0)
             monkeypatch.setattr(NSAAttention, "_step_gates", step_gates if launches else NSAAttention._gates)
             cache = layer.new_cache(batch_size=1, capacity=96, static=True)
-            steps[name] = [model(x[:, :64], cache)] + [model(x[:, t : t + 1], cache) for t in (64, 65)]
+            steps[name] = [model(x[:, :44], cache)] + [model(x[:, t : t + 1], cache) for t in (44, 45)]
     assert all(torch.equal(a, b) for a, b in zip(steps["compiled"], steps["eager, modules"]))
     assert torch.equal(steps["compiled"][0], steps["eager"][0])  # the prefill
     for a, b in zip(steps["compiled"][1:], steps["eager"][1:]):
