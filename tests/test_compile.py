@@ -184,20 +184,20 @@ def test_fullgraph_training_on_triton_is_eager_training(case, nsa_device):
     """On the Triton route a compiled training step holds ``nsa.attention_train`` forward and
     ``nsa.attention_train_backward`` backward, and gives eager's output and every gradient
     bitwise (the same kernels on the same tensors)."""
-    config, q_offset = SMALL, case.get("q_offset", 0)
-    assert forced_in_window(config, 2, q_offset)  # taken where the window reads (k, v)
+    q_offset = case.get("q_offset", 0)
+    assert forced_in_window(SMALL, 2, q_offset)  # taken where the window reads (k, v)
     T = 41  # 5 selection blocks with the offset: a real top-4 (the kernels' own tests take longer rows)
     q, k, v, gates = _triton_inputs(T, T + q_offset, dims=case.get("dims", (16, 16)),
                                     requires=case.get("requires", (True,) * 4), device=nsa_device)
     extra = {}
     if case.get("own_kv"):
-        k_cmp, v_cmp = (ops.mean_compress(t, config).detach().requires_grad_() for t in (k, v))
+        k_cmp, v_cmp = (ops.mean_compress(t, SMALL).detach().requires_grad_() for t in (k, v))
         extra = dict(kv_cmp=(k_cmp, v_cmp), kv_win=tuple(t.detach().clone().requires_grad_() for t in (k, v)))
     leaves = [t for t in (q, k, v, gates, *extra.get("kv_cmp", ()), *extra.get("kv_win", ())) if t.requires_grad]
     grad_out = torch.randn(1, T, 4, v.shape[-1], device=nsa_device)
 
     def f(q, k, v, gates):
-        return nsa_attention(q, k, v, gates * 0.5, config, q_offset=q_offset, backend="triton", **extra) * 2
+        return nsa_attention(q, k, v, gates * 0.5, SMALL, q_offset=q_offset, backend="triton", **extra) * 2
 
     backend, graphs = _recording_backend()
     results = {}
