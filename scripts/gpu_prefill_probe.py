@@ -90,6 +90,11 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     ``gluon_pass1``.
 40. **The compressed forward's scoring pass in Gluon** (``gluon_scores``): ``NSA_GLUON_COMPRESSED_SCORES``
     off and on, as ``gluon_pass1``.
+41. **The selected forward's programs an SM** (``sel_regs``): the selected forward as the inference path
+    runs it (from the window launch's forced-block result, writing the gated sum) by pipeline stages and
+    registers a thread (``maxnreg``), so that more one-warp programs fit an SM; each checked bitwise
+    against the default, two rounds; the fastest, where it beats the default in both, in the whole
+    forward (ABBA) and the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -872,6 +877,50 @@ def pass2_apart(T: int, config: NSAConfig) -> None:
 #: the long walks' passes apart (the Gluon pass 1 and scoring pass on Hopper).
 SHORT_APART = (("short walks fused", {"SHORT_TOKENS": 1024, "GLUON_SHORT_TOKENS": 1024}),
                ("short walks apart", {"SHORT_TOKENS": 0, "GLUON_SHORT_TOKENS": 0}))
+
+
+#: ``(label, FWD_TILES over the default)`` of :func:`sel_regs`. Compiled for sm_90 (8k, session 73):
+#: 2 stages 255 registers and 36.9 KB (6 programs an SM, by shared memory); 1 stage 255 and 20.5 KB (8,
+#: by registers); capped at 192 registers 136 B of stack, at 168 232 B (10 an SM either way, by shared
+#: memory); the entry loop 564, 539, 592 and 662 instructions.
+SEL_REGS = (
+    ("the default (2 stages: 6 programs an SM)", {}),
+    ("1 stage (8 programs an SM)", dict(num_stages=1)),
+    ("1 stage, 192 registers (10 programs an SM)", dict(num_stages=1, maxnreg=192)),
+    ("1 stage, 168 registers (10 programs an SM)", dict(num_stages=1, maxnreg=168)),
+)
+
+
+def sel_regs(T: int, config: NSAConfig) -> None:
+    """The selected forward (inference: from the window's forced-block result, the gated sum
+    written) by :data:`SEL_REGS`, bitwise against the default's output, two rounds; the fastest,
+    where it beats the default in both rounds, in the whole forward (ABBA) and its kernel lists."""
+    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.selected import kernel as sel
+    from nsa.ops.window.kernel import window_fwd_forced
+
+    q, k, v, gates = inputs(T, T + 21)
+    scale = config.softmax_scale(D)
+    win = window_fwd_forced(q, k, v, config, scale, 0)
+    o_cmp, _, idx = compressed_attention_select(q, mean_compress(k, config), mean_compress(v, config), config,
+                                                scale, 0)
+    run = lambda: _selected_after_window(q, k, v, gates, idx, o_cmp, win, config)  # noqa: E731
+    want = run()
+    times: dict = {}
+    for rnd in (1, 2):
+        for label, tiles in SEL_REGS:
+            with tiles_as_default(sel.FWD_TILES, **tiles):
+                same = torch.equal(run(), want)
+                ms = bench(run)
+            times.setdefault(label, []).append(ms)
+            print(f"T={T} selected forward, {label} (round {rnd}): {ms:.3f} ms (bitwise the default's: {same})",
+                  flush=True)
+    default = SEL_REGS[0][0]
+    best = min(times, key=lambda label: max(times[label]))
+    if best != default and max(times[best]) < min(times[default]):
+        variants = (SEL_REGS[0], (best, dict(SEL_REGS)[best]))
+        step_abba(T, config, sel.FWD_TILES, variants, "selected forward", forward=True)
+        kernels_by_default(T, config, sel.FWD_TILES, variants, "selected forward", forward=True)
 
 
 def short_apart(T: int, config: NSAConfig) -> None:
@@ -1917,7 +1966,7 @@ SECTIONS = {
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
-    "gluon_scores": gluon_scores, "short_apart": short_apart,
+    "gluon_scores": gluon_scores, "short_apart": short_apart, "sel_regs": sel_regs,
 }
 
 

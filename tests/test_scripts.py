@@ -97,6 +97,37 @@ def test_ncu_stalls_adds_launches_and_weighs_their_ratios_by_instructions(tmp_pa
     assert text.index("score_kernel") < text.index("combine_kernel")  # by time
 
 
+def test_ncu_bytes_weighs_hit_rates_by_l2_bytes_and_reads_files_without_them(tmp_path):
+    """``scripts/ncu_bytes.py``: launches of one kernel add their times and bytes; the L2 hit rate, where
+    the file has it, is their mean weighted by L2 bytes, and a file without the column (session 23's)
+    gives the table without it."""
+    head = ["ID", "Kernel Name", "gpu__time_duration.sum", "lts__t_bytes.sum", "dram__bytes_read.sum",
+            "dram__bytes_write.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+            "sm__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct"]
+    units = ["", "", "ms", "Gbyte", "Gbyte", "Gbyte", "%", "%", "%"]
+    rows = [["0", "sel_kernel(int)", "1", "3", "0.5", "0.1", "80", "20", "90"],
+            ["1", "sel_kernel(int)", "3", "1", "0.5", "0.1", "40", "20", "50"],
+            ["2", "topn_kernel(int)", "1", "0", "0", "0", "0", "50", "0"]]
+    probe = _script("ncu_bytes")
+
+    def write(name, columns):
+        path = tmp_path / name
+        lines = [[row[i] for i in columns] for row in [head, units, *rows]]
+        path.write_text("==PROF== Connected\n" + "\n".join(",".join(f'"{c}"' for c in line) for line in lines) + "\n")
+        return str(path)
+
+    with_hits = write("hits.csv", range(len(head)))
+    k = probe.kernels(with_hits)["sel_kernel"]
+    assert k["n"] == 2 and abs(k["s"] - 4e-3) < 1e-12 and abs(k["l2"] - 4e9) < 1
+    assert abs(k["hit_l2"] / k["l2"] - 80.0) < 1e-9  # (90 * 3 + 50 * 1) / 4
+    assert abs(k["l2_pct_s"] / k["s"] - 50.0) < 1e-9  # (80 * 1 + 40 * 3) / 4, by time
+    text = probe.table(with_hits)
+    assert "| L2 hit % |" in text and "| sel_kernel | 2 | 4.000 | 4.00 | 1.00 / 0.20 | 50.0 | 20.0 | 1.00 | 80.0 |" in text
+    assert "| topn_kernel | 1 | 1.000 | 0.00 | 0.00 / 0.00 | 0.0 | 50.0 | 0.00 |  |" in text  # no bytes, no rate
+    without = probe.table(write("plain.csv", range(len(head) - 1)))
+    assert "hit" not in without and "| sel_kernel | 2 | 4.000 | 4.00 | 1.00 / 0.20 | 50.0 | 20.0 | 1.00 |\n" in without
+
+
 def test_ncu_source_stalls_sums_reasons_and_ranks_instructions(tmp_path):
     """``scripts/ncu_source_stalls.py`` reads Nsight Compute's source page (SASS): each reason's
     samples summed over the instructions (the "Not Issued" twins left out), and the instructions ranked
