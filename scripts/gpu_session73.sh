@@ -43,6 +43,18 @@
 #
 # With it the compressed pass's last program ended at 48.4 us against 45.2, and the score programs
 # started their tiles at a median 49.9 us against 44.9; the combine ended at 73.3 against 67.4.
+#
+#   bash scripts/gpu_session73.sh cap         # decode at batch 16: the score programs capped at
+#                                             # ceil(programs / SMs) an SM by a static shared-memory
+#                                             # array (score_cap), and in two warps, against the default
+#
+#   bash scripts/gpu_session73.sh caps        # the cap at 12, 16, 20 and 24 programs an SM (64k), and
+#                                             # the stamps at 16
+#
+#   bash scripts/gpu_session73.sh capped      # with the cap on by default (20 score programs an SM once
+#                                             # the batch fills the GPU): the decode GPU tests, then the
+#                                             # default against score_cap 0 at batch 16 and 32
+#   bash scripts/gpu_session73.sh table       # the decode table (batch 1, 16, 32, 64)
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -81,8 +93,25 @@ trace)
     timeout 300 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 \
         --variants '{}' '{"score_handoff": true}' 2>&1 | tee "$OUT/decode_trace_handoff_h200.md"
     ;;
+cap)
+    variant_rounds cap_b16 16 65536 "8192 65536" 300 '{"score_cap": true}' '{"score_warps": 2}'
+    ;;
+caps)
+    variant_rounds caps_b16 16 65536 "65536" 300 '{"score_cap": 12}' '{"score_cap": 16}' '{"score_cap": 20}' \
+        '{"score_cap": 24}'
+    timeout 300 python scripts/gpu_decode_trace.py --contexts 65536 --batches 16 --replays 5 \
+        --variants '{}' '{"score_cap": 16}' 2>&1 | tee "$OUT/decode_trace_cap_h200.md"
+    ;;
+capped)
+    run_group decode 260 3 tests/ops/test_decode_kernel.py tests/test_decode_graph.py
+    variant_rounds capped_b16 16 65536 "8192 16384 32768 65536" 200 '{"score_cap": 0}'
+    variant_rounds capped_b32 32 65536 "8192 32768" 150 '{"score_cap": 0}'
+    ;;
+table)
+    decode_table h200
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session73.sh regs|l2|handoff|handoff2|trace" >&2
+    echo "usage: bash scripts/gpu_session73.sh regs|l2|handoff|handoff2|trace|cap|caps|capped|table" >&2
     exit 2
     ;;
 esac

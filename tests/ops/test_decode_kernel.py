@@ -640,6 +640,76 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_devic
             torch.testing.assert_close(got.double(), want[length - 1, h, block], rtol=2e-6, atol=1e-9)
 
 
+def test_score_cap_by_launch_size():
+    """The score launch's cap on programs an SM (:func:`~nsa.ops.decode.kernel.score_cap_asm`): on an
+    H200 at batch 16, 64k (2048 programs) the default 20 reserves an SM's shared memory over 20; none
+    where the launch would not fit one wave at that cap (batch 32, 4096), at 0, at 32 and over (the
+    hardware's own), or on the CPU; a small cap stops at the 48 KiB a static array may take."""
+    from nsa.ops.decode.kernel import SCORE_PROGRAMS_PER_SM, score_cap_asm
+    from nsa.ops.decode.score import reserve_shared_asm
+
+    gpu = torch.device("cuda")
+    with sized_as("h200") as facts:
+        per_sm = facts.shared_memory + 1024
+        assert SCORE_PROGRAMS_PER_SM == 20
+        assert score_cap_asm(2048, gpu) == reserve_shared_asm(per_sm // 20 - 1536)
+        assert score_cap_asm(2048, gpu, 16) == reserve_shared_asm(per_sm // 16 - 1536)
+        assert score_cap_asm(20 * 132, gpu) is not None and score_cap_asm(20 * 132 + 1, gpu) is None
+        assert score_cap_asm(4096, gpu) is None
+        assert score_cap_asm(2048, gpu, 0) is None and score_cap_asm(2048, gpu, 32) is None
+        assert score_cap_asm(64, gpu, 2) == reserve_shared_asm(48 * 1024)
+        assert score_cap_asm(2048, torch.device("cpu")) is None
+    asm = reserve_shared_asm(10137)
+    assert ".shared .align 16 .b8 nsa_score_cap[10137];" in asm and asm.count("$0") == 1 and asm.count("$1") == 1
+    for bad in (0, 48 * 1024 + 1):
+        with pytest.raises(ValueError, match="static shared array"):
+            reserve_shared_asm(bad)
+
+
+def test_score_cap_holds_its_shared_memory_when_compiled_for_hopper(tmp_path):
+    """Compiled for sm_90 without a GPU (``scripts/sass_decode.sh``, Triton's own ptxas), the score
+    kernel with ``CAP_ASM`` keeps the array that nothing reads: its static shared memory grows by the
+    bytes reserved, which is what caps the programs an SM."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    from nsa.ops.decode.score import reserve_shared_asm
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("Triton's NVIDIA backend ships no cuobjdump here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_PATH=str(pathlib.Path(triton.__file__).parents[1]), PYTHON=sys.executable,
+               TRITON_CACHE_DIR=str(tmp_path))
+
+    def shared(cap_asm: str) -> int:
+        run = subprocess.run(["bash", "scripts/sass_decode.sh", "score", "b16", f"CAP_ASM={cap_asm}"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return int(re.search(r"SHARED:(\d+)", run.stdout).group(1))
+
+    assert shared(reserve_shared_asm(10137)) - shared("None") >= 10137
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_decode_score_cap_changes_nothing_but_placement(nsa_device):
+    """The score launch's cap on programs an SM changes where they run, never what they compute:
+    at batch 16 (the launches of a full GPU) every cap, and none, is bitwise the default."""
+    from nsa.ops.decode.kernel import decode_fwd
+
+    config = NSAConfig()
+    for lens in ([8192 - 37 * i for i in range(16)], [65536 - 501 * i for i in range(16)]):
+        args = _real_size_inputs(lens, 64, 4, 128, 128, config, nsa_device)
+        want = decode_fwd(*args, config, config.softmax_scale(128))
+        for cap in (0, 4, 16, 31):
+            got = decode_fwd(*args, config, config.softmax_scale(128), score_cap=cap)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), f"score_cap={cap} changed the result"
+
+
 def test_score_warps_by_launch_size(monkeypatch):
     """132 SMs, paper defaults: the score launch keeps 4-warp programs up to four per SM
     (batch 1 at 64k, batch 16 up to 16k) and takes one warp beyond (batch 16 at 32k, 64k)."""

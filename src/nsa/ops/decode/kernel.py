@@ -80,11 +80,11 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
-from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, sm_count
+from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, shared_memory_per_program, sm_count
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, UNFUSED_LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
 from nsa.ops.decode.combine import decode_combine_kernel
 from nsa.ops.decode.compressed_pass import decode_cmp_win_fwd_kernel
-from nsa.ops.decode.score import decode_score_kernel
+from nsa.ops.decode.score import decode_score_kernel, reserve_shared_asm
 from nsa.ops.decode.selected import decode_selected_fwd_kernel
 from nsa.ops.decode.topn import run_bit
 from nsa.ops.gates.projection import GateProjection
@@ -197,6 +197,33 @@ def default_score_warps(programs: int, device: torch.device) -> int:
     return 1 if programs > 4 * _sm_count(device) else 4
 
 
+#: Score programs an SM at most, once the batch fills the GPU. The score launch's one-warp programs
+#: are placed as the compressed pass frees SMs, up to 32 an SM (the hardware's most) on those freed
+#: first, and every program waits for that pass's end: at batch 16, 64k an H200's SMs that held 32
+#: ended 2-4 us after those that held 4 (session 49's stamps), and each selection program waits for
+#: the score launch's last. A static shared-memory array that nothing reads (``CAP_ASM``) caps them.
+#: Batch 16, 64k on an H200, graph replay, us, two rounds each in one call against the default (no
+#: cap) 71.8-72.1: at most 12 an SM 72.6, 16 71.2-71.3, 20 70.9-71.2, 24 71.2-71.3; ``ceil(programs /
+#: SMs)`` (16 there) 71.5-71.6 against 72.0-72.1 in another (session 73).
+SCORE_PROGRAMS_PER_SM = 20
+
+
+def score_cap_asm(programs: int, device: torch.device, cap: Optional[int] = None) -> Optional[str]:
+    """``CAP_ASM`` of the score launch of ``programs`` programs on ``device``: at most ``cap``
+    programs an SM (None: :data:`SCORE_PROGRAMS_PER_SM`; 0: no cap). None (no cap) where the cap is
+    0, would leave some of the launch's programs no room in one wave, or is not below the 32 that
+    Hopper places at most; on the CPU (the interpreter runs no PTX) and in 48 KiB of static shared
+    memory at most."""
+    cap = SCORE_PROGRAMS_PER_SM if cap is None else cap
+    sms = _sm_count(device)
+    if device.type != "cuda" or not 0 < cap < 32 or programs > cap * sms:
+        return None
+    # an SM's shared memory is a program's opt-in most plus the 1 KiB the driver keeps a program;
+    # the program's own 256 B and a margin below each share
+    per_program = (shared_memory_per_program(device) + 1024) // cap
+    return reserve_shared_asm(min(per_program - 1024 - 512, 48 * 1024))
+
+
 def _sm_count(device: torch.device) -> int:
     """SMs the launch heuristics plan for; the interpreter counts as two."""
     return sm_count(device, interpreter=2)
@@ -246,6 +273,7 @@ def decode_fwd(
     topn_bitonic: bool = True,
     combine_early: bool = True,
     forced_early: Optional[bool] = None,
+    score_cap: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Launch the four decode kernels; returns ``(o, block_idx)``.
 
@@ -279,7 +307,9 @@ def decode_fwd(
     against 78.7-79.2, at 8k 37.8-38.9 against 38.5-39.0, batch 32 at 64k 127.5-127.8 against
     128.0-128.6, batch 1 at 64k 21.2-21.4 against 21.3-21.6, at 8k within noise),
     ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
-    among their ranks before they wait for the score launch; on by default with ``sel_desc``).
+    among their ranks before they wait for the score launch; on by default with ``sel_desc``),
+    ``score_cap`` (once the batch fills the GPU, at most this many score programs an SM, through
+    shared memory that they reserve and do not use: :func:`score_cap_asm`; None its default, 0 none).
 
     ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
     their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
@@ -467,6 +497,7 @@ def decode_fwd(
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
         FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),
+        CAP_ASM=score_cap_asm(score_tiles * rows * H, q.device, score_cap) if fills else None,
         num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip

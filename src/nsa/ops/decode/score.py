@@ -131,6 +131,17 @@ def _score_tile(logits, m_part, l_part, i_r, i_h, pos, j0, SINK_STRIDE, S_CMP, S
     return o_j, pack_keys(b_score, o_j, own, INIT, LOCAL)
 
 
+def reserve_shared_asm(nbytes: int) -> str:
+    """Inline PTX for :func:`decode_score_kernel`'s ``CAP_ASM``: it declares a static shared-memory
+    array of ``nbytes`` (at most 48 KiB, the static limit) that nothing reads, and passes its operand
+    through unchanged (plus the array's address times zero, so that ptxas keeps the array). Each
+    program then holds that much more shared memory, which caps the programs an SM."""
+    if not 0 < nbytes <= 48 * 1024:
+        raise ValueError(f"a static shared array takes 1 to 49152 bytes, not {nbytes}")
+    return ("{ .shared .align 16 .b8 nsa_score_cap[%d]; .reg .u32 a; mov.u32 a, nsa_score_cap; and.b32 a, a, 0; "
+            "add.u32 $0, $1, a; }" % nbytes)
+
+
 @triton.jit
 def decode_score_kernel(
     seq_lens, logits, m_part, l_part, cand,  #
@@ -140,6 +151,7 @@ def decode_score_kernel(
     N: tl.constexpr, NP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     BG: tl.constexpr, BSC: tl.constexpr, BJ: tl.constexpr, NCOVER: tl.constexpr, PDL: tl.constexpr,
     CONTIG: tl.constexpr, R: tl.constexpr, DROP: tl.constexpr, MASS: tl.constexpr, CMP_TILE: tl.constexpr,
+    CAP_ASM: tl.constexpr,
     SORTED: tl.constexpr, FAST_LOG2: tl.constexpr, RUN_BIT: tl.constexpr,
 ):
     """Keys of blocks ``[j0, j0 + BJ)`` (:func:`_score_tile`), kept in registers: the
@@ -149,7 +161,8 @@ def decode_score_kernel(
     the rounds of the selection programs take); with ``SORTED`` each tile's slots hold its
     keys sorted, largest first where bit ``RUN_BIT`` of the tile's index is 0 and last where it
     is 1 (what one bitonic merge of runs takes, :func:`~nsa.ops.decode.topn.top_of_sorted_runs`;
-    ``RUN_BIT`` from :func:`~nsa.ops.decode.topn.run_bit`)."""
+    ``RUN_BIT`` from :func:`~nsa.ops.decode.topn.run_bit`). ``CAP_ASM`` (:func:`reserve_shared_asm`,
+    or None) reserves shared memory that nothing uses, to cap the programs an SM."""
     if PDL:
         gdc_launch_dependents()
     i_j, i_rh = tl.program_id(0), tl.program_id(1)
@@ -166,6 +179,9 @@ def decode_score_kernel(
         b_rank = tl.sum((b_key[None, :] > b_key[:, None]).to(tl.int32), 1)  # [BJ]
         b_cand = (b_rank < N) & (b_key >= 0)
         n_found = tl.sum(b_cand.to(tl.int32), 0)
+        if CAP_ASM is not None:
+            # a static shared-memory array that nothing reads, so that fewer programs fit an SM
+            n_found = tl.inline_asm_elementwise(CAP_ASM, "=r,r", [n_found], dtype=tl.int32, is_pure=True, pack=1)
         o_n = tl.arange(0, NP)
         p_c = cand + i_rh.to(tl.int64) * NCAND + i_j * NP
         if SORTED:
