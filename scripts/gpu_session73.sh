@@ -54,7 +54,8 @@
 #   bash scripts/gpu_session73.sh capped      # with the cap on by default (20 score programs an SM once
 #                                             # the batch fills the GPU): the decode GPU tests, then the
 #                                             # default against score_cap 0 at batch 16 and 32
-#   bash scripts/gpu_session73.sh table       # the decode table (batch 1, 16, 32, 64)
+#   bash scripts/gpu_session73.sh table       # the cap's GPU test, then the decode table (batch 1, 16,
+#                                             # 32, 64), the cap from 12 programs an SM on
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -108,6 +109,7 @@ capped)
     variant_rounds capped_b32 32 65536 "8192 32768" 150 '{"score_cap": 0}'
     ;;
 table)
+    run_group cap 120 1 tests/ops/test_decode_kernel.py -k score_cap
     decode_table h200
     ;;
 *)

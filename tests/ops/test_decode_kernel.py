@@ -642,22 +642,24 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_devic
 
 def test_score_cap_by_launch_size():
     """The score launch's cap on programs an SM (:func:`~nsa.ops.decode.kernel.score_cap_asm`): on an
-    H200 at batch 16, 64k (2048 programs) the default 20 reserves an SM's shared memory over 20; none
-    where the launch would not fit one wave at that cap (batch 32, 4096), at 0, at 32 and over (the
-    hardware's own), or on the CPU; a small cap stops at the 48 KiB a static array may take."""
-    from nsa.ops.decode.kernel import SCORE_PROGRAMS_PER_SM, score_cap_asm
+    H200 at batch 16, 64k (2048 programs, 15.5 an SM) the default 20 reserves an SM's shared memory
+    over 20; by default none at 12 an SM or fewer (batch 16 at 32k, 1024) nor where the launch would
+    not fit one wave at the cap (batch 32 at 64k, 4096); none at 0, at 32 and over (the hardware's
+    own), or on the CPU; a small cap stops at 46 KiB (static and dynamic shared memory within 48)."""
+    from nsa.ops.decode.kernel import SCORE_CAP_FROM, SCORE_PROGRAMS_PER_SM, score_cap_asm
     from nsa.ops.decode.score import reserve_shared_asm
 
     gpu = torch.device("cuda")
     with sized_as("h200") as facts:
         per_sm = facts.shared_memory + 1024
-        assert SCORE_PROGRAMS_PER_SM == 20
+        assert (SCORE_PROGRAMS_PER_SM, SCORE_CAP_FROM) == (20, 12)
         assert score_cap_asm(2048, gpu) == reserve_shared_asm(per_sm // 20 - 1536)
-        assert score_cap_asm(2048, gpu, 16) == reserve_shared_asm(per_sm // 16 - 1536)
+        assert score_cap_asm(12 * 132, gpu) is None and score_cap_asm(12 * 132 + 1, gpu) is not None
+        assert score_cap_asm(1024, gpu) is None and score_cap_asm(1024, gpu, 16) == reserve_shared_asm(per_sm // 16 - 1536)
         assert score_cap_asm(20 * 132, gpu) is not None and score_cap_asm(20 * 132 + 1, gpu) is None
         assert score_cap_asm(4096, gpu) is None
         assert score_cap_asm(2048, gpu, 0) is None and score_cap_asm(2048, gpu, 32) is None
-        assert score_cap_asm(64, gpu, 2) == reserve_shared_asm(48 * 1024)
+        assert score_cap_asm(64, gpu, 2) == reserve_shared_asm(46 * 1024)
         assert score_cap_asm(2048, torch.device("cpu")) is None
     asm = reserve_shared_asm(10137)
     assert ".shared .align 16 .b8 nsa_score_cap[10137];" in asm and asm.count("$0") == 1 and asm.count("$1") == 1
@@ -698,7 +700,8 @@ def test_score_cap_holds_its_shared_memory_when_compiled_for_hopper(tmp_path):
 @pytest.mark.triton
 def test_decode_score_cap_changes_nothing_but_placement(nsa_device):
     """The score launch's cap on programs an SM changes where they run, never what they compute:
-    at batch 16 (the launches of a full GPU) every cap, and none, is bitwise the default."""
+    at batch 16 (the launches of a full GPU) every cap, and none, is bitwise the default (at 8k
+    the smallest caps reserve the most shared memory: 4 an SM, 46 KiB a program)."""
     from nsa.ops.decode.kernel import decode_fwd
 
     config = NSAConfig()

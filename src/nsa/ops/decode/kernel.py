@@ -197,31 +197,37 @@ def default_score_warps(programs: int, device: torch.device) -> int:
     return 1 if programs > 4 * _sm_count(device) else 4
 
 
-#: Score programs an SM at most, once the batch fills the GPU. The score launch's one-warp programs
-#: are placed as the compressed pass frees SMs, up to 32 an SM (the hardware's most) on those freed
-#: first, and every program waits for that pass's end: at batch 16, 64k an H200's SMs that held 32
-#: ended 2-4 us after those that held 4 (session 49's stamps), and each selection program waits for
-#: the score launch's last. A static shared-memory array that nothing reads (``CAP_ASM``) caps them.
-#: Batch 16, 64k on an H200, graph replay, us, two rounds each in one call against the default (no
-#: cap) 71.8-72.1: at most 12 an SM 72.6, 16 71.2-71.3, 20 70.9-71.2, 24 71.2-71.3; ``ceil(programs /
-#: SMs)`` (16 there) 71.5-71.6 against 72.0-72.1 in another (session 73).
+#: Score programs an SM at most, once the batch fills the GPU, where the launch averages more than
+#: :data:`SCORE_CAP_FROM` of them an SM. The score launch's one-warp programs are placed as the
+#: compressed pass frees SMs, up to 32 an SM (the hardware's most) on those freed first, and every
+#: program waits for that pass's end: at batch 16, 64k an H200's SMs that held 32 ended 2-4 us after
+#: those that held 4 (session 49's stamps), and each selection program waits for the score launch's
+#: last. A static shared-memory array that nothing reads (``CAP_ASM``) caps them. Batch 16 on an
+#: H200, graph replay, us, two rounds each in one call, capped against not (session 73): at 64k
+#: (2048 programs, 15.5 an SM) 71.5-71.7 against 72.9-73.1, and in another call 70.9-71.2 against
+#: 71.8-72.1 (at most 12 an SM 72.6, 16 71.2-71.3, 24 71.2-71.3); where fewer programs leave room
+#: beside the compressed programs at start, the cap loses: 32k (1024) 53.3-53.4 against 52.8-52.9,
+#: 8k (256) 40.0-40.1 against 38.2-38.4, batch 32 at 32k 83.4-83.5 against 82.1-82.5.
 SCORE_PROGRAMS_PER_SM = 20
+SCORE_CAP_FROM = 12
 
 
 def score_cap_asm(programs: int, device: torch.device, cap: Optional[int] = None) -> Optional[str]:
     """``CAP_ASM`` of the score launch of ``programs`` programs on ``device``: at most ``cap``
-    programs an SM (None: :data:`SCORE_PROGRAMS_PER_SM`; 0: no cap). None (no cap) where the cap is
-    0, would leave some of the launch's programs no room in one wave, or is not below the 32 that
-    Hopper places at most; on the CPU (the interpreter runs no PTX) and in 48 KiB of static shared
-    memory at most."""
-    cap = SCORE_PROGRAMS_PER_SM if cap is None else cap
+    programs an SM (0: none; None: :data:`SCORE_PROGRAMS_PER_SM` where the launch averages more than
+    :data:`SCORE_CAP_FROM` an SM, else none). None (no cap) also where the cap would leave some of
+    the launch's programs no room in one wave, is not below the 32 that Hopper places at most, or on
+    the CPU (the interpreter runs no PTX). The array stops at 46 KiB: a program's static and dynamic
+    shared memory together may take 48 without the opt-in."""
     sms = _sm_count(device)
+    if cap is None:
+        cap = SCORE_PROGRAMS_PER_SM if programs > SCORE_CAP_FROM * sms else 0
     if device.type != "cuda" or not 0 < cap < 32 or programs > cap * sms:
         return None
     # an SM's shared memory is a program's opt-in most plus the 1 KiB the driver keeps a program;
     # the program's own 256 B and a margin below each share
     per_program = (shared_memory_per_program(device) + 1024) // cap
-    return reserve_shared_asm(min(per_program - 1024 - 512, 48 * 1024))
+    return reserve_shared_asm(min(per_program - 1024 - 512, 46 * 1024))
 
 
 def _sm_count(device: torch.device) -> int:
