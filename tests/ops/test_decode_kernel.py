@@ -641,26 +641,32 @@ def test_score_launch_keys_hold_the_reference_block_scores(score_mass, nsa_devic
 
 
 def test_score_cap_by_launch_size():
-    """The score launch's cap on programs an SM (:func:`~nsa.ops.decode.kernel.score_cap_asm`): on an
-    H200 at batch 16, 64k (2048 programs, 15.5 an SM) the default 20 reserves an SM's shared memory
-    over 20; by default none at 12 an SM or fewer (batch 16 at 32k, 1024) nor where the launch would
-    not fit one wave at the cap (batch 32 at 64k, 4096); none at 0, at 32 and over (the hardware's
-    own), or on the CPU; a small cap stops at 46 KiB (static and dynamic shared memory within 48)."""
-    from nsa.ops.decode.kernel import SCORE_CAP_FROM, SCORE_PROGRAMS_PER_SM, score_cap_asm
+    """The score launch's cap on programs an SM: by default 20 (:func:`~nsa.ops.decode.kernel.default_score_cap`)
+    only where the launch averages more than 12 programs an SM, fits 20 an SM and holds 32 tiles a
+    row (batch 16 at 64k on an H200: 2048 programs), the points measured faster; not at batch 16, 32k
+    (1024 programs), batch 32, 32k (2048 programs, 16 tiles a row) or batch 32, 64k (4096). The array
+    (:func:`~nsa.ops.decode.kernel.score_cap_asm`) reserves an SM's shared memory over the cap; none at
+    0, at 32 and over (the hardware's own), past one wave, or on the CPU; a small cap stops at 46 KiB
+    (static and dynamic shared memory within 48)."""
+    from nsa.ops.decode.kernel import (SCORE_CAP_FROM, SCORE_CAP_TILES, SCORE_PROGRAMS_PER_SM, default_score_cap,
+                                       score_cap_asm)
     from nsa.ops.decode.score import reserve_shared_asm
 
     gpu = torch.device("cuda")
     with sized_as("h200") as facts:
         per_sm = facts.shared_memory + 1024
-        assert (SCORE_PROGRAMS_PER_SM, SCORE_CAP_FROM) == (20, 12)
-        assert score_cap_asm(2048, gpu) == reserve_shared_asm(per_sm // 20 - 1536)
-        assert score_cap_asm(12 * 132, gpu) is None and score_cap_asm(12 * 132 + 1, gpu) is not None
-        assert score_cap_asm(1024, gpu) is None and score_cap_asm(1024, gpu, 16) == reserve_shared_asm(per_sm // 16 - 1536)
-        assert score_cap_asm(20 * 132, gpu) is not None and score_cap_asm(20 * 132 + 1, gpu) is None
-        assert score_cap_asm(4096, gpu) is None
+        assert (SCORE_PROGRAMS_PER_SM, SCORE_CAP_FROM, SCORE_CAP_TILES) == (20, 12, 32)
+        assert default_score_cap(2048, 32, gpu) == 20
+        assert default_score_cap(1024, 16, gpu) == 0 and default_score_cap(2048, 16, gpu) == 0
+        assert default_score_cap(4096, 32, gpu) == 0
+        assert default_score_cap(12 * 132, 32, gpu) == 0 and default_score_cap(12 * 132 + 1, 32, gpu) == 20
+        assert default_score_cap(20 * 132, 32, gpu) == 20 and default_score_cap(20 * 132 + 1, 32, gpu) == 0
+        assert score_cap_asm(2048, gpu, 20) == reserve_shared_asm(per_sm // 20 - 1536)
+        assert score_cap_asm(1024, gpu, 16) == reserve_shared_asm(per_sm // 16 - 1536)
+        assert score_cap_asm(20 * 132 + 1, gpu, 20) is None
         assert score_cap_asm(2048, gpu, 0) is None and score_cap_asm(2048, gpu, 32) is None
         assert score_cap_asm(64, gpu, 2) == reserve_shared_asm(46 * 1024)
-        assert score_cap_asm(2048, torch.device("cpu")) is None
+        assert score_cap_asm(2048, torch.device("cpu"), 20) is None
     asm = reserve_shared_asm(10137)
     assert ".shared .align 16 .b8 nsa_score_cap[10137];" in asm and asm.count("$0") == 1 and asm.count("$1") == 1
     for bad in (0, 48 * 1024 + 1):

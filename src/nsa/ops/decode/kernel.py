@@ -197,32 +197,40 @@ def default_score_warps(programs: int, device: torch.device) -> int:
     return 1 if programs > 4 * _sm_count(device) else 4
 
 
-#: Score programs an SM at most, once the batch fills the GPU, where the launch averages more than
-#: :data:`SCORE_CAP_FROM` of them an SM. The score launch's one-warp programs are placed as the
-#: compressed pass frees SMs, up to 32 an SM (the hardware's most) on those freed first, and every
-#: program waits for that pass's end: at batch 16, 64k an H200's SMs that held 32 ended 2-4 us after
-#: those that held 4 (session 49's stamps), and each selection program waits for the score launch's
-#: last. A static shared-memory array that nothing reads (``CAP_ASM``) caps them. Batch 16 on an
-#: H200, graph replay, us, two rounds each in one call, capped against not (session 73): at 64k
-#: (2048 programs, 15.5 an SM) 71.5-71.7 against 72.9-73.1, and in another call 70.9-71.2 against
-#: 71.8-72.1 (at most 12 an SM 72.6, 16 71.2-71.3, 24 71.2-71.3); where fewer programs leave room
-#: beside the compressed programs at start, the cap loses: 32k (1024) 53.3-53.4 against 52.8-52.9,
-#: 8k (256) 40.0-40.1 against 38.2-38.4, batch 32 at 32k 83.4-83.5 against 82.1-82.5.
+#: Score programs an SM at most (:func:`default_score_cap`), where the score launch averages more
+#: than :data:`SCORE_CAP_FROM` programs an SM and holds at least :data:`SCORE_CAP_TILES` tiles a row.
+#: The score launch's one-warp programs are placed as the compressed pass frees SMs, up to 32 an SM
+#: (the most Hopper places) on the SMs freed first, and every one waits for that pass's end: at batch
+#: 16, 64k an H200's SMs that held 32 ended 2-4 us after those that held 4 (session 49's stamps), and
+#: each selection program waits for the score launch's last. A static shared-memory array that
+#: nothing reads (``CAP_ASM``, :func:`score_cap_asm`) caps them. H200, graph replay, us, two rounds
+#: each in one call, capped at 20 against not (session 73, ``docs/perf/decode.md``): batch 16 at 64k
+#: (2048 programs, 32 tiles a row) 71.5-71.7 against 72.9-73.1, and in another call 70.9-71.2
+#: against 71.8-72.1 (12 an SM 72.6, 16 71.2-71.3, 24 71.2-71.3). Slower elsewhere, where the rule
+#: does not apply: batch 16 at 32k (1024 programs) 53.3-53.4 against 52.8-52.9, at 8k 40.0-40.1
+#: against 38.2-38.4, and batch 32 at 32k (2048 programs, 16 tiles a row) 83.4-83.5 against 82.1-82.5.
 SCORE_PROGRAMS_PER_SM = 20
 SCORE_CAP_FROM = 12
+SCORE_CAP_TILES = 32
 
 
-def score_cap_asm(programs: int, device: torch.device, cap: Optional[int] = None) -> Optional[str]:
-    """``CAP_ASM`` of the score launch of ``programs`` programs on ``device``: at most ``cap``
-    programs an SM (0: none; None: :data:`SCORE_PROGRAMS_PER_SM` where the launch averages more than
-    :data:`SCORE_CAP_FROM` an SM, else none). None (no cap) also where the cap would leave some of
-    the launch's programs no room in one wave, is not below the 32 that Hopper places at most, or on
-    the CPU (the interpreter runs no PTX). The array stops at 46 KiB: a program's static and dynamic
-    shared memory together may take 48 without the opt-in."""
+def default_score_cap(programs: int, row_tiles: int, device: torch.device) -> int:
+    """Score programs an SM at most once the batch fills the GPU: :data:`SCORE_PROGRAMS_PER_SM`
+    where the launch of ``programs`` averages more than :data:`SCORE_CAP_FROM` an SM, fits that cap
+    in one wave and holds ``row_tiles`` >= :data:`SCORE_CAP_TILES` tiles a row (batch 16 at 64k on
+    132 SMs), else 0 (no cap): the points measured faster and slower (above)."""
     sms = _sm_count(device)
-    if cap is None:
-        cap = SCORE_PROGRAMS_PER_SM if programs > SCORE_CAP_FROM * sms else 0
-    if device.type != "cuda" or not 0 < cap < 32 or programs > cap * sms:
+    fits = SCORE_CAP_FROM * sms < programs <= SCORE_PROGRAMS_PER_SM * sms
+    return SCORE_PROGRAMS_PER_SM if fits and row_tiles >= SCORE_CAP_TILES else 0
+
+
+def score_cap_asm(programs: int, device: torch.device, cap: int) -> Optional[str]:
+    """``CAP_ASM`` of a score launch of ``programs`` programs on ``device``: at most ``cap`` programs an
+    SM. None (no cap) where ``cap`` is 0, would leave some of the programs no room in one wave, is
+    not below the 32 that Hopper places at most, or on the CPU (the interpreter runs no PTX). The
+    array stops at 46 KiB: a program's static and dynamic shared memory together may take 48 without
+    the opt-in."""
+    if device.type != "cuda" or not 0 < cap < 32 or programs > cap * _sm_count(device):
         return None
     # an SM's shared memory is a program's opt-in most plus the 1 KiB the driver keeps a program;
     # the program's own 256 B and a margin below each share
@@ -315,7 +323,8 @@ def decode_fwd(
     ``forced_early`` (with ``sel_desc``, the selection programs attend over the forced blocks
     among their ranks before they wait for the score launch; on by default with ``sel_desc``),
     ``score_cap`` (once the batch fills the GPU, at most this many score programs an SM, through
-    shared memory that they reserve and do not use: :func:`score_cap_asm`; None its default, 0 none).
+    shared memory that they reserve and do not use: :func:`score_cap_asm`; None:
+    :func:`default_score_cap`, 0: none).
 
     ``forced_early``: at batch 16, 64k on an H200 the selection programs ended 9-10 us after
     their top-n, bound by the selected blocks' bytes, and 3 of each row's 16 blocks need no
@@ -495,6 +504,9 @@ def decode_fwd(
     one_tile, ranked = n_cand <= tj, score_tiles == 1
     # one bitonic merge of sorted runs needs every candidate in registers
     topn_bitonic = topn_bitonic and one_tile and not ranked
+    score_programs = score_tiles * rows * H
+    if score_cap is None:
+        score_cap = default_score_cap(score_programs, score_tiles, q.device)
     decode_score_kernel[(score_tiles, rows * H)](
         seq_lens, logits, m_part, l_part, cand,  #
         sink_stride, n_cand, s_cmp, S,  #
@@ -503,8 +515,8 @@ def decode_fwd(
         BSC=next_pow2(s_cmp, 2), BJ=BJ, NCOVER=(config.sel_block + config.cmp_block) // config.cmp_stride - 1,
         CONTIG=score_contig and contig_ok, R=r_blk, DROP=drop, MASS=score_mass, CMP_TILE=cmp_bc, SORTED=topn_bitonic,
         FAST_LOG2=on_gpu, RUN_BIT=run_bit(tj, NP),
-        CAP_ASM=score_cap_asm(score_tiles * rows * H, q.device, score_cap) if fills else None,
-        num_warps=score_warps or default_score_warps(score_tiles * rows * H, q.device), **common, **after_score,
+        CAP_ASM=score_cap_asm(score_programs, q.device, score_cap) if fills else None,
+        num_warps=score_warps or default_score_warps(score_programs, q.device), **common, **after_score,
         **UNFUSED_LAUNCH_OPTIONS,  # each key is ranked against the copies of its tile's keys in other lanes
     )  # fmt: skip
     # with combine_early the combine merges launch 1's branches (the compressed one, and the
