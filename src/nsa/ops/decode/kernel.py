@@ -80,7 +80,13 @@ from nsa.ops._triton.attention import (
     pipeline_stages,
     token_tile_descriptor,
 )
-from nsa.ops._triton.device import bulk_copies_supported, min_dot_side, pdl_supported, shared_memory_per_program, sm_count
+from nsa.ops._triton.device import (
+    bulk_copies_supported,
+    min_dot_side,
+    pdl_supported,
+    shared_memory_per_program,
+    sm_count,
+)
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, UNFUSED_LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
 from nsa.ops.decode.combine import decode_combine_kernel
 from nsa.ops.decode.compressed_pass import decode_cmp_win_fwd_kernel
