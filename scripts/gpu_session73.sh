@@ -56,6 +56,8 @@
 #                                             # default against score_cap 0 at batch 16 and 32
 #   bash scripts/gpu_session73.sh table       # the cap's GPU test, then the decode table (batch 1, 16,
 #                                             # 32, 64), the cap from 12 programs an SM on
+#
+#   bash scripts/gpu_session73.sh final       # the decode GPU tests at the session's last code
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -112,8 +114,11 @@ table)
     run_group cap 120 1 tests/ops/test_decode_kernel.py -k score_cap
     decode_table h200
     ;;
+final)
+    run_group decode 300 3 tests/ops/test_decode_kernel.py tests/test_decode_graph.py tests/test_cache.py
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session73.sh regs|l2|handoff|handoff2|trace|cap|caps|capped|table" >&2
+    echo "usage: bash scripts/gpu_session73.sh regs|l2|handoff|handoff2|trace|cap|caps|capped|table|final" >&2
     exit 2
     ;;
 esac
