@@ -48,16 +48,32 @@
 #                                             # ceil(programs / SMs) an SM by a static shared-memory
 #                                             # array (score_cap), and in two warps, against the default
 #
+# The first call failed to compile at 8k (256 programs: a 115-KiB static array, past 48 KiB); then
+# batch 16 at 64k 71.5-71.6 against 72.0-72.1, two warps 73.2-73.3; 8k 38.5-38.6 against 37.8-39.0.
+#
 #   bash scripts/gpu_session73.sh caps        # the cap at 12, 16, 20 and 24 programs an SM (64k), and
 #                                             # the stamps at 16
+#
+# 12 an SM 72.6, 16 71.2-71.3, 20 70.9-71.2, 24 71.2-71.3, against 71.8-72.1 us.
 #
 #   bash scripts/gpu_session73.sh capped      # with the cap on by default (20 score programs an SM once
 #                                             # the batch fills the GPU): the decode GPU tests, then the
 #                                             # default against score_cap 0 at batch 16 and 32
+#
+# The tests: 105 of 106 passed (the new cap test's 8k launch with a 48-KiB array invalid; the array
+# now stops at 46 KiB). Batch 16 at 64k 71.5-71.7 capped against 72.9-73.1; 32k 53.3-53.4 against
+# 52.8-52.9; 16k 44.5-44.7 against 44.4-44.5; 8k 40.0-40.1 against 38.2-38.4; batch 32 at 32k
+# 83.4-83.5 against 82.1-82.5, at 8k 55.0-55.4 against 53.5-53.6.
+#
 #   bash scripts/gpu_session73.sh table       # the cap's GPU test, then the decode table (batch 1, 16,
 #                                             # 32, 64), the cap from 12 programs an SM on
 #
+# Run at d3bb137 (the first rule) and at f48def7 (the rule as kept): batch 16 at 64k 70.10 / 494.5 us
+# (7.05x) and 69.92 / 502.8 (7.19x); batch 1 at 64k 18.98 / 49.34 (2.60x) and 19.01 / 49.76 (2.62x).
+#
 #   bash scripts/gpu_session73.sh final       # the decode GPU tests at the session's last code
+#
+# At c669145: 142 passed (docs/perf/raw/session73_gpu_tests_decode_c669145_h200.txt).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
