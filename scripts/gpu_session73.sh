@@ -2,7 +2,9 @@
 # The GPU calls of session 73 (H200). The selected forward is one warp a program, 6 programs an SM
 # (shared memory: 2 stages of a block; 255 registers allow 8); at 8k it issues about one instruction a
 # cycle an SM, each warp waiting on its chain's latency (session 72). Here: more programs an SM,
-# through one stage and a cap on the registers (scripts/gpu_prefill_probe.py, section sel_regs).
+# through one stage and a cap on the registers (scripts/gpu_prefill_probe.py, section sel_regs); the
+# forward's L2 bytes; and in decode, the score programs' order (a hand-off in the order the compressed
+# pass finishes its row-groups, dropped) and their placement (at most 20 an SM, kept).
 #
 #   bash scripts/gpu_session73.sh regs        # the selected forward by stages and registers at 8k and
 #                                             # 64k, bitwise against the default; the fastest in the
