@@ -259,7 +259,7 @@ def test_decode_every_step_launch_overrides(config, launch, nsa_device, nsa_tole
 
 def _batch_of_sequences(lens, HQ, H, D, config, device, dtype):
     """B different sequences in caches of capacity max(lens) + 5, NaN past each length."""
-    B, cap = len(lens), max(lens) + 5
+    cap = max(lens) + 5
     seq = [_sequence(cap, HQ, H, D, D, config, device, dtype) for _ in lens]
     kv = {name: torch.cat([s[2][name] for s in seq]) for name in seq[0][2] if "raw" not in name}
     for b, n in enumerate(lens):
