@@ -95,10 +95,6 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     registers a thread (``maxnreg``), so that more one-warp programs fit an SM; each checked bitwise
     against the default, two rounds; the fastest, where it beats the default in both, in the whole
     forward (ABBA) and the forward's kernel lists.
-42. **The top-n's gathered candidates** (``topn_gather``): how many of the real rows' keys reach the
-    radix select's lower bound (the last query chunk's, counted as the kernel does), the blocks chosen
-    with each cap of :data:`TOPN_GATHER_CAPS` against ranking whole rows; the default against whole rows
-    in the whole forward and forward+backward (ABBA) and every cap in the forward's kernel lists.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -780,73 +776,6 @@ def topn_bounds(T: int, config: NSAConfig) -> None:
             chosen.append(select_blocks(q, mean_compress(k, config), config, backend="triton"))
     print(f"T={T} top-n, the same blocks either way: {torch.equal(*chosen)}", flush=True)
     ab_rounds_and_lists(T, config, topn.LAUNCH, TOPN_BOUNDS, "top-n")
-
-
-#: The prefill top-n's gather (``nsa.ops._triton.block_topn.LAUNCH["candidates"]``): the default cap, others,
-#: and none (every row ranked whole, the kernel before session 74); timed by ``topn_gather``.
-TOPN_GATHER_CAPS = (("gather up to 128", dict(candidates=128)), ("gather up to 64", dict(candidates=64)),
-                    ("gather up to 256", dict(candidates=256)), ("rank whole rows", dict(candidates=0)))
-
-
-def candidate_counts(scores: torch.Tensor, t_first: int, config: NSAConfig) -> torch.Tensor:
-    """Each row's keys that reach the top-n kernel's lower bound (``block_topn_kernel``'s ``_bounds``),
-    ``scores [B, TC, H, planes, nsel]`` as the kernel reads them: the planes summed, forced blocks at
-    ``+inf``'s bits, the row padded to a power of two, the least of ``n``'s power of two strided groups'
-    maxima clamped to the largest key not forced."""
-    B, TC, H, planes, nsel = scores.shape
-    n, sel = config.sel_count, config.sel_block
-    width = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel + 1))
-    read = min(width, nsel)
-    summed = scores.new_zeros(B, TC, H, width)
-    summed[..., :read] = scores[..., 0, :read]
-    for shift in range(1, planes):
-        summed[..., shift:read] += scores[..., shift, : read - shift]
-    own = ((t_first + torch.arange(TC, device=scores.device)) // sel).view(1, TC, 1, 1)
-    blocks = torch.arange(width, device=scores.device)
-    inf_bits = 0x7F800000
-    key = (summed.view(torch.int32) & 0x7FFFFFFF).long()
-    key = torch.where((blocks < config.init_blocks) | (blocks > own - config.local_blocks), inf_bits, key)
-    key = torch.where(blocks <= own, key, -1)
-    groups = min(width, triton.next_power_of_2(n))
-    if groups < n:  # rows narrower than n: the bound is 0
-        lo = torch.zeros(key.shape[:-1], dtype=torch.long, device=key.device)
-    else:
-        lo = key.view(*key.shape[:-1], width // groups, groups).amax(-2).amin(-1).clamp(min=0)
-    free = torch.where(key == inf_bits, -1, key).amax(-1).clamp(min=0)
-    hi = torch.where((key == inf_bits).sum(-1) >= n, inf_bits, free)
-    return (key >= torch.minimum(lo, hi).unsqueeze(-1)).sum(-1)
-
-
-def topn_gather(T: int, config: NSAConfig) -> None:
-    """How many keys the real rows gather, the blocks chosen with each cap, then :func:`ab_rounds_and_lists`
-    of the default against whole rows and the other caps' kernel lists."""
-    from nsa.ops._triton import block_topn as topn
-
-    q, k, v, _ = inputs(T, T + 25)
-    k_cmp = mean_compress(k, config)
-    chunks = []
-    rank = topn.block_topn
-    topn.block_topn = lambda sc, idx, t0, t_first, *args: chunks.append((t_first, sc.clone())) or rank(
-        sc, idx, t0, t_first, *args)
-    try:
-        select_blocks(q, k_cmp, config, backend="triton")
-    finally:
-        topn.block_topn = rank
-    t_first, last = chunks[-1]
-    counts = candidate_counts(last, t_first, config).flatten().float()
-    print(f"T={T} top-n, the last chunk's {counts.numel()} rows (queries from {t_first}): keys from the bound up "
-          f"median {counts.median().item():.0f}, 99th percentile {counts.quantile(0.99).item():.0f}, most "
-          f"{counts.max().item():.0f}; at most 64: {(counts <= 64).float().mean().item():.1%}, 128: "
-          f"{(counts <= 128).float().mean().item():.1%}, 256: {(counts <= 256).float().mean().item():.1%}", flush=True)
-    chosen = {}
-    for label, tiles in TOPN_GATHER_CAPS:
-        with tiles_as_default(topn.LAUNCH, **tiles):
-            chosen[label] = select_blocks(q, k_cmp, config, backend="triton")
-    whole = chosen[TOPN_GATHER_CAPS[-1][0]]
-    for label, _ in TOPN_GATHER_CAPS[:-1]:
-        print(f"T={T} top-n, {label}: the same blocks as whole rows: {torch.equal(chosen[label], whole)}", flush=True)
-    ab_rounds_and_lists(T, config, topn.LAUNCH, TOPN_GATHER_CAPS[:1] + TOPN_GATHER_CAPS[-1:], "top-n")
-    kernels_by_default(T, config, topn.LAUNCH, TOPN_GATHER_CAPS[1:3], "top-n", forward=True)
 
 
 #: Pass 2 of the compressed forward in a launch of its own (``compressed_fwd.PASS2_APART``): fused,
@@ -2037,7 +1966,7 @@ SECTIONS = {
     "gluon_selected_dkdv": gluon_selected_dkdv,
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
-    "gluon_scores": gluon_scores, "short_apart": short_apart, "sel_regs": sel_regs, "topn_gather": topn_gather,
+    "gluon_scores": gluon_scores, "short_apart": short_apart, "sel_regs": sel_regs,
 }
 
 

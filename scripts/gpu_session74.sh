@@ -11,8 +11,30 @@
 #                                             # the default against whole rows (ABBA) and the kernel
 #                                             # lists
 #
-#   bash scripts/gpu_session74.sh table       # the prefill table, then the GPU tests of pass 1, the NSA
-#                                             # prefill, the compressed kernels and the wgmma check
+# Run with docs/perf/attempts/prefill_topn_gather.patch applied (the gather, dropped after this call):
+# the selection tests 65 passed; at 64k a median 49 keys a row from the bound up (at most 128: 99.8 %),
+# the same blocks with every cap; the top-n's 8 launches 1.716 ms gathering up to 128 against 1.624-1.631
+# ranking whole rows (64: 1.608-1.619; 256: 1.910-1.927); the forward 30.05-30.39 against 30.07-30.36 ms.
+# Then, on main, the probe's section topn (warps a row, each chunk at 64k): the defaults held.
+#
+#   bash scripts/gpu_session74.sh baseline    # every point of the H200's pytest-benchmark baseline saved
+#                                             # again (its prefill points were session 66's kernels,
+#                                             # its decode points session 66's too), the JSON to $OUT
+#
+# 56 points (prefill 145 s, decode 29 s): 64k forward+backward 85.78 / 448.2 ms (5.22x); decode at 64k
+# 19.30 / 50.24 us (2.60x) at batch 1, 69.47 / 491.6 (7.08x) at batch 16.
+#
+#   bash scripts/gpu_session74.sh table       # the prefill table (its plot drawing the new baseline),
+#                                             # then the GPU tests of pass 1, the NSA prefill, the
+#                                             # compressed kernels and the wgmma check
+#
+# 8k forward 2.116 / 1.967 ms (0.93x), forward+backward 6.196 / 7.552 (1.22x); 64k 30.20 / 117.7 (3.90x)
+# and 85.61 / 448.5 (5.24x). Tests: 71 passed, 4 skipped; wgmma check passed.
+#
+#   bash scripts/gpu_session74.sh decode      # the decode table (its plot drawing the new baseline)
+#
+# 64k: batch 1 19.04 / 50.54 us (2.65x), batch 16 70.08 / 493.7 (7.04x), 32 124.3 / 958.7 (7.71x),
+# 64 230.3 / 1890 (8.21x); 8k 1.14x and 2.20x.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -22,11 +44,23 @@ topn)
     run_group select 150 4 tests/ops/test_select_kernel.py tests/ops/test_gluon_scores.py
     probe_run 420 topn_gather --only topn_gather --lengths 65536 8192
     ;;
+baseline)
+    for kind in prefill decode; do
+        timeout 280 python -m pytest tests/benchmarks -k "$kind" --gpu-profile h200 --nsa-baseline=save \
+            -p no:cacheprovider -q > "$OUT/baseline_$kind.log" 2>&1
+        echo "== baseline $kind: rc $? after $(( $(date +%s) - start )) s"
+        tail -4 "$OUT/baseline_$kind.log"
+    done
+    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    ;;
 table)
     prefill_table_and_tests
     ;;
+decode)
+    decode_table h200
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session74.sh topn|table" >&2
+    echo "usage: bash scripts/gpu_session74.sh topn|baseline|table|decode" >&2
     exit 2
     ;;
 esac

@@ -111,32 +111,6 @@ def test_select_gpu_bf16(T, HQ, H, nsa_device):
     _run((1, T, HQ, H, 128), config, 0, torch.bfloat16, nsa_device)
 
 
-def test_select_with_gathered_candidates_matches_reference(nsa_device, monkeypatch):
-    """The whole selection with the top-n's gather on rows of up to 38 blocks (a cap of 32 against rows
-    of 64 keys; the default 128 needs rows past 128 blocks): exactly the reference's blocks."""
-    from nsa.ops._triton import block_topn as topn
-
-    monkeypatch.setitem(topn.LAUNCH, "candidates", 32)
-    idx, ref = _run((1, 600, 4, 1, 16), SMALL, 0, torch.float32, nsa_device)
-    assert torch.equal(idx.long(), ref.long())
-
-
-@pytest.mark.gpu
-def test_select_gpu_bf16_with_gathered_candidates(nsa_device, monkeypatch):
-    """Real sizes where the default gather (128) runs: rows of up to 188 blocks (256 keys) against the
-    reference; then 40k tokens (rows of up to 625 blocks, two warps a row), gathered and whole rows, the
-    same blocks."""
-    from nsa.ops._triton import block_topn as topn
-
-    config = NSAConfig()
-    _run((1, 12000, 16, 1, 128), config, 0, torch.bfloat16, nsa_device)
-    q = torch.randn(1, 40000, 64, 128, device=nsa_device, dtype=torch.bfloat16)
-    k_cmp = torch.randn(1, config.num_cmp(40000), 4, 128, device=nsa_device, dtype=torch.bfloat16)
-    gathered = select_blocks(q, k_cmp, config, backend="triton")
-    monkeypatch.setitem(topn.LAUNCH, "candidates", 0)
-    assert torch.equal(gathered, select_blocks(q, k_cmp, config, backend="triton"))
-
-
 def test_select_in_query_chunks_equals_one_launch(nsa_device):
     """A small score buffer splits the queries into launches (the last one partial, B > 1):
     the blocks, ``o`` and ``lse`` equal those of a single launch."""
@@ -354,122 +328,6 @@ def _topn_reference(scores: torch.Tensor, t_first: int, sel_block: int, n: int, 
     return out
 
 
-def _topn_scores(kind: str, shape) -> torch.Tensor:
-    """Masses of one kind for the top-n tests: spread over many binades, within one binade (the radix
-    select's bounds then fix many bits), exact ties, all zeros; ``forced-fill`` is zeros too (its
-    forced blocks fill n by themselves)."""
-    torch.manual_seed(len(kind))
-    if kind == "spread":
-        return torch.rand(shape) * torch.exp2(torch.randint(-40, 10, shape).float())
-    if kind == "one-binade":
-        return 1.0 + torch.rand(shape) * 1e-3
-    if kind == "ties":
-        return torch.randint(0, 3, shape).float() / 4
-    return torch.zeros(shape)
-
-
-def _topn_candidates(scores: torch.Tensor, t_first: int, sel_block: int, n: int, init: int, local: int):
-    """For each row of ``scores [B, TC, H, 1, nsel]`` (one plane), in buffer order: its keys from the top-n
-    kernel's lower bound up and their blocks, ascending, by the kernel's rules (keys: the masses' bits,
-    ``+inf``'s for forced blocks; the bound: the least of the maxima of ``n``'s power of two strided groups
-    over the row padded to a power of two, clamped to the largest key not forced)."""
-    B, TC, H, _, nsel = scores.shape
-    width = triton.next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
-    groups = min(width, triton.next_power_of_2(n))
-    inf_bits = 0x7F800000
-    rows = []
-    for b, t, h in itertools.product(range(B), range(TC), range(H)):
-        own = (t_first + t) // sel_block
-        key = torch.full((width,), -1, dtype=torch.int64)
-        key[: own + 1] = scores[b, t, h, 0, : own + 1].float().view(torch.int32).long() & 0x7FFFFFFF
-        blocks = torch.arange(width)
-        key[((blocks < init) | (blocks > own - local)) & (blocks <= own)] = inf_bits
-        free = torch.where(key == inf_bits, -1, key)
-        hi = inf_bits if (key == inf_bits).sum() >= n else max(int(free.max()), 0)
-        lo = min(max(int(key.view(-1, groups).amax(0).amin()), 0), hi) if groups >= n else 0
-        chosen = key >= lo
-        rows.append((key[chosen], blocks[chosen]))
-    return rows
-
-
-@pytest.mark.parametrize("cap", [16, 32])
-@pytest.mark.parametrize("kind, init, local", [("spread", 1, 2), ("one-binade", 1, 2), ("ties", 1, 2), ("zeros", 1, 2),
-                                               ("spread", 4, 3)],
-                         ids=["spread", "one-binade", "ties", "zeros", "spread-forced-fill"])
-def test_block_topn_gathers_its_candidates(kind, init, local, cap, nsa_device, monkeypatch):
-    """Rows wider than the gather's cap, masses as in :func:`test_block_topn_against_the_rule`: where a
-    row holds at most ``cap`` keys from the lower bound up, exactly those (keys, then blocks, ascending)
-    head its buffer afterwards, and the rest of it is untouched; elsewhere the whole buffer is. Either
-    way the blocks are the rule's. Random masses have rows of both kinds; all-zero rows (every visible
-    key reaches the bound 0) none gathered."""
-    from nsa.ops._triton import block_topn as topn
-    from nsa.ops._triton.block_topn import block_topn
-
-    monkeypatch.setitem(topn.LAUNCH, "candidates", cap)
-    sel_block, n, T, H, t_first = 4, 6, 24, 3, 400  # up to 106 blocks a row (128 keys): 2 * cap fit
-    nsel = (t_first + T - 1) // sel_block + 1
-    scores = _topn_scores(kind, (1, T, H, 1, nsel))
-    buffer = scores.to(nsa_device, copy=True)  # the kernel writes into it
-    idx = torch.full((1, T, H, n), 99, dtype=torch.int32, device=nsa_device)
-    block_topn(buffer, idx, 0, t_first, sel_block, init, local)
-    assert torch.equal(idx.cpu(), _topn_reference(scores, t_first, sel_block, n, init, local))
-    rows_before, rows_after = scores.reshape(-1, nsel), buffer.cpu().reshape(-1, nsel)
-    gathered = 0
-    for row, (keys, blocks) in enumerate(_topn_candidates(scores, t_first, sel_block, n, init, local)):
-        count = keys.numel()
-        if count > cap:
-            assert torch.equal(rows_after[row], rows_before[row]), (kind, row)
-            continue
-        gathered += 1
-        bits = rows_after[row].view(torch.int32).long()
-        assert torch.equal(bits[:count], keys) and torch.equal(bits[cap: cap + count], blocks), (kind, row)
-        assert torch.equal(rows_after[row, 2 * cap:], rows_before[row, 2 * cap:]), (kind, row)
-    if kind in ("spread", "one-binade"):
-        assert 0 < gathered < T * H, (kind, gathered)
-    if kind == "zeros":
-        assert gathered == 0
-
-
-def test_block_topn_rows_of_512_blocks(nsa_device):
-    """The default gather (up to 128 candidates) on rows of up to 512 blocks in two planes, against the
-    rule on the planes' sums (every row gathered: its buffer written); then the same rows ranked whole
-    (the gather off), the same blocks."""
-    from nsa.ops._triton import block_topn as topn
-    from nsa.ops._triton.block_topn import block_topn
-
-    torch.manual_seed(512)
-    sel_block, n, T, H, t_first = 4, 16, 8, 2, 1800  # up to 452 blocks: rows of 512 keys
-    nsel = (t_first + T - 1) // sel_block + 1
-    planes = torch.rand(1, T, H, 2, nsel) * torch.exp2(torch.randint(-12, 4, (1, T, H, 2, nsel)).float())
-    planes[..., 1, -1] = 0.0  # plane 1 at block j adds into block j + 1: none past the last
-    summed = planes[..., 0, :].clone()
-    summed[..., 1:] += planes[..., 1, :-1]
-    want = _topn_reference(summed.unsqueeze(3), t_first, sel_block, n, 1, 2)
-    assert topn.gather_cap(True, topn.LAUNCH["candidates"], 512, 2 * nsel, 16) == 128
-    for candidates in (topn.LAUNCH["candidates"], 0):
-        idx = torch.full((1, T, H, n), 99, dtype=torch.int32, device=nsa_device)
-        buffer = planes.to(nsa_device, copy=True)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setitem(topn.LAUNCH, "candidates", candidates)
-            block_topn(buffer, idx, 0, t_first, sel_block, 1, 2)
-        assert torch.equal(idx.cpu(), want), candidates
-        written = (buffer.cpu() != planes).reshape(T * H, -1).any(1)
-        assert written.all() if candidates else not written.any(), candidates
-
-
-def test_gather_cap_rules():
-    """The gather runs only with the bounds, for a cap at least n's power of two, narrower than the row,
-    whose keys and blocks fit the row's floats."""
-    from nsa.ops._triton.block_topn import gather_cap
-
-    assert gather_cap(True, 128, 1024, 2048, 16) == 128
-    assert gather_cap(False, 128, 1024, 2048, 16) == 0  # all 31 rounds: the bounds are not computed
-    assert gather_cap(True, 128, 128, 2048, 16) == 0  # not narrower than the row
-    assert gather_cap(True, 128, 256, 255, 16) == 0  # 256 floats needed
-    assert gather_cap(True, 8, 1024, 2048, 16) == 0  # under n
-    assert gather_cap(True, 0, 1024, 2048, 16) == 0  # off
-
-
 @pytest.mark.parametrize("bounds", [True, False], ids=["bounded-rounds", "all-rounds"])
 @pytest.mark.parametrize("kind", ["spread", "one-binade", "ties", "zeros", "forced-fill"])
 def test_block_topn_against_the_rule(kind, bounds, nsa_device, monkeypatch):
@@ -481,9 +339,18 @@ def test_block_topn_against_the_rule(kind, bounds, nsa_device, monkeypatch):
     from nsa.ops._triton.block_topn import block_topn
 
     monkeypatch.setitem(topn.LAUNCH, "bounds", bounds)
+    torch.manual_seed(len(kind))
     sel_block, n, T, H, t_first = 4, 6, 24, 3, 208
     nsel = (t_first + T - 1) // sel_block + 1  # 58 blocks: the last query's own is the last
-    scores = _topn_scores(kind, (1, T, H, 1, nsel))
+    shape = (1, T, H, 1, nsel)
+    if kind == "spread":
+        scores = torch.rand(shape) * torch.exp2(torch.randint(-40, 10, shape).float())
+    elif kind == "one-binade":
+        scores = 1.0 + torch.rand(shape) * 1e-3
+    elif kind == "ties":
+        scores = torch.randint(0, 3, shape).float() / 4
+    else:
+        scores = torch.zeros(shape)
     init, local = (4, 3) if kind == "forced-fill" else (1, 2)
     # from 0 the first queries see fewer than n blocks; a chunk of 8 from 0, rows narrower than n
     for queries, first in ((T, t_first), (T, 0), (8, 0)):

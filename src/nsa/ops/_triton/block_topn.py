@@ -12,18 +12,14 @@ is the sum over ``s`` of plane ``s`` at ``j - s``. Per row:
    that at least ``n`` keys reach - the n-th largest key. Two bounds cheap to
    reduce hold it (the least of ``n`` strided groups' maxima, the largest key
    not forced), and the bits above the first where they differ are theirs: only
-   the rounds below run (of 31). Only keys from the lower bound up can be chosen
-   (about 50 of 1024 with random masses): where a row holds at most ``CAP`` of
-   them, they are gathered, in block order, through the row's own buffer (its
-   masses are in registers by then) and the rounds and the steps below run on
-   them alone;
+   the rounds below run (of 31);
 3. chosen = keys above ``thr`` plus, among keys equal to ``thr``, the lowest
    block indices that fill ``n`` (the spec's tie rule, exact);
 4. a prefix sum over the chosen mask gives each block its place, so the row is
    written ascending with one scatter, then padded with ``-1``.
 
-The work per row is at most ``31 * nsel`` compares whatever the scores look like
-(``31 * CAP`` once gathered), and rows run in parallel.
+The work per row is at most ``31 * nsel`` compares whatever the scores look like,
+and rows run in parallel.
 """
 
 from __future__ import annotations
@@ -47,64 +43,8 @@ _KEYS_PER_THREAD = 16
 #: ``bounds``: run only the radix rounds below the first bit where the answer's two bounds differ
 #: (else all 31, unrolled; the same blocks either way). H200, the 8 launches of a 64k forward in
 #: place: 1.60-1.63 ms against 1.89-1.93; the forward 33.98-34.38 against 34.63-34.77 (ABBA rounds,
-#: L2 flushed); 8k unchanged at 0.046 (docs/perf/prefill.md, session 55). ``candidates``: the most
-#: keys a row gathers to rank alone (:func:`gather_cap`; 0: never); measured in session 74.
-LAUNCH = dict(bounds=True, candidates=128)
-
-
-@triton.jit
-def _bounds(b_key, N: tl.constexpr, NSP: tl.constexpr, NG: tl.constexpr):
-    """``(lo, hi)`` [BR]: two keys between which each row's n-th largest key lies, cheap to reduce.
-    lo: NG >= N keys reach the least of NG strided groups' maxima. hi: the largest key that is not
-    forced, unless N are forced (then +inf's bits)."""
-    BR: tl.constexpr = b_key.shape[0]
-    b_free = tl.where(b_key == INF_BITS, -1, b_key)
-    hi = tl.max(b_free, 1)
-    hi = tl.where(tl.sum((b_key == INF_BITS).to(tl.int32), 1) >= N, INF_BITS, tl.maximum(hi, 0))
-    if NG >= N:
-        lo = tl.maximum(tl.min(tl.max(tl.reshape(b_key, [BR, NSP // NG, NG]), 1), 1), 0)
-        # lo <= hi already (all NG groups reach +inf's bits only when N keys are forced, and
-        # then so does hi), but without this clamp sm_90 (Triton 3.6) compiles the kernel to 236
-        # registers and 3.3 KB of spills a thread (2 warps) instead of 70-72 and none
-        lo = tl.minimum(lo, hi)
-    else:  # a row narrower than N: fewer than N blocks visible, the answer is 0
-        lo = tl.zeros([BR], dtype=tl.int32)
-    return lo, hi
-
-
-@triton.jit
-def _nth_largest(b_key, lo, hi, N: tl.constexpr):
-    """Radix select: the largest ``thr`` [BR] with ``count(key >= thr) >= N`` (0 if fewer keys are
-    visible), given ``lo <= thr <= hi``: the bits above the highest one where ``lo`` and ``hi``
-    differ are theirs, so only the rounds below it run. Any key under ``lo`` may be left out of
-    ``b_key``: every threshold a round tests at or under ``lo`` is reached by ``N`` keys either way."""
-    differ = lo ^ hi  # [BR] >= 0
-    # bit length of `differ` from its float exponent (rounding up only adds a round)
-    length = tl.where(differ > 0, ((differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126), 0)
-    rounds = tl.minimum(tl.max(length, 0), 31)
-    thr = lo & ~((tl.full(lo.shape, 1, tl.int64) << rounds) - 1).to(tl.int32)
-    for i in range(0, rounds):
-        cand = thr | (1 << (rounds - 1 - i))
-        enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
-        thr = tl.where(enough, cand, thr)
-    return thr
-
-
-@triton.jit
-def _store_chosen(b_key, b_blk, thr, p_out, m_r, N: tl.constexpr, NP: tl.constexpr):
-    """Write each row's chosen blocks ascending at ``p_out`` [BR], then ``-1`` up to ``N``: the keys
-    above ``thr``, then among keys equal to it the lowest blocks that fill ``N``. ``b_blk`` holds
-    each key's block, ascending along the row (every key at ``thr`` or above must be there)."""
-    above = b_key > thr[:, None]
-    need = N - tl.sum(above.to(tl.int32), 1)  # [BR]
-    tie = b_key == thr[:, None]
-    chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))
-    place = tl.cumsum(chosen.to(tl.int32), 1) - 1  # slot of each chosen block
-    tl.store(p_out[:, None] + place, b_blk, mask=chosen)
-    count = tl.sum(chosen.to(tl.int32), 1)
-    o_n = tl.arange(0, NP)
-    m_pad = (o_n[None, :] >= count[:, None]) & (o_n[None, :] < N) & m_r[:, None]
-    tl.store(p_out[:, None] + o_n[None, :], tl.full([b_key.shape[0], NP], -1, tl.int32), mask=m_pad)
+#: L2 flushed); 8k unchanged at 0.046 (docs/perf/prefill.md, session 55).
+LAUNCH = dict(bounds=True)
 
 
 @triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
@@ -114,7 +54,7 @@ def block_topn_kernel(
     ROWS, NSEL, TC, TQ, T0, t_first,  # t_first: absolute position of query T0
     H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SEL: tl.constexpr,
     INIT: tl.constexpr, LOCAL: tl.constexpr, BR: tl.constexpr, NSP: tl.constexpr, PLANES: tl.constexpr,
-    NG: tl.constexpr, BOUNDS: tl.constexpr = True, CAP: tl.constexpr = 0,
+    NG: tl.constexpr, BOUNDS: tl.constexpr = True,
 ):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # [BR] score rows
     m_r = o_r < ROWS
@@ -123,7 +63,7 @@ def block_topn_kernel(
     own = (t_first + i_t) // SEL  # [BR] each query's own block
     o_j = tl.arange(0, NSP)
     m_vis = (o_j[None, :] <= own[:, None]) & m_r[:, None]  # [BR, NSP]
-    p_row = scores + o_r[:, None] * (PLANES * NSEL)  # [BR, 1]
+    p_row = scores + o_r[:, None] * (PLANES * NSEL)
     b_s = tl.zeros([BR, NSP], dtype=tl.float32)
     for shift in tl.static_range(PLANES):
         m_src = m_vis & (o_j[None, :] >= shift)
@@ -133,41 +73,49 @@ def block_topn_kernel(
     forced = (o_j[None, :] < INIT) | (o_j[None, :] > own[:, None] - LOCAL)
     b_key = tl.where(forced, INF_BITS, b_key)
     b_key = tl.where(m_vis, b_key, -1)
-    b_blk = o_j[None, :] + tl.zeros([BR, NSP], dtype=tl.int32)
-    p_out = block_idx + ((i_b * TQ + T0 + i_t) * H + o_r % H) * N  # [BR]
+    # -- radix select: the largest thr with count(key >= thr) >= N (0 if fewer are visible) --
+    # It lies in [lo, hi], so the bits above the highest one where lo and hi differ are theirs and
+    # only the rounds below it are run. lo: NG >= N keys reach the least of NG strided groups'
+    # maxima. hi: the largest key that is not forced, unless N are forced (then +inf's bits).
     if BOUNDS:
-        lo, hi = _bounds(b_key, N, NSP, NG)
-        if CAP > 0:
-            # Only the keys from lo up can be chosen; where every row has at most CAP of them, they
-            # are gathered (in block order) and ranked alone: the rounds compare CAP keys, not NSP.
-            cand = b_key >= lo[:, None]
-            n_cand = tl.sum(cand.to(tl.int32), 1)  # [BR]
-            if tl.max(n_cand, 0) <= CAP:
-                # each row's masses are in registers now: its buffer is the gather's scratch (keys,
-                # then blocks), written once every thread of the program has read its share
-                tl.debug_barrier()
-                slot = tl.cumsum(cand.to(tl.int32), 1) - 1
-                m_cand = cand & m_r[:, None]
-                tl.store(p_row + slot, b_key.to(tl.float32, bitcast=True), mask=m_cand)
-                tl.store(p_row + CAP + slot, b_blk.to(tl.float32, bitcast=True), mask=m_cand)
-                tl.debug_barrier()
-                o_c = tl.arange(0, CAP)
-                m_c = (o_c[None, :] < n_cand[:, None]) & m_r[:, None]
-                c_key = tl.load(p_row + o_c[None, :], mask=m_c, other=0.0).to(tl.int32, bitcast=True)
-                c_key = tl.where(m_c, c_key, -1)
-                c_blk = tl.load(p_row + CAP + o_c[None, :], mask=m_c, other=0.0).to(tl.int32, bitcast=True)
-                _store_chosen(c_key, c_blk, _nth_largest(c_key, lo, hi, N), p_out, m_r, N, NP)
-            else:
-                _store_chosen(b_key, b_blk, _nth_largest(b_key, lo, hi, N), p_out, m_r, N, NP)
-        else:
-            _store_chosen(b_key, b_blk, _nth_largest(b_key, lo, hi, N), p_out, m_r, N, NP)
+        b_free = tl.where(b_key == INF_BITS, -1, b_key)
+        hi = tl.max(b_free, 1)
+        hi = tl.where(tl.sum((b_key == INF_BITS).to(tl.int32), 1) >= N, INF_BITS, tl.maximum(hi, 0))
+        if NG >= N:
+            lo = tl.maximum(tl.min(tl.max(tl.reshape(b_key, [BR, NSP // NG, NG]), 1), 1), 0)
+            # lo <= hi already (all NG groups reach +inf's bits only when N keys are forced, and
+            # then so does hi), but without this clamp sm_90 (Triton 3.6) compiles the kernel to 236
+            # registers and 3.3 KB of spills a thread (2 warps) instead of 70-72 and none
+            lo = tl.minimum(lo, hi)
+        else:  # a row narrower than N: fewer than N blocks visible, the answer is 0
+            lo = tl.zeros([BR], dtype=tl.int32)
+        differ = lo ^ hi  # [BR] >= 0
+        # bit length of `differ` from its float exponent (rounding up only adds a round)
+        length = tl.where(differ > 0, ((differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126), 0)
+        rounds = tl.minimum(tl.max(length, 0), 31)
+        thr = lo & ~((tl.full([BR], 1, tl.int64) << rounds) - 1).to(tl.int32)
+        for i in range(0, rounds):
+            cand = thr | (1 << (rounds - 1 - i))
+            enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
+            thr = tl.where(enough, cand, thr)
     else:  # all 31 rounds, unrolled: the kernel before session 55 (for A/Bs, probe section topn_bounds)
         thr = tl.zeros([BR], dtype=tl.int32)
         for bit in tl.static_range(30, -1, -1):
             cand = thr | (1 << bit)
             enough = tl.sum((b_key >= cand[:, None]).to(tl.int32), 1) >= N
             thr = tl.where(enough, cand, thr)
-        _store_chosen(b_key, b_blk, thr, p_out, m_r, N, NP)
+    # -- keys above thr, then ties at thr by ascending block index --
+    above = b_key > thr[:, None]
+    need = N - tl.sum(above.to(tl.int32), 1)  # [BR]
+    tie = b_key == thr[:, None]
+    chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), 1) <= need[:, None]))
+    place = tl.cumsum(chosen.to(tl.int32), 1) - 1  # [BR, NSP] slot of each chosen block
+    p_out = block_idx + ((i_b * TQ + T0 + i_t) * H + o_r % H) * N  # [BR]
+    tl.store(p_out[:, None] + place, o_j[None, :] + tl.zeros([BR, NSP], dtype=tl.int32), mask=chosen)
+    count = tl.sum(chosen.to(tl.int32), 1)
+    o_n = tl.arange(0, NP)
+    m_pad = (o_n[None, :] >= count[:, None]) & (o_n[None, :] < N) & m_r[:, None]
+    tl.store(p_out[:, None] + o_n[None, :], tl.full([BR, NP], -1, tl.int32), mask=m_pad)
 
 
 def block_topn(
@@ -185,10 +133,8 @@ def block_topn(
     """Write ``block_idx[:, t0 : t0 + TC]`` from ``scores [B, TC, H, planes, nsel]``.
 
     Args:
-        scores: contiguous float32 block masses of queries ``t0 ..`` (see the module
-            docstring); only blocks up to each query's own are read, so the rest may hold
-            anything. A workspace: the kernel may overwrite a row's first ``2 * CAP`` floats
-            once it has read them (the gathered candidates).
+        scores: float32 block masses of queries ``t0 ..`` (see the module docstring);
+            only blocks up to each query's own are read, so the rest may hold anything.
         block_idx: int32 ``[B, TQ, H, n]``, written in place.
         t0: first query of the chunk (an index into ``block_idx``'s time axis).
         t_first: absolute position of query ``t0`` (``q_offset + t0``).
@@ -199,29 +145,14 @@ def block_topn(
     rows = B * TC * H
     if rows == 0:
         return
-    if not scores.is_contiguous():
-        raise ValueError(f"block_topn: scores must be contiguous (its rows are the kernel's scratch), "
-                         f"got strides {tuple(scores.stride())}")
     # the chunk's last query sees the most blocks: early chunks need narrower rows
     nsp = next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
     # one row per program; rows longer than a warp holds (past 512 blocks) spread over warps
     br = rows_per_program or 1
     num_warps = num_warps or max(1, min(16, br * nsp // (32 * _KEYS_PER_THREAD)))
-    np_ = next_power_of_2(n)
     block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
-        H=H, N=n, NP=np_, SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, np_), BOUNDS=LAUNCH["bounds"],
-        CAP=gather_cap(LAUNCH["bounds"], LAUNCH["candidates"], nsp, planes * nsel, np_),
+        H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
+        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"],
         num_warps=num_warps, **LAUNCH_OPTIONS,
     )
-
-
-def gather_cap(bounds: bool, candidates: int, row_width: int, row_floats: int, n_padded: int) -> int:
-    """The kernel's ``CAP``: how many candidate keys a row may gather and rank alone (0: none, rank
-    the whole row). Only with the bounds (the gather keeps the keys from the lower one up), a power
-    of two ``candidates`` narrower than the row (``row_width`` keys, a power of two) and at least
-    ``n_padded`` wide, whose keys and blocks fit the row's ``row_floats`` floats of masses."""
-    if not bounds or candidates < n_padded or candidates >= row_width or 2 * candidates > row_floats:
-        return 0
-    return candidates
