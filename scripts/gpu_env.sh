@@ -48,17 +48,28 @@ decode_table() {
     echo "== table: rc $? after $(( $(date +%s) - start )) s"
 }
 
-# decode_table, then the decode points of the profile's pytest-benchmark baseline saved again (the
-# log in $OUT/baseline_decode.log, the baseline JSON copied to $OUT):
+# The profile's pytest-benchmark baseline points of each KIND (prefill, decode) saved again, each
+# under LIMIT seconds, the logs in $OUT/baseline_KIND.log, the baseline JSON copied to $OUT:
+#   save_baseline PROFILE LIMIT KIND...
+save_baseline() {
+    local profile="${1:?save_baseline needs the GPU profile}" limit="${2:?save_baseline needs a limit}"
+    shift 2
+    for kind in "$@"; do
+        timeout "$limit" python -m pytest tests/benchmarks -k "$kind" --gpu-profile "$profile" --nsa-baseline=save \
+            -p no:cacheprovider -q > "$OUT/baseline_$kind.log" 2>&1
+        echo "== baseline $kind: rc $? after $(( $(date +%s) - start )) s"
+        tail -4 "$OUT/baseline_$kind.log"
+    done
+    cp "gpu_profiles/baselines/$profile/benchmarks.json" "$OUT/"
+}
+
+# decode_table, then the decode points of the profile's pytest-benchmark baseline saved again
+# (save_baseline):
 #   decode_table_and_baseline PROFILE
 decode_table_and_baseline() {
     local profile="${1:?decode_table_and_baseline needs the GPU profile}"
     decode_table "$profile"
-    timeout 150 python -m pytest tests/benchmarks -k decode --gpu-profile "$profile" --nsa-baseline=save \
-        -p no:cacheprovider -q > "$OUT/baseline_decode.log" 2>&1
-    echo "== baseline: rc $? after $(( $(date +%s) - start )) s"
-    tail -4 "$OUT/baseline_decode.log"
-    cp "gpu_profiles/baselines/$profile/benchmarks.json" "$OUT/"
+    save_baseline "$profile" 150 decode
 }
 
 # The report folders in $OUT, and worker_tests' tests.txt where there is one, as one tar,

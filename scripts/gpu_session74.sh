@@ -45,13 +45,7 @@ topn)
     probe_run 420 topn_gather --only topn_gather --lengths 65536 8192
     ;;
 baseline)
-    for kind in prefill decode; do
-        timeout 280 python -m pytest tests/benchmarks -k "$kind" --gpu-profile h200 --nsa-baseline=save \
-            -p no:cacheprovider -q > "$OUT/baseline_$kind.log" 2>&1
-        echo "== baseline $kind: rc $? after $(( $(date +%s) - start )) s"
-        tail -4 "$OUT/baseline_$kind.log"
-    done
-    cp gpu_profiles/baselines/h200/benchmarks.json "$OUT/"
+    save_baseline h200 280 prefill decode
     ;;
 table)
     prefill_table_and_tests
