@@ -96,6 +96,12 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     against the default, two rounds; the fastest, where it beats the default in both, in the whole
     forward (ABBA) and the forward's kernel lists.
 
+42. **The window beside the selected forward, on parts of the GPU** (``win_slc_partition``): the window
+    forward (Gluon, persistent) launched on ``P`` programs (so ``P`` SMs) and, on a second stream right
+    after it, the selected forward with the gated sum from the window's earlier result (no dependency:
+    a timing of the two side by side, the selected kernel's programs filling the SMs the window's
+    shared memory leaves), against the two in turn on the whole GPU; each kernel alone at ``P`` too.
+
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
 ``sel_order_kernels`` and ``sel_order_step`` on ``next/sel-order`` (the selected dK/dV's programs
@@ -921,6 +927,55 @@ def sel_regs(T: int, config: NSAConfig) -> None:
         variants = (SEL_REGS[0], (best, dict(SEL_REGS)[best]))
         step_abba(T, config, sel.FWD_TILES, variants, "selected forward", forward=True)
         kernels_by_default(T, config, sel.FWD_TILES, variants, "selected forward", forward=True)
+
+
+#: Programs (so SMs) of the persistent window forward beside the selected forward (``win_slc_partition``).
+PARTITION_PROGRAMS = (66, 44, 33, 22)
+
+
+def win_slc_partition(T: int, config: NSAConfig) -> None:
+    """The window forward on part of the GPU and the selected forward beside it on a second stream,
+    against the two in turn (:data:`PARTITION_PROGRAMS`; the doc of section 42)."""
+    from unittest import mock
+
+    from nsa.ops.compressed.kernel import compressed_attention_select
+    from nsa.ops.window.kernel import window_fwd_forced
+
+    q, k, v, gates = inputs(T, T + 23)
+    scale = config.softmax_scale(D)
+    o_cmp, _, idx = compressed_attention_select(q, mean_compress(k, config), mean_compress(v, config), config,
+                                                scale, 0)
+    win_full = window_fwd_forced(q, k, v, config, scale, 0)
+
+    def window(programs: Optional[int] = None):
+        if programs is None:
+            return window_fwd_forced(q, k, v, config, scale, 0)
+        with mock.patch("nsa.ops._triton.device.sm_count", lambda device: programs):
+            return window_fwd_forced(q, k, v, config, scale, 0)
+
+    selected = lambda: _selected_after_window(q, k, v, gates, idx, o_cmp, win_full, config)  # noqa: E731
+    in_turn = lambda: _selected_after_window(q, k, v, gates, idx, o_cmp, window(), config)  # noqa: E731
+    s_win, s_slc = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def beside(programs: int):
+        main = torch.cuda.current_stream()
+        s_win.wait_stream(main)
+        s_slc.wait_stream(main)
+        with torch.cuda.stream(s_win):
+            window(programs)
+        with torch.cuda.stream(s_slc):
+            selected()
+        main.wait_stream(s_win)
+        main.wait_stream(s_slc)
+
+    same = all(torch.equal(a, b) for a, b in zip(window(PARTITION_PROGRAMS[-1]), win_full))
+    print(f"T={T} window forward on {PARTITION_PROGRAMS[-1]} programs bitwise the whole launch's: {same}", flush=True)
+    for rnd in (1, 2):
+        print(f"T={T} round {rnd}: window alone {bench(window):.3f} ms, selected alone {bench(selected):.3f}, "
+              f"the two in turn {bench(in_turn):.3f}", flush=True)
+        for programs in PARTITION_PROGRAMS:
+            print(f"T={T} round {rnd}, window on {programs} programs: alone {bench(lambda: window(programs)):.3f} ms, "
+                  f"beside the selected forward {bench(lambda: beside(programs)):.3f}", flush=True)
 
 
 def short_apart(T: int, config: NSAConfig) -> None:
@@ -1967,6 +2022,7 @@ SECTIONS = {
     "gluon_selected_qseg": gluon_selected_qseg, "gluon_window_dkdv": gluon_window_dkdv,
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
     "gluon_scores": gluon_scores, "short_apart": short_apart, "sel_regs": sel_regs,
+    "win_slc_partition": win_slc_partition,
 }
 
 

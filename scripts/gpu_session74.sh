@@ -35,6 +35,13 @@
 #
 # 64k: batch 1 19.04 / 50.54 us (2.65x), batch 16 70.08 / 493.7 (7.04x), 32 124.3 / 958.7 (7.71x),
 # 64 230.3 / 1890 (8.21x); 8k 1.14x and 2.20x.
+#   bash scripts/gpu_session74.sh partition   # the window forward on 66, 44, 33 and 22 programs (SMs),
+#                                             # the selected forward beside it on a second stream
+#                                             # (probe section win_slc_partition), 8k and 64k
+#
+# Never faster than the two in turn (8k 1.732-1.743 ms, 64k 15.98-16.01): beside a window on 66 programs
+# 1.766-1.772 and 15.95-15.97; on 44 1.940 and 16.68; on 33 and 22 slower still. The selected forward
+# took about 16 ms at 64k on the 66 SMs the window left (12.1 on all of them).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -53,8 +60,11 @@ table)
 decode)
     decode_table h200
     ;;
+partition)
+    probe_run 400 win_slc_partition --only win_slc_partition --lengths 8192 65536
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session74.sh topn|baseline|table|decode" >&2
+    echo "usage: bash scripts/gpu_session74.sh topn|baseline|table|decode|partition" >&2
     exit 2
     ;;
 esac
