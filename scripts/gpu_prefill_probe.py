@@ -117,7 +117,7 @@ import io
 import pstats
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 from typing import Callable, List, Optional, Tuple
 
@@ -901,15 +901,11 @@ def sel_regs(T: int, config: NSAConfig) -> None:
     """The selected forward (inference: from the window's forced-block result, the gated sum
     written) by :data:`SEL_REGS`, bitwise against the default's output, two rounds; the fastest,
     where it beats the default in both rounds, in the whole forward (ABBA) and its kernel lists."""
-    from nsa.ops.compressed.kernel import compressed_attention_select
     from nsa.ops.selected import kernel as sel
     from nsa.ops.window.kernel import window_fwd_forced
 
-    q, k, v, gates = inputs(T, T + 21)
-    scale = config.softmax_scale(D)
+    q, k, v, gates, scale, o_cmp, idx = _selected_inputs(T, config, T + 21)
     win = window_fwd_forced(q, k, v, config, scale, 0)
-    o_cmp, _, idx = compressed_attention_select(q, mean_compress(k, config), mean_compress(v, config), config,
-                                                scale, 0)
     run = lambda: _selected_after_window(q, k, v, gates, idx, o_cmp, win, config)  # noqa: E731
     want = run()
     times: dict = {}
@@ -938,19 +934,15 @@ def win_slc_partition(T: int, config: NSAConfig) -> None:
     against the two in turn (:data:`PARTITION_PROGRAMS`; the doc of section 42)."""
     from unittest import mock
 
-    from nsa.ops.compressed.kernel import compressed_attention_select
     from nsa.ops.window.kernel import window_fwd_forced
 
-    q, k, v, gates = inputs(T, T + 23)
-    scale = config.softmax_scale(D)
-    o_cmp, _, idx = compressed_attention_select(q, mean_compress(k, config), mean_compress(v, config), config,
-                                                scale, 0)
+    q, k, v, gates, scale, o_cmp, idx = _selected_inputs(T, config, T + 23)
     win_full = window_fwd_forced(q, k, v, config, scale, 0)
 
     def window(programs: Optional[int] = None):
-        if programs is None:
-            return window_fwd_forced(q, k, v, config, scale, 0)
-        with mock.patch("nsa.ops._triton.device.sm_count", lambda device: programs):
+        """The window launch, on ``programs`` programs (its persistent grid is one an SM) or all SMs."""
+        grid = mock.patch("nsa.ops._triton.device.sm_count", lambda device: programs) if programs else nullcontext()
+        with grid:
             return window_fwd_forced(q, k, v, config, scale, 0)
 
     selected = lambda: _selected_after_window(q, k, v, gates, idx, o_cmp, win_full, config)  # noqa: E731
@@ -1908,6 +1900,18 @@ def _selected_after_window(q, k, v, gates, idx, o_cmp, win, config: NSAConfig, t
                                keep=False)[0]
 
 
+def _selected_inputs(T: int, config: NSAConfig, seed: int) -> Tuple[torch.Tensor, ...]:
+    """What the selected forward takes as the inference path runs it, the compressed branch run once:
+    ``(q, k, v, gates, scale, o_cmp, idx)`` (``idx`` contiguous)."""
+    from nsa.ops.compressed.kernel import compressed_attention_select
+
+    q, k, v, gates = inputs(T, seed)
+    scale = config.softmax_scale(D)
+    o_cmp, _, idx = compressed_attention_select(q, mean_compress(k, config), mean_compress(v, config), config,
+                                                scale, 0)
+    return q, k, v, gates, scale, o_cmp, idx.contiguous()
+
+
 def _hand_over(tensors, stream: torch.cuda.Stream) -> None:
     """Tensors made on a side stream, now used on ``stream`` (which already waits for them)."""
     for t in tensors:
@@ -1965,14 +1969,9 @@ def window_selected_pipelined(T: int, config: NSAConfig) -> None:
     selected kernel (bound by L2) can run beside the next chunk's window (latency-bound: 41-50 %
     of SM and L2 peak at 8k, session 23). Outputs against the whole launches (bitwise), two
     rounds in turn; the compressed pass runs once, before."""
-    from nsa.ops.compressed.kernel import compressed_attention_select
     from nsa.ops.window.kernel import window_fwd_forced
 
-    q, k, v, gates = inputs(T, T + 7)
-    scale = config.softmax_scale(D)
-    k_cmp, v_cmp = mean_compress(k, config), mean_compress(v, config)
-    o_cmp, _, idx = compressed_attention_select(q, k_cmp, v_cmp, config, scale, 0)
-    idx = idx.contiguous()
+    q, k, v, gates, scale, o_cmp, idx = _selected_inputs(T, config, T + 7)
     side = torch.cuda.Stream()
 
     def chunked(chunks: int, streams: int) -> List[torch.Tensor]:

@@ -5,11 +5,11 @@ Each file must hold these metrics (``scripts/gpu_session23.sh l2bytes`` collects
 ``dram__bytes_write.sum``, ``lts__throughput.avg.pct_of_peak_sustained_elapsed`` and
 ``sm__throughput.avg.pct_of_peak_sustained_elapsed``; ``lts__t_sector_hit_rate.pct`` is optional
 (``scripts/gpu_session73.sh l2`` adds it) and gives an L2 hit-rate column. Launches of one kernel
-name are summed (their throughputs time-weighted, their hit rates weighted by L2 bytes). Under the table: the file's totals, the best L2 rate that any
-of its kernels implies at 100 % (its L2 bytes a second over its share of peak; that share is the
-busiest L2 sub-unit's, so the rate a byte costs depends on the access pattern), and what all the
-file's L2 bytes would take at that rate: a floor for any schedule of these kernels, overlapped
-or not, as long as they move the same bytes.
+name are summed (their throughputs time-weighted, their hit rates weighted by L2 bytes). Under the
+table: the file's totals, the best L2 rate that any of its kernels implies at 100 % (its L2 bytes a
+second over its share of peak; that share is the busiest L2 sub-unit's, so the rate a byte costs
+depends on the access pattern), and what all the file's L2 bytes would take at that rate: a floor
+for any schedule of these kernels, overlapped or not, as long as they move the same bytes.
 
 Usage: ``python scripts/ncu_bytes.py FILE.csv [FILE.csv ...]``.
 """

@@ -34,7 +34,7 @@ def main() -> None:
     idx = torch.cat([select_blocks(q[:, s:s + args.chunk], k_cmp, config, q_offset=s, backend="reference")
                      for s in range(0, T, args.chunk)], 1)[0]  # [T, H, n]
     own = (torch.arange(T) // config.sel_block)[:, None, None]
-    counted = (idx >= max(config.init_blocks, 0)) & (idx <= own - config.local_blocks)  # listed (not -1), not forced
+    counted = (idx >= config.init_blocks) & (idx <= own - config.local_blocks)  # listed (not -1), not forced
     entries = int(counted.sum())
     print(f"T={T}: {entries} (query, KV head, block) entries, {entries / (T * H):.2f} a query and KV head")
     for qt in args.tiles:
