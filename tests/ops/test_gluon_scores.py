@@ -64,14 +64,14 @@ def test_gluon_scores_column_order_holds_every_row_once_with_heads_in_registers(
 
 def _scores_read(chunks, B, H, q_offset, sel_block):
     """The block masses the top-n kernel reads, chunk after chunk (``(t0, scores [B, TC, H, planes,
-    nsel])``): a query's plane ``s`` up to its own block less ``s``, flattened."""
+    nsel])``): a query's plane ``s`` from block ``s`` up to its own, flattened."""
     read = []
     for t0, sc in chunks:
         _, TC, _, planes, nsel = sc.shape
         own = (q_offset + t0 + torch.arange(TC, device=sc.device)) // sel_block
         o_j = torch.arange(nsel, device=sc.device)
         shift = torch.arange(planes, device=sc.device)
-        m = o_j[None, None, :] <= own[:, None, None] - shift[None, :, None]  # [TC, planes, nsel]
+        m = (o_j[None, None, :] <= own[:, None, None]) & (o_j[None, None, :] >= shift[None, :, None])  # [TC, planes, nsel]
         read.append(sc[m[None, :, None].expand(B, TC, H, planes, nsel)])
     return torch.cat(read)
 

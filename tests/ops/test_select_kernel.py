@@ -290,7 +290,8 @@ def test_block_topn_rules(nsa_device):
     """Hand-made scores: forced blocks win over any score, ties go to the lower block,
     a query with at most n visible blocks takes them all, and blocks past the query's own
     are never read (they hold NaN here). The same scores split over two planes (half of
-    block j's score is mass spilled from block j - 1) choose the same blocks."""
+    block j's score is mass spilled from block j - 1, in plane 1 at block j; plane 1 at block
+    0 holds NaN) choose the same blocks."""
     from nsa.ops._triton.block_topn import block_topn
 
     sel_block, n = 4, 4
@@ -301,7 +302,7 @@ def test_block_topn_rules(nsa_device):
         scores[0, t, 0, : own + 1] = torch.tensor([0.0, 0.5, 0.5, 0.25, 0.5, 0.0][: own + 1])
     spilled = torch.full((1, T, 1, 2, nsel), float("nan"), device=nsa_device)
     spilled[:, :, :, 0] = scores / 2
-    spilled[:, :, :, 1, :-1] = scores[..., 1:] / 2  # plane 1 at j - 1 adds into block j
+    spilled[:, :, :, 1, 1:] = scores[..., 1:] / 2  # plane 1 at j adds into block j
     for planes in (scores.unsqueeze(3), spilled):
         idx = torch.full((1, T, 1, n), 99, dtype=torch.int32, device=nsa_device)
         block_topn(planes, idx, 0, 0, sel_block, 1, 2)
@@ -361,6 +362,49 @@ def test_block_topn_against_the_rule(kind, bounds, nsa_device, monkeypatch):
         want = _topn_reference(chunk, first, sel_block, n, init, local)
         assert torch.equal(idx.cpu(), want), (kind, queries, first)
         assert (buffer[queries * H * n :] == 99).all(), (kind, queries, first)
+
+
+def test_block_topn_two_planes_poisoned_past_each_own_block(nsa_device):
+    """Rows of 64 blocks (a multiple of 16: the kernel then reads whole 16-block pieces up to each
+    query's own block) in two planes (plane 1 at block j: the mass block j - 1 spills into j), every
+    entry past a query's own block and plane 1 at block 0 poisoned with NaN: the same blocks as the
+    rule on the planes' sum, from queries whose own block lies anywhere in a piece."""
+    from nsa.ops._triton.block_topn import block_topn
+
+    torch.manual_seed(64)
+    sel_block, n, T, H, nsel = 4, 6, 256, 2, 64
+    whole = torch.rand(1, T, H, 1, nsel)
+    spill = torch.rand(1, T, H, 1, nsel) * whole  # up to the whole score, so that the planes differ
+    planes = torch.cat([whole - spill, spill], 3)
+    own = torch.arange(T) // sel_block
+    past = torch.arange(nsel)[None, :] > own[:, None]  # [T, nsel]
+    planes = torch.where(past[None, :, None, None, :], float("nan"), planes)
+    planes[:, :, :, 1, 0] = float("nan")
+    idx = torch.full((1, T, H, n), 99, dtype=torch.int32, device=nsa_device)
+    block_topn(planes.to(nsa_device), idx, 0, 0, sel_block, 1, 2)
+    summed = (planes[:, :, :, 0] + torch.nan_to_num(planes[:, :, :, 1], nan=0.0)).unsqueeze(3)
+    summed[:, :, :, :, 0] = planes[:, :, :, :1, 0]
+    assert torch.equal(idx.cpu(), _topn_reference(summed, 0, sel_block, n, 1, 2))
+
+
+def test_block_topn_reads_a_row_in_wide_loads_first(tmp_path):
+    """Compiled for sm_90 (rows of 1024 blocks, two warps, ``nsel`` a multiple of 16, as in the 64k
+    forward's last chunks): each thread reads its share of both planes by eight 16-byte loads, all
+    issued before the first mass is added. Masked block by block, the kernel read 32 scalar loads and
+    waited for each pair before issuing the next (Nsight Compute on the H200: a third of the stall
+    samples on those waits, docs/perf/prefill.md, session 75)."""
+    import re
+
+    from _gluon_kernels import hopper_sass
+
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", line.split("*/", 1)[1].strip())
+           for line in hopper_sass("nsa.ops._triton.block_topn", tmp_path, nsel=1024).splitlines()
+           if line.strip().startswith("/*") and "*/" in line]
+    ops = [op for op in ops if op]
+    loads = [op.split()[0] for op in ops if op.startswith("LDG")]
+    first_add = next(i for i, op in enumerate(ops) if op.startswith("FADD"))
+    assert loads == ["LDG.E.128"] * 8, loads
+    assert sum(op.startswith("LDG") for op in ops[:first_add]) == 8
 
 
 @triton.jit

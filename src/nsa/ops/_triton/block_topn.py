@@ -2,9 +2,9 @@
 
 One program takes ``BR`` rows (one per query and KV group) and keeps each whole
 row in registers. A row holds ``planes`` float32 planes of ``nsel`` block masses:
-plane ``s`` at block ``j`` is the mass that block ``j``'s tokens put into block
-``j + s`` (compressed tokens that straddle a block boundary), so a block's score
-is the sum over ``s`` of plane ``s`` at ``j - s``. Per row:
+plane ``s`` at block ``j`` is the mass that block ``j - s``'s tokens put into block
+``j`` (compressed tokens that straddle a block boundary; plane ``s`` below block ``s``
+is never read), so a block's score is the sum of the planes at ``j``. Per row:
 
 1. keys: the score's bit pattern (non-negative floats order like their bits),
    ``+inf`` bits for forced blocks, ``-1`` for blocks past the query's own;
@@ -20,6 +20,14 @@ is the sum over ``s`` of plane ``s`` at ``j - s``. Per row:
 
 The work per row is at most ``31 * nsel`` compares whatever the scores look like,
 and rows run in parallel.
+
+A row's planes are read in whole 16-block pieces up to the query's own block (the
+masses past it, which may hold anything, are then dropped as keys): where ``nsel``
+is a multiple of 16, Triton proves the masks constant over 4 blocks and each thread
+reads its blocks by 16-byte loads, all issued before the first is used. Masked block
+by block, ptxas issued a row's 32 scalar loads two at a time, each pair waited for
+before the next (Nsight Compute, H200, rows of 1024 blocks: a third of the kernel's
+stall samples on those waits; docs/perf/prefill.md, session 75).
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ _KEYS_PER_THREAD = 16
 LAUNCH = dict(bounds=True)
 
 
-@triton.jit(do_not_specialize=["ROWS", "NSEL", "TC", "TQ", "T0", "t_first"])
+# NSEL stays specialised: its divisibility by 16 lets the row's loads go 16 bytes at a time
+@triton.jit(do_not_specialize=["ROWS", "TC", "TQ", "T0", "t_first"])
 def block_topn_kernel(
     scores,  # [B, TC, H, PLANES, NSEL] float32 block masses of queries T0 .. T0 + TC - 1
     block_idx,  # [B, TQ, H, N] int32
@@ -64,10 +73,12 @@ def block_topn_kernel(
     o_j = tl.arange(0, NSP)
     m_vis = (o_j[None, :] <= own[:, None]) & m_r[:, None]  # [BR, NSP]
     p_row = scores + o_r[:, None] * (PLANES * NSEL)
-    b_s = tl.zeros([BR, NSP], dtype=tl.float32)
-    for shift in tl.static_range(PLANES):
-        m_src = m_vis & (o_j[None, :] >= shift)
-        b_s += tl.load(p_row + shift * NSEL + o_j[None, :] - shift, mask=m_src, other=0.0)
+    # whole 16-block pieces up to the own block: a mask constant over 4 blocks (see the docstring)
+    m_read = (o_j[None, :] < (own[:, None] // 16 + 1) * 16) & (o_j[None, :] < NSEL) & m_r[:, None]
+    b_s = tl.load(p_row + o_j[None, :], mask=m_read, other=0.0)
+    for shift in tl.static_range(1, PLANES):
+        b_spill = tl.load(p_row + shift * NSEL + o_j[None, :], mask=m_read, other=0.0)
+        b_s += tl.where(o_j[None, :] >= shift, b_spill, 0.0)  # below block `shift` nothing was written
     # scores are >= 0; clearing the sign bit maps a stray -0.0 onto +0.0
     b_key = b_s.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     forced = (o_j[None, :] < INIT) | (o_j[None, :] > own[:, None] - LOCAL)
@@ -134,7 +145,8 @@ def block_topn(
 
     Args:
         scores: float32 block masses of queries ``t0 ..`` (see the module docstring);
-            only blocks up to each query's own are read, so the rest may hold anything.
+            only blocks up to each query's own count, so the rest (and plane ``s`` below
+            block ``s``) may hold anything.
         block_idx: int32 ``[B, TQ, H, n]``, written in place.
         t0: first query of the chunk (an index into ``block_idx``'s time axis).
         t_first: absolute position of query ``t0`` (``q_offset + t0``).
@@ -156,3 +168,21 @@ def block_topn(
         BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"],
         num_warps=num_warps, **LAUNCH_OPTIONS,
     )
+
+
+def compile_for_hopper(nsel: int = 1024, nsp: int = 1024, num_warps: int = 2):
+    """The kernel compiled for sm_90 with the installed Triton, without a GPU: a launch over rows of
+    ``nsp`` blocks (by default the 64k forward's last chunks: 1024 blocks, two warps) at the paper's
+    geometry, with ``nsel`` specialised as Triton's launcher does it (divisible by 16 or not) and the
+    pointers 16-byte aligned. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = dict(H=4, N=16, NP=16, SEL=64, INIT=1, LOCAL=2, BR=1, NSP=nsp, PLANES=2, NG=16, BOUNDS=True)
+    signature = dict(scores="*fp32", block_idx="*i32", ROWS="i32", NSEL="i32", TC="i32", TQ="i32", T0="i32",
+                     t_first="i32", **{name: "constexpr" for name in constexprs})
+    names = list(signature)
+    aligned = ("scores", "block_idx") + (("NSEL",) if nsel % 16 == 0 else ())
+    source = ASTSource(block_topn_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()},
+                       {(names.index(name),): [["tt.divisibility", 16]] for name in aligned})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))

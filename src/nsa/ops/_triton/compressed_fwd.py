@@ -24,8 +24,8 @@ tokens whose first raw position lies in those blocks, ``RP`` a block (``R =
 sel_block / cmp_stride`` tokens, padded to a power of two), in the column order of
 :func:`_step_tokens`, which keeps a block's tokens in one thread's registers. A
 token may straddle a block boundary; the mass it puts ``s`` blocks further goes
-to plane ``s``, indexed by the token's own block, and the top-n kernel adds the
-planes with the shift. Nothing is carried from one step to the next.
+to plane ``s``, indexed by the block it lands in, and the top-n kernel adds the
+planes block by block. Nothing is carried from one step to the next.
 
 Selection used to keep a running top-n in registers, merged step by step; that
 merge was a data-dependent serial loop and cost more than the attention itself
@@ -273,10 +273,11 @@ def _score_step(
         b_s = tl.where(m_row[:, None] & m_tok[None, :] & (o_tok[None, :] < nv[:, None]), b_s, float("-inf"))
     b_p = tl.exp2(b_s)
     o_blk = i_j + tl.arange(0, NB)
-    m_st = m_t[:, None] & (o_blk < NSEL)[None, :]
     for shift in tl.static_range(NSPILL):
         b_mass = tl.sum(tl.reshape(_block_mass(b_p, shift, M, NB, R, RP, KC), [BT, GP, NB]), 1)  # [BT, NB]
-        tl.store(p_sc[:, None] + shift * NSEL + o_blk[None, :], b_mass, mask=m_st)
+        # at the block the mass lands in: the top-n reads the planes aligned (``block_topn``)
+        o_dst = o_blk + shift
+        tl.store(p_sc[:, None] + shift * NSEL + o_dst[None, :], b_mass, mask=m_t[:, None] & (o_dst < NSEL)[None, :])
 
 
 @triton.jit
@@ -289,8 +290,8 @@ def _score_pass(
     """Pass 2: exact probabilities, then block masses to ``p_sc``.
 
     The mass a block's tokens put into the block ``s`` places later goes to plane ``s``
-    of the score row (``[NSPILL, NSEL]``, indexed by the tokens' block); the top-n kernel
-    adds the planes with the shift. No value is carried from one step to the next.
+    of the score row (``[NSPILL, NSEL]``, indexed by the block it lands in); the top-n kernel
+    adds the planes block by block. No value is carried from one step to the next.
     (``o`` comes from pass 1: adding ``p @ v`` here instead measured 1 ms slower at 64k.)
     Steps whose tokens every row of the tile sees (all but the last one or two, where
     ``R`` needs no padding) run without masks.

@@ -24,8 +24,8 @@ the order above 5.67; the pairs 5.47, where about 4 us a program went beside its
 rows and lse, its first key tile, launching).
 
 The masses are the Triton pass 2's (spec Eq. 9-10): ``p = exp2(s * scale - lse)``, a token's mass split
-over the selection blocks its units overlap (plane ``s`` of a row holds what a block's tokens put ``s``
-blocks further), summed over the group's heads; they differ from the Triton kernel's by rounding (the
+over the selection blocks its units overlap (plane ``s`` of a row holds, at each block, what the tokens
+of the block ``s`` before it put there), summed over the group's heads; they differ from the Triton kernel's by rounding (the
 sums run in another order). Tiles past the tokens an item's first query sees are masked by each
 row's visible count (spec ``Nc(t)``).
 
@@ -206,11 +206,12 @@ if gluon is not None:
                 overlap = gl.minimum(o_r + KC, shift * R + R) - gl.maximum(o_r, shift * R)
                 weight = gl.where(overlap > 0, overlap, 0).to(gl.float32) / KC
                 mass = gl.sum(gl.reshape(p_pos * gl.expand_dims(weight, 1), [64 // R, R, BTP]), axis=1)
-                o_blk = tok0 // R + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
+                # at the block the mass lands in: the top-n reads the planes aligned (``block_topn``)
+                o_dst = tok0 // R + shift + gl.arange(0, 64 // R, layout=gl.SliceLayout(1, mass.type.layout))
                 rows = gl.convert_layout(row0, gl.SliceLayout(0, mass.type.layout))
                 m_pos = gl.convert_layout(m_store, gl.SliceLayout(0, mass.type.layout))
-                gl.store(scores + gl.expand_dims(rows + shift * NSEL, 0) + gl.expand_dims(o_blk, 1), mass,
-                         mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_blk < NSEL, 1))
+                gl.store(scores + gl.expand_dims(rows + shift * NSEL, 0) + gl.expand_dims(o_dst, 1), mass,
+                         mask=gl.expand_dims(m_pos, 0) & gl.expand_dims(o_dst < NSEL, 1))
 
     @gluon.jit
     def _compute_partition(q, lse2, scores, q_smem, lse_smem, k_smem, k_ready, k_empty, TQ, NC, q_offset, qk_scale,

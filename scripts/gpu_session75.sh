@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU calls of session 75 (H200). The compressed forward's scoring pass stores two planes of block
+# masses a row (plane 1: the halves of the compressed tokens that straddle into the next block), and
+# the top-n reads both: 2 x 4 KiB a row on average at 64k, about 1 GB each way in 8 chunks. How much
+# of the scoring pass and the top-n goes to the second plane?
+#
+#   bash scripts/gpu_session75.sh planes      # the probe's section scores_planes at 64k and 8k: each
+#                                             # chunk's scoring pass with two planes and with one, the
+#                                             # top-n on two planes and on their sum, and on chunks
+#                                             # twice as long
+#
+#   bash scripts/gpu_session75.sh layers      # one layer's decode step inside a graph of 8 chained
+#                                             # layers (scripts/gpu_decode_layers.py; session 24 ran
+#                                             # it on the H100), batch 1 and 16, 8k and 64k
+#
+#   bash scripts/gpu_session75.sh topn_ncu    # Nsight Compute on one top-n launch of the 64k forward's
+#                                             # last chunk (scripts/ncu_topn.py): the full set, and
+#                                             # the SASS with each instruction's stall samples
+#
+#   bash scripts/gpu_session75.sh aligned     # the top-n reading its planes aligned in 16-block pieces
+#                                             # (the writers storing plane s at the block it lands in):
+#                                             # the selection GPU tests; the probe's section
+#                                             # topn_aligned at 64k and 8k (each chunk against the saved
+#                                             # kernel before, the same blocks; the forward's kernels)
+#
+#   bash scripts/gpu_session75.sh table       # the prefill table (its plot drawing the baseline), then
+#                                             # the GPU tests of pass 1, the NSA prefill, the compressed
+#                                             # kernels and the wgmma check
+#
+#   bash scripts/gpu_session75.sh decode      # the decode table (its plot drawing the baseline)
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+device_line
+step="${1:-}"
+
+case "$step" in
+planes)
+    probe_run 400 scores_planes --only scores_planes --lengths 65536 8192
+    ;;
+layers)
+    timeout 500 python scripts/gpu_decode_layers.py --contexts 8192 65536 --batches 1 16 --layers 8 2>&1 \
+        | tee "$OUT/decode_layers_h200.md"
+    ;;
+topn_ncu)
+    timeout 300 ncu --profile-from-start off --clock-control none --set full --import-source yes -o /tmp/topn \
+        python scripts/ncu_topn.py 2>&1 | tail -5
+    ncu -i /tmp/topn.ncu-rep --page details --csv > "$OUT/topn_ncu_details.csv" 2>&1
+    ncu -i /tmp/topn.ncu-rep --page source --csv --print-source sass > "$OUT/topn_ncu_sass.csv" 2>&1
+    ncu -i /tmp/topn.ncu-rep --page raw --csv > "$OUT/topn_ncu_raw.csv" 2>&1
+    wc -l "$OUT"/topn_ncu_*.csv
+    grep -i "duration\|registers\|achieved occupancy\|theoretical occupancy\|issue slots\|executed ipc" \
+        "$OUT/topn_ncu_details.csv" | head -20
+    ;;
+aligned)
+    run_group select 200 4 tests/ops/test_select_kernel.py tests/ops/test_gluon_scores.py
+    probe_run 300 topn_aligned --only topn_aligned --lengths 65536 8192
+    ;;
+table)
+    prefill_table_and_tests
+    ;;
+decode)
+    decode_table h200
+    ;;
+*)
+    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table|decode" >&2
+    exit 2
+    ;;
+esac
+echo "elapsed $(( $(date +%s) - start )) s"
