@@ -2003,7 +2003,8 @@ def window_selected_pipelined(T: int, config: NSAConfig) -> None:
 
 
 def scores_planes(T: int, config: NSAConfig) -> None:
-    """What the block masses' second plane costs (session 75): each query chunk's Gluon scoring pass
+    """What the block masses' second plane costs (session 75, run before the planes were stored at the
+    block their masses land in; the sum below is now in that convention): each query chunk's Gluon scoring pass
     with its two planes and with the first alone (timing only: the first plane's masses without the
     straddling tokens' halves), and the top-n on the two planes and on their sum as one plane (the
     same blocks), ``do_bench`` medians, two rounds; then the top-n over chunks twice as long (one
@@ -2037,8 +2038,8 @@ def scores_planes(T: int, config: NSAConfig) -> None:
                 totals.setdefault(f"scoring pass, {n_planes} plane(s)", []).append((rnd, bench(call)))
             gluon_scores.compressed_scores_gluon(q, k_cmp, lse2, sc, 0, scale, t0, t1, nsel, dict(shape, NSPILL=planes))
             summed = torch.zeros(B, t1 - t0, H, 1, nsel, device=DEV)
-            for s in range(planes):
-                summed[..., s:] += sc[:, :, :, s, : nsel - s].unsqueeze(3)
+            for s in range(planes):  # plane s at block j: what block j - s put into j (from session 75)
+                summed[..., s:] += sc[:, :, :, s, s:].unsqueeze(3)
             for label, masses, out in (("top-n, 2 planes", sc, idx), ("top-n, 1 plane", summed, idx_one)):
                 call = lambda: block_topn(masses, out, t0, t0, config.sel_block, config.init_blocks,
                                           config.local_blocks)

@@ -9,13 +9,24 @@
 #                                             # top-n on two planes and on their sum, and on chunks
 #                                             # twice as long
 #
+# 64k (8 launches, ms, two rounds): the scoring pass 4.924-4.931 with two planes, 4.756-4.763 with one
+# (timing only); the top-n 1.562-1.563 on two, 1.532-1.533 on their sum, 1.518-1.519 on 4 chunks of
+# 16384 queries. 8k: 0.127 against 0.122, 0.049 against 0.046. At most 0.2 ms: not built.
+#
 #   bash scripts/gpu_session75.sh layers      # one layer's decode step inside a graph of 8 chained
 #                                             # layers (scripts/gpu_decode_layers.py; session 24 ran
 #                                             # it on the H100), batch 1 and 16, 8k and 64k
 #
+# Batch 1 at 64k: 16.7 us a layer (15.9 with the flush that leaves nothing dirty) against dense's 41.3
+# (40.1), 2.48x (2.52x); one layer alone 20.3 against 50.9. Batch 16 at 64k 62.3 against 486.1 (7.81x).
+#
 #   bash scripts/gpu_session75.sh topn_ncu    # Nsight Compute on one top-n launch of the 64k forward's
 #                                             # last chunk (scripts/ncu_topn.py): the full set, and
 #                                             # the SASS with each instruction's stall samples
+#
+# 280 us, 2.81 instructions a cycle an SM, 72 registers (7 warps a scheduler); 41 % of the stall
+# samples on reading each row (32 scalar loads issued two at a time, each pair waited for), 38 % on
+# the radix rounds (20.2 a row).
 #
 #   bash scripts/gpu_session75.sh aligned     # the top-n reading its planes aligned in 16-block pieces
 #                                             # (the writers storing plane s at the block it lands in):
@@ -23,11 +34,16 @@
 #                                             # topn_aligned at 64k and 8k (each chunk against the saved
 #                                             # kernel before, the same blocks; the forward's kernels)
 #
+# Run with scripts/_old_block_topn.py = git show 0cb142f:src/nsa/ops/_triton/block_topn.py. Tests: 53
+# passed. 64k: 1.436, 1.434 ms against 1.559, 1.559, the same blocks (8k 0.047-0.048 against 0.048);
+# in the forward's kernel lists the top-n 1.482 ms of 29.50.
+#
 #   bash scripts/gpu_session75.sh table       # the prefill table (its plot drawing the baseline), then
 #                                             # the GPU tests of pass 1, the NSA prefill, the compressed
 #                                             # kernels and the wgmma check
 #
-#   bash scripts/gpu_session75.sh decode      # the decode table (its plot drawing the baseline)
+# At 0ceeceb: 8k forward 2.111 / 1.945 ms (0.92x), forward+backward 6.177 / 7.548 (1.22x); 64k 30.06 /
+# 117.5 (3.91x) and 85.16 / 446.6 (5.24x). Tests: 71 passed, 4 skipped; wgmma check passed.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -57,11 +73,8 @@ aligned)
 table)
     prefill_table_and_tests
     ;;
-decode)
-    decode_table h200
-    ;;
 *)
-    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table|decode" >&2
+    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table" >&2
     exit 2
     ;;
 esac
