@@ -2004,56 +2004,45 @@ def window_selected_pipelined(T: int, config: NSAConfig) -> None:
 
 def scores_planes(T: int, config: NSAConfig) -> None:
     """What the block masses' second plane costs (session 75, run before the planes were stored at the
-    block their masses land in; the sum below is now in that convention): each query chunk's Gluon scoring pass
-    with its two planes and with the first alone (timing only: the first plane's masses without the
-    straddling tokens' halves), and the top-n on the two planes and on their sum as one plane (the
-    same blocks), ``do_bench`` medians, two rounds; then the top-n over chunks twice as long (one
-    plane fits twice the queries in the buffer)."""
+    block their masses land in; the sum below is now in that convention): each query chunk's Gluon
+    scoring pass with its two planes and with the first alone (timing only: the first plane's masses
+    without the straddling tokens' halves), and the top-n on the two planes and on their sum as one
+    plane (the same blocks), ``do_bench`` medians, two rounds; then the top-n over chunks twice as
+    long (one plane fits twice the queries in the buffer). The paper's geometry (``config`` unused)."""
     from nsa.ops._triton.block_topn import block_topn
-    from nsa.ops._triton.compressed_fwd import SCORE_BUFFER_BYTES, _score_geometry, query_chunk
-    from nsa.ops.compressed import gluon_pass1, gluon_scores
+    from nsa.ops._triton.compressed_fwd import SCORE_BUFFER_BYTES, query_chunk
+    from ncu_range import scoring_setup
 
-    q, k, _, _ = inputs(T, T + 31)
-    k_cmp = mean_compress(k, config)
-    B, TQ, HQ, _ = q.shape
-    H = k_cmp.shape[2]
-    scale = config.softmax_scale(D) * LOG2E
-    o, lse, lse2 = torch.empty_like(q), torch.empty(B, TQ, HQ, device=DEV), torch.empty(B, TQ, HQ, device=DEV)
-    gluon_pass1.compressed_pass1_gluon(q, k_cmp, k_cmp, o, lse, lse2, 0, scale, config.cmp_block, config.cmp_stride)
-    geo = _score_geometry(config)
-    nsel, planes = config.num_sel_blocks(T), geo["NSPILL"]
-    chunk = query_chunk(B, TQ, H, planes * nsel, 128 // (HQ // H), SCORE_BUFFER_BYTES)
-    buf = torch.empty(B * chunk * H * planes * nsel, device=DEV)
-    idx = torch.empty(B, TQ, H, config.sel_count, dtype=torch.int32, device=DEV)
+    c = scoring_setup(T)
+    cfg, B, TQ, H, nsel, planes = c.config, c.B, c.TQ, c.H, c.nsel, c.planes
+    topn = lambda masses, out, t0: block_topn(masses, out, t0, t0, cfg.sel_block, cfg.init_blocks,  # noqa: E731
+                                              cfg.local_blocks)
+    buf = torch.empty(B * c.chunk * H * planes * nsel, device=DEV)
+    idx = torch.empty(B, TQ, H, cfg.sel_count, dtype=torch.int32, device=DEV)
     idx_one = torch.empty_like(idx)
     totals: dict = {}
     for rnd in (1, 2):
-        for t0 in range(0, TQ, chunk):
-            t1 = min(t0 + chunk, TQ)
+        for t0 in range(0, TQ, c.chunk):
+            t1 = min(t0 + c.chunk, TQ)
             sc = buf[: B * (t1 - t0) * H * planes * nsel].view(B, t1 - t0, H, planes, nsel)
             for n_planes in (planes, 1):
-                shape = dict(L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block, R=geo["R"],
-                             KC=geo["KC"], NSPILL=n_planes)
-                call = lambda: gluon_scores.compressed_scores_gluon(q, k_cmp, lse2, sc, 0, scale, t0, t1, nsel, shape)
-                totals.setdefault(f"scoring pass, {n_planes} plane(s)", []).append((rnd, bench(call)))
-            gluon_scores.compressed_scores_gluon(q, k_cmp, lse2, sc, 0, scale, t0, t1, nsel, dict(shape, NSPILL=planes))
+                ms = bench(lambda: c.masses(t0, t1, sc, n_planes))
+                totals.setdefault(f"scoring pass, {n_planes} plane(s)", []).append((rnd, ms))
+            c.masses(t0, t1, sc)
             summed = torch.zeros(B, t1 - t0, H, 1, nsel, device=DEV)
             for s in range(planes):  # plane s at block j: what block j - s put into j (from session 75)
                 summed[..., s:] += sc[:, :, :, s, s:].unsqueeze(3)
             for label, masses, out in (("top-n, 2 planes", sc, idx), ("top-n, 1 plane", summed, idx_one)):
-                call = lambda: block_topn(masses, out, t0, t0, config.sel_block, config.init_blocks,
-                                          config.local_blocks)
-                call()
-                totals.setdefault(label, []).append((rnd, bench(call)))
+                topn(masses, out, t0)
+                totals.setdefault(label, []).append((rnd, bench(lambda: topn(masses, out, t0))))
         print(f"T={T} blocks of the two top-n forms equal: {torch.equal(idx, idx_one)}", flush=True)
     # one plane: chunks twice as long in the same buffer
-    long_chunk = query_chunk(B, TQ, H, nsel, 128 // (HQ // H), SCORE_BUFFER_BYTES)
+    long_chunk = query_chunk(B, TQ, H, nsel, 128 // (c.q.shape[2] // H), SCORE_BUFFER_BYTES)
     masses = torch.rand(B, long_chunk, H, 1, nsel, device=DEV)
     for rnd in (1, 2):
         for t0 in range(0, TQ, long_chunk):
-            call = lambda: block_topn(masses[:, : min(long_chunk, TQ - t0)], idx_one, t0, t0, config.sel_block,
-                                      config.init_blocks, config.local_blocks)
-            totals.setdefault(f"top-n, 1 plane, chunks of {long_chunk}", []).append((rnd, bench(call)))
+            ms = bench(lambda: topn(masses[:, : min(long_chunk, TQ - t0)], idx_one, t0))
+            totals.setdefault(f"top-n, 1 plane, chunks of {long_chunk}", []).append((rnd, ms))
     for label, runs in totals.items():
         per_round = [sum(ms for r, ms in runs if r == rnd) for rnd in (1, 2)]
         print(f"T={T} {label}: {per_round[0]:.3f}, {per_round[1]:.3f} ms over the chunks "
@@ -2064,43 +2053,32 @@ def topn_aligned(T: int, config: NSAConfig) -> None:
     """The top-n reading its planes aligned and in whole 16-block pieces (session 75) against the
     saved copy of the kernel before (``scripts/_old_block_topn.py``, e.g. ``git show
     0cb142f:src/nsa/ops/_triton/block_topn.py``: plane ``s`` read ``s`` blocks earlier, block by
-    block), each query chunk of length ``T`` on the real masses (the library's
-    scoring pass; the old kernel on the same masses moved to its convention): the same blocks, and
-    ``do_bench`` medians over the chunks, two rounds in turn."""
+    block), each query chunk of length ``T`` on the real masses (the library's scoring pass; the old
+    kernel on the same masses moved to its convention): the same blocks, and ``do_bench`` medians
+    over the chunks, two rounds in turn; then the forward's kernel lists."""
     from nsa.ops._triton.block_topn import block_topn
-    from nsa.ops._triton.compressed_fwd import SCORE_BUFFER_BYTES, _score_geometry, query_chunk
-    from nsa.ops.compressed import gluon_pass1, gluon_scores
+    from ncu_range import scoring_setup
 
     old = _previous("block_topn")
     if old is None:
         print("topn_aligned: no scripts/_old_block_topn.py", flush=True)
         return
-    q, k, _, _ = inputs(T, T + 33)
-    k_cmp = mean_compress(k, config)
-    B, TQ, HQ, _ = q.shape
-    H = k_cmp.shape[2]
-    scale = config.softmax_scale(D) * LOG2E
-    o, lse, lse2 = torch.empty_like(q), torch.empty(B, TQ, HQ, device=DEV), torch.empty(B, TQ, HQ, device=DEV)
-    gluon_pass1.compressed_pass1_gluon(q, k_cmp, k_cmp, o, lse, lse2, 0, scale, config.cmp_block, config.cmp_stride)
-    geo = _score_geometry(config)
-    nsel, planes = config.num_sel_blocks(T), geo["NSPILL"]
-    chunk = query_chunk(B, TQ, H, planes * nsel, 128 // (HQ // H), SCORE_BUFFER_BYTES)
-    shape = dict(L=config.cmp_block, S=config.cmp_stride, SEL=config.sel_block, R=geo["R"], KC=geo["KC"],
-                 NSPILL=planes)
-    idx_new = torch.empty(B, TQ, H, config.sel_count, dtype=torch.int32, device=DEV)
+    c = scoring_setup(T)
+    cfg, B, TQ, H, nsel, planes = c.config, c.B, c.TQ, c.H, c.nsel, c.planes
+    idx_new = torch.empty(B, TQ, H, cfg.sel_count, dtype=torch.int32, device=DEV)
     idx_old = torch.empty_like(idx_new)
     times: dict = {}
-    for t0 in range(0, TQ, chunk):
-        t1 = min(t0 + chunk, TQ)
+    for t0 in range(0, TQ, c.chunk):
+        t1 = min(t0 + c.chunk, TQ)
         sc = torch.full((B, t1 - t0, H, planes, nsel), float("nan"), device=DEV)
-        gluon_scores.compressed_scores_gluon(q, k_cmp, lse2, sc, 0, scale, t0, t1, nsel, shape)
+        c.masses(t0, t1, sc)
         sc_old = sc.clone()
         for s in range(1, planes):  # the old convention: plane s indexed by the tokens' own block
             sc_old[:, :, :, s, : nsel - s] = sc[:, :, :, s, s:]
-        calls = {"aligned (now)": lambda: block_topn(sc, idx_new, t0, t0, config.sel_block, config.init_blocks,
-                                                     config.local_blocks),
-                 "before": lambda: old.block_topn(sc_old, idx_old, t0, t0, config.sel_block, config.init_blocks,
-                                                  config.local_blocks)}
+        calls = {"aligned (now)": lambda: block_topn(sc, idx_new, t0, t0, cfg.sel_block, cfg.init_blocks,
+                                                     cfg.local_blocks),
+                 "before": lambda: old.block_topn(sc_old, idx_old, t0, t0, cfg.sel_block, cfg.init_blocks,
+                                                  cfg.local_blocks)}
         for rnd in (1, 2):
             for label, call in calls.items():
                 call()
@@ -2111,7 +2089,6 @@ def topn_aligned(T: int, config: NSAConfig) -> None:
               + f" ms over {len(by_round[1])} launches (chunks: " + ", ".join(f"{ms:.3f}" for ms in by_round[1]) + ")",
               flush=True)
     forward_kernel_times(T, config, steps=5)
-
 
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {

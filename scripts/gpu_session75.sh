@@ -44,6 +44,14 @@
 #
 # At 0ceeceb: 8k forward 2.111 / 1.945 ms (0.92x), forward+backward 6.177 / 7.548 (1.22x); 64k 30.06 /
 # 117.5 (3.91x) and 85.16 / 446.6 (5.24x). Tests: 71 passed, 4 skipped; wgmma check passed.
+#
+#   bash scripts/gpu_session75.sh recheck     # the probe's sections scores_planes and topn_aligned and
+#                                             # scripts/ncu_topn.py (without Nsight Compute) at 8k, after
+#                                             # they were refactored onto ncu_range.scoring_setup
+#
+# All three ran (docs/perf/raw/session75_probe_refactor_check_h200.txt): the same blocks from both top-n
+# forms and from the kernel before; 8k as before (the scoring pass 0.129-0.130 against 0.122 with one
+# plane; the top-n 0.048 either way).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -73,8 +81,12 @@ aligned)
 table)
     prefill_table_and_tests
     ;;
+recheck)
+    probe_run 200 recheck --only scores_planes topn_aligned --lengths 8192
+    timeout 100 python scripts/ncu_topn.py --length 8192 2>&1 | tail -2
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table" >&2
+    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table|recheck" >&2
     exit 2
     ;;
 esac
