@@ -52,6 +52,21 @@
 # All three ran (docs/perf/raw/session75_probe_refactor_check_h200.txt): the same blocks from both top-n
 # forms and from the kernel before; 8k as before (the scoring pass 0.129-0.130 against 0.122 with one
 # plane; the top-n 0.048 either way).
+#
+#   bash scripts/gpu_session75.sh warps       # the probe's section topn (one, two and four warps a row,
+#                                             # each chunk of 64k) with the whole-piece reads
+#
+# Random masses, ms a chunk for 1 / 2 / 4 warps: rows of 1024 blocks 0.248 / 0.270-0.271 / 0.329-0.331
+# (two warps was the default), of 512 0.135 / 0.165-0.166 / 0.219-0.220, of 256 0.077 / 0.110 / 0.166.
+#
+#   bash scripts/gpu_session75.sh onewarp     # rows of up to 1024 blocks on one warp (row_warps): the
+#                                             # selection GPU tests, then the probe's topn_aligned at 64k
+#                                             # (against the kernel of 0cb142f; the forward's kernels)
+#
+# Tests: 53 passed. 64k: 1.350, 1.350 ms against 1.561-1.565, the same blocks (chunks of 1024 blocks
+# 0.238-0.246); in the forward's kernel lists the top-n 1.386 ms of 29.32.
+#
+#   bash scripts/gpu_session75.sh final       # the prefill table at the session's last code
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -85,8 +100,18 @@ recheck)
     probe_run 200 recheck --only scores_planes topn_aligned --lengths 8192
     timeout 100 python scripts/ncu_topn.py --length 8192 2>&1 | tail -2
     ;;
+warps)
+    probe_run 200 topn_warps --only topn --lengths 65536
+    ;;
+onewarp)
+    run_group select 200 4 tests/ops/test_select_kernel.py tests/ops/test_gluon_scores.py
+    probe_run 200 topn_onewarp --only topn_aligned --lengths 65536
+    ;;
+final)
+    h200_prefill
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table|recheck" >&2
+    echo "usage: bash scripts/gpu_session75.sh planes|layers|topn_ncu|aligned|table|recheck|warps|onewarp|final" >&2
     exit 2
     ;;
 esac

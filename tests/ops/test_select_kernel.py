@@ -388,23 +388,25 @@ def test_block_topn_two_planes_poisoned_past_each_own_block(nsa_device):
 
 
 def test_block_topn_reads_a_row_in_wide_loads_first(tmp_path):
-    """Compiled for sm_90 (rows of 1024 blocks, two warps, ``nsel`` a multiple of 16, as in the 64k
-    forward's last chunks): each thread reads its share of both planes by eight 16-byte loads, all
-    issued before the first mass is added. Masked block by block, the kernel read 32 scalar loads and
-    waited for each pair before issuing the next (Nsight Compute on the H200: a third of the stall
-    samples on those waits, docs/perf/prefill.md, session 75)."""
+    """Compiled for sm_90 as the 64k forward's last chunks launch it (rows of 1024 blocks, ``nsel`` a
+    multiple of 16, :func:`~nsa.ops._triton.block_topn.row_warps`' warps): each thread reads its share
+    of both planes by 16-byte loads, all issued before the first mass is added. Masked block by block,
+    the kernel read scalar loads and waited for each pair before issuing the next (Nsight Compute on
+    the H200: 41 % of the stall samples on reading the rows, docs/perf/prefill.md, session 75)."""
     import re
 
     from _gluon_kernels import hopper_sass
+    from nsa.ops._triton.block_topn import row_warps
 
     ops = [re.sub(r"^@!?U?P\w+\s+", "", line.split("*/", 1)[1].strip())
            for line in hopper_sass("nsa.ops._triton.block_topn", tmp_path, nsel=1024).splitlines()
            if line.strip().startswith("/*") and "*/" in line]
     ops = [op for op in ops if op]
+    wide = 2 * 1024 // (32 * row_warps(1024)) // 4  # both planes' keys of a thread, 4 a load
     loads = [op.split()[0] for op in ops if op.startswith("LDG")]
     first_add = next(i for i, op in enumerate(ops) if op.startswith("FADD"))
-    assert loads == ["LDG.E.128"] * 8, loads
-    assert sum(op.startswith("LDG") for op in ops[:first_add]) == 8
+    assert loads == ["LDG.E.128"] * wide, loads
+    assert sum(op.startswith("LDG") for op in ops[:first_add]) == wide
 
 
 @triton.jit

@@ -41,13 +41,13 @@ import triton.language as tl
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 INF_BITS = tl.constexpr(0x7F800000)
-# keys per thread: a row of up to 32 * _KEYS_PER_THREAD blocks stays inside one warp, so the
-# 31 counting rounds reduce with shuffles alone (no shared memory, no barriers); wider rows
-# spread over warps. H100, ms per chunk of queries for 1 / 2 / 4 warps: rows of up to 512 blocks
-# 0.048-0.161 / 0.105-0.182 / 0.17-0.24 (64k tokens), of 1024 blocks 0.371-0.408 / 0.346-0.353 /
-# 0.363-0.368 (64k), of 2048 blocks 0.514-0.615 / 0.422-0.433 / 0.377-0.393 (128k)
-# (docs/perf/prefill.md, sessions 13 and 14)
-_KEYS_PER_THREAD = 16
+#: Blocks a row may hold and stay inside one warp (32 keys a thread), so that the counting rounds
+#: reduce with shuffles alone (no shared memory, no barriers); wider rows spread over warps at 16 keys
+#: a thread. H200, the 64k forward's chunks of rows of 1024 blocks with the whole-piece reads, ms for 1
+#: / 2 / 4 warps: 0.248 / 0.270-0.271 / 0.329-0.331 (rows of 512: 0.135 / 0.165-0.166 / 0.219-0.220;
+#: session 75); H100, of 2048 blocks (128k tokens) 0.514-0.615 / 0.422-0.433 / 0.377-0.393 (sessions
+#: 13-14, docs/perf/prefill.md).
+ONE_WARP_BLOCKS = 1024
 #: ``bounds``: run only the radix rounds below the first bit where the answer's two bounds differ
 #: (else all 31, unrolled; the same blocks either way). H200, the 8 launches of a 64k forward in
 #: place: 1.60-1.63 ms against 1.89-1.93; the forward 33.98-34.38 against 34.63-34.77 (ABBA rounds,
@@ -129,6 +129,12 @@ def block_topn_kernel(
     tl.store(p_out[:, None] + o_n[None, :], tl.full([BR, NP], -1, tl.int32), mask=m_pad)
 
 
+def row_warps(blocks: int) -> int:
+    """Warps of a program whose rows hold ``blocks`` blocks in all: one up to :data:`ONE_WARP_BLOCKS`,
+    beyond that one per 512 blocks (at most 16)."""
+    return 1 if blocks <= ONE_WARP_BLOCKS else min(16, blocks // 512)
+
+
 def block_topn(
     scores: torch.Tensor,
     block_idx: torch.Tensor,
@@ -159,9 +165,9 @@ def block_topn(
         return
     # the chunk's last query sees the most blocks: early chunks need narrower rows
     nsp = next_power_of_2(min(nsel, (t_first + TC - 1) // sel_block + 1))
-    # one row per program; rows longer than a warp holds (past 512 blocks) spread over warps
+    # one row per program; rows longer than a warp holds spread over warps
     br = rows_per_program or 1
-    num_warps = num_warps or max(1, min(16, br * nsp // (32 * _KEYS_PER_THREAD)))
+    num_warps = num_warps or row_warps(br * nsp)
     block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
         H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
@@ -170,11 +176,12 @@ def block_topn(
     )
 
 
-def compile_for_hopper(nsel: int = 1024, nsp: int = 1024, num_warps: int = 2):
+def compile_for_hopper(nsel: int = 1024, nsp: int = 1024, num_warps: Optional[int] = None):
     """The kernel compiled for sm_90 with the installed Triton, without a GPU: a launch over rows of
-    ``nsp`` blocks (by default the 64k forward's last chunks: 1024 blocks, two warps) at the paper's
-    geometry, with ``nsel`` specialised as Triton's launcher does it (divisible by 16 or not) and the
-    pointers 16-byte aligned. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
+    ``nsp`` blocks (by default the 64k forward's last chunks: 1024 blocks) at the paper's geometry, on
+    :func:`block_topn`'s warps unless ``num_warps`` is given, with ``nsel`` specialised as Triton's
+    launcher does it (divisible by 16 or not) and the pointers 16-byte aligned. Returns Triton's
+    compiled kernel (``asm``, ``metadata``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -185,4 +192,4 @@ def compile_for_hopper(nsel: int = 1024, nsp: int = 1024, num_warps: int = 2):
     aligned = ("scores", "block_idx") + (("NSEL",) if nsel % 16 == 0 else ())
     source = ASTSource(block_topn_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()},
                        {(names.index(name),): [["tt.divisibility", 16]] for name in aligned})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps or row_warps(nsp)))
