@@ -2,7 +2,9 @@
 # The GPU calls of session 75 (H200). The compressed forward's scoring pass stores two planes of block
 # masses a row (plane 1: the halves of the compressed tokens that straddle into the next block), and
 # the top-n reads both: 2 x 4 KiB a row on average at 64k, about 1 GB each way in 8 chunks. How much
-# of the scoring pass and the top-n goes to the second plane?
+# of the scoring pass and the top-n goes to the second plane? (Little; Nsight Compute then showed the
+# top-n waiting on its own loads, and the top-n now reads its rows in whole 16-block pieces, on one warp
+# up to 1024 blocks: 1.35 ms against 1.56 at 64k.)
 #
 #   bash scripts/gpu_session75.sh planes      # the probe's section scores_planes at 64k and 8k: each
 #                                             # chunk's scoring pass with two planes and with one, the
@@ -67,6 +69,9 @@
 # 0.238-0.246); in the forward's kernel lists the top-n 1.386 ms of 29.32.
 #
 #   bash scripts/gpu_session75.sh final       # the prefill table at the session's last code
+#
+# At b0b13a5 (another machine): 8k forward 2.108 / 1.708 ms (0.81x), forward+backward 6.134 / 7.426
+# (1.21x); 64k 29.64 / 116.2 (3.92x) and 84.38 / 443.7 (5.26x).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
