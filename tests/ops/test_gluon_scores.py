@@ -69,9 +69,9 @@ def _scores_read(chunks, B, H, q_offset, sel_block):
     for t0, sc in chunks:
         _, TC, _, planes, nsel = sc.shape
         own = (q_offset + t0 + torch.arange(TC, device=sc.device)) // sel_block
-        o_j = torch.arange(nsel, device=sc.device)
+        o_j = torch.arange(nsel, device=sc.device)[None, None, :]
         shift = torch.arange(planes, device=sc.device)
-        m = (o_j[None, None, :] <= own[:, None, None]) & (o_j[None, None, :] >= shift[None, :, None])  # [TC, planes, nsel]
+        m = (o_j <= own[:, None, None]) & (o_j >= shift[None, :, None])  # [TC, planes, nsel]
         read.append(sc[m[None, :, None].expand(B, TC, H, planes, nsel)])
     return torch.cat(read)
 

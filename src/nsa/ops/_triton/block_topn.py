@@ -26,8 +26,8 @@ masses past it, which may hold anything, are then dropped as keys): where ``nsel
 is a multiple of 16, Triton proves the masks constant over 4 blocks and each thread
 reads its blocks by 16-byte loads, all issued before the first is used. Masked block
 by block, ptxas issued a row's 32 scalar loads two at a time, each pair waited for
-before the next (Nsight Compute, H200, rows of 1024 blocks: a third of the kernel's
-stall samples on those waits; docs/perf/prefill.md, session 75).
+before the next (Nsight Compute, H200, rows of 1024 blocks: 41 % of the kernel's
+stall samples on reading the rows; docs/perf/prefill.md, session 75).
 """
 
 from __future__ import annotations
