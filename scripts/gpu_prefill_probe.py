@@ -2090,6 +2090,7 @@ def topn_aligned(T: int, config: NSAConfig) -> None:
               flush=True)
     forward_kernel_times(T, config, steps=5)
 
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,

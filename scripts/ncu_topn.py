@@ -1,6 +1,7 @@
 """One launch of the prefill top-n (``nsa.ops._triton.block_topn``) on real block masses, between
 cudaProfilerStart/Stop, for Nsight Compute: the 64k forward's last query chunk (8192 queries x 4 KV
-heads, rows of 1024 blocks, two warps a row), whose launches take about 0.29 ms each (4 of the 8).
+heads, rows of 1024 blocks), whose launches took about 0.29 ms each (4 of the 8) before session 75
+made the top-n read its rows at once, about 0.24 after.
 
     ncu --profile-from-start off --clock-control none --set full --import-source yes -o /tmp/topn \\
         python scripts/ncu_topn.py

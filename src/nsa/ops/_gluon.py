@@ -155,19 +155,24 @@ def head_items_grid(B: int, H: int, per_head: int, device: torch.device):
 
 def compile_for_sm90(kernel, signature: Mapping[str, str], constexprs: Dict[str, object], options: dict,
                      aligned: Sequence[str] = ()):
-    """``kernel`` compiled for sm_90 with the installed Triton, without a GPU: ``signature`` maps
-    every argument to its type (``"constexpr"`` for those in ``constexprs``, which gives their
-    values), ``options`` are the launch's (``num_warps``, ``maxnreg``), ``aligned`` names the pointer
-    arguments a launch specialises as 16-byte aligned (as it does every such tensor's). Returns Triton's
-    compiled kernel (``asm``, ``metadata``)."""
+    """``kernel`` (a Gluon or a Triton kernel) compiled for sm_90 with the installed Triton, without a
+    GPU: ``signature`` maps every argument to its type (``"constexpr"`` for those in ``constexprs``,
+    which gives their values), ``options`` are the launch's (``num_warps``, ``maxnreg``), ``aligned``
+    names the arguments a launch specialises as multiples of 16 (16-byte aligned pointers, as every
+    such tensor's; integers divisible by 16). Returns Triton's compiled kernel (``asm``, ``metadata``)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.compiler import ASTSource
 
+    source = ASTSource
+    if gluon is not None:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+
+        source = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
     names = list(signature)
     values = {(names.index(name),): value for name, value in constexprs.items()}
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    return triton.compile(GluonASTSource(kernel, dict(signature), values, attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(source(kernel, dict(signature), values, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(options))
 
 

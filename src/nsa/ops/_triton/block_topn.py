@@ -177,19 +177,16 @@ def block_topn(
 
 
 def compile_for_hopper(nsel: int = 1024, nsp: int = 1024, num_warps: Optional[int] = None):
-    """The kernel compiled for sm_90 with the installed Triton, without a GPU: a launch over rows of
-    ``nsp`` blocks (by default the 64k forward's last chunks: 1024 blocks) at the paper's geometry, on
-    :func:`block_topn`'s warps unless ``num_warps`` is given, with ``nsel`` specialised as Triton's
-    launcher does it (divisible by 16 or not) and the pointers 16-byte aligned. Returns Triton's
-    compiled kernel (``asm``, ``metadata``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """The kernel compiled for sm_90 with the installed Triton, without a GPU
+    (:func:`nsa.ops._gluon.compile_for_sm90`): a launch over rows of ``nsp`` blocks (by default the 64k
+    forward's last chunks: 1024 blocks) at the paper's geometry, on :func:`block_topn`'s warps unless
+    ``num_warps`` is given, with ``nsel`` specialised as Triton's launcher does it (divisible by 16 or
+    not) and the pointers 16-byte aligned. Returns Triton's compiled kernel (``asm``, ``metadata``)."""
+    from nsa.ops._gluon import compile_for_sm90
 
     constexprs = dict(H=4, N=16, NP=16, SEL=64, INIT=1, LOCAL=2, BR=1, NSP=nsp, PLANES=2, NG=16, BOUNDS=True)
     signature = dict(scores="*fp32", block_idx="*i32", ROWS="i32", NSEL="i32", TC="i32", TQ="i32", T0="i32",
                      t_first="i32", **{name: "constexpr" for name in constexprs})
-    names = list(signature)
     aligned = ("scores", "block_idx") + (("NSEL",) if nsel % 16 == 0 else ())
-    source = ASTSource(block_topn_kernel, signature, {(names.index(k),): v for k, v in constexprs.items()},
-                       {(names.index(name),): [["tt.divisibility", 16]] for name in aligned})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps or row_warps(nsp)))
+    return compile_for_sm90(block_topn_kernel, signature, constexprs, dict(num_warps=num_warps or row_warps(nsp)),
+                            aligned)
