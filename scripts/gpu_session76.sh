@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU calls of session 76 (H200). No library kernel changed in sessions 75-76 but the prefill
+# top-n; the whole suite had not run on an H200 in one go (the broadest: session 67's 455 tests of the
+# ops, the layer and varlen). So: the whole suite on the H200 with the validation report, in two calls
+# (a device call runs at most 10 minutes), then the pytest-benchmark baseline's prefill points saved
+# again (session 74 saved them before session 75's faster top-n).
+#
+#   bash scripts/gpu_session76.sh suite_ops REV    # tests/ops on 8 workers sharing the GPU, the
+#                                                  # report named after REV, as one tar
+#
+#   bash scripts/gpu_session76.sh suite_rest REV   # every other test folder but the benchmarks, the
+#                                                  # same way
+#
+#   bash scripts/gpu_session76.sh baseline         # the H200 baseline's prefill points saved again
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+device_line
+step="${1:-}"
+
+case "$step" in
+suite_ops)
+    reported_tests 540 "${2:?suite_ops needs the commit to name the report after}" tests/ops
+    ;;
+suite_rest)
+    reported_tests 540 "${2:?suite_rest needs the commit to name the report after}" tests \
+        --ignore=tests/ops --ignore=tests/benchmarks
+    ;;
+baseline)
+    save_baseline h200 400 prefill
+    ;;
+*)
+    echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline" >&2
+    exit 2
+    ;;
+esac
