@@ -10,6 +10,7 @@ the outer run's profile nor an outer xdist worker leaks into the runs under test
 from __future__ import annotations
 
 import os
+import platform
 from typing import Callable, Dict, Optional, Tuple
 
 import pytest
@@ -60,6 +61,13 @@ def pytest_nsa_detect_software(config):
 '''
 
 
+#: A stack whose Triton interpreter runs nsa's kernels (CI's: torch's CPU build, Triton 3.9). Runs under
+#: the cpu profile whose outcomes count ``triton`` tests fake it: on a machine whose own Triton is older
+#: (the H200 machine's 3.6) the plugin rightly skips those tests there, and the counts would follow the
+#: machine, not the plugin.
+INTERPRETER_STACK = {"python": platform.python_version(), "torch": "2.13.0+cpu", "triton": "3.9.0"}
+
+
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
@@ -97,6 +105,12 @@ def subprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
 
 
 @pytest.fixture
+def interpreter_stack() -> Dict[str, str]:
+    """:data:`INTERPRETER_STACK`, for ``fake(software=...)``."""
+    return dict(INTERPRETER_STACK)
+
+
+@pytest.fixture
 def hw() -> Callable[..., HardwareInfo]:
     """``hw(*device names)``: see :func:`hardware_of`."""
     return hardware_of
@@ -104,11 +118,12 @@ def hw() -> Callable[..., HardwareInfo]:
 
 @pytest.fixture
 def fake(pytester: pytest.Pytester):
-    """``fake(*device names, software=None, extra="")`` writes the faking conftest."""
+    """``fake(*device names, software=None, extra="", real_hardware=False)`` writes the faking conftest:
+    the named GPUs (none: a CPU machine) unless ``real_hardware``, the ``software`` versions if given."""
 
-    def write(*names: str, software: Optional[dict] = None, extra: str = "") -> None:
-        gpus = [DEVICES[n] for n in names]
-        text = FAKE_CONFTEST.format(gpus=gpus)
+    def write(*names: str, software: Optional[dict] = None, extra: str = "", real_hardware: bool = False) -> None:
+        assert not (names and real_hardware), "fake: device names and real_hardware exclude each other"
+        text = "" if real_hardware else FAKE_CONFTEST.format(gpus=[DEVICES[n] for n in names])
         if software is not None:
             text += FAKE_SOFTWARE.format(fields=software)
         pytester.makeconftest(text + extra)

@@ -142,8 +142,8 @@ def assert_valid(rep: Dict[str, Any]) -> None:
 # -- a complete run -------------------------------------------------------------------------
 
 
-def test_mixed_run_report_matches_the_run(pytester, inprocess, fake):
-    fake()  # a CPU machine, also when the suite runs on a GPU one
+def test_mixed_run_report_matches_the_run(pytester, inprocess, fake, interpreter_stack):
+    fake(software=interpreter_stack)  # a CPU machine whose interpreter runs the triton test, wherever the suite runs
     pytester.makepyfile(test_mixed=MIXED)
     result = inprocess("--gpu-profile", "cpu", "--nsa-report", "reports", "-rs")
     rep = only_report(pytester.path / "reports")
@@ -281,7 +281,8 @@ def test_teardown_error_counts_once_as_error(pytester, inprocess):
 # -- partial runs ---------------------------------------------------------------------------
 
 
-def test_stop_at_first_failure_is_partial(pytester, inprocess):
+def test_stop_at_first_failure_is_partial(pytester, inprocess, fake, interpreter_stack):
+    fake(software=interpreter_stack)  # the triton test runs and fails second, wherever the suite runs
     pytester.makepyfile(test_mixed=MIXED)
     result = inprocess("--gpu-profile", "cpu", "--nsa-report", "out", "-x")
     rep = only_report(pytester.path / "out")
@@ -380,7 +381,8 @@ def test_parity_margins_give_each_comparison_against_its_bound(pytester, inproce
     assert_margins_of(rep, result)
 
 
-def test_xdist_controller_writes_exactly_one_report(pytester, bench_project):
+def test_xdist_controller_writes_exactly_one_report(pytester, bench_project, fake, interpreter_stack):
+    fake(software=interpreter_stack)  # the triton test runs (and fails), wherever the suite runs
     pytester.makepyfile(test_mixed=MIXED, test_margins=MARGINS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--gpu-profile", "tiny",
                                            "--nsa-report", "out", "-k", "not bwd")
