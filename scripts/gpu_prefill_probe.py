@@ -2091,6 +2091,22 @@ def topn_aligned(T: int, config: NSAConfig) -> None:
     forward_kernel_times(T, config, steps=5)
 
 
+
+#: The compressed forward's cap on its block-score buffer, under which the queries run in chunks (each
+#: chunk a scoring pass and a top-n launch): 256 MiB (the default: 8 chunks at 64k), 512 MiB and 1 GiB.
+SCORE_BUDGETS = (("256 MiB", {}), ("512 MiB", {"score_buffer_bytes": 512 << 20}),
+                 ("1 GiB", {"score_buffer_bytes": 1 << 30}))
+
+
+def score_budget(T: int, config: NSAConfig) -> None:
+    """:data:`SCORE_BUDGETS` as ``compressed_fwd``'s keyword default: the forward in ABBA rounds
+    (:func:`step_abba`) and its kernel lists (:func:`kernels_by_default`)."""
+    from nsa.ops._triton import compressed_fwd as module
+
+    table = module.compressed_fwd.__kwdefaults__
+    step_abba(T, config, table, SCORE_BUDGETS, "score buffer", forward=True)
+    kernels_by_default(T, config, table, SCORE_BUDGETS, "score buffer", forward=True)
+
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
     "selected": selected_variants, "inversion": inversion_profile, "cmp": cmp_select_ab, "dkdv": selected_dkdv_ab,
@@ -2111,7 +2127,7 @@ SECTIONS = {
     "gluon_pass1": gluon_pass1, "gluon_window_dq": gluon_window_dq, "gluon_window_fwd": gluon_window_fwd,
     "gluon_scores": gluon_scores, "short_apart": short_apart, "sel_regs": sel_regs,
     "win_slc_partition": win_slc_partition, "scores_planes": scores_planes,
-    "topn_aligned": topn_aligned,
+    "topn_aligned": topn_aligned, "score_budget": score_budget,
 }
 
 

@@ -12,6 +12,12 @@
 #                                                  # same way
 #
 #   bash scripts/gpu_session76.sh baseline         # the H200 baseline's prefill points saved again
+#
+#   bash scripts/gpu_session76.sh recheck REV      # tests/plugin again after the fix of its four tests
+#                                                  # that counted on the machine's Triton interpreter,
+#                                                  # reported as one tar; then the probe's section
+#                                                  # score_budget at 64k (the score buffer's cap: 256
+#                                                  # MiB, 512 MiB, 1 GiB)
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -27,8 +33,12 @@ suite_rest)
 baseline)
     save_baseline h200 400 prefill
     ;;
+recheck)
+    reported_tests 240 "${2:?recheck needs the commit to name the report after}" tests/plugin
+    probe_run 300 score_budget --only score_budget --lengths 65536
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline" >&2
+    echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline|recheck REV" >&2
     exit 2
     ;;
 esac
