@@ -90,6 +90,7 @@ def test_flags_then_argument(triton_on_cpu, monkeypatch):
 
 def test_explicit_triton_that_cannot_run_raises(monkeypatch):
     monkeypatch.setattr(routing, "has_kernel", lambda op: True)
+    monkeypatch.setattr(routing, "triton_installed", lambda: True)
     with pytest.raises(BackendUnavailableError, match=(
         r"'window': triton requested by argument backend= but unavailable: tensors on CPU: "
         r"Triton runs there only under TRITON_INTERPRET=1"
@@ -240,6 +241,7 @@ def test_routing_is_logged_once_when_asked(monkeypatch, caplog):
 
 def test_explain_lists_every_op_and_reports_errors(monkeypatch):
     monkeypatch.setattr(routing, "has_kernel", lambda op: op != "decode")
+    monkeypatch.setattr(routing, "triton_installed", lambda: True)
     monkeypatch.setenv("NSA_BACKEND", "triton")
     monkeypatch.setenv("NSA_BACKEND_WINDOW", "reference")
     monkeypatch.setenv("NSA_BACKEND_SELCT", "reference")
@@ -253,6 +255,33 @@ def test_explain_lists_every_op_and_reports_errors(monkeypatch):
     assert "flags set: NSA_BACKEND=triton, NSA_BACKEND_WINDOW=reference" in lines
     assert "warning: unknown NSA_BACKEND_SELCT is ignored (did you mean NSA_BACKEND_SELECT?)" in lines
 
+
+
+def test_nsa_imports_and_runs_on_the_reference_without_triton():
+    """Triton is optional (the ``triton`` extra): where it cannot be imported, ``nsa`` and its pytest
+    plugin still load, the ops route to the reference saying why, and a layer runs a prefill and a
+    decode step. Here a fresh interpreter hides it (``sys.modules["triton"] = None``: importing it
+    fails and ``find_spec`` finds nothing)."""
+    code = """
+import sys
+sys.modules["triton"] = None
+import torch
+import nsa, pytest_nsa.plugin
+from nsa import routing
+print(routing.resolve("window", "cpu", torch.float32).reason)
+config = nsa.NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
+layer = nsa.NSAAttention(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, config=config)
+x = torch.randn(1, 40, 32)
+y = layer(x)
+cache = layer.new_cache(batch_size=1)
+layer(x[:, :39], cache)
+step = layer(x[:, 39:], cache)
+print(torch.allclose(step, y[:, 39:], atol=1e-5))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(flags.PREFIX) and k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["auto: triton is not installed (pip install 'nsa[triton]')", "True"]
 
 def test_cli_prints_the_route_of_every_branch():
     env = {k: v for k, v in os.environ.items() if not k.startswith(flags.PREFIX) and k != "TRITON_INTERPRET"}

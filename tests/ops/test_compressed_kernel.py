@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("triton", reason="the compressed kernels' tests need Triton (pip install 'nsa[triton]')")
+
 from _kernel_inputs import spy_launches
 from nsa import NSAConfig, routing
 from nsa.ops import compressed_attention, select_blocks

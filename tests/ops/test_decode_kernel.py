@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the decode kernels' tests need Triton (pip install 'nsa[triton]')")
 import triton
 import triton.language as tl
 

@@ -13,6 +13,8 @@ from typing import Dict, Set, Tuple
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the kernels' float32 tests need Triton (pip install 'nsa[triton]')")
 import triton
 
 from nsa import NSAConfig, flags

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
+
 
 def test_descriptors_view_queries_by_head_rows_and_keys_by_head_columns():
     """Queries ``[B, T, HQ, D]`` are ``[B T HQ, D]`` rows, one copy a position's ``G`` heads; keys ``[B,

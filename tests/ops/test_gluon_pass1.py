@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
 from _gluon_kernels import assert_compiles_for_hopper, hopper_sass, record_launches, skip_without_hopper
 
 from nsa import NSAConfig

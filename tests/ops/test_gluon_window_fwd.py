@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
 from _gluon_kernels import WINDOW_ALONE, WINDOW_IN_NSA, assert_compiles_for_hopper, window_grads_flag_off_and_on
 
 

@@ -14,6 +14,8 @@ from typing import Dict, Optional, Set, Tuple
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the launch sizing tests need Triton (pip install 'nsa[triton]')")
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.ops._triton.device import (

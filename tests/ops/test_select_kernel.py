@@ -15,6 +15,8 @@ import itertools
 
 import pytest
 import torch
+
+pytest.importorskip("triton", reason="the selection kernels' tests need Triton (pip install 'nsa[triton]')")
 import triton
 import triton.language as tl
 

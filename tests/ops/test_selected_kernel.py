@@ -15,6 +15,8 @@ import dataclasses
 import pytest
 import torch
 
+pytest.importorskip("triton", reason="the selected kernels' tests need Triton (pip install 'nsa[triton]')")
+
 from nsa import NSAConfig
 from nsa.ops import selected_attention
 from nsa.ops.selected.kernel import BWD_TILES, FWD_TILES, _forced_launch, _warps, selected_bwd, selected_fwd

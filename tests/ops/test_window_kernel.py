@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("triton", reason="the window kernels' tests need Triton (pip install 'nsa[triton]')")
+
 from nsa import NSAConfig, routing
 from nsa.ops import sliding_window_attention
 from nsa.ops._triton.attention import EXACT_FLOAT32_TILES

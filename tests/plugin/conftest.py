@@ -66,6 +66,10 @@ def pytest_nsa_detect_software(config):
 #: (the H200 machine's 3.6) the plugin rightly skips those tests there, and the counts would follow the
 #: machine, not the plugin.
 INTERPRETER_STACK = {"python": platform.python_version(), "torch": "2.13.0+cpu", "triton": "3.9.0"}
+#: A CUDA build's stack (the GPU machine's: torch 2.11 with the Triton it pins), for runs on faked GPUs
+#: whose outcomes count ``triton`` tests: they then run wherever the suite runs, Triton installed or not.
+GPU_STACK = {"python": platform.python_version(), "torch": "2.11.0", "triton": "3.6.0",
+             "torch_triton_pin": "triton==3.6.0"}
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +112,12 @@ def subprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
 def interpreter_stack() -> Dict[str, str]:
     """:data:`INTERPRETER_STACK`, for ``fake(software=...)``."""
     return dict(INTERPRETER_STACK)
+
+
+@pytest.fixture
+def gpu_stack() -> Dict[str, str]:
+    """:data:`GPU_STACK`, for ``fake(software=...)``."""
+    return dict(GPU_STACK)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from torch import nn
 
 from nsa.config import NSAConfig
 from nsa.ops import mean_compress
-from nsa.ops.decode.mlp_emission import MLPWeights
+from nsa.ops.decode.mlp_weights import MLPWeights
 
 
 def _token_span(config: NSAConfig, first: int, count: int) -> slice:

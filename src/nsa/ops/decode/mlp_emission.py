@@ -40,7 +40,7 @@ the tokens differ from the modules' only in the products' order of summation.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import triton
@@ -52,6 +52,7 @@ from nsa.ops._triton.attention import dot_precision
 from nsa.ops._triton.device import large_shared_memory, min_dot_side, pdl_supported
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2, pdl_launch
 from nsa.ops.decode.cache_write import newest_slot
+from nsa.ops.decode.mlp_weights import MLPWeights
 
 #: rows (new tokens times KV heads) up to which :meth:`nsa.NSACache.emit` takes these launches:
 #: past it (a packed prefill's emission of whole prompts) the partial sums grow with the rows,
@@ -67,18 +68,6 @@ SPLIT_POSITIONS = 4
 #: one launch summed every chunk: a DecodeGraph step, ms, batch 1 (4 rows) 0.080-0.081 against
 #: 0.089 at 4k, 0.090 against 0.099 at 32k; batch 16 (64 rows) 0.120 against 0.115 at 4k
 SUM_AT_ONCE_MIN_ROWS = 17
-
-
-class MLPWeights(NamedTuple):
-    """One learnable compression's parameters: ``pos_emb [l, D]``, ``w1 [hidden, l * D]``,
-    ``b1 [hidden]``, ``w2 [D, hidden]``, ``b2 [D]`` (the two ``nn.Linear`` layers' weights and
-    biases)."""
-
-    pos_emb: torch.Tensor
-    w1: torch.Tensor
-    b1: torch.Tensor
-    w2: torch.Tensor
-    b2: torch.Tensor
 
 
 @triton.jit
