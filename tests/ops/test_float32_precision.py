@@ -15,7 +15,6 @@ import pytest
 import torch
 
 pytest.importorskip("triton", reason="the kernels' float32 tests need Triton (pip install 'nsa[triton]')")
-import triton
 
 from nsa import NSAConfig, flags
 from nsa.ops import mean_compress
