@@ -18,6 +18,10 @@
 #                                                  # reported as one tar; then the probe's section
 #                                                  # score_budget at 64k (the score buffer's cap: 256
 #                                                  # MiB, 512 MiB, 1 GiB)
+#
+#   bash scripts/gpu_session76.sh final REV        # the whole suite again at the session's last code
+#                                                  # (nsa without Triton, the suite's guards), in one
+#                                                  # call: tests/ops, then the rest, two reports
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -37,8 +41,14 @@ recheck)
     reported_tests 240 "${2:?recheck needs the commit to name the report after}" tests/plugin
     probe_run 300 score_budget --only score_budget --lengths 65536
     ;;
+final)
+    worker_tests 330 "${2:?final needs the commit to name the reports after}" tests/ops
+    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
+    worker_tests 240 "$2" tests --ignore=tests/ops --ignore=tests/benchmarks
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline|recheck REV" >&2
+    echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline|recheck REV|final REV" >&2
     exit 2
     ;;
 esac
