@@ -256,7 +256,6 @@ def test_explain_lists_every_op_and_reports_errors(monkeypatch):
     assert "warning: unknown NSA_BACKEND_SELCT is ignored (did you mean NSA_BACKEND_SELECT?)" in lines
 
 
-
 def test_nsa_imports_and_runs_on_the_reference_without_triton():
     """Triton is optional (the ``triton`` extra): where it cannot be imported, ``nsa`` and its pytest
     plugin still load, the ops route to the reference saying why, and a layer runs a prefill and a
@@ -282,6 +281,7 @@ print(torch.allclose(step, y[:, 39:], atol=1e-5))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["auto: triton is not installed (pip install 'nsa[triton]')", "True"]
+
 
 def test_cli_prints_the_route_of_every_branch():
     env = {k: v for k, v in os.environ.items() if not k.startswith(flags.PREFIX) and k != "TRITON_INTERPRET"}

@@ -61,9 +61,9 @@ def pytest_nsa_detect_software(config):
 '''
 
 
-#: A stack whose Triton interpreter runs nsa's kernels (CI's: torch's CPU build, Triton 3.9). Runs under
-#: the cpu profile whose outcomes count ``triton`` tests fake it: on a machine whose own Triton is older
-#: (the H200 machine's 3.6) the plugin rightly skips those tests there, and the counts would follow the
+#: A stack whose Triton interpreter runs nsa's kernels (CI's: torch's CPU build, Triton 3.9), faked by the
+#: runs under the cpu profile whose outcomes count ``triton`` tests: where the machine's own Triton is
+#: older (the H200 machine's 3.6) the plugin rightly skips those tests, and the counts would follow the
 #: machine, not the plugin.
 INTERPRETER_STACK = {"python": platform.python_version(), "torch": "2.13.0+cpu", "triton": "3.9.0"}
 #: A CUDA build's stack (the GPU machine's: torch 2.11 with the Triton it pins), for runs on faked GPUs

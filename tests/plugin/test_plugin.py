@@ -274,7 +274,8 @@ def test_user_flag_wins_over_profile_and_forces_feature(pytester, fake, subproce
 
 def test_cpu_profile_flags_are_set_before_conftests_import(pytester, subprocess, fake, interpreter_stack):
     # the machine's own hardware, and a Triton whose interpreter runs the test wherever the suite runs
-    fake(software=interpreter_stack, real_hardware=True, extra="import os\nAT_IMPORT = os.environ.get('TRITON_INTERPRET')\n")
+    fake(software=interpreter_stack, real_hardware=True,
+         extra="import os\nAT_IMPORT = os.environ.get('TRITON_INTERPRET')\n")
     pytester.makepyfile(test_x=textwrap.dedent('''
         import conftest, pytest
 

@@ -144,7 +144,7 @@ def assert_valid(rep: Dict[str, Any]) -> None:
 
 
 def test_mixed_run_report_matches_the_run(pytester, inprocess, fake, interpreter_stack):
-    fake(software=interpreter_stack)  # a CPU machine whose interpreter runs the triton test, wherever the suite runs
+    fake(software=interpreter_stack)  # a CPU machine whose interpreter runs the triton test, wherever we run
     pytester.makepyfile(test_mixed=MIXED)
     result = inprocess("--gpu-profile", "cpu", "--nsa-report", "reports", "-rs")
     rep = only_report(pytester.path / "reports")
