@@ -9,6 +9,7 @@ import torch
 
 from nsa import NSACache, NSAConfig
 from nsa.modules.cache import RAW_BUFFERS, count_reads
+from nsa.routing import TRITON_MISSING
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 
@@ -209,7 +210,7 @@ def test_two_launch_emission_equals_the_indexing(count, capacity, last, nsa_devi
 
 
 def test_write_rows_takes_key_value_pairs_only() -> None:
-    pytest.importorskip("triton", reason="the launches' host side needs Triton (pip install 'nsa[triton]')")
+    pytest.importorskip("triton", reason=TRITON_MISSING)
     from nsa.ops.decode.cache_write import write_rows
 
     buffers = [torch.zeros(1, 4, 2, 8)] * 3
@@ -279,7 +280,7 @@ def test_learnable_emission_takes_the_modules_where_the_launches_cannot(nsa_devi
 
 
 def test_emit_mlp_tokens_names_a_bad_weight() -> None:
-    pytest.importorskip("triton", reason="the launches' host side needs Triton (pip install 'nsa[triton]')")
+    pytest.importorskip("triton", reason=TRITON_MISSING)
     from nsa.ops.decode.mlp_emission import emit_mlp_tokens
 
     phi_k, phi_v = _mlp_pair(torch.float32, torch.device("cpu"))
@@ -368,7 +369,7 @@ def test_learnable_emission_tiles_rows_by_the_gpus_shared_memory() -> None:
     """The first launch's programs take 64 rows only where their staged operands fit: 16-bit heads
     up to 128 wide on Hopper's shared memory (the CPU counts as Hopper); 16 on an RTX 4090, for
     heads of 192 (256 padded) and for float32."""
-    pytest.importorskip("triton", reason="the launches' host side needs Triton (pip install 'nsa[triton]')")
+    pytest.importorskip("triton", reason=TRITON_MISSING)
     from nsa.ops._triton.device import sized_as
     from nsa.ops.decode.mlp_emission import row_tile
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the interpreter patches' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING, triton_interpreter_on
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 import triton
 import triton.language as tl
-
-from nsa.routing import triton_interpreter_on
 
 needs_interpreter = pytest.mark.skipif(not triton_interpreter_on(), reason="checks Triton's CPU interpreter (TRITON_INTERPRET=1)")
 

@@ -44,6 +44,8 @@ MIN_CUDA_CAPABILITY = (8, 0)
 INTERPRETER_MIN_TRITON = (3, 7)
 #: What to do about :func:`interpreter_problem`.
 INTERPRETER_FIX = "pip install 'triton>={}.{}'".format(*INTERPRETER_MIN_TRITON)
+#: Why no op can take Triton where it cannot be imported (it is the optional ``triton`` extra).
+TRITON_MISSING = "triton is not installed (pip install 'nsa[triton]')"
 
 DeviceLike = Union[torch.device, str]
 
@@ -105,7 +107,7 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
     if not has_kernel(op):
         return False, f"no Triton kernel for '{op}' yet"
     if not triton_installed():
-        return False, "triton is not installed (pip install 'nsa[triton]')"
+        return False, TRITON_MISSING
     if dtype not in TRITON_DTYPES:
         return False, f"Triton kernels take float16/bfloat16/float32, not {str(dtype).replace('torch.', '')}"
     if device.type == "cuda":

@@ -14,7 +14,9 @@ from typing import Dict, Set, Tuple
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the kernels' float32 tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 
 from nsa import NSAConfig, flags
 from nsa.ops import mean_compress

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 
 
 def test_descriptors_view_queries_by_head_rows_and_keys_by_head_columns():

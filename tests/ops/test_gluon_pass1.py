@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 from _gluon_kernels import assert_compiles_for_hopper, hopper_sass, record_launches, skip_without_hopper
 
 from nsa import NSAConfig

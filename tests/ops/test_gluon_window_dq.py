@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the Gluon kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 from _gluon_kernels import WINDOW_ALONE, WINDOW_IN_NSA, assert_compiles_for_hopper, window_grads_flag_off_and_on
 
 

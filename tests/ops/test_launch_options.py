@@ -17,6 +17,7 @@ from typing import Dict, List
 import pytest
 
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, UNFUSED_LAUNCH_OPTIONS
+from nsa.routing import TRITON_MISSING
 
 from _kernel_inputs import prefill_and_decode_launches
 
@@ -85,7 +86,7 @@ def test_launch_sizes_are_host_arithmetic_equal_to_tritons():
     :mod:`nsa.ops._triton.launch`: the same values as Triton's helpers, which are constexpr
     functions and cost about a hundred times more from the host. No source calls Triton's from
     the host (kernels have ``tl.cdiv``)."""
-    triton = pytest.importorskip("triton", reason="Triton's helpers are compared (pip install 'nsa[triton]')")
+    triton = pytest.importorskip("triton", reason=TRITON_MISSING)
 
     from nsa.ops._triton.launch import cdiv, next_power_of_2
 

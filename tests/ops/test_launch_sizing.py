@@ -15,7 +15,9 @@ from typing import Dict, Optional, Set, Tuple
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the launch sizing tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.ops._triton.device import (

@@ -16,7 +16,9 @@ import itertools
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the selection kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 import triton
 import triton.language as tl
 

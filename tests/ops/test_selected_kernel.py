@@ -15,7 +15,9 @@ import dataclasses
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the selected kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 
 from nsa import NSAConfig
 from nsa.ops import selected_attention

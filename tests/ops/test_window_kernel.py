@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the window kernels' tests need Triton (pip install 'nsa[triton]')")
+from nsa.routing import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
 
 from nsa import NSAConfig, routing
 from nsa.ops import sliding_window_attention

@@ -168,10 +168,11 @@ def block_topn(
     # one row per program; rows longer than a warp holds spread over warps
     br = rows_per_program or 1
     num_warps = num_warps or row_warps(br * nsp)
+    np_ = next_power_of_2(n)
     block_topn_kernel[(cdiv(rows, br),)](
         scores, block_idx, rows, nsel, TC, TQ, t0, t_first,
-        H=H, N=n, NP=next_power_of_2(n), SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
-        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, next_power_of_2(n)), BOUNDS=LAUNCH["bounds"],
+        H=H, N=n, NP=np_, SEL=sel_block, INIT=init_blocks, LOCAL=local_blocks,
+        BR=br, NSP=nsp, PLANES=planes, NG=min(nsp, np_), BOUNDS=LAUNCH["bounds"],
         num_warps=num_warps, **LAUNCH_OPTIONS,
     )
 
