@@ -17,7 +17,6 @@ The table comes last; paste it into ``docs/perf/compressed_select.md``.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import torch

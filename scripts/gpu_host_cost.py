@@ -34,7 +34,7 @@ import cProfile
 import io
 import pstats
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F

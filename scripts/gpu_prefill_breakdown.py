@@ -62,7 +62,7 @@ def fwd_bwd(fn: Callable[[], object], inputs: List[torch.Tensor]) -> Callable[[]
 
 
 def dense(q, k, v, backend):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     with sdpa_kernel(backend):

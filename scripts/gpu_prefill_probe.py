@@ -1652,8 +1652,6 @@ def sel_tiles(T: int, config: NSAConfig) -> None:
     selection: each block that a tile's queries hold is loaded once. Relative differences
     against one query a program; then one query a program against the saved copy of the
     previous kernels (``scripts/_old_selected_kernel.py``), bitwise."""
-    from nsa.testing import rel_error
-
     c = selected_case(T, config, T + 1)
     q, k, v, idx, scale, forced, lse, do, delta = c.q, c.k, c.v, c.idx, c.scale, c.forced, c.lse, c.do, c.delta
     alike = idx[:, torch.arange(T, device=DEV) // 4 * 4]

@@ -126,7 +126,6 @@ def timings(lengths, variants):
         q, k, v = inputs(T)
         idx = select_like_blocks(1, T, 4, CFG, "cuda")
         do = torch.randn(1, T, 64, 128, device="cuda", dtype=torch.bfloat16)
-        scale = 128 ** -0.5
         win = lambda a, b, c: sliding_window_attention(a, b, c, CFG, backend="triton")
         sel = lambda a, b, c: selected_attention(a, b, c, idx, CFG, backend="triton")
         bench("window fwd", T, lambda: win(q, k, v))

@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from _dense import attention, block_mask, causal_mask, cmp_visible, dense_causal, mean_pool
+from _dense import attention, block_mask, cmp_visible, dense_causal, mean_pool
 
 import nsa
 from nsa import ops
