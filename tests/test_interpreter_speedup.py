@@ -11,6 +11,7 @@ import torch
 from nsa.routing import TRITON_MISSING, triton_interpreter_on
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
+
 import triton
 import triton.language as tl
 

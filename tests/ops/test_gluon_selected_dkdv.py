@@ -15,6 +15,7 @@ import torch
 from nsa.routing import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
+
 from _gluon_kernels import assert_compiles_for_hopper, record_launches, skip_without_hopper
 
 from nsa.testing import assert_close

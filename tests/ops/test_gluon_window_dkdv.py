@@ -15,6 +15,7 @@ import torch
 from nsa.routing import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
+
 from _gluon_kernels import WINDOW_ALONE, WINDOW_IN_NSA, assert_compiles_for_hopper, window_grads_flag_off_and_on
 
 

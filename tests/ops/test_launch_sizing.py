@@ -18,6 +18,7 @@ import torch
 from nsa.routing import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
+
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa.ops._triton.device import (

@@ -19,6 +19,7 @@ import torch
 from nsa.routing import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
+
 import triton
 import triton.language as tl
 

@@ -26,8 +26,8 @@ rows and lse, its first key tile, launching).
 The masses are the Triton pass 2's (spec Eq. 9-10): ``p = exp2(s * scale - lse)``, a token's mass split
 over the selection blocks its units overlap (plane ``s`` of a row holds, at each block, what the tokens
 of the block ``s`` before it put there), summed over the group's heads; they differ from the Triton
-kernel's by rounding (the sums run in another order). Tiles past the tokens an item's first query sees are masked by each
-row's visible count (spec ``Nc(t)``).
+kernel's by rounding (the sums run in another order). Tiles past the tokens an item's first query sees
+are masked by each row's visible count (spec ``Nc(t)``).
 
 Gluon has no CPU interpreter: the kernel runs on Hopper GPUs only, where the GPU tests compare it with
 the Triton launch (``tests/ops/test_gluon_scores.py``); the CPU tests compile it for sm_90 with the
