@@ -101,6 +101,13 @@ Usage: ``python scripts/gpu_prefill_probe.py [--lengths 8192 65536] [--profile-h
     after it, the selected forward with the gated sum from the window's earlier result (no dependency:
     a timing of the two side by side, the selected kernel's programs filling the SMs the window's
     shared memory leaves), against the two in turn on the whole GPU; each kernel alone at ``P`` too.
+43. **The block masses' second plane** (``scores_planes``): each query chunk's scoring pass with its two
+    planes and with the first alone, the top-n on both planes and on their sum, and on chunks twice as
+    long.
+44. **The top-n's whole-piece reads** (``topn_aligned``): against a saved copy of the kernel before
+    (``scripts/_old_block_topn.py``), the same blocks, each chunk timed; then the forward's kernel lists.
+45. **The score buffer's cap** (``score_budget``): the forward in ABBA rounds and its kernel lists with
+    the compressed forward's block-score buffer capped at 256 MiB (the default), 512 MiB and 1 GiB.
 
 Session 55's sections on the branches of its two dropped designs (each A/B of the whole step through
 :func:`step_abba`, its kernel lists through :func:`kernels_by_default`): ``sel_order``,
@@ -2089,7 +2096,6 @@ def topn_aligned(T: int, config: NSAConfig) -> None:
     forward_kernel_times(T, config, steps=5)
 
 
-
 #: The compressed forward's cap on its block-score buffer, under which the queries run in chunks (each
 #: chunk a scoring pass and a top-n launch): 256 MiB (the default: 8 chunks at 64k), 512 MiB and 1 GiB.
 SCORE_BUDGETS = (("256 MiB", {}), ("512 MiB", {"score_buffer_bytes": 512 << 20}),
@@ -2104,6 +2110,7 @@ def score_budget(T: int, config: NSAConfig) -> None:
     table = module.compressed_fwd.__kwdefaults__
     step_abba(T, config, table, SCORE_BUDGETS, "score buffer", forward=True)
     kernels_by_default(T, config, table, SCORE_BUDGETS, "score buffer", forward=True)
+
 
 #: The sections after the launch gaps, in the order they run (``--skip`` names them).
 SECTIONS = {
