@@ -2,13 +2,26 @@
 
 See ``NSA_SPEC.md`` semantics in the README. Public API::
 
-    NSAConfig, nsa_attention, ops, NSAAttention, NSACache
+    NSAConfig, nsa_attention, ops, NSAAttention, NSACache, DecodeGraph
+
+``import nsa`` loads only the flags and the config. The ops and the modules (torch, the
+kernels' modules, and the ``torch.compile`` machinery that marks the ops) load when one of
+their names is first used, so what needs only the flags stays cheap: pytest_nsa, which the
+``pytest11`` entry point loads into every pytest run, whether its options are given or not.
 """
 
-from nsa import flags, ops
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
+from nsa import flags
 from nsa.config import NSAConfig
-from nsa.modules import DecodeGraph, NSAAttention, NSACache
-from nsa.ops import nsa_attention
+
+if TYPE_CHECKING:
+    from nsa import ops
+    from nsa.modules import DecodeGraph, NSAAttention, NSACache
+    from nsa.ops import nsa_attention
 
 __version__ = "0.1.0"
 
@@ -16,3 +29,28 @@ __version__ = "0.1.0"
 flags.warn_unknown()
 
 __all__ = ["DecodeGraph", "NSAAttention", "NSACache", "NSAConfig", "nsa_attention", "ops", "__version__"]
+
+#: Public names loaded on first use, and the module of each.
+_LAZY = {"ops": "nsa.ops", "nsa_attention": "nsa.ops", "DecodeGraph": "nsa.modules",
+         "NSAAttention": "nsa.modules", "NSACache": "nsa.modules"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of :data:`_LAZY`, or a submodule (``nsa.testing``), imported on first use and then
+    kept as an attribute like any other."""
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_LAZY))

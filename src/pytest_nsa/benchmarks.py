@@ -35,6 +35,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 import pytest
 
 from nsa.bench import baselines
+from pytest_nsa import lifecycle
 from pytest_nsa.profiles import BenchmarkSettings
 from pytest_nsa.state import get_state
 
@@ -114,7 +115,8 @@ class BenchContext:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
     group.addoption("--nsa-bench", dest="nsa_bench", action="store_true", help=HELP_BENCH)
-    group.addoption("--nsa-baseline", dest="nsa_baseline", default="compare", choices=MODES, help=HELP_BASELINE)
+    # default None, read as "compare": given at all, it engages the plugin (lifecycle.engaged)
+    group.addoption("--nsa-baseline", dest="nsa_baseline", default=None, choices=MODES, help=HELP_BASELINE)
     group.addoption("--nsa-baseline-dir", dest="nsa_baseline_dir", default=None, metavar="PATH", help=HELP_DIR)
 
 
@@ -124,9 +126,10 @@ def _xdist(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.option.help or config.option.version:
+    # not engaged: another project's pytest-benchmark runs get no baseline of ours, nor our machine fields
+    if config.option.help or config.option.version or not lifecycle.start(config).engaged:
         return
-    mode = config.option.nsa_baseline
+    mode = config.option.nsa_baseline or "compare"
     folder = Path(config.option.nsa_baseline_dir or Path(config.rootpath) / "gpu_profiles" / "baselines")
     enabled = config.option.nsa_bench or mode == "save" or bool(getattr(config.option, "benchmark_only", False))
     state = BenchState(mode, enabled, folder, _xdist(config))
@@ -165,7 +168,7 @@ def uses_gpu(config: pytest.Config) -> bool:
 @pytest.fixture(scope="session")
 def nsa_bench(pytestconfig: pytest.Config) -> BenchContext:
     """The benchmark context (see :class:`BenchContext`); skips unless benchmarks are enabled."""
-    if not bench_state(pytestconfig).enabled:
+    if BENCH_KEY not in pytestconfig.stash or not bench_state(pytestconfig).enabled:
         pytest.skip("benchmarks run only with --nsa-bench (or --nsa-baseline=save)")
     import torch
 

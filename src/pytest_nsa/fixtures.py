@@ -27,10 +27,13 @@ if TYPE_CHECKING:  # torch is imported lazily: the plugin loads for every pytest
 
 
 def _context(config: pytest.Config) -> "Context":
-    ctx = get_state(config).context
-    if ctx is None:
+    state = get_state(config)
+    if not state.engaged:
+        raise RuntimeError("pytest_nsa is not engaged in this run: pass --gpu-profile auto (or a profile name, a "
+                           "path to one, or none) for its fixtures and markers, e.g. in addopts")
+    if state.context is None:
         raise RuntimeError("pytest_nsa is not configured (was the plugin disabled with -p no:nsa?)")
-    return ctx
+    return state.context
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +53,9 @@ def nsa_hardware(pytestconfig: pytest.Config) -> HardwareInfo:
 def nsa_device(pytestconfig: pytest.Config) -> "torch.device":
     """``torch.device("cuda")`` when a GPU is visible, usable by torch and used by the
     profile (not a CPU profile, not a mismatch); ``torch.device("cpu")`` otherwise."""
+    ctx = _context(pytestconfig)
     import torch
 
-    ctx = _context(pytestconfig)
     return torch.device("cuda" if ctx.uses_gpu and torch.cuda.is_available() else "cpu")
 
 

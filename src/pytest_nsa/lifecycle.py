@@ -1,5 +1,8 @@
 """The plugin's decisions, in the order pytest asks for them.
 
+0. :func:`engaged`: whether the run asks for the plugin at all. pytest loads it into every run of an
+   environment where nsa is installed, so a run that gives none of its options is left alone: no
+   torch import, no device detection, flags, xdist pinning, header lines, judged markers or baseline.
 1. :func:`early` (``pytest_load_initial_conftests``, before any conftest or test
    module is imported): pin an xdist worker to its GPU, select the profile with
    the hardware that plugins can report this early, apply its flags.
@@ -29,6 +32,18 @@ from pytest_nsa.state import STATE_KEY, NSAState, get_state
 from pytest_nsa.versions import ERROR, Verdict
 
 
+#: The options (``dest`` names) of the plugin and of its benchmark and report plugins. Each defaults to
+#: ``None`` or ``False``, so that one given at all, on the command line, in ``addopts`` or in
+#: ``PYTEST_ADDOPTS``, is told from its absence.
+OPTIONS = ("gpu_profile", "gpu_profile_mismatch", "gpu_profile_list", "nsa_bench", "nsa_baseline",
+           "nsa_baseline_dir", "nsa_report", "nsa_report_commit")
+
+
+def engaged(options: object) -> bool:
+    """Whether a run with these parsed ``options`` asks for the plugin: any of :data:`OPTIONS` given."""
+    return any(getattr(options, name, None) not in (None, False) for name in OPTIONS)
+
+
 def catalog_for(config: pytest.Config) -> Catalog:
     """Profiles of the project under test (``<rootdir>/gpu_profiles``) first, then the shipped ones."""
     return Catalog([Path(config.rootpath) / "gpu_profiles", SHIPPED_DIR])
@@ -40,8 +55,9 @@ def start(config: pytest.Config) -> NSAState:
         ns = getattr(config, "known_args_namespace", config.option)
         config.stash[STATE_KEY] = NSAState(
             request=getattr(ns, "gpu_profile", None),
-            on_mismatch=getattr(ns, "gpu_profile_mismatch", "error"),
+            on_mismatch=getattr(ns, "gpu_profile_mismatch", None) or "error",
             catalog=catalog_for(config),
+            engaged=engaged(ns),
         )
     return get_state(config)
 
@@ -87,7 +103,7 @@ def early(config: pytest.Config) -> None:
     """``pytest_load_initial_conftests``: pin, select, apply before conftests import anything."""
     state = start(config)
     ns = config.known_args_namespace
-    if getattr(ns, "gpu_profile_list", False) or getattr(ns, "help", False) or getattr(ns, "version", False):
+    if not state.engaged or any(getattr(ns, name, False) for name in ("gpu_profile_list", "help", "version")):
         return
     state.pin, previous = xdist.pin(os.environ)
     if previous:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.profiles import Profile
 from pytest_nsa.schema import FEATURES
-from pytest_nsa.versions import INTERPRETER_FIX, OK, SoftwareInfo, Verdict, interpreter_problem
+from pytest_nsa.versions import OK, SoftwareInfo, Verdict
 
 #: ``name: help`` of every marker, as ``pytest --markers`` shows them.
 MARKERS: Dict[str, str] = {
@@ -108,7 +108,11 @@ def _triton(ctx: Context) -> Optional[str]:
     if not ctx.uses_gpu and not _interpreter_on(ctx.environ):
         return ("Triton on CPU needs the interpreter: TRITON_INTERPRET=1 is not set "
                 "(--gpu-profile cpu or auto sets it)")
-    problem = None if ctx.uses_gpu else interpreter_problem(ctx.software.triton)
+    if ctx.uses_gpu:
+        return None
+    from nsa.routing import INTERPRETER_FIX, interpreter_problem  # torch: imported once a test is judged
+
+    problem = interpreter_problem(ctx.software.triton)
     return f"{problem}; fix: {INTERPRETER_FIX}" if problem else None
 
 

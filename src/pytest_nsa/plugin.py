@@ -6,6 +6,11 @@ and write text (:mod:`~pytest_nsa.summary`). State lives in ``config.stash``
 (:mod:`~pytest_nsa.state`). Options::
 
     --gpu-profile NAME|auto|PATH|none   --gpu-profile-list   --gpu-profile-mismatch=error|skip
+
+A run that gives none of the plugin's options (these, ``--nsa-bench``, ``--nsa-baseline*``,
+``--nsa-report*``) is not engaged (:func:`~pytest_nsa.lifecycle.engaged`): the markers are
+registered and every other hook returns at once, so an unrelated project's run neither imports
+torch nor changes.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pytest_nsa.xdist import XdistHooks
 
 HELP_PROFILE = (
     "GPU profile: a name from gpu_profiles/ (e.g. rtx4090), 'auto' (match the device; cpu "
-    "without a GPU), a path to a profile YAML, or 'none' (default: no flags applied, values "
-    "of the matching profile still used by the fixtures)."
+    "without a GPU), a path to a profile YAML, or 'none' (detect the device and judge the markers, "
+    "but apply no flags; the fixtures use the matching profile's values). Without any pytest_nsa "
+    "option the plugin stays out of the run."
 )
 HELP_LIST = "List the known GPU profiles, one line each, and exit."
 HELP_MISMATCH = (
@@ -49,7 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("nsa", "NSA GPU profiles (pytest_nsa)")
     group.addoption("--gpu-profile", dest="gpu_profile", default=None, metavar="NAME|auto|PATH", help=HELP_PROFILE)
     group.addoption("--gpu-profile-list", dest="gpu_profile_list", action="store_true", help=HELP_LIST)
-    group.addoption("--gpu-profile-mismatch", dest="gpu_profile_mismatch", default="error",
+    # default None, not "error": given at all, it engages the plugin (lifecycle.engaged)
+    group.addoption("--gpu-profile-mismatch", dest="gpu_profile_mismatch", default=None,
                     choices=("error", "skip"), help=HELP_MISMATCH)
 
 
@@ -77,10 +84,14 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     return 0
 
 
+def _engaged(config: pytest.Config) -> bool:
+    return lifecycle.start(config).engaged
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for text in MARKERS.values():
         config.addinivalue_line("markers", text)
-    if config.option.help or config.option.version:
+    if config.option.help or config.option.version or not _engaged(config):
         return
     lifecycle.configure(config)
     state = get_state(config)
@@ -90,7 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> List[str]:
-    return summary.header(get_state(config))
+    return summary.header(get_state(config)) if _engaged(config) else []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
@@ -114,7 +125,8 @@ _MEMORY_AT_START = pytest.StashKey[Optional[gpu_memory.Start]]()
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
     """Start the test's GPU memory measurement (:mod:`~pytest_nsa.gpu_memory`)."""
-    item.stash[_MEMORY_AT_START] = gpu_memory.start()
+    if _engaged(item.config):
+        item.stash[_MEMORY_AT_START] = gpu_memory.start()
     yield
 
 
@@ -122,7 +134,9 @@ def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
 def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]):  # type: ignore[no-untyped-def]
     """After the fixtures are gone and before the teardown report: what the test took."""
     yield
-    measured = gpu_memory.measure(item.stash.get(_MEMORY_AT_START, None), sharing.needs_whole_device(item))
+    if _MEMORY_AT_START not in item.stash:
+        return
+    measured = gpu_memory.measure(item.stash[_MEMORY_AT_START], sharing.needs_whole_device(item))
     if measured is not None:
         item.user_properties.append((gpu_memory.PROPERTY, measured))
 
@@ -133,7 +147,7 @@ def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     # Only parity tests: elsewhere a failing comparison may be the point (tests of the helpers).
     # Where no test module imported nsa.testing, nothing can compare: torch stays unimported.
     testing = sys.modules.get("nsa.testing")
-    if testing is None or item.get_closest_marker("parity") is None:
+    if testing is None or item.get_closest_marker("parity") is None or not _engaged(item.config):
         yield
         return
     with testing.record_comparisons() as found:
@@ -144,7 +158,7 @@ def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
-    if output is not None:  # an xdist worker: tell the controller where it ran
+    if output is not None and _engaged(session.config):  # an xdist worker: tell the controller where it ran
         state = get_state(session.config)
         pin = state.pin.describe() if state.pin is not None else "not pinned"
         threads = f"; {state.cpu_threads} CPU thread(s)" if state.cpu_threads is not None else ""
@@ -154,6 +168,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if not _engaged(config):
+        return
     state = get_state(config)
     lines = summary.skip_summary(state)
     if lines:

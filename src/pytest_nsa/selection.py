@@ -25,7 +25,8 @@ class Selection:
 
     Attributes:
         profile: the profile whose values the run uses.
-        mode: ``"passive"`` (no ``--gpu-profile``: values only, nothing applied),
+        mode: ``"passive"`` (``--gpu-profile none``, or another of the plugin's options without
+            ``--gpu-profile``: values only, nothing applied),
             ``"auto"``, ``"named"`` or ``"path"``.
         mismatch: why the profile does not fit the device (GPU tests then skip), or ``None``.
         note: how the profile was chosen, for the report header.

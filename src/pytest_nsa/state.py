@@ -136,6 +136,8 @@ class NSAState:
         request: ``--gpu-profile`` as given (``None`` when absent).
         on_mismatch: ``--gpu-profile-mismatch`` (``error`` or ``skip``).
         catalog: where profiles are looked up by name.
+        engaged: whether the run asks for the plugin (:func:`pytest_nsa.lifecycle.engaged`); a run
+            that does not is left alone, and nothing below is set.
         real_hardware: the real detection, cached (it initialises CUDA once).
         context: what requirement markers are judged against (set in ``pytest_configure``).
         warnings: problems worth a line in the report header (unknown ``NSA_``
@@ -148,6 +150,7 @@ class NSAState:
     request: Optional[str]
     on_mismatch: str
     catalog: Catalog
+    engaged: bool = True
     hardware: Optional[HardwareInfo] = None
     real_hardware: Optional[HardwareInfo] = None
     software: Optional[SoftwareInfo] = None

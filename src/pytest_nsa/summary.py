@@ -26,7 +26,7 @@ def header(state: NSAState) -> List[str]:
     if sel.applied:
         lines.append(f"nsa flags: {state.env.describe() if state.env is not None else 'none'}")
     else:
-        lines.append("nsa flags: none applied (no --gpu-profile; add --gpu-profile auto to apply a profile)")
+        lines.append("nsa flags: none applied (passive; --gpu-profile auto, NAME or PATH applies a profile's)")
     off = [f"{name} ({feat.reason})" for name, feat in profile.features.items() if not feat.enabled]
     lines.append(f"nsa features off: {'; '.join(off) or 'none'}")
     if state.pin is not None:

@@ -2,7 +2,8 @@
 
 No pytest import here (unit-testable). Versions come from package metadata
 (``importlib.metadata``), not from importing torch or Triton; the interpreter's minimum Triton
-is :mod:`nsa.routing`'s, which the library itself applies. The torch/triton check
+is :mod:`nsa.routing`'s, which the library itself applies (imported where a check needs it:
+``nsa.routing`` imports torch). The torch/triton check
 treats the ``Requires-Dist`` pin of the installed torch wheel as the authority,
 and a profile's pairing table (torch ``X.Y`` -> triton ``X.Y``) as the fallback
 when torch declares no pin (CPU and source builds) and as a cross-check.
@@ -18,9 +19,6 @@ from typing import Callable, Mapping, Optional, Tuple
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-
-# the library's own rule, so that routing and the test plugin cannot disagree
-from nsa.routing import INTERPRETER_FIX, interpreter_problem
 
 #: Distribution names under which torch's Triton is shipped (release, nightly, ROCm, XPU).
 TRITON_DISTS: Tuple[str, ...] = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
@@ -175,6 +173,9 @@ def check_pairing(sw: SoftwareInfo, table: Mapping[str, str], profile: str) -> T
                                    f"{sw.torch_triton_pin}; torch's pin wins", f"update the table of profile {profile}"))
             return tuple(out)
         if Version(sw.torch).local == "cpu":
+            # the library's own rule, so that routing and the test plugin cannot disagree
+            from nsa.routing import INTERPRETER_FIX, interpreter_problem
+
             problem = interpreter_problem(sw.triton) if sw.triton else None
             if problem is not None:
                 return (Verdict("pairing", WARNING, f"torch {sw.torch} is a CPU build and declares no triton pin; "

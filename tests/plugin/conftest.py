@@ -31,6 +31,9 @@ DEVICES: Dict[str, Tuple[str, Tuple[int, int], float]] = {
 #: Plugins the runs under test do without: the cache writes files, and hypothesis's
 #: terminal summary imports all of hypothesis (seconds per run on a 2-core machine).
 QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+#: The runs under test ask for the plugin, passively (a run that gives none of its options is left
+#: alone: ``lifecycle.engaged``); a test's own ``--gpu-profile`` comes later and wins.
+ENGAGED = ("--gpu-profile=none",)
 
 _SCRUB_PREFIXES = ("NSA_", "PYTEST_XDIST_", "PYTEST_NSA_")
 _SCRUB_NAMES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS")
@@ -81,16 +84,17 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def inprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
-    """``inprocess(*args)``: ``runpytest_inprocess`` that also checks the run left
-    ``os.environ`` as it found it (the profile's flags restored)."""
+    """``inprocess(*args, engaged=True)``: ``runpytest_inprocess``, of an engaged run (:data:`ENGAGED`)
+    unless ``engaged`` is false, that also checks the run left ``os.environ`` as it found it (the
+    profile's flags restored)."""
 
     def environ() -> Dict[str, str]:
         # pytest itself maintains PYTEST_CURRENT_TEST for the outer and the inner run.
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
-    def run(*args: str) -> pytest.RunResult:
+    def run(*args: str, engaged: bool = True) -> pytest.RunResult:
         before = environ()
-        result = pytester.runpytest_inprocess(*QUIET_PLUGINS, *args)
+        result = pytester.runpytest_inprocess(*QUIET_PLUGINS, *(ENGAGED if engaged else ()), *args)
         assert environ() == before, "an in-process run left environment changes behind"
         return result
 
@@ -99,11 +103,12 @@ def inprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
 
 @pytest.fixture
 def subprocess(pytester: pytest.Pytester) -> Callable[..., pytest.RunResult]:
-    """``subprocess(*args)``: ``runpytest_subprocess``, for runs that need a fresh
-    process (import-time environment, xdist workers)."""
+    """``subprocess(*args, engaged=True)``: ``runpytest_subprocess``, of an engaged run (:data:`ENGAGED`)
+    unless ``engaged`` is false, for runs that need a fresh process (import-time environment, xdist
+    workers)."""
 
-    def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(*QUIET_PLUGINS, *args)
+    def run(*args: str, engaged: bool = True) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*QUIET_PLUGINS, *(ENGAGED if engaged else ()), *args)
 
     return run
 

@@ -8,6 +8,7 @@ fresh process starts with (user flags, import-time values, xdist) use
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -171,10 +172,55 @@ def test_passive_without_profile_applies_nothing_but_still_skips(pytester, fake,
     result = inprocess("-s")
     result.stdout.fnmatch_lines([
         "nsa profile: rtx4090 (*; passive (values only, flags not applied); matches NVIDIA GeForce RTX 4090*",
-        "nsa flags: none applied (no --gpu-profile; add --gpu-profile auto to apply a profile)",
+        "nsa flags: none applied (passive; --gpu-profile auto, NAME or PATH applies a profile's)",
         "*SEEN NSA_BACKEND_SELECTED=None*",
         "1  needs SM >= 9.0, have 8.9 (rtx4090)",
     ])
+
+
+#: A run of another project's tests, in a fresh process with none of the plugin's options: what each
+#: test prints is what the plugin left it.
+ANOTHER_PROJECT = '''
+import os
+import sys
+import pytest
+
+@pytest.mark.gpu
+def test_marked_gpu_runs_unjudged():
+    print("TORCH IMPORTED %s" % ("torch" in sys.modules))
+    print("NSA ENV %s" % sorted(k for k in os.environ if k.startswith("NSA_") or k == "TRITON_INTERPRET"))
+
+def test_timed(benchmark):
+    benchmark(sum, range(10))
+
+def test_fixture(nsa_device):
+    pass
+'''
+
+
+def test_a_run_without_its_options_is_left_alone(pytester, subprocess):
+    """pytest loads the plugin into every run of an environment where nsa is installed. A run that
+    asks for none of it (another project's) keeps its time and its behaviour: no torch import
+    (seconds), no detection, flags, header lines or skips; no baseline compared against its
+    pytest-benchmark results, nor our fields in their JSON; the fixtures say how to engage it."""
+    pytester.makepyfile(test_other=ANOTHER_PROJECT)
+    result = subprocess("-s", "-rA", "--benchmark-json=bench.json", engaged=False)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*TORCH IMPORTED False", "NSA ENV []",
+                                 "*pytest_nsa is not engaged in this run: pass --gpu-profile auto *"])
+    # neither header lines ("nsa profile: ...") nor summary sections ("--- nsa: skipped tests ---")
+    assert not [line for line in result.stdout.lines if line.startswith("nsa ") or " nsa: " in line]
+    assert "nsa" not in json.loads((pytester.path / "bench.json").read_text())["machine_info"]
+
+
+@pytest.mark.parametrize("option", ["--gpu-profile=none", "--gpu-profile-mismatch=skip", "--nsa-bench",
+                                    "--nsa-baseline=off", "--nsa-baseline-dir=baselines"])
+def test_any_of_its_options_engages_it(pytester, fake, inprocess, option):
+    fake("rtx4090")
+    pytester.makepyfile(test_x=MARKED_TESTS)
+    result = inprocess(option, engaged=False)
+    result.stdout.fnmatch_lines(["nsa profile: rtx4090 (*; passive (values only, flags not applied)*",
+                                 "1  needs SM >= 9.0, have 8.9 (rtx4090)"])
 
 
 def test_marker_selection_and_strict_markers(pytester, inprocess):
