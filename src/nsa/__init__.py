@@ -4,10 +4,10 @@ See ``NSA_SPEC.md`` semantics in the README. Public API::
 
     NSAConfig, nsa_attention, ops, NSAAttention, NSACache, DecodeGraph
 
-``import nsa`` loads only the flags and the config. The ops and the modules (torch, the
-kernels' modules, and the ``torch.compile`` machinery that marks the ops) load when one of
-their names is first used, so what needs only the flags stays cheap: pytest_nsa, which the
-``pytest11`` entry point loads into every pytest run, whether its options are given or not.
+``import nsa`` loads only the flags and the config. The ops and the modules (with torch and the
+``torch.compile`` machinery that marks the ops: seconds) load when one of their names is first
+used, so what needs only the flags stays cheap: pytest_nsa, which the ``pytest11`` entry point
+loads into every pytest run, whether its options are given or not.
 """
 
 from __future__ import annotations
