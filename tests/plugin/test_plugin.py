@@ -9,10 +9,12 @@ fresh process starts with (user flags, import-time values, xdist) use
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
 
+from pytest_nsa import lifecycle
 from pytest_nsa.profiles import SHIPPED_DIR
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
@@ -214,13 +216,24 @@ def test_a_run_without_its_options_is_left_alone(pytester, subprocess):
 
 
 @pytest.mark.parametrize("option", ["--gpu-profile=none", "--gpu-profile-mismatch=skip", "--nsa-bench",
-                                    "--nsa-baseline=off", "--nsa-baseline-dir=baselines"])
+                                    "--nsa-baseline=off", "--nsa-baseline-dir=baselines", "--nsa-report-commit=abc"])
 def test_any_of_its_options_engages_it(pytester, fake, inprocess, option):
     fake("rtx4090")
     pytester.makepyfile(test_x=MARKED_TESTS)
     result = inprocess(option, engaged=False)
     result.stdout.fnmatch_lines(["nsa profile: rtx4090 (*; passive (values only, flags not applied)*",
                                  "1  needs SM >= 9.0, have 8.9 (rtx4090)"])
+
+
+def test_every_option_it_registers_engages_it(inprocess):
+    """An option added to the plugin's group without a place in ``lifecycle.OPTIONS`` would leave a
+    run that gives it alone: the group as ``--help`` lists it is exactly those options."""
+    lines = inprocess("--help", engaged=False).stdout.lines
+    start = lines.index("NSA GPU profiles (pytest_nsa):")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    listed = {re.match(r"\s+--([\w-]+)", line).group(1).replace("-", "_") for line in lines[start + 1:end]
+              if re.match(r"\s+--", line)}
+    assert listed == set(lifecycle.OPTIONS)
 
 
 def test_marker_selection_and_strict_markers(pytester, inprocess):
