@@ -12,6 +12,10 @@
 # Run twice (the first printed no worker line: -s does not reach an xdist worker's output). The second:
 # one trivial test 1.56-2.40 s without an option, 5.65-7.25 s with --gpu-profile auto; an xdist worker
 # unpinned and without torch, against CUDA_VISIBLE_DEVICES=0 and torch; the tests 206 passed.
+#
+#   bash scripts/gpu_session78.sh final REV        # the whole suite at the session's last code (nsa's
+#                                                  # names loaded on first use), in one call: tests/ops,
+#                                                  # then the rest, two reports (session 76's step)
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -46,8 +50,14 @@ plugin)
     timeout 300 python -m pytest -q -p no:cacheprovider -n 8 tests/plugin tests/test_imports.py \
         tests/test_decode_graph.py 2>&1 | tail -6 | tee "$OUT/plugin_tests.txt"
     ;;
+final)
+    worker_tests 330 "${2:?final needs the commit to name the reports after}" tests/ops
+    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
+    worker_tests 240 "$2" tests --ignore=tests/ops --ignore=tests/benchmarks
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
+    ;;
 *)
-    echo "usage: bash scripts/gpu_session78.sh plugin" >&2
+    echo "usage: bash scripts/gpu_session78.sh plugin|final REV" >&2
     exit 2
     ;;
 esac
