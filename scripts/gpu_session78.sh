@@ -16,6 +16,8 @@
 #   bash scripts/gpu_session78.sh final REV        # the whole suite at the session's last code (nsa's
 #                                                  # names loaded on first use), in one call: tests/ops,
 #                                                  # then the rest, two reports (session 76's step)
+#
+# At feecc82: tests/ops 393 passed, 17 skipped in 296 s; the rest 794 passed, 4 skipped in 158 s. None failed.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
