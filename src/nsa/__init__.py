@@ -41,6 +41,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
         value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+    elif name.startswith("__"):  # tools probe modules for dunders (__test__, __wrapped__): no import
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
         try:
             value = importlib.import_module(f"{__name__}.{name}")
