@@ -55,10 +55,7 @@ recheck)
     probe_run 300 score_budget --only score_budget --lengths 65536
     ;;
 final)
-    worker_tests 330 "${2:?final needs the commit to name the reports after}" tests/ops
-    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
-    worker_tests 240 "$2" tests --ignore=tests/ops --ignore=tests/benchmarks
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
+    whole_suite "${2:?final needs the commit to name the reports after}"
     ;;
 *)
     echo "usage: bash scripts/gpu_session76.sh suite_ops REV|suite_rest REV|baseline|recheck REV|final REV" >&2

@@ -53,10 +53,7 @@ plugin)
         tests/test_decode_graph.py 2>&1 | tail -6 | tee "$OUT/plugin_tests.txt"
     ;;
 final)
-    worker_tests 330 "${2:?final needs the commit to name the reports after}" tests/ops
-    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
-    worker_tests 240 "$2" tests --ignore=tests/ops --ignore=tests/benchmarks
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
+    whole_suite "${2:?final needs the commit to name the reports after}"
     ;;
 *)
     echo "usage: bash scripts/gpu_session78.sh plugin|final REV" >&2
