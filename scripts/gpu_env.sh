@@ -143,17 +143,6 @@ worker_tests() {
     tail -3 "$OUT/tests.txt"
 }
 
-# The whole suite but the benchmarks in one call: tests/ops, then the rest, two reports named after REV,
-# with both outputs, as one tar (sessions 76 and 78's "final"):
-#   whole_suite REV
-whole_suite() {
-    local rev="${1:?whole_suite needs the commit to name the reports after}"
-    worker_tests 330 "$rev" tests/ops
-    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
-    worker_tests 240 "$rev" tests --ignore=tests/ops --ignore=tests/benchmarks
-    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
-}
-
 # The same, each test's outcome on its own line (which ran, when a limit stops the run) and the 12
 # slowest: verbose_tests LIMIT REV NAME TEST... writes $OUT/tests_NAME.txt.
 verbose_tests() {
@@ -165,6 +154,17 @@ verbose_tests() {
     echo "== tests $name: rc $? after $(( $(date +%s) - start )) s"
     grep -E "FAILED|ERROR" "$OUT/tests_$name.txt" | head -20
     tail -3 "$OUT/tests_$name.txt"
+}
+
+# The whole suite but the benchmarks in one call: tests/ops, then the rest, two reports named after REV,
+# with both outputs, as one tar (sessions 76 and 78's "final"):
+#   whole_suite REV
+whole_suite() {
+    local rev="${1:?whole_suite needs the commit to name the reports after}"
+    worker_tests 330 "$rev" tests/ops
+    mv "$OUT/tests.txt" "$OUT/tests_ops.txt"
+    worker_tests 240 "$rev" tests --ignore=tests/ops --ignore=tests/benchmarks
+    (cd "$OUT" && tar -cf report.tar nvidia-* tests_ops.txt tests.txt && rm -rf nvidia-* tests_ops.txt tests.txt)
 }
 
 # One side of an A/B against a copy of an older src/: ab_side SIDE OLD_SRC sets $side_src to this
