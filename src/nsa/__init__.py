@@ -30,17 +30,16 @@ flags.warn_unknown()
 
 __all__ = ["DecodeGraph", "NSAAttention", "NSACache", "NSAConfig", "nsa_attention", "ops", "__version__"]
 
-#: Public names loaded on first use, and the module of each.
-_LAZY = {"ops": "nsa.ops", "nsa_attention": "nsa.ops", "DecodeGraph": "nsa.modules",
-         "NSAAttention": "nsa.modules", "NSACache": "nsa.modules"}  # fmt: skip
+#: Public names loaded on first use, and the module of each (``ops``, as any submodule, is its own).
+_LAZY = {"nsa_attention": "nsa.ops", "DecodeGraph": "nsa.modules", "NSAAttention": "nsa.modules",
+         "NSACache": "nsa.modules"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
-    """A public name of :data:`_LAZY`, or a submodule (``nsa.testing``), imported on first use and then
-    kept as an attribute like any other."""
+    """A public name of :data:`_LAZY`, or a submodule (``nsa.ops``, ``nsa.testing``), imported on first
+    use and then kept as an attribute like any other."""
     if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name.startswith("__"):  # tools probe modules for dunders (__test__, __wrapped__): no import
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
@@ -55,4 +54,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(__all__))

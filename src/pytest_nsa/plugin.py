@@ -9,8 +9,8 @@ and write text (:mod:`~pytest_nsa.summary`). State lives in ``config.stash``
 
 A run that gives none of the plugin's options (these, ``--nsa-bench``, ``--nsa-baseline*``,
 ``--nsa-report*``) is not engaged (:func:`~pytest_nsa.lifecycle.engaged`): the markers are
-registered and every other hook returns at once, so an unrelated project's run neither imports
-torch nor changes.
+registered, the run's hooks (:class:`_RunHooks`) are not, so an unrelated project's run neither
+imports torch nor changes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pytest_nsa import gpu_memory, hookspecs, lifecycle, margins, sharing, summa
 from pytest_nsa.fixtures import nsa_device, nsa_gradcheck_tolerance, nsa_hardware, nsa_profile, nsa_tolerance
 from pytest_nsa.hardware import HardwareInfo
 from pytest_nsa.markers import MARKERS, RequirementError, skip_reason
-from pytest_nsa.state import SessionResults, get_state
+from pytest_nsa.state import NSAState, get_state
 from pytest_nsa.xdist import XdistHooks
 
 HELP_PROFILE = (
@@ -84,121 +84,99 @@ def pytest_cmdline_main(config: pytest.Config) -> Optional[int]:
     return 0
 
 
-def _engaged(config: pytest.Config) -> bool:
-    return lifecycle.start(config).engaged
-
-
 def pytest_configure(config: pytest.Config) -> None:
     for text in MARKERS.values():
         config.addinivalue_line("markers", text)
-    if config.option.help or config.option.version or not _engaged(config):
+    if config.option.help or config.option.version or not lifecycle.start(config).engaged:
         return
     lifecycle.configure(config)
     state = get_state(config)
-    config.pluginmanager.register(_Recorder(state.results), "pytest_nsa_recorder")
+    # the run's hooks exist only in an engaged run: a run that is not has none to skip
+    config.pluginmanager.register(_RunHooks(state), "pytest_nsa_run")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(state.workers), "pytest_nsa_xdist")
-
-
-def pytest_report_header(config: pytest.Config) -> List[str]:
-    return summary.header(get_state(config)) if _engaged(config) else []
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    ctx = get_state(config).context
-    if ctx is None:
-        return
-    for item in items:
-        marks = [(m.name, m.args, m.kwargs) for m in item.iter_markers() if m.name in MARKERS]
-        try:
-            reason = skip_reason(marks, ctx)
-        except RequirementError as err:
-            raise pytest.UsageError(f"{item.nodeid}: {err}") from None
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
-    sharing.whole_device_tests_last(items, get_state(config).pin, os.environ)
 
 
 _MEMORY_AT_START = pytest.StashKey[Optional[gpu_memory.Start]]()
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
-    """Start the test's GPU memory measurement (:mod:`~pytest_nsa.gpu_memory`)."""
-    if _engaged(item.config):
+class _RunHooks:
+    """The hooks of an engaged run: header, skips, each test's memory and parity margins, its
+    results (workers' too, on the xdist controller), and the terminal summary."""
+
+    def __init__(self, state: NSAState) -> None:
+        self.state = state
+
+    @pytest.hookimpl(trylast=True)  # its lines before pytest-benchmark's, as when this was a module hook
+    def pytest_report_header(self, config: pytest.Config) -> List[str]:
+        return summary.header(self.state)
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: List[pytest.Item]) -> None:
+        ctx = self.state.context
+        for item in items:
+            marks = [(m.name, m.args, m.kwargs) for m in item.iter_markers() if m.name in MARKERS]
+            try:
+                reason = skip_reason(marks, ctx)
+            except RequirementError as err:
+                raise pytest.UsageError(f"{item.nodeid}: {err}") from None
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+        sharing.whole_device_tests_last(items, self.state.pin, os.environ)
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        """Start the test's GPU memory measurement (:mod:`~pytest_nsa.gpu_memory`)."""
         item.stash[_MEMORY_AT_START] = gpu_memory.start()
-    yield
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]):  # type: ignore[no-untyped-def]
-    """After the fixtures are gone and before the teardown report: what the test took."""
-    yield
-    if _MEMORY_AT_START not in item.stash:
-        return
-    measured = gpu_memory.measure(item.stash[_MEMORY_AT_START], sharing.needs_whole_device(item))
-    if measured is not None:
-        item.user_properties.append((gpu_memory.PROPERTY, measured))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
-    """Record every ``nsa.testing.assert_close`` of a ``parity`` test (:mod:`~pytest_nsa.margins`)."""
-    # Only parity tests: elsewhere a failing comparison may be the point (tests of the helpers).
-    # Where no test module imported nsa.testing, nothing can compare: torch stays unimported.
-    testing = sys.modules.get("nsa.testing")
-    if testing is None or item.get_closest_marker("parity") is None or not _engaged(item.config):
         yield
-        return
-    with testing.record_comparisons() as found:
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Optional[pytest.Item]):  # type: ignore[no-untyped-def]
+        """After the fixtures are gone and before the teardown report: what the test took."""
         yield
-    if found:
-        item.user_properties.append((margins.PROPERTY, margins.encode(found)))
+        measured = gpu_memory.measure(item.stash.get(_MEMORY_AT_START, None), sharing.needs_whole_device(item))
+        if measured is not None:
+            item.user_properties.append((gpu_memory.PROPERTY, measured))
 
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    output = getattr(session.config, "workeroutput", None)
-    if output is not None and _engaged(session.config):  # an xdist worker: tell the controller where it ran
-        state = get_state(session.config)
-        pin = state.pin.describe() if state.pin is not None else "not pinned"
-        threads = f"; {state.cpu_threads} CPU thread(s)" if state.cpu_threads is not None else ""
-        turns = f"; {state.turns.describe()}" if state.turns is not None else ""
-        hw = state.hardware.describe() if state.hardware else "no hardware record"
-        output["pytest_nsa"] = f"{pin}{threads}; {hw}{turns}"
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if not _engaged(config):
-        return
-    state = get_state(config)
-    lines = summary.skip_summary(state)
-    if lines:
-        terminalreporter.section("nsa: skipped tests by reason", sep="-")
-        for line in lines:
-            terminalreporter.line(line)
-    found = margins.terminal_lines(margins.summary(state.results.finished()))
-    if found:
-        terminalreporter.section("nsa: parity margins (relative error against each assert_close bound)", sep="-")
-        for line in found:
-            terminalreporter.line(line)
-    share = state.memory_share_gib(xdist.workers(config))
-    found = gpu_memory.terminal_lines(gpu_memory.summary(state.results.finished(), share))
-    if found:
-        terminalreporter.section("nsa: GPU memory per test", sep="-")
-        for line in found:
-            terminalreporter.line(line)
-    workers = summary.worker_summary(state)
-    if workers:
-        terminalreporter.section("nsa: xdist workers", sep="-")
-        for line in workers:
-            terminalreporter.line(line)
-
-
-class _Recorder:
-    """Feeds every test report (workers' too, on the xdist controller) into the results."""
-
-    def __init__(self, results: SessionResults) -> None:
-        self.results = results
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):  # type: ignore[no-untyped-def]
+        """Record every ``nsa.testing.assert_close`` of a ``parity`` test (:mod:`~pytest_nsa.margins`)."""
+        # Only parity tests: elsewhere a failing comparison may be the point (tests of the helpers).
+        # Where no test module imported nsa.testing, nothing can compare: torch stays unimported.
+        testing = sys.modules.get("nsa.testing")
+        if testing is None or item.get_closest_marker("parity") is None:
+            yield
+            return
+        with testing.record_comparisons() as found:
+            yield
+        if found:
+            item.user_properties.append((margins.PROPERTY, margins.encode(found)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.results.record(report)
+        self.state.results.record(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        output = getattr(session.config, "workeroutput", None)
+        if output is not None:  # an xdist worker: tell the controller where it ran
+            state = self.state
+            pin = state.pin.describe() if state.pin is not None else "not pinned"
+            threads = f"; {state.cpu_threads} CPU thread(s)" if state.cpu_threads is not None else ""
+            turns = f"; {state.turns.describe()}" if state.turns is not None else ""
+            hw = state.hardware.describe() if state.hardware else "no hardware record"
+            output["pytest_nsa"] = f"{pin}{threads}; {hw}{turns}"
+
+    @pytest.hookimpl(trylast=True)  # after the report's and the baseline's sections, as when these were module hooks
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+        state = self.state
+        sections = (
+            ("nsa: skipped tests by reason", summary.skip_summary(state)),
+            ("nsa: parity margins (relative error against each assert_close bound)",
+             margins.terminal_lines(margins.summary(state.results.finished()))),
+            ("nsa: GPU memory per test", gpu_memory.terminal_lines(
+                gpu_memory.summary(state.results.finished(), state.memory_share_gib(xdist.workers(config))))),
+            ("nsa: xdist workers", summary.worker_summary(state)),
+        )
+        for title, lines in sections:
+            if lines:
+                terminalreporter.section(title, sep="-")
+                for line in lines:
+                    terminalreporter.line(line)
