@@ -12,6 +12,8 @@
 # Run twice (the first printed no worker line: -s does not reach an xdist worker's output). The second:
 # one trivial test 1.56-2.40 s without an option, 5.65-7.25 s with --gpu-profile auto; an xdist worker
 # unpinned and without torch, against CUDA_VISIBLE_DEVICES=0 and torch; the tests 206 passed.
+# Again at 3470c61 (the review: the plugin's run hooks one class, registered in an engaged run only;
+# raw files *_3470c61_*): 1.77-2.88 s against 6.62-8.09 s, the same worker lines, the tests 208 passed.
 #
 #   bash scripts/gpu_session78.sh final REV        # the whole suite at the session's last code (nsa's
 #                                                  # names loaded on first use), in one call: tests/ops,
