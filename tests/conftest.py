@@ -25,6 +25,14 @@ _interpreter.install()
 pytest_plugins = ["pytester"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nsa-fuzz", "nsa's differential fuzzing (tests/test_fuzz.py)")
+    group.addoption("--fuzz-cases", type=int, default=4, metavar="N",
+                    help="random nsa_attention problems to check against the reference (default 4)")
+    group.addoption("--fuzz-seed", type=int, default=0, metavar="S",
+                    help="seed of the first case; case i is seed S + i (default 0)")
+
+
 @pytest.fixture(autouse=True)
 def _seed(request: pytest.FixtureRequest) -> None:
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU call of session 79 (H200): the differential fuzzer of tests/test_fuzz.py (tests/_fuzz.py) at
+# GPU sizes. Each case is a random nsa_attention problem (geometry, groups, head widths, dtypes, chunked
+# prefill, kv_cmp/kv_win, packed batches, inference or training) run on Triton and checked against the
+# reference; most cases compile kernels of their own, so a call holds a few hundred at most. The
+# outputs are docs/perf/raw/session79_fuzz_*.
+#
+#   bash scripts/gpu_session79.sh fuzz FIRST COUNT REV  # cases FIRST .. FIRST+COUNT-1, 8 xdist workers,
+#                                                       # stopped (SIGINT: its summary still printed)
+#                                                       # after 540 s; a report named after REV
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+device_line
+step="${1:-}"
+
+case "$step" in
+fuzz)
+    first="${2:?fuzz needs the first seed}" count="${3:?fuzz needs the number of cases}" rev="${4:?fuzz needs the commit}"
+    timeout -s INT -k 30 540 python -m pytest -p no:cacheprovider -n 8 --dist worksteal -v --gpu-profile auto \
+        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_fuzz.py \
+        --fuzz-seed "$first" --fuzz-cases "$count" > "$OUT/fuzz.txt" 2>&1
+    echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
+    grep -cE "PASSED" "$OUT/fuzz.txt" | sed 's/^/== passed lines: /'
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
+    tail -3 "$OUT/fuzz.txt"
+    tar_reports
+    ;;
+*)
+    echo "usage: bash scripts/gpu_session79.sh fuzz FIRST COUNT REV" >&2
+    exit 2
+    ;;
+esac
+echo "== done after $(( $(date +%s) - start )) s"
