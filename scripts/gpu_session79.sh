@@ -8,14 +8,16 @@
 #   bash scripts/gpu_session79.sh fuzz FIRST COUNT REV  # cases FIRST .. FIRST+COUNT-1, 8 xdist workers,
 #                                                       # stopped (SIGINT: its summary still printed)
 #                                                       # after 540 s; a report named after REV
+#   bash scripts/gpu_session79.sh case KIND SEED VARY...  # one case by its seed and variants of it
+#                                                       # (scripts/fuzz_case.py), then fuzz's arguments
+#                                                       # after "--" if any: fuzz FIRST COUNT REV
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
 
-case "$step" in
-fuzz)
-    first="${2:?fuzz needs the first seed}" count="${3:?fuzz needs the number of cases}" rev="${4:?fuzz needs the commit}"
-    timeout -s INT -k 30 540 python -m pytest -p no:cacheprovider -n 8 --dist worksteal -v --gpu-profile auto \
+fuzz_run() {
+    local first="${1:?fuzz needs the first seed}" count="${2:?fuzz needs the number of cases}" rev="${3:?fuzz needs the commit}"
+    timeout -s INT -k 30 "${FUZZ_LIMIT:-540}" python -m pytest -p no:cacheprovider -n 8 --dist worksteal -v --gpu-profile auto \
         -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_fuzz.py \
         --fuzz-seed "$first" --fuzz-cases "$count" > "$OUT/fuzz.txt" 2>&1
     echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
@@ -23,9 +25,21 @@ fuzz)
     grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
     tail -3 "$OUT/fuzz.txt"
     tar_reports
+}
+
+case "$step" in
+fuzz)
+    fuzz_run "${@:2}"
+    ;;
+case)
+    shift
+    variants=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
+    timeout 240 python scripts/fuzz_case.py "${variants[@]:0:2}" --vary "${variants[@]:2}" 2>&1 | tee -a "$OUT/case.txt"
+    if [ "${1:-}" = "--" ]; then shift; FUZZ_LIMIT=$(( 570 - ($(date +%s) - start) )) fuzz_run "$@"; fi
     ;;
 *)
-    echo "usage: bash scripts/gpu_session79.sh fuzz FIRST COUNT REV" >&2
+    echo "usage: bash scripts/gpu_session79.sh fuzz FIRST COUNT REV | case KIND SEED VARY... [-- FIRST COUNT REV]" >&2
     exit 2
     ;;
 esac

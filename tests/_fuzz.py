@@ -205,7 +205,12 @@ def _sequences(case: Case) -> List[slice]:
 def reference(case: Case, x: Inputs, block_idx: torch.Tensor, selection_eps: float) -> torch.Tensor:
     """The reference's output given the blocks ``block_idx`` chosen by the backend under test,
     after checking those blocks against the reference's own top-n (sequence by sequence where
-    packed); ``x`` in the reference's dtype."""
+    packed); ``x`` in the reference's dtype.
+
+    The top-n is checked on the compressed keys as the case's dtype holds them (as
+    :func:`nsa.ops.mean_compress` returns them, and the backend ranks them): rounded to 16 bits,
+    a compressed key moves each score by up to about 2e-3 of its size, which is more than
+    ``selection_eps`` where a block holds a single compressed token."""
     from nsa.ops import mean_compress, select_blocks
 
     config, outs = case.config, []
@@ -214,8 +219,9 @@ def reference(case: Case, x: Inputs, block_idx: torch.Tensor, selection_eps: flo
         kv_win = None if x.kv_win is None else tuple(t[:, seq] for t in x.kv_win)
         kv_cmp = x.kv_cmp or tuple(mean_compress(t, config, backend="reference") for t in (k, v))
         with torch.no_grad():
-            ref_idx = select_blocks(q, kv_cmp[0], config, q_offset=case.q_offset, backend="reference")
-            scores = block_scores(q, kv_cmp[0], config, q_offset=case.q_offset)
+            ranked = kv_cmp[0].to(case.dtype).to(kv_cmp[0].dtype)
+            ref_idx = select_blocks(q, ranked, config, q_offset=case.q_offset, backend="reference")
+            scores = block_scores(q, ranked, config, q_offset=case.q_offset)
         assert_valid_selection(block_idx[:, seq], ref_idx, scores, config, q_offset=case.q_offset, eps=selection_eps)
         outs.append(nsa_attention_with_blocks(q, k, v, gates, config, block_idx[:, seq], kv_cmp=kv_cmp,
                                               kv_win=kv_win, q_offset=case.q_offset))

@@ -143,7 +143,11 @@ def assert_valid_selection(
     gap = torch.where(contested, best_out - worst_in, torch.zeros_like(best_out))
     tol = eps * torch.where(contested, torch.maximum(worst_in.abs(), best_out.abs()), torch.ones_like(best_out))
     above = gap > tol
-    _require(not above.any(), f"{int(above.sum())} rows left out a block scoring above a chosen one by more than {eps:.0e}")
+    if above.any():
+        rel = torch.where(above, gap / (tol / eps), torch.zeros_like(gap))
+        worst = [int(i) for i in torch.unravel_index(rel.argmax(), rel.shape)]
+        raise AssertionError(f"{int(above.sum())} rows left out a block scoring above a chosen one by more than "
+                             f"{eps:.0e}; the most by {float(rel.max()):.2e} (relative), at [b, t, h] = {worst}")
     differ = ~(block_idx == ref_idx).all(-1)
     untied = differ & ~(contested & (gap.abs() <= tol))
     _require(not untied.any(), f"{int(untied.sum())} rows differ from the reference without a near-tie (eps {eps:.0e})")

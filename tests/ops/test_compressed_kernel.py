@@ -297,3 +297,18 @@ def test_ds_layout_and_budget(nsa_device, monkeypatch):
     assert ds["buffer"].numel() * 4 == size and ds["total"] == total
     with pytest.raises(ValueError, match="must divide"):
         kernel._ds_buffer(q, k_cmp, SMALL, 0, kv, (16, 4, 2))
+
+
+@pytest.mark.parametrize("blocks_per_step", [None, 16, 32, 64])
+def test_score_steps_stay_within_their_tokens(blocks_per_step):
+    """A pass-2 step scores at most ``SCORE_STEP_TOKENS`` compressed tokens whatever the geometry (and
+    at least the 16 a ``tl.dot`` needs): 32 blocks of 8 tokens (``sel_block / cmp_stride``) took 289
+    KiB of shared memory for 192-wide heads on an H200 (the fuzzer, session 79). The paper's geometry
+    keeps its measured 32 blocks a step."""
+    from nsa.ops._triton.compressed_fwd import SCORE_STEP_TOKENS, _score_geometry
+
+    for stride, sel_block in ((16, 64), (8, 64), (4, 32), (4, 64), (2, 64), (1, 128), (4, 4), (6, 18), (16, 512)):
+        geo = _score_geometry(NSAConfig(cmp_block=stride, cmp_stride=stride, sel_block=sel_block), blocks_per_step)
+        tokens = geo["NB"] * geo["RP"]
+        assert 16 <= tokens <= max(SCORE_STEP_TOKENS, geo["RP"]), (stride, sel_block, geo)
+    assert _score_geometry(NSAConfig())["NB"] == 32

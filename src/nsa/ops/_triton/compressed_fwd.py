@@ -382,6 +382,12 @@ def compressed_fwd_kernel(
                     BT, GP, NB, R, RP, KC, NSPILL, SEL, BDK, DK, H * DK, PREC)
 
 
+#: The most compressed tokens one pass-2 step scores (``NB * RP``): the paper's geometry's 32 blocks of
+#: 4 tokens. More blocks of more tokens (``sel_block / cmp_stride`` of 8: 256 tokens a step) needed
+#: 289 KiB of shared memory for 192-wide heads on an H200, which has 227 (the fuzzer, session 79).
+SCORE_STEP_TOKENS = 128
+
+
 def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) -> dict:
     """Constexprs of pass 2: tokens per block ``R`` (padded ``RP``), tokens per compressed
     block ``KC``, spill steps, and the blocks scored per step ``NB``."""
@@ -390,8 +396,8 @@ def _score_geometry(config: NSAConfig, blocks_per_step: Optional[int] = None) ->
     RP = next_power_of_2(R)
     NSPILL = (R + KC - 2) // R + 1  # block offsets a token's units can reach
     # 32 blocks a step measured ~4% faster than 16 at 64k on an H200 and equal at 8k;
-    # NB * RP >= 16 for tl.dot
-    NB = max(blocks_per_step or 32, cdiv(16, RP))
+    # NB * RP >= 16 for tl.dot, and at most SCORE_STEP_TOKENS where a block holds fewer tokens
+    NB = max(min(blocks_per_step or 32, max(1, SCORE_STEP_TOKENS // RP)), cdiv(16, RP))
     return dict(R=R, RP=RP, KC=KC, NSPILL=NSPILL, NB=next_power_of_2(NB))
 
 

@@ -559,7 +559,9 @@ def decode_fwd(
         combine_heads = next(hb for hb in (8, 4, 2, 1) if (HQ % hb == 0 and hb * next_pow2(S, 2) <= 128) or hb == 1)
     if HQ % combine_heads:
         raise ValueError(f"combine_heads={combine_heads} must divide the {HQ} query heads")
-    hb = combine_heads if on_gpu else G  # the interpreter prefers fewer, larger programs
+    # the interpreter prefers fewer, larger programs: the most heads of a group that a tile holds (a power
+    # of two dividing G, so that a program's heads share a row)
+    hb = combine_heads if on_gpu else G & -G
     # each branch in tiles of its own width (at batch 1, 64k: 16, 4 and 16 slots, where one tile
     # of all 36 slots takes 64)
     chunk = next_pow2(combine_chunk, 2)

@@ -1,0 +1,56 @@
+"""Run one fuzz case of ``tests/_fuzz.py`` by its seed, and variants of it, printing what each gives:
+for a failure the fuzzer found, which of the case's features it needs.
+
+    python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)"
+
+Each ``--vary`` runs the case again with one field replaced (a Python literal); the device is CUDA
+where there is one. Tolerances are the shipped profiles' (``gpu_profiles/base.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import pathlib
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # the kernels then run on Triton's CPU interpreter (set before Triton loads)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import _fuzz  # noqa: E402
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # base.yaml's, fwd and grad
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=("prefill", "decode"))
+    parser.add_argument("seed", type=int)
+    parser.add_argument("--scale", choices=sorted(_fuzz.SCALES), default="gpu")
+    parser.add_argument("--vary", nargs="*", default=[], metavar="FIELD=VALUE")
+    args = parser.parse_args(argv)
+    draw, check = (_fuzz.draw, _fuzz.check) if args.kind == "prefill" else (_fuzz.draw_decode, _fuzz.check_decode)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    case = draw(args.seed, _fuzz.SCALES[args.scale])
+    failed = 0
+    for change in [None, *args.vary]:
+        variant = case
+        if change is not None:
+            field, value = change.split("=", 1)
+            variant = dataclasses.replace(case, **{field: ast.literal_eval(value)})
+        try:
+            check(variant, device, lambda dtype, kind: TOLERANCE[dtype])
+            print(f"ok    {change or 'as drawn'}: {variant}")
+        except AssertionError as err:
+            failed += 1
+            print(f"FAIL  {change or 'as drawn'}: {err}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
