@@ -258,8 +258,8 @@ def check(case: Case, device: torch.device, tolerance: Callable[[torch.dtype, st
             o, block_idx = attention(x.q, x.k, x.v, x.gates, case.config, backend=backend, return_block_idx=True, **kwargs)
         if o.dtype != case.dtype or o.shape != (*x.q.shape[:3], case.dv):
             raise AssertionError(f"o: {o.dtype} {tuple(o.shape)}, want {case.dtype} {(*x.q.shape[:3], case.dv)}")
-        ref_dtype = SCALES[case.scale].reference_dtype(case.dtype)
-        up = base.to(device, ref_dtype, case.grad)
+        # the reference reads the very values the backend did: the case's dtype's, widened
+        up = x.to(device, SCALES[case.scale].reference_dtype(case.dtype), case.grad)
         ref_o = reference(case, up, block_idx, SELECTION_EPS[case.dtype])
         assert_close("o", o, ref_o, tolerance(case.dtype, "fwd"))
         if case.grad:
@@ -359,7 +359,7 @@ def check_decode(case: DecodeCase, device: torch.device, tolerance: Callable[[to
                                       return_block_idx=True)
             if o.dtype != case.dtype or o.shape != (*x["q"].shape[:3], case.dv):
                 raise AssertionError(f"o: {o.dtype} {tuple(o.shape)}, want {case.dtype} {(*x['q'].shape[:3], case.dv)}")
-            up = {name: t.to(device=device, dtype=SCALES[case.scale].reference_dtype(case.dtype)) for name, t in base.items()}
+            up = {name: t.to(SCALES[case.scale].reference_dtype(case.dtype)) for name, t in x.items()}  # x widened
             outs = []
             for b, n in enumerate(case.lengths):
                 row, nc, start = slice(b, b + 1), config.num_cmp(n), n - case.new_tokens

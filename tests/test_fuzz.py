@@ -131,3 +131,29 @@ def test_check_passes_a_correct_backend_and_fails_wrong_ones(packed):
             patch.setattr(nsa.testing, "_RECORDERS", [])
             _fuzz.check(case, cpu, _tolerance, backend="reference", attention=wrong)
         assert str(err.value).startswith(f"seed {case.seed} (interpreter): ") and says in str(err.value)
+
+
+def test_reference_reads_the_values_the_backend_read(monkeypatch):
+    """The reference side is the backend's inputs widened, not the float64 draws they were rounded
+    from: 16-bit rounding of ``q`` and ``k`` alone moved block scores by up to 6e-3 of their size
+    (bfloat16, one compressed token a block; the first GPU run of the fuzzer)."""
+    from nsa import nsa_attention
+
+    case = _case_with_free_picks(dtype=torch.float16)
+    given, widened = {}, {}
+
+    def attention(q, k, v, gates, *args, **kwargs):
+        given.update(q=q, k=k, v=v, gates=gates)
+        return nsa_attention(q, k, v, gates, *args, **kwargs)
+
+    real = _fuzz.reference
+
+    def reference(case, x, *args):
+        widened.update(q=x.q, k=x.k, v=x.v, gates=x.gates)
+        return real(case, x, *args)
+
+    monkeypatch.setattr(_fuzz, "reference", reference)
+    _fuzz.check(case, torch.device("cpu"), _tolerance, backend="reference", attention=attention)
+    for name, value in given.items():
+        assert value.dtype == torch.float16 and widened[name].dtype == torch.float64
+        assert torch.equal(widened[name], value.double()), name
