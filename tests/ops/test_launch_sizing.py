@@ -202,3 +202,20 @@ def test_a_callers_tiles_win_over_exact_float32s(monkeypatch, nsa_device):
     got = selected.selected_fwd(q, k, v, blocks, 8, 0.25, 0, tiles={"num_stages": 2})[0]
     assert stages == [1, 2]
     assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("sel_block, width, stages", [(64, 128, 2), (128, 192, 1), (128, 128, 2)])
+def test_selected_forward_stages_fit_shared_memory(sel_block, width, stages, monkeypatch, nsa_device):
+    """The selected forward holds one selection block's keys and values a pipeline stage: blocks of
+    128 keys with 192-wide heads (tiles of 256, 128 KiB a stage) take one stage, where two asked 288
+    KiB of an H200's 227 (the fuzzer, session 79); the paper's geometry keeps its two. On the CPU
+    the interpreter stands for an H100."""
+    from nsa.ops.selected import kernel as selected
+
+    T = sel_block + 5
+    q, k, v = qkv(1, T, 2, 1, width, width, torch.float16, nsa_device)
+    launched = spy_launches(monkeypatch, selected, "selected_fwd_kernel", "num_stages")
+    blocks = torch.zeros(1, T, 1, 2, dtype=torch.int32, device=nsa_device)
+    blocks[:, sel_block:, :, 1] = 1
+    o, _ = selected.selected_fwd(q, k, v, blocks, sel_block, width ** -0.5, 0)
+    assert launched == [stages] and torch.isfinite(o).all()

@@ -54,6 +54,7 @@ from nsa.ops._triton.attention import (
     last_dim_contiguous,
     next_pow2,
     pipeline_stages,
+    stages_that_fit,
     token_tile_descriptor,
     wide_heads_on_small_gpu,
 )
@@ -251,6 +252,9 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
     cfg = dict(FWD_TILES, **(dict(num_stages=EXACT_FLOAT32_FWD_STAGES) if exact else {}))
     cfg.update(tiles or {})
+    # a stage holds one selection block's keys and values
+    stage_bytes = dims["BSP"] * (dims["BK"] + dims["BV"]) * q.element_size()
+    cfg["num_stages"] = stages_that_fit(cfg["num_stages"], stage_bytes, q.device)
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
     selected_fwd_kernel[(cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
