@@ -1,7 +1,7 @@
 """Run one fuzz case of ``tests/_fuzz.py`` by its seed, and variants of it, printing what each gives:
 for a failure the fuzzer found, which of the case's features it needs.
 
-    python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)"
+    python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)" dtype=float32
 
 Each ``--vary`` runs the case again with one field replaced (a Python literal); the device is CUDA
 where there is one. Tolerances are the shipped profiles' (``gpu_profiles/base.yaml``).
@@ -42,7 +42,9 @@ def main(argv=None) -> int:
         variant = case
         if change is not None:
             field, value = change.split("=", 1)
-            variant = dataclasses.replace(case, **{field: ast.literal_eval(value)})
+            # a dtype by its name (dtype=bfloat16), anything else as a Python literal
+            parsed = getattr(torch, value) if field == "dtype" else ast.literal_eval(value)
+            variant = dataclasses.replace(case, **{field: parsed})
         try:
             check(variant, device, lambda dtype, kind: TOLERANCE[dtype])
             print(f"ok    {change or 'as drawn'}: {variant}")
