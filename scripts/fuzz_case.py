@@ -48,9 +48,9 @@ def main(argv=None) -> int:
         try:
             check(variant, device, lambda dtype, kind: TOLERANCE[dtype])
             print(f"ok    {change or 'as drawn'}: {variant}")
-        except AssertionError as err:
+        except Exception as err:  # noqa: BLE001 - a launch that fails is a finding too; the next variant runs
             failed += 1
-            print(f"FAIL  {change or 'as drawn'}: {err}")
+            print(f"FAIL  {change or 'as drawn'}: {type(err).__name__}: {err}")
     return 1 if failed else 0
 
 

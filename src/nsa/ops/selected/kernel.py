@@ -185,11 +185,18 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     )
 
 
+def _stage_bytes(dims: dict, q: torch.Tensor) -> int:
+    """Shared memory of one pipeline stage of the forward and forced-block kernels: a selection
+    block's keys and values."""
+    return dims["BSP"] * (dims["BK"] + dims["BV"]) * q.element_size()
+
+
 def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, int]:
     """Constexprs and launch parameters of a forced-block kernel for queries ``q`` (the ``dQ``
     kernel's with ``backward``), and its ``BT``."""
     head_dim = max(dims["DK"], dims["DV"])
     stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, head_dim, wide_heads_one_stage=backward)
+    stages = stages_that_fit(stages, _stage_bytes(dims, q), q.device)
     cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
     if exact_float32(q.dtype, q.device, head_dim):
         cfg["rows"] = EXACT_FLOAT32_TILES["rows"]
@@ -252,9 +259,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
     cfg = dict(FWD_TILES, **(dict(num_stages=EXACT_FLOAT32_FWD_STAGES) if exact else {}))
     cfg.update(tiles or {})
-    # a stage holds one selection block's keys and values
-    stage_bytes = dims["BSP"] * (dims["BK"] + dims["BV"]) * q.element_size()
-    cfg["num_stages"] = stages_that_fit(cfg["num_stages"], stage_bytes, q.device)
+    cfg["num_stages"] = stages_that_fit(cfg["num_stages"], _stage_bytes(dims, q), q.device)
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
     selected_fwd_kernel[(cdiv(T, cfg["BQ"]), B * H)](
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
