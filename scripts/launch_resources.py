@@ -95,6 +95,14 @@ def record(args: argparse.Namespace) -> None:
         return original(self, *call_args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = run
+    if args.config:
+        import gpu_kernels_by_dtype
+
+        from nsa import NSAConfig
+
+        # the ops read the module's CONFIG when they run
+        gpu_kernels_by_dtype.CONFIG = NSAConfig(**{key: int(value) for key, value in
+                                                   (item.split("=") for item in args.config.split(","))})
     dtype = getattr(torch, args.dtype)
     dk, dv = (int(x) for x in args.dims.split(":"))
     for name, call in ops(dtype, dk, dv, "cpu", T=args.T, random_selection=args.dry):
@@ -157,6 +165,8 @@ def main() -> None:
     rec.add_argument("--as-gpu", choices=sorted(SHIPPED_GPUS), default=None,
                      help="size the launches as on this GPU (default: as the interpreter, Hopper-sized)")
     rec.add_argument("--T", type=int, default=300, help="tokens of the inputs")
+    rec.add_argument("--config", default="", metavar="FIELD=N,...",
+                     help="the NSAConfig of the ops (default sel_count=4), e.g. sel_block=128,cmp_block=48")
     rec.add_argument("--dry", action="store_true",
                      help="record the launches without running them (outputs are garbage; for long --T)")
     com = sub.add_parser("compile", help="compile recorded launches for sm_90")

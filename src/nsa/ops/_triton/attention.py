@@ -35,7 +35,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nsa import flags
-from nsa.ops._triton.device import device_memory, large_shared_memory, shared_memory_per_program, small_shared_memory
+from nsa.ops._triton.device import device_memory, large_shared_memory, small_shared_memory
 from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
 
 #: exp(x) == exp2(x * LOG2E): folding LOG2E into the softmax scale lets kernels use exp2.
@@ -129,20 +129,6 @@ def pipeline_stages(stages: Optional[int], dtype: torch.dtype, device: torch.dev
     if wide_heads_one_stage and wide_heads_on_small_gpu(head_dim, device):
         return 1
     return stages
-
-
-#: Shared memory a program of a block-walking kernel takes besides its pipeline's copies (the query
-#: tile, layout exchanges): 32.1 KiB for the selected forward of 192-wide heads (sm_90), at most.
-STAGE_RESERVE_BYTES = 33 * 1024
-
-
-def stages_that_fit(stages: int, stage_bytes: int, device: torch.device) -> int:
-    """At most ``stages`` pipeline stages, and no more than ``stage_bytes`` each leave
-    :data:`STAGE_RESERVE_BYTES` of the GPU's shared memory a program for the rest; at least one.
-    Selection blocks of 128 keys with 192-wide heads (tiles of 256) take 128 KiB a stage: two asked
-    288 KiB of an H200's 227 (the fuzzer, session 79)."""
-    budget = shared_memory_per_program(device) - STAGE_RESERVE_BYTES
-    return max(1, min(stages, budget // max(1, stage_bytes)))
 
 
 def wide_heads_on_small_gpu(head_dim: int, device: torch.device) -> bool:

@@ -18,7 +18,7 @@ of 6144 score tiles of three steps lost a candidate, session 43).
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 #: Keyword options of every ``kernel[grid](...)`` call in :mod:`nsa.ops` (``**LAUNCH_OPTIONS``).
 #: The CPU interpreter ignores them.
@@ -47,3 +47,50 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of 2 that is at least ``n`` (0 for 0, as Triton's), on the host."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+#: Pipeline stages that fit, by launch (:func:`launch_within_shared_memory`): a launch that asked
+#: for more once is made with these from then on, without compiling or failing again.
+_FITTED_STAGES: Dict[Tuple[Any, ...], int] = {}
+
+
+def launch_within_shared_memory(kernel, grid, what: str, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, with one pipeline stage fewer each time the GPU's shared
+    memory a program cannot hold the compiled launch (Triton's ``OutOfResources``, raised as it loads
+    the kernel, before anything runs), down to one stage.
+
+    The tuned stages fit every shipped GPU at the shapes measured; this is for the rest of the
+    space, which the fuzzer found to pass it: a selection block of 128 keys with 192-wide heads
+    asked 261-288 KiB of an H200's 227 in two stages (session 79). Where one stage does not fit
+    either, a :class:`nsa.routing.BackendUnavailableError` says so for ``what`` (the op's kernel)."""
+    try:
+        from triton.runtime.errors import OutOfResources
+    except ImportError:  # a Triton without it raises nothing of the kind
+        OutOfResources = ()  # noqa: N806
+    stages, key = kwargs.get("num_stages"), None
+    if _FITTED_STAGES:  # the launch's key only once some launch has not fit: none in the tuned space
+        key = _stages_key(kernel, args, kwargs)
+        stages = _FITTED_STAGES.get(key, stages)
+    while True:
+        try:
+            kernel[grid](*args, **(dict(kwargs, num_stages=stages) if stages is not None else kwargs))
+            return
+        except OutOfResources as err:
+            if "shared memory" not in str(err):
+                raise
+            if not stages or stages <= 1:
+                from nsa.routing import BackendUnavailableError
+
+                raise BackendUnavailableError(
+                    f"{what}: its Triton kernel does not fit this GPU's shared memory a program even in one "
+                    f"pipeline stage ({err}); narrower heads, a shorter sel_block, 16-bit inputs (for float32) "
+                    f"or backend='reference' run") from None
+            stages -= 1
+            _FITTED_STAGES[key or _stages_key(kernel, args, kwargs)] = stages
+
+
+def _stages_key(kernel, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[Any, ...]:
+    """What decides a launch's shared memory: the kernel, its scalar and constexpr arguments (the
+    stages asked for among them) and its tensors' dtypes."""
+    return (kernel, *sorted((name, value) for name, value in kwargs.items() if isinstance(value, (bool, int, float, str))),
+            *(str(a.dtype) for a in args if hasattr(a, "dtype")))

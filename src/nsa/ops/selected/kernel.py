@@ -54,12 +54,11 @@ from nsa.ops._triton.attention import (
     last_dim_contiguous,
     next_pow2,
     pipeline_stages,
-    stages_that_fit,
     token_tile_descriptor,
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
-from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, next_power_of_2
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, launch_within_shared_memory, next_power_of_2
 from nsa.ops.selected import gluon_dkdv
 from nsa.ops.selected.backward import (
     selected_bwd_dkdv_kernel,
@@ -185,18 +184,11 @@ def _dims(q, k, v, block_idx, sel_block: int, forced: Tuple[int, int] = (0, 0)) 
     )
 
 
-def _stage_bytes(dims: dict, q: torch.Tensor) -> int:
-    """Shared memory of one pipeline stage of the forward and forced-block kernels: a selection
-    block's keys and values."""
-    return dims["BSP"] * (dims["BK"] + dims["BV"]) * q.element_size()
-
-
 def _forced_launch(dims: dict, q: torch.Tensor, backward: bool) -> Tuple[dict, int]:
     """Constexprs and launch parameters of a forced-block kernel for queries ``q`` (the ``dQ``
     kernel's with ``backward``), and its ``BT``."""
     head_dim = max(dims["DK"], dims["DV"])
     stages = pipeline_stages(FORCED_TILES["num_stages"], q.dtype, q.device, head_dim, wide_heads_one_stage=backward)
-    stages = stages_that_fit(stages, _stage_bytes(dims, q), q.device)
     cfg = _warps(dict(FORCED_TILES, num_stages=stages), dims, 4)
     if exact_float32(q.dtype, q.device, head_dim):
         cfg["rows"] = EXACT_FLOAT32_TILES["rows"]
@@ -253,15 +245,16 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     args = (q, k, v, block_idx, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], T, q_offset, scale * LOG2E)
     if sum(forced) and start is None:
         meta, BT = _forced_launch(dims, q, backward=False)
-        selected_forced_fwd_kernel[(cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
+        launch_within_shared_memory(selected_forced_fwd_kernel, (cdiv(T, BT), B * H), "selected_attention's forced blocks",
+                                    *args, **meta, **LAUNCH_OPTIONS)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
     cfg = dict(FWD_TILES, **(dict(num_stages=EXACT_FLOAT32_FWD_STAGES) if exact else {}))
     cfg.update(tiles or {})
-    cfg["num_stages"] = stages_that_fit(cfg["num_stages"], _stage_bytes(dims, q), q.device)
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 1))
-    selected_fwd_kernel[(cdiv(T, cfg["BQ"]), B * H)](
+    launch_within_shared_memory(
+        selected_fwd_kernel, (cdiv(T, cfg["BQ"]), B * H), "selected_attention's forward",
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
         KEEP=keep, **loads, **LAUNCH_OPTIONS)
     return o, lse, o_sum
@@ -293,19 +286,22 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
             *do.stride()[:3], T, q_offset, scale * LOG2E, scale)
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims, q, backward=True)
-        selected_forced_dq_kernel[(cdiv(T, BT), B * H)](*args, **meta, **LAUNCH_OPTIONS)
+        launch_within_shared_memory(selected_forced_dq_kernel, (cdiv(T, BT), B * H), "selected_attention's forced dQ",
+                                    *args, **meta, **LAUNCH_OPTIONS)
     exact = exact_float32(q.dtype, q.device, max(DK, v.shape[-1]))
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims,
                                                            EXACT_FLOAT32_TILES["num_warps"] if exact else 1),
                                      DQ_DS_COPIES_MAX_BYTES)
         keep = ("H", "G", "GP", "N", "NP", "BS", "BSP", "INIT", "LOCAL", "DK", "BK", "ACC", "PREC")
-        selected_bwd_dq_ds_kernel[(T, B * H)](
+        launch_within_shared_memory(
+            selected_bwd_dq_ds_kernel, (T, B * H), "selected_attention's dQ",
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
             **{key: dims[key] for key in keep}, **launch, **loads, **LAUNCH_OPTIONS)
         return dq
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 2))
-    selected_bwd_dq_kernel[(cdiv(T, cfg["BQ"]), B * H)](*args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
+    launch_within_shared_memory(selected_bwd_dq_kernel, (cdiv(T, cfg["BQ"]), B * H), "selected_attention's dQ",
+                                *args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
     return dq
 
 
@@ -350,7 +346,8 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
         gluon_dkdv.selected_bwd_dkdv_gluon(q, k, v, do, gate, lse, delta, dk, dv, dk_part, dv_part, ds, inv,
                                            cfg["QSEG"], scale * LOG2E, scale)
     else:
-        selected_bwd_dkdv_kernel[(n_prog,)](
+        launch_within_shared_memory(
+            selected_bwd_dkdv_kernel, (n_prog,), "selected_attention's dK/dV",
             q, k, v, do, do if gate is None else gate, lse, delta, dk, dv, dk_part, dv_part,  #
             inv["t_sorted"], inv["starts"], inv["counts"], inv["seg_first"], inv["seg_count"], inv["seg_owner"],  #
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  #
