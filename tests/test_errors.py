@@ -81,6 +81,8 @@ CASES = [
     (["selected_attention"], "block_idx", lambda a: a["block_idx"][:, :, :, :0], ValueError, [r"\bblock_idx must have shape"]),
     # ---- HQ % H != 0
     (Q_OPS, "q", lambda a: torch.randn(B, T, 3, DK), ValueError, [r"query heads HQ=3", r"\bq \[2, 40, 3, 8\]", r"KV heads H=2", r"\[2, \d+, 2, 8\]"]),
+    # ---- no query heads (the fuzzer's group of 0: a division by zero in a launcher, before)
+    (Q_OPS, "q", lambda a: torch.randn(B, T, 0, DK), ValueError, [r"query heads HQ=0", r"positive multiple of KV heads H=2"]),
     # ---- dtypes
     (Q_OPS, "q", lambda a: a["q"].long(), TypeError, [r"\bq must be float16/bfloat16/float32/float64, got torch.int64"]),
     (ATTENTION_OPS, "k", lambda a: a["k"].int(), TypeError, [r"\bk must be float"]),

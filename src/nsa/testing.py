@@ -124,6 +124,8 @@ def assert_valid_selection(
     """
     if block_idx.dtype != torch.int32 or block_idx.shape != ref_idx.shape:
         raise AssertionError(f"block_idx: {block_idx.dtype} {tuple(block_idx.shape)}, want int32 {tuple(ref_idx.shape)}")
+    if block_idx.numel() == 0:  # no query (or no KV head): nothing was chosen
+        return 0
     own = (torch.arange(block_idx.shape[1], device=block_idx.device) + q_offset) // config.sel_block
     j = torch.arange(scores.shape[-1], device=block_idx.device)
     forced = (j <= own[:, None]) & ((j < config.init_blocks) | (j > own[:, None] - config.local_blocks))

@@ -65,9 +65,10 @@ def check_attention_inputs(
         raise ValueError(f"{nk} {_shape(k)} and {nv} {_shape(v)} must have the same number of heads (dim 2)")
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"head dims differ: {nq} {_shape(q)} has Dk={q.shape[3]}, {nk} {_shape(k)} has {k.shape[3]}")
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+    if k.shape[2] == 0 or q.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(
-            f"query heads HQ={q.shape[2]} ({nq} {_shape(q)}) must be a multiple of KV heads H={k.shape[2]} ({nk} {_shape(k)})"
+            f"query heads HQ={q.shape[2]} ({nq} {_shape(q)}) must be a positive multiple of KV heads H={k.shape[2]} "
+            f"({nk} {_shape(k)})"
         )
 
 
