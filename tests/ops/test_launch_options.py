@@ -3,7 +3,8 @@
 ``enable_fp_fusion=True`` keeps the kernels compiled as they were tuned whatever Triton's default
 (3.9 warns when a launch leaves it unset; 3.10 turns it off); the decode score launch alone passes
 ``UNFUSED_LAUNCH_OPTIONS`` (fusion off: it ranks keys against their copies in other lanes). Two
-checks: each ``*_kernel[grid](...)`` call in the source passes one of the two and each kernel has
+checks: each ``*_kernel[grid](...)`` call in the source (or ``launch_within_shared_memory``, which
+makes it) passes one of the two and each kernel has
 such a call (so a new kernel or launch site cannot miss it), and a prefill's forward and backward
 and a decode step, run for real, hand the option to Triton at every launch.
 """
@@ -32,6 +33,19 @@ def _kernel_name(node: ast.expr) -> str:
 UNFUSED = {"decode_score_kernel"}
 
 
+def _launched_kernel(node: ast.AST) -> str:
+    """The kernel a call launches: ``name_kernel[grid](...)``, or
+    ``launch_within_shared_memory(name_kernel, grid, ...)`` (which makes that call); else ``""``."""
+    if not isinstance(node, ast.Call):
+        return ""
+    if isinstance(node.func, ast.Subscript) and _kernel_name(node.func.value).endswith("_kernel"):
+        return _kernel_name(node.func.value)
+    if _kernel_name(node.func) == "launch_within_shared_memory" and node.args and \
+            _kernel_name(node.args[0]).endswith("_kernel"):
+        return _kernel_name(node.args[0])
+    return ""
+
+
 def _source_kernels() -> Dict[str, List[str]]:
     """``{"defined": [...], "launched": [...], "missing_options": [...], "unfused": [...]}`` over
     ``src/nsa``: the ``@triton.jit`` functions named ``*_kernel``, the ``*_kernel[grid](...)`` calls,
@@ -43,12 +57,12 @@ def _source_kernels() -> Dict[str, List[str]]:
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
                     _kernel_name(getattr(d, "func", d)) == "jit" for d in node.decorator_list):
                 found["defined"].append(node.name)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
-                    _kernel_name(node.func.value).endswith("_kernel"):
-                found["launched"].append(_kernel_name(node.func.value))
+            kernel = _launched_kernel(node)
+            if kernel:
+                found["launched"].append(kernel)
                 options = [_kernel_name(kw.value) for kw in node.keywords if kw.arg is None]
                 if "UNFUSED_LAUNCH_OPTIONS" in options:
-                    found["unfused"].append(_kernel_name(node.func.value))
+                    found["unfused"].append(kernel)
                 elif "LAUNCH_OPTIONS" not in options:
                     found["missing_options"].append(f"{path.relative_to(SOURCE)}:{node.lineno}")
     return found
