@@ -202,7 +202,7 @@ def test_fuzz_case_runs_a_case_and_its_variants(capsys, nsa_device):
     if nsa_device.type == "cuda":
         pytest.skip("the interpreter-sized case runs on the CPU; the GPU runs the fuzz tests themselves")
     script = _script("fuzz_case")
-    code = script.main(["prefill", "2", "--scale", "interpreter", "--vary", "dtype=float16", "group=0"])
+    code = script.main(["prefill", "23", "--scale", "interpreter", "--vary", "dtype=float16", "group=0"])  # 9 tokens
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["ok    as drawn", "ok    dtype=float16", "FAIL  group=0"]
     assert "float16" in lines[1] and "ValueError: query heads HQ=0" in lines[2] and code == 1
