@@ -4,7 +4,7 @@ for a failure the fuzzer found, which of the case's features it needs.
     python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)" dtype=float32
 
 Each ``--vary`` runs the case again with one field replaced (a Python literal); the device is CUDA
-where there is one. Tolerances are the shipped profiles' (``gpu_profiles/base.yaml``).
+where there is one. Tolerances are a shipped profile's (``--profile``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ if not torch.cuda.is_available():  # the kernels then run on Triton's CPU interp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import _fuzz  # noqa: E402
+from pytest_nsa.profiles import SHIPPED_DIR, Catalog  # noqa: E402
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}  # base.yaml's, fwd and grad
 
 
 def main(argv=None) -> int:
@@ -33,9 +33,13 @@ def main(argv=None) -> int:
     parser.add_argument("seed", type=int)
     parser.add_argument("--scale", choices=sorted(_fuzz.SCALES), default="gpu")
     parser.add_argument("--vary", nargs="*", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--profile", default=None,
+                        help="GPU profile whose tolerances hold (default: h200 on a GPU, cpu without one)")
     args = parser.parse_args(argv)
     draw, check = (_fuzz.draw, _fuzz.check) if args.kind == "prefill" else (_fuzz.draw_decode, _fuzz.check_decode)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    profile = Catalog([SHIPPED_DIR]).load(args.profile or ("h200" if device.type == "cuda" else "cpu"))
+    tolerance = lambda dtype, kind: profile.tolerance(str(dtype).replace("torch.", ""), kind)  # noqa: E731
     case = draw(args.seed, _fuzz.SCALES[args.scale])
     failed = 0
     for change in [None, *args.vary]:
@@ -46,7 +50,7 @@ def main(argv=None) -> int:
             parsed = getattr(torch, value) if field == "dtype" else ast.literal_eval(value)
             variant = dataclasses.replace(case, **{field: parsed})
         try:
-            check(variant, device, lambda dtype, kind: TOLERANCE[dtype])
+            check(variant, device, tolerance)
             print(f"ok    {change or 'as drawn'}: {variant}")
         except Exception as err:  # noqa: BLE001 - a launch that fails is a finding too; the next variant runs
             failed += 1

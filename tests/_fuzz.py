@@ -24,7 +24,14 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from nsa import NSAConfig
-from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, block_scores, nsa_attention_with_blocks
+from nsa.testing import (
+    SELECTION_EPS,
+    assert_close,
+    assert_valid_selection,
+    block_scores,
+    decode_row_reference,
+    nsa_attention_with_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -61,39 +68,48 @@ SCALES = {scale.name: scale for scale in (INTERPRETER, GPU)}
 
 
 @dataclass(frozen=True)
-class Case:
-    """One problem. ``lengths`` holds one length a sequence: a packed batch (``cu_seqlens``) where
-    ``packed``, else ``B = len(lengths)`` rows of the same length. ``q_offset`` keys come before the
-    first query (chunked prefill; keys are ``q_offset + lengths[0]`` long)."""
+class _Problem:
+    """What a prefill and a decode case share: the seed, the geometry, the heads and the dtype."""
 
     seed: int
     scale: str
     config: NSAConfig
-    lengths: Tuple[int, ...]
-    packed: bool
     heads_kv: int
     group: int
     dk: int
     dv: int
     dtype: torch.dtype
-    q_offset: int
-    own_cmp: bool  #: compressed keys and values given (``kv_cmp``), as a learnt compression would
-    own_win: bool  #: the window's keys and values given (``kv_win``)
-    grad: bool  #: the training path (gradients) rather than inference
 
     @property
     def heads_q(self) -> int:
         return self.heads_kv * self.group
 
-    def __str__(self) -> str:
+    def _heads_and_geometry(self) -> str:
         c = self.config
+        scale = "" if c.scale is None else f" scale={c.scale:.3g}"
+        return (f"HQ{self.heads_q} H{self.heads_kv} Dk{self.dk} Dv{self.dv} {str(self.dtype).replace('torch.', '')} "
+                f"l={c.cmp_block} d={c.cmp_stride} l'={c.sel_block} n={c.sel_count} init={c.init_blocks} "
+                f"local={c.local_blocks} w={c.window}{scale}")
+
+
+@dataclass(frozen=True)
+class Case(_Problem):
+    """One problem. ``lengths`` holds one length a sequence: a packed batch (``cu_seqlens``) where
+    ``packed``, else ``B = len(lengths)`` rows of the same length. ``q_offset`` keys come before the
+    first query (chunked prefill; keys are ``q_offset + lengths[0]`` long)."""
+
+    lengths: Tuple[int, ...]
+    packed: bool
+    q_offset: int
+    own_cmp: bool  #: compressed keys and values given (``kv_cmp``), as a learnt compression would
+    own_win: bool  #: the window's keys and values given (``kv_win``)
+    grad: bool  #: the training path (gradients) rather than inference
+
+    def __str__(self) -> str:
         rows = ("packed " + "+".join(map(str, self.lengths))) if self.packed else f"B{len(self.lengths)} T{self.lengths[0]}"
         extras = [name for name, on in (("kv_cmp", self.own_cmp), ("kv_win", self.own_win), ("grad", self.grad)) if on]
-        scale = "" if c.scale is None else f" scale={c.scale:.3g}"
-        return (f"seed {self.seed} ({self.scale}): {rows} q_offset={self.q_offset} HQ{self.heads_q} H{self.heads_kv} "
-                f"Dk{self.dk} Dv{self.dv} {str(self.dtype).replace('torch.', '')} l={c.cmp_block} d={c.cmp_stride} "
-                f"l'={c.sel_block} n={c.sel_count} init={c.init_blocks} local={c.local_blocks} w={c.window}{scale} "
-                f"{' '.join(extras)}").rstrip()
+        return " ".join([f"seed {self.seed} ({self.scale}): {rows} q_offset={self.q_offset}",
+                         self._heads_and_geometry(), *extras])
 
 
 def _length(rng: random.Random, scale: Scale, config: NSAConfig) -> int:
@@ -189,9 +205,9 @@ def inputs(case: Case) -> Inputs:
 
 def cu_seqlens(case: Case) -> Optional[torch.Tensor]:
     """The host ``cu_seqlens`` of a packed case, ``None`` otherwise."""
-    if not case.packed:
-        return None
-    return torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int32)
+    from nsa.ops.varlen import cu_seqlens_of
+
+    return cu_seqlens_of(case.lengths) if case.packed else None
 
 
 def _sequences(case: Case) -> List[slice]:
@@ -261,9 +277,9 @@ def check(case: Case, device: torch.device, tolerance: Callable[[torch.dtype, st
     attention = attention or nsa_attention
     base = inputs(case)
     x = base.to(device, case.dtype, case.grad)
-    kwargs = dict(kv_cmp=x.kv_cmp, kv_win=x.kv_win, q_offset=case.q_offset, cu_seqlens=cu_seqlens(case))
-    if not case.packed:
-        kwargs.pop("cu_seqlens")
+    kwargs = dict(kv_cmp=x.kv_cmp, kv_win=x.kv_win, q_offset=case.q_offset)
+    if case.packed:
+        kwargs["cu_seqlens"] = cu_seqlens(case)
     try:
         with torch.set_grad_enabled(case.grad):
             o, block_idx = attention(x.q, x.k, x.v, x.gates, case.config, backend=backend, return_block_idx=True, **kwargs)
@@ -285,37 +301,21 @@ def check(case: Case, device: torch.device, tolerance: Callable[[torch.dtype, st
 
 
 @dataclass(frozen=True)
-class DecodeCase:
+class DecodeCase(_Problem):
     """One decode step: ``len(lengths)`` rows over a preallocated cache of ``capacity`` positions
     (``capacity_cmp`` compressed ones), row ``b`` holding ``lengths[b]`` tokens of which the last
     ``new_tokens`` are its queries. Whatever lies past a row's length is NaN: never to be read."""
 
-    seed: int
-    scale: str
-    config: NSAConfig
     lengths: Tuple[int, ...]
     new_tokens: int
     capacity: int
     capacity_cmp: int
-    heads_kv: int
-    group: int
-    dk: int
-    dv: int
-    dtype: torch.dtype
     own_win: bool
 
-    @property
-    def heads_q(self) -> int:
-        return self.heads_kv * self.group
-
     def __str__(self) -> str:
-        c = self.config
-        scale = "" if c.scale is None else f" scale={c.scale:.3g}"
-        return (f"seed {self.seed} ({self.scale}, decode): lengths {'+'.join(map(str, self.lengths))} Tq{self.new_tokens} "
-                f"capacity {self.capacity}/{self.capacity_cmp} HQ{self.heads_q} H{self.heads_kv} Dk{self.dk} Dv{self.dv} "
-                f"{str(self.dtype).replace('torch.', '')} l={c.cmp_block} d={c.cmp_stride} l'={c.sel_block} "
-                f"n={c.sel_count} init={c.init_blocks} local={c.local_blocks} w={c.window}{scale}"
-                f"{' kv_win' if self.own_win else ''}")
+        return " ".join([f"seed {self.seed} ({self.scale}, decode): lengths {'+'.join(map(str, self.lengths))} "
+                         f"Tq{self.new_tokens} capacity {self.capacity}/{self.capacity_cmp}",
+                         self._heads_and_geometry(), *(["kv_win"] if self.own_win else [])])
 
 
 def draw_decode(seed: int, scale: Scale) -> DecodeCase:
@@ -360,36 +360,27 @@ def check_decode(case: DecodeCase, device: torch.device, tolerance: Callable[[to
                  backend: str = "triton") -> None:
     """One ``nsa_decode`` step of ``case`` on ``backend``: each row's blocks a valid top-n of the
     reference's scores, and its output the reference prefill's at the row's last positions given
-    those blocks (``AssertionError`` naming the case)."""
-    from nsa.ops import nsa_decode, select_blocks
+    those blocks (:func:`nsa.testing.decode_row_reference`; ``AssertionError`` naming the case)."""
+    from nsa.ops import nsa_decode
 
-    config, base = case.config, decode_inputs(case)
-    x = {name: t.to(device=device, dtype=case.dtype) for name, t in base.items()}
+    x = {name: t.to(device=device, dtype=case.dtype) for name, t in decode_inputs(case).items()}
+    up = {name: t.to(SCALES[case.scale].reference_dtype(case.dtype)) for name, t in x.items()}  # x widened
     seq_lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
-    kv_win = (x["k_win"], x["v_win"]) if case.own_win else None
+    win = ("k_win", "v_win") if case.own_win else ("k", "v")
+
+    def step(t: dict, backend: str):
+        return nsa_decode(t["q"], t["k"], t["v"], t["gates"], seq_lens, case.config, kv_cmp=(t["k_cmp"], t["v_cmp"]),
+                          kv_win=(t[win[0]], t[win[1]]), backend=backend, return_block_idx=True)
+
     try:
         with torch.no_grad():
-            o, block_idx = nsa_decode(x["q"], x["k"], x["v"], x["gates"], seq_lens, config,
-                                      kv_cmp=(x["k_cmp"], x["v_cmp"]), kv_win=kv_win, backend=backend,
-                                      return_block_idx=True)
+            o, block_idx = step(x, backend)
             if o.dtype != case.dtype or o.shape != (*x["q"].shape[:3], case.dv):
                 raise AssertionError(f"o: {o.dtype} {tuple(o.shape)}, want {case.dtype} {(*x['q'].shape[:3], case.dv)}")
-            up = {name: t.to(SCALES[case.scale].reference_dtype(case.dtype)) for name, t in x.items()}  # x widened
-            outs = []
-            for b, n in enumerate(case.lengths):
-                row, nc, start = slice(b, b + 1), config.num_cmp(n), n - case.new_tokens
-                q, k_cmp = up["q"][row], up["k_cmp"][row, :nc]
-                ref_idx = select_blocks(q, k_cmp, config, q_offset=start, backend="reference")
-                scores = block_scores(q, k_cmp, config, q_offset=start)
-                try:
-                    assert_valid_selection(block_idx[row], ref_idx, scores, config, q_offset=start,
-                                           eps=SELECTION_EPS[case.dtype])
-                except AssertionError as err:
-                    raise AssertionError(f"row {b}: {err}") from None
-                cut = [up[name][row, :n] for name in ("k", "v", *(("k_win", "v_win") if case.own_win else ()))]
-                outs.append(nsa_attention_with_blocks(q, cut[0], cut[1], up["gates"][row], config, block_idx[row],
-                                                      kv_cmp=(k_cmp, up["v_cmp"][row, :nc]),
-                                                      kv_win=tuple(cut[2:]) or None, q_offset=start))
-        assert_close("o", o, torch.cat(outs), tolerance(case.dtype, "fwd"))
+            _, ref_idx = step(up, "reference")
+            ref_o = [decode_row_reference(b, n, x["q"], x["k"], x["v"], x["gates"], x["k_cmp"], x["v_cmp"], x[win[0]],
+                                          x[win[1]], block_idx, ref_idx, case.config, dtype=up["q"].dtype)
+                     for b, n in enumerate(case.lengths)]
+        assert_close("o", o, torch.cat(ref_o), tolerance(case.dtype, "fwd"))
     except AssertionError as err:
         raise AssertionError(f"{case}: {err}") from None

@@ -192,6 +192,42 @@ def nsa_attention_with_blocks(
     return ops.combine_branches(gates, o_cmp, o_slc, o_win, backend="reference")
 
 
+def decode_row_reference(
+    b: int,
+    n: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: torch.Tensor,
+    k_cmp: torch.Tensor,
+    v_cmp: torch.Tensor,
+    k_win: torch.Tensor,
+    v_win: torch.Tensor,
+    block_idx: torch.Tensor,
+    ref_idx: torch.Tensor,
+    config: NSAConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Row ``b`` of a decode step over caches holding ``n`` tokens, its ``Tq = q.shape[1]`` queries
+    at positions ``n - Tq .. n - 1``, checked and recomputed: its blocks ``block_idx[b]`` are a valid
+    top-n (:func:`assert_valid_selection`) of the reference's scores against the reference's own
+    ``ref_idx[b]``, and the return is the reference prefill's ``o [1, Tq, HQ, Dv]`` in ``dtype``
+    given those blocks (:func:`nsa_attention_with_blocks` over the caches cut to the row's length).
+    ``q``... ``v_win`` are the decode step's own (``[B, Tq, ...]`` queries and gates,
+    ``[B, capacity, ...]`` caches)."""
+    row, nc, start = slice(b, b + 1), config.num_cmp(n), n - q.shape[1]
+    scores = block_scores(q[row], k_cmp[row, :nc], config, q_offset=start)
+    try:
+        assert_valid_selection(block_idx[row], ref_idx[row], scores, config, q_offset=start, eps=SELECTION_EPS[q.dtype])
+    except AssertionError as err:
+        raise AssertionError(f"row {b}: {err}") from None
+    cut = [t[row, :n].to(dtype) for t in (k, v, k_win, v_win)]
+    return nsa_attention_with_blocks(q[row].to(dtype), *cut[:2], gates[row].to(dtype), config, block_idx[row],
+                                     q_offset=start, kv_win=tuple(cut[2:]),
+                                     kv_cmp=(k_cmp[row, :nc].to(dtype), v_cmp[row, :nc].to(dtype)))
+
+
 def recorded_cuda_graphs(device: Optional[torch.device] = None) -> int:
     """How many CUDA graphs ``torch.compile(mode="reduce-overhead")`` (Inductor's cudagraph trees)
     has recorded on ``device`` (default: the current one): the trees' roots and their children (a

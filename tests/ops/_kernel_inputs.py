@@ -64,21 +64,6 @@ def reference_selection(q, k, config):
     return select_blocks(q, k_cmp, config, backend="reference"), block_scores(q, k_cmp, config)
 
 
-def decode_row_reference(b, n, q, k, v, gates, k_cmp, v_cmp, k_win, v_win, idx, ref_idx, config):
-    """Row ``b`` of a decode step at position ``n - 1`` (``n`` cached tokens), checked and recomputed:
-    its blocks ``idx[b]`` are a valid top-n of the reference's scores (``ref_idx[b]``, the reference's
-    own but for near-ties), and the return is the float32 reference's ``o [1, 1, HQ, Dv]`` given
-    those blocks (the prefill ops at the row's position, its caches cut to its length)."""
-    from nsa.testing import SELECTION_EPS, assert_valid_selection, block_scores, nsa_attention_with_blocks
-
-    row, nc = slice(b, b + 1), config.num_cmp(n)
-    scores = block_scores(q[row], k_cmp[row, :nc], config, q_offset=n - 1)
-    assert_valid_selection(idx[row], ref_idx[row], scores, config, q_offset=n - 1, eps=SELECTION_EPS[q.dtype])
-    cut = [t[row, :n].float() for t in (k, v, k_win, v_win)]
-    return nsa_attention_with_blocks(q[row].float(), *cut[:2], gates[row].float(), config, idx[row], q_offset=n - 1,
-                                     kv_cmp=(k_cmp[row, :nc].float(), v_cmp[row, :nc].float()), kv_win=tuple(cut[2:]))
-
-
 def nsa_forward_backward(q, k, v, gates, config, backend, do):
     """``[o, dq, dk, dv, dgates]`` of :func:`nsa_run`."""
     o, _, grads = nsa_run(q, k, v, gates, config, backend, do)

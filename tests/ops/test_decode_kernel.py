@@ -23,13 +23,13 @@ pytest.importorskip("triton", reason=TRITON_MISSING)
 import triton
 import triton.language as tl
 
-from _kernel_inputs import decode_row_reference, every_launch, spy_launches
+from _kernel_inputs import every_launch, spy_launches
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops._triton.device import sized_as
 from nsa.ops.decode import nsa_decode
 from nsa.ops.decode.topn import top_of_sorted_runs
-from nsa.testing import assert_close
+from nsa.testing import assert_close, decode_row_reference
 
 SMALL = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, sel_count=4, window=16)
 WIDE = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, sel_count=3, init_blocks=1, local_blocks=1, window=20)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _kernel_inputs import decode_row_reference, nsa_run, reference_selection
+from _kernel_inputs import nsa_run, reference_selection
 from nsa import NSAConfig, nsa_attention
 from nsa.ops import mean_compress
 from nsa.ops.decode import nsa_decode
-from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection
+from nsa.testing import SELECTION_EPS, assert_close, assert_valid_selection, decode_row_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton, pytest.mark.parity, pytest.mark.long_context]
 
