@@ -3,8 +3,8 @@ for a failure the fuzzer found, which of the case's features it needs.
 
     python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)" dtype=float32
 
-Each ``--vary`` runs the case again with one field replaced (a Python literal); the device is CUDA
-where there is one. Tolerances are a shipped profile's (``--profile``).
+Each ``--vary`` runs the case again with a field replaced (a Python literal; several fields at once
+separated by ``;``, e.g. ``"dtype=float32;grad=True"``); the device is CUDA where there is one. Tolerances are a shipped profile's (``--profile``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ from pytest_nsa.profiles import SHIPPED_DIR, Catalog  # noqa: E402
 
 
 
+def _field(item: str):
+    """``(field, value)`` of ``FIELD=VALUE``: a dtype by its name (``dtype=bfloat16``), anything
+    else as a Python literal."""
+    field, value = item.split("=", 1)
+    return field, getattr(torch, value) if field == "dtype" else ast.literal_eval(value)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=("prefill", "decode"))
@@ -45,10 +52,7 @@ def main(argv=None) -> int:
     for change in [None, *args.vary]:
         variant = case
         if change is not None:
-            field, value = change.split("=", 1)
-            # a dtype by its name (dtype=bfloat16), anything else as a Python literal
-            parsed = getattr(torch, value) if field == "dtype" else ast.literal_eval(value)
-            variant = dataclasses.replace(case, **{field: parsed})
+            variant = dataclasses.replace(case, **dict(_field(item) for item in change.split(";")))
         try:
             check(variant, device, tolerance)
             print(f"ok    {change or 'as drawn'}: {variant}")

@@ -197,12 +197,16 @@ def test_ptxas_notes_reads_each_kernels_serialisation_notes(tmp_path):
 
 @pytest.mark.triton
 def test_fuzz_case_runs_a_case_and_its_variants(capsys, nsa_device):
-    """``scripts/fuzz_case.py``: the drawn case, then each variant with one field replaced (a dtype by
-    its name), a line each; a variant that fails is reported and the next still runs."""
+    """``scripts/fuzz_case.py``: the drawn case, then each variant with fields replaced (a dtype by
+    its name; several separated by ``;``), a line each; a variant that fails is reported and the
+    next still runs."""
     if nsa_device.type == "cuda":
         pytest.skip("the interpreter-sized case runs on the CPU; the GPU runs the fuzz tests themselves")
     script = _script("fuzz_case")
-    code = script.main(["prefill", "23", "--scale", "interpreter", "--vary", "dtype=float16", "group=0"])  # 9 tokens
+    code = script.main(["prefill", "23", "--scale", "interpreter", "--vary", "dtype=float16", "group=0",
+                        "dtype=float16;grad=True"])  # 9 tokens
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["ok    as drawn", "ok    dtype=float16", "FAIL  group=0"]
+    assert [line.split(":")[0] for line in lines] == ["ok    as drawn", "ok    dtype=float16", "FAIL  group=0",
+                                                      "ok    dtype=float16;grad=True"]
     assert "float16" in lines[1] and "ValueError: query heads HQ=0" in lines[2] and code == 1
+    assert "float16" in lines[3] and lines[3].endswith(" grad") and not lines[1].endswith(" grad")

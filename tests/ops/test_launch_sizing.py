@@ -207,17 +207,18 @@ def test_a_callers_tiles_win_over_exact_float32s(monkeypatch, nsa_device):
 
 class _TightKernel:
     """A stand-in for a Triton kernel whose launches need more shared memory than a GPU has past
-    ``fits`` pipeline stages (Triton raises as it loads the compiled kernel, before it runs)."""
+    ``fits`` pipeline stages, or with fewer than ``key_tiles`` key tiles (Triton raises as it
+    loads the compiled kernel, before it runs)."""
 
-    def __init__(self, fits: int, resource: str = "shared memory"):
-        self.fits, self.resource, self.stages = fits, resource, []
+    def __init__(self, fits: int, resource: str = "shared memory", key_tiles: int = 1):
+        self.fits, self.resource, self.key_tiles, self.stages = fits, resource, key_tiles, []
 
     def __getitem__(self, grid):
         from triton.runtime.errors import OutOfResources
 
-        def launch(*args, num_stages, **kwargs):
-            self.stages.append(num_stages)
-            if num_stages > self.fits:
+        def launch(*args, num_stages, KEY_TILES=1, **kwargs):
+            self.stages.append(num_stages if KEY_TILES == 1 else (num_stages, KEY_TILES))
+            if num_stages > self.fits or KEY_TILES < self.key_tiles:
                 raise OutOfResources(100_000 * num_stages, 232448, self.resource)
 
         return launch
@@ -232,7 +233,7 @@ def test_a_launch_past_shared_memory_takes_fewer_stages(monkeypatch):
     from nsa.ops._triton.launch import launch_within_shared_memory
     from nsa.routing import BackendUnavailableError
 
-    monkeypatch.setattr(launch, "_FITTED_STAGES", {})  # this test's stand-ins stay out of the process's
+    monkeypatch.setattr(launch, "_FITTED_SHRINKS", {})  # this test's stand-ins stay out of the process's
     q = torch.zeros(2, dtype=torch.float16)
     kernel = _TightKernel(fits=1)
     launch_within_shared_memory(kernel, (1,), "the op", q, BS=128, num_stages=3)
@@ -240,9 +241,31 @@ def test_a_launch_past_shared_memory_takes_fewer_stages(monkeypatch):
     launch_within_shared_memory(kernel, (1,), "the op", q, BS=64, num_stages=2)
     assert kernel.stages == [3, 2, 1, 1, 2, 1]
     with pytest.raises(BackendUnavailableError, match="the op: its Triton kernel does not fit this GPU's shared "
-                                                      "memory a program even in one pipeline stage"):
+                                                      "memory a program even in its smallest launch"):
         launch_within_shared_memory(_TightKernel(fits=0), (1,), "the op", q, num_stages=2)
     from triton.runtime.errors import OutOfResources
 
     with pytest.raises(OutOfResources, match="registers"):  # not shared memory: not this helper's to fix
         launch_within_shared_memory(_TightKernel(fits=0, resource="registers"), (1,), "the op", q, num_stages=2)
+
+
+def test_a_selected_launch_past_shared_memory_reads_blocks_in_key_tiles(monkeypatch):
+    """Past one stage, a selected kernel's launch reads each block in more, smaller key tiles
+    (:func:`~nsa.ops.selected.kernel.smaller_launch`; exact float32 with 128-key blocks and heads
+    wider than 128 asked 272-296 KiB of an H200's 227 in one stage), and later launches start
+    from the tiles that fit. Past 16 keys a tile, the op says it does not fit."""
+    from nsa.ops._triton import launch
+    from nsa.ops._triton.launch import launch_within_shared_memory
+    from nsa.ops.selected.kernel import smaller_launch
+    from nsa.routing import BackendUnavailableError
+
+    monkeypatch.setattr(launch, "_FITTED_SHRINKS", {})
+    q = torch.zeros(2, dtype=torch.float32)
+    kernel = _TightKernel(fits=1, key_tiles=4)
+    for _ in range(2):
+        launch_within_shared_memory(kernel, (1,), "the op", q, BSP=128, num_stages=2, KEY_TILES=1,
+                                    smaller=smaller_launch)
+    assert kernel.stages == [2, 1, (1, 2), (1, 4), (1, 4)]
+    with pytest.raises(BackendUnavailableError, match="the op: its Triton kernel does not fit"):
+        launch_within_shared_memory(_TightKernel(fits=1, key_tiles=16), (1,), "the op", q, BSP=128, num_stages=1,
+                                    KEY_TILES=1, smaller=smaller_launch)

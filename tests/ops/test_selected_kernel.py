@@ -24,7 +24,7 @@ from nsa.ops import selected_attention
 from nsa.ops.selected.kernel import BWD_TILES, FWD_TILES, _forced_launch, _warps, selected_bwd, selected_fwd
 from nsa.testing import assert_close
 
-from _kernel_inputs import assert_bitwise_repeatable, gpu_shapes, qkv
+from _kernel_inputs import assert_bitwise_repeatable, every_launch, gpu_shapes, qkv
 
 pytestmark = [pytest.mark.triton, pytest.mark.parity]
 
@@ -214,6 +214,58 @@ def test_selected_block_copies_equal_plain_loads(forced, bq, nsa_device):
     for name, plain, copied in zip(("o", "lse", "dq"), *outputs):
         assert not copied.isnan().any(), name
         assert torch.equal(plain, copied), name
+
+
+#: The kernels that read selection blocks, each of which may read them in key tiles.
+KEY_TILED_KERNELS = {"selected_fwd_kernel", "selected_forced_fwd_kernel", "selected_bwd_dq_kernel",
+                     "selected_bwd_dq_ds_kernel", "selected_forced_dq_kernel", "selected_bwd_dkdv_kernel"}
+
+
+@pytest.mark.parametrize(
+    "key_tiles, sel_block, T, forced, q_offset, dq_from_ds",
+    [(2, 32, 70, (1, 1), 0, True), (2, 24, 61, (0, 0), 5, False), (4, 64, 133, (2, 1), 3, True)],
+    ids=["2-tiles-of-16-forced-dq-from-ds", "2-tiles-padded-noforced-off5", "4-tiles-of-16-init2-off3-dq-from-ds"],
+)
+def test_selected_blocks_read_in_key_tiles(key_tiles, sel_block, T, forced, q_offset, dq_from_ds, nsa_device,
+                                           nsa_tolerance, monkeypatch):
+    """Every selected kernel can read a block in ``KEY_TILES`` tiles of keys, which a launch too
+    large for shared memory falls back to (:func:`~nsa.ops.selected.kernel.smaller_launch`): the
+    output and gradients are the reference's, with forced blocks or none, a block of 24 keys (its
+    second tile half padding), ``q_offset``, and the dQ from the dK/dV kernel's ``dS`` or from a
+    softmax of its own; each kernel that ran took the tiles."""
+    from nsa.ops.selected import kernel
+
+    for table in (kernel.FWD_TILES, kernel.FORCED_TILES, *kernel.BWD_TILES.values()):
+        monkeypatch.setitem(table, "KEY_TILES", key_tiles)
+    monkeypatch.setenv("NSA_SELECTED_DQ_FROM_DS_MIB", "4096" if dq_from_ds else "0")
+    config = _config(sel_block, 3, *forced)
+    q, k, v = qkv(1, T, 4, 2, 16, 24, torch.float32, nsa_device, T + q_offset)
+    block_idx = random_blocks(1, T, 2, 3, config.num_sel_blocks(T + q_offset), nsa_device)
+    with every_launch() as launches:
+        check_against_reference(q, k, v, block_idx, config, q_offset, nsa_tolerance)
+    tiles = {name: kwargs.get("KEY_TILES") for name, kwargs in launches if name in KEY_TILED_KERNELS}
+    want = {"selected_fwd_kernel", "selected_bwd_dkdv_kernel",
+            "selected_bwd_dq_ds_kernel" if dq_from_ds else "selected_bwd_dq_kernel"}
+    if sum(forced):
+        want |= {"selected_forced_fwd_kernel", "selected_forced_dq_kernel"}
+    assert tiles == dict.fromkeys(want, key_tiles)
+
+
+def test_smaller_launches_of_the_selected_kernels():
+    """A selected launch too large for shared memory drops a stage at a time, then reads each
+    block in twice the key tiles, by plain loads (a bulk copy fetches a whole block), while a
+    tile keeps 16 keys."""
+    from nsa.ops.selected.kernel import smaller_launch
+
+    options = dict(BSP=128, num_stages=2, KEY_TILES=1, KV_DESC=True, d_k="k's descriptor", d_v="v's", num_warps=4)
+    seen = []
+    while options is not None:
+        seen.append((options["num_stages"], options["KEY_TILES"], options.get("KV_DESC"), "d_k" in options))
+        options = smaller_launch(options)
+    assert seen == [(2, 1, True, True), (1, 1, True, True), (1, 2, False, False), (1, 4, False, False),
+                    (1, 8, False, False)]
+    assert smaller_launch(dict(BSP=16, num_stages=1)) is None
+    assert smaller_launch(dict(BSP=32, num_stages=1)) == dict(BSP=32, num_stages=1, KEY_TILES=2)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ of 6144 score tiles of three steps lost a candidate, session 43).
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 #: Keyword options of every ``kernel[grid](...)`` call in :mod:`nsa.ops` (``**LAUNCH_OPTIONS``).
 #: The CPU interpreter ignores them.
@@ -49,48 +49,62 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-#: Pipeline stages that fit, by launch (:func:`launch_within_shared_memory`): a launch that asked
-#: for more once is made with these from then on, without compiling or failing again.
-_FITTED_STAGES: Dict[Tuple[Any, ...], int] = {}
+#: Launches that did not fit, by launch (:func:`launch_within_shared_memory`): how many times its
+#: ``smaller`` made the launch smaller before it fit. Later launches start from there, without
+#: compiling or failing again.
+_FITTED_SHRINKS: Dict[Tuple[Any, ...], int] = {}
 
 
-def launch_within_shared_memory(kernel, grid, what: str, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, with one pipeline stage fewer each time the GPU's shared
-    memory a program cannot hold the compiled launch (Triton's ``OutOfResources``, raised as it loads
-    the kernel, before anything runs), down to one stage.
+def fewer_stages(options: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The launch ``options`` with one pipeline stage fewer; None at one stage (or none named)."""
+    stages = options.get("num_stages")
+    return dict(options, num_stages=stages - 1) if stages is not None and stages > 1 else None
 
-    The tuned stages fit every shipped GPU at the shapes measured; this is for the rest of the
+
+def launch_within_shared_memory(kernel, grid, what: str, *args,
+                                smaller: Callable[[Mapping[str, Any]], Optional[Dict[str, Any]]] = fewer_stages,
+                                **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, made smaller by ``smaller`` (by default
+    :func:`fewer_stages`) each time the GPU's shared memory a program cannot hold the compiled
+    launch (Triton's ``OutOfResources``, raised as it loads the kernel, before anything runs),
+    until ``smaller`` has nothing smaller to offer.
+
+    The tuned launches fit every shipped GPU at the shapes measured; this is for the rest of the
     space, which the fuzzer found to pass it: a selection block of 128 keys with 192-wide heads
-    asked 261-288 KiB of an H200's 227 in two stages (session 79). Where one stage does not fit
-    either, a :class:`nsa.routing.BackendUnavailableError` says so for ``what`` (the op's kernel)."""
+    asked 261-288 KiB of an H200's 227 in two stages (session 79). Where the smallest launch does
+    not fit either, a :class:`nsa.routing.BackendUnavailableError` says so for ``what`` (the op's
+    kernel)."""
     try:
         from triton.runtime.errors import OutOfResources
     except ImportError:  # a Triton without it raises nothing of the kind
         OutOfResources = ()  # noqa: N806
-    stages, key = kwargs.get("num_stages"), None
-    if _FITTED_STAGES:  # the launch's key only once some launch has not fit: none in the tuned space
-        key = _stages_key(kernel, args, kwargs)
-        stages = _FITTED_STAGES.get(key, stages)
+    key = None
+    if _FITTED_SHRINKS:  # the launch's key only once some launch has not fit: none in the tuned space
+        key = _launch_key(kernel, args, kwargs)
+        for _ in range(_FITTED_SHRINKS.get(key, 0)):
+            kwargs = smaller(kwargs)
+    tried = kwargs
     while True:
         try:
-            kernel[grid](*args, **(dict(kwargs, num_stages=stages) if stages is not None else kwargs))
+            kernel[grid](*args, **tried)
             return
         except OutOfResources as err:
             if "shared memory" not in str(err):
                 raise
-            if not stages or stages <= 1:
+            tried = smaller(tried)
+            if tried is None:
                 from nsa.routing import BackendUnavailableError
 
                 raise BackendUnavailableError(
-                    f"{what}: its Triton kernel does not fit this GPU's shared memory a program even in one "
-                    f"pipeline stage ({err}); narrower heads, a shorter sel_block, 16-bit inputs (for float32) "
+                    f"{what}: its Triton kernel does not fit this GPU's shared memory a program even in its "
+                    f"smallest launch ({err}); narrower heads, a shorter sel_block, 16-bit inputs (for float32) "
                     f"or backend='reference' run") from None
-            stages -= 1
-            _FITTED_STAGES[key or _stages_key(kernel, args, kwargs)] = stages
+            key = key or _launch_key(kernel, args, kwargs)
+            _FITTED_SHRINKS[key] = _FITTED_SHRINKS.get(key, 0) + 1
 
 
-def _stages_key(kernel, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[Any, ...]:
+def _launch_key(kernel, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[Any, ...]:
     """What decides a launch's shared memory: the kernel, its scalar and constexpr arguments (the
-    stages asked for among them) and its tensors' dtypes."""
+    tiles and stages asked for among them) and its tensors' dtypes."""
     return (kernel, *sorted((name, value) for name, value in kwargs.items() if isinstance(value, (bool, int, float, str))),
             *(str(a.dtype) for a in args if hasattr(a, "dtype")))

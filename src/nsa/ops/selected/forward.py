@@ -22,6 +22,7 @@ def selected_fwd_kernel(
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BQ: tl.constexpr, PREC: tl.constexpr,
     SUMMED: tl.constexpr = False, KEEP: tl.constexpr = True, d_k=None, d_v=None, KV_DESC: tl.constexpr = False,
+    KEY_TILES: tl.constexpr = 1,
 ):
     """Grid ``(cdiv(T, BQ), B * H)``: ``o [B, T, HQ, DV]`` and log2-domain ``lse [B, T, HQ]``.
 
@@ -29,7 +30,8 @@ def selected_fwd_kernel(
     over them (:func:`selected_forced_fwd_kernel`, or the window kernel's): it is the
     starting state. With ``SUMMED``, ``o_sum`` receives the gated sum of the three branches
     (``gates [B, T, HQ, 3]``, ``o_cmp``/``o_win`` contiguous like ``o``), and ``o``/``lse``
-    are written only with ``KEEP`` (training keeps them for the backward).
+    are written only with ``KEEP`` (training keeps them for the backward). ``KEY_TILES``: tiles a
+    block is read in (:func:`~nsa.ops.selected.tiles.entry_step`).
     """
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -57,9 +59,9 @@ def selected_fwd_kernel(
         b_acc = tl.zeros([BQ * GP, BV], dtype=tl.float32)
         b_m = tl.full([BQ * GP], float("-inf"), dtype=tl.float32)
         b_l = tl.zeros([BQ * GP], dtype=tl.float32)
-    for i in range(n_entries):
+    for i in range(n_entries * KEY_TILES):
         b_k, b_v, m_qk = entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq,
-                                  o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC)
+                                  o_dk, o_dv, m_dk, m_dv, BS, BSP, LOCAL, BQ, d_k, d_v, i_b, i_h, KV_DESC, KEY_TILES)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, MASK, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 
@@ -83,9 +85,10 @@ def selected_forced_fwd_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,  #
     N: tl.constexpr, NP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr,  #
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    KEY_TILES: tl.constexpr = 1,
 ):
     """Grid ``(cdiv(T, BT), B * H)``: attention over the forced blocks only, written to
-    ``o``/``lse`` as the starting state of :func:`selected_fwd_kernel`.
+    ``o``/``lse`` as the starting state of :func:`selected_fwd_kernel` (``KEY_TILES`` as there).
 
     Every query of a selection block shares its forced blocks (initial + local), so a
     tile of ``BT`` positions x ``GP`` heads loads each of them once, not once per query.
@@ -105,8 +108,9 @@ def selected_forced_fwd_kernel(
     b_m = tl.full([BM], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BM], dtype=tl.float32)
     l_lo, n_forced = forced_range(j_lo, j_hi, INIT, LOCAL)
-    for i in range(n_forced):
-        b_k, b_v, m_qk = forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP, INIT, LOCAL)
+    for i in range(n_forced * KEY_TILES):
+        b_k, b_v, m_qk = forced_kv(p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv, BS, BSP,
+                                   INIT, LOCAL, KEY_TILES)
         b_acc, b_m, b_l = attn_fwd_step(b_q, b_k, b_v, b_acc, b_m, b_l, m_qk, qk_scale, True, PREC)
     b_o, b_lse = attn_fwd_finish(b_acc, b_m, b_l)
 

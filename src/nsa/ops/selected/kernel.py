@@ -33,7 +33,7 @@ it, fall by almost half.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -58,7 +58,7 @@ from nsa.ops._triton.attention import (
     wide_heads_on_small_gpu,
 )
 from nsa.ops._triton.device import bulk_copies_supported, sm_count
-from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, launch_within_shared_memory, next_power_of_2
+from nsa.ops._triton.launch import LAUNCH_OPTIONS, cdiv, fewer_stages, launch_within_shared_memory, next_power_of_2
 from nsa.ops.selected import gluon_dkdv
 from nsa.ops.selected.backward import (
     selected_bwd_dkdv_kernel,
@@ -84,7 +84,8 @@ def _group_rows(G: int) -> int:
 #: 24.6 against 15.9 / 17.5 with the random inputs' unrelated lists, about even where they share
 #: half). dK/dV: ``BQ`` (queries per dK/dV step, 0: 64 rows' worth),
 #: ``QSEG`` (queries per dK/dV program), ``num_warps`` (0: by head dim); ``FORCED_TILES`` serve
-#: both forced-block kernels. At head dims up to 128 the forward takes 1 warp (H100, 8k 1.70
+#: both forced-block kernels. ``KEY_TILES``: tiles every kernel reads a selection block in (1: whole;
+#: see :func:`smaller_launch`). At head dims up to 128 the forward takes 1 warp (H100, 8k 1.70
 #: against 1.77 ms for 2 warps, 64k 16.1 against 16.4) and the dQ 2 (8k 1.89 against 2.09 for 4,
 #: 64k 17.4 against 18.2); wider heads keep 2 and 4, whose accumulators fit. The dK/dV kernel's
 #: ``num_stages`` 0 means 3 for 16-bit heads up to 128 wide where shared memory is Hopper-sized
@@ -96,11 +97,11 @@ def _group_rows(G: int) -> int:
 #: 1.67 and 15.6 against 15.7). The dQ keeps plain loads: 1.92 against 1.87 and 17.4 against
 #: 17.0 with copies (docs/perf/prefill.md, session 16). The dQ from ``dS`` takes copies (``KV_DESC``
 #: None) only while K fits :data:`DQ_DS_COPIES_MAX_BYTES`.
-FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None)
-BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False),
-             "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None),
-             "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0)}
-FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2)
+FWD_TILES = dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=None, KEY_TILES=1)
+BWD_TILES = {"dq": dict(BQ=0, num_warps=0, num_stages=2, KV_DESC=False, KEY_TILES=1),
+             "dq_ds": dict(num_warps=0, num_stages=2, KV_DESC=None, KEY_TILES=1),
+             "dkdv": dict(BQ=0, QSEG=0, num_warps=0, num_stages=0, KEY_TILES=1)}
+FORCED_TILES = dict(rows=64, num_warps=0, num_stages=2, KEY_TILES=1)
 #: Where float32 is multiplied exactly (:func:`exact_float32`), every kernel takes
 #: :data:`EXACT_FLOAT32_TILES`' warps to a query's rows (twice that for heads wider than 128):
 #: the forward's 1 warp spilled 2.5 KB a thread, the dQ's 2 warps 2.2 KB. The forced-block and dK/dV
@@ -150,7 +151,9 @@ def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: di
     cfg = dict(cfg)
     desc = cfg.pop("KV_DESC", False)
     tensors = {"k": (k, dims["BK"])} if v is None else {"k": (k, dims["BK"]), "v": (v, dims["BV"])}
-    if desc is None:
+    if cfg.get("KEY_TILES", 1) > 1:
+        desc = False  # a bulk copy fetches a whole block
+    elif desc is None:
         desc = (bulk_copies_supported(k.device) and max(dims["BSP"], *(w for _, w in tensors.values())) <= 256
                 and all(describable(t) for t, _ in tensors.values())
                 and (max_bytes is None or sum(t.numel() * t.element_size() for t, _ in tensors.values()) <= max_bytes))
@@ -158,6 +161,22 @@ def _block_loads(k: torch.Tensor, v: Optional[torch.Tensor], dims: dict, cfg: di
         return cfg, {}
     return cfg, dict(KV_DESC=True, **{f"d_{name}": token_tile_descriptor(descriptor_ready(t), dims["BSP"], width)
                                       for name, (t, width) in tensors.items()})
+
+
+def smaller_launch(options: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The next smaller launch of a selected kernel than ``options`` (``smaller`` of
+    :func:`~nsa.ops._triton.launch.launch_within_shared_memory`): one pipeline stage fewer, then, at
+    one stage, each block read in twice the key tiles (``KEY_TILES``, down to 16 keys: ``tl.dot``'s
+    least), by plain loads. Exact float32 with blocks of 128 keys and heads wider than 128 asked
+    272-296 KiB of an H100's or H200's 227 even in one stage (session 79's sm_90 compiles)."""
+    fewer = fewer_stages(options)
+    if fewer is not None:
+        return fewer
+    tiles = 2 * options.get("KEY_TILES", 1)
+    if options["BSP"] // tiles < 16:
+        return None
+    return dict({name: value for name, value in options.items() if name not in ("d_k", "d_v")}, KEY_TILES=tiles,
+                **({"KV_DESC": False} if "KV_DESC" in options else {}))
 
 
 def _dkdv_queries_per_program(selection: Tuple[int, int, int, int], num_blocks: int, sms: int) -> int:
@@ -246,7 +265,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     if sum(forced) and start is None:
         meta, BT = _forced_launch(dims, q, backward=False)
         launch_within_shared_memory(selected_forced_fwd_kernel, (cdiv(T, BT), B * H), "selected_attention's forced blocks",
-                                    *args, **meta, **LAUNCH_OPTIONS)
+                                    *args, **meta, smaller=smaller_launch, **LAUNCH_OPTIONS)
     o_sum = torch.empty_like(o) if summed is not None else None
     gates, o_cmp, o_win = (x.contiguous() for x in summed) if summed is not None else (o, o, o)
     exact = exact_float32(q.dtype, q.device, max(dims["DK"], dims["DV"]))
@@ -256,7 +275,7 @@ def _fwd_launch(q, k, v, block_idx, sel_block, scale, q_offset, tiles, forced, s
     launch_within_shared_memory(
         selected_fwd_kernel, (cdiv(T, cfg["BQ"]), B * H), "selected_attention's forward",
         *args, gates, o_cmp, o_win, o if o_sum is None else o_sum, **dims, **cfg, SUMMED=summed is not None,
-        KEEP=keep, **loads, **LAUNCH_OPTIONS)
+        KEEP=keep, **loads, smaller=smaller_launch, **LAUNCH_OPTIONS)
     return o, lse, o_sum
 
 
@@ -287,7 +306,7 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
     if sum(forced) and not forced_done:
         meta, BT = _forced_launch(dims, q, backward=True)
         launch_within_shared_memory(selected_forced_dq_kernel, (cdiv(T, BT), B * H), "selected_attention's forced dQ",
-                                    *args, **meta, **LAUNCH_OPTIONS)
+                                    *args, **meta, smaller=smaller_launch, **LAUNCH_OPTIONS)
     exact = exact_float32(q.dtype, q.device, max(DK, v.shape[-1]))
     if ds is not None:
         launch, loads = _block_loads(k, None, dims, _warps(ds_cfg or BWD_TILES["dq_ds"], dims,
@@ -297,11 +316,11 @@ def selected_bwd_dq(q, k, v, block_idx, do, lse, delta, sel_block: int, scale: f
         launch_within_shared_memory(
             selected_bwd_dq_ds_kernel, (T, B * H), "selected_attention's dQ",
             k, block_idx, ds, dq, *k.stride()[:3], T, q_offset, scale,
-            **{key: dims[key] for key in keep}, **launch, **loads, **LAUNCH_OPTIONS)
+            **{key: dims[key] for key in keep}, **launch, **loads, smaller=smaller_launch, **LAUNCH_OPTIONS)
         return dq
     cfg, loads = _block_loads(k, v, dims, _tile_launch(cfg, dims, EXACT_FLOAT32_TILES["num_warps"] if exact else 2))
     launch_within_shared_memory(selected_bwd_dq_kernel, (cdiv(T, cfg["BQ"]), B * H), "selected_attention's dQ",
-                                *args, **dims, **cfg, **loads, **LAUNCH_OPTIONS)
+                                *args, **dims, **cfg, **loads, smaller=smaller_launch, **LAUNCH_OPTIONS)
     return dq
 
 
@@ -354,7 +373,7 @@ def selected_bwd_dkdv(q, k, v, block_idx, do, lse, delta, sel_block: int, scale:
             T, TK, q_offset, num_blocks, n_owner, scale * LOG2E, scale,  #
             GP=GP, PREC=dims["PREC"], GATED=gated, **{key: dims[key] for key in keep}, **cfg,
             **(dict(n_sorted=inv["n_sorted"], ds=ds, N=dims["N"], DS_OUT=True) if ds is not None else {}),
-            CAUSAL=causal, **LAUNCH_OPTIONS,
+            CAUSAL=causal, smaller=smaller_launch, **LAUNCH_OPTIONS,
         )
     selected_bwd_reduce_kernel[(n_owner,)](
         dk, dv, dk_part, dv_part, inv["seg_first"], inv["seg_count"], TK, num_blocks, scale,  #

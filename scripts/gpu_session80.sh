@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU call of session 80 (H200): the selected kernels reading each block in key tiles, which a launch
+# too large for the GPU's shared memory now falls back to (exact float32 with 128-key blocks and heads
+# 192 wide, fuzz seed 103, asked 272 KiB of the H200's 227 in one stage), then prefill fuzz cases that
+# session 79's script (run at 94489b4) did not reach in its time. The outputs are
+# docs/perf/raw/session80_*.
+#
+#   bash scripts/gpu_session80.sh keytiles REV RANGE...  # the key-tile tests; fuzz prefill seed 103 in
+#                                                       # float32, trained and not; then the prefill fuzz
+#                                                       # cases of each RANGE (FIRST-LAST) on 8 xdist
+#                                                       # workers until 570 s; a report named after REV
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+device_line
+step="${1:-}"
+
+case "$step" in
+keytiles)
+    rev="${2:?keytiles needs the commit}"
+    shift 2
+    timeout 180 python -m pytest -p no:cacheprovider -q --gpu-profile auto -rfEs --tb=short \
+        tests/ops/test_selected_kernel.py tests/ops/test_launch_sizing.py -k "key_tiles or smaller_launch or shared_memory" \
+        > "$OUT/keytiles.txt" 2>&1
+    echo "== key-tile tests: rc $? after $(( $(date +%s) - start )) s"
+    tail -6 "$OUT/keytiles.txt"
+    timeout 200 python scripts/fuzz_case.py prefill 103 --vary "dtype=float32" "dtype=float32;grad=True" \
+        "dtype=float32;grad=True;lengths=(2000,)" 2>&1 | tee "$OUT/case.txt"
+    echo "== case: after $(( $(date +%s) - start )) s"
+    ids=() first=100000 last=0
+    for range in "$@"; do
+        for seed in $(seq "${range%-*}" "${range#*-}"); do
+            ids+=("tests/test_fuzz.py::test_fuzz_case[seed$seed]")
+            (( seed < first )) && first=$seed
+            (( seed > last )) && last=$seed
+        done
+    done
+    [ ${#ids[@]} -gt 0 ] || { echo "no fuzz ranges given"; exit 0; }
+    timeout -s INT -k 30 $(( 570 - ($(date +%s) - start) )) python -m pytest -p no:cacheprovider -n 8 --dist worksteal \
+        -v --gpu-profile auto -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" \
+        --fuzz-seed "$first" --fuzz-cases $(( last - first + 1 )) "${ids[@]}" > "$OUT/fuzz.txt" 2>&1
+    echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
+    grep -cE "PASSED" "$OUT/fuzz.txt" | sed 's/^/== passed lines: /'
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
+    tail -3 "$OUT/fuzz.txt"
+    tar_reports
+    ;;
+*)
+    echo "usage: bash scripts/gpu_session80.sh keytiles REV RANGE..." >&2
+    exit 2
+    ;;
+esac
+echo "== done after $(( $(date +%s) - start )) s"
