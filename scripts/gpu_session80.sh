@@ -6,9 +6,10 @@
 # docs/perf/raw/session80_*.
 #
 #   bash scripts/gpu_session80.sh keytiles REV RANGE...  # the key-tile tests; fuzz prefill seed 103 in
-#                                                       # float32, trained and not; then the prefill fuzz
-#                                                       # cases of each RANGE (FIRST-LAST) on 8 xdist
-#                                                       # workers until 570 s; a report named after REV
+#                                                       # float32, trained and not; then the fuzz cases
+#                                                       # of each RANGE (FIRST-LAST prefill, decode:FIRST-LAST
+#                                                       # decode) on 8 xdist workers until FUZZ_LIMIT s
+#                                                       # (570) from the start; a report named after REV
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 device_line
 step="${1:-}"
@@ -27,14 +28,16 @@ keytiles)
     echo "== case: after $(( $(date +%s) - start )) s"
     ids=() first=100000 last=0
     for range in "$@"; do
+        test=test_fuzz_case
+        [ "${range#decode:}" != "$range" ] && { test=test_fuzz_decode_case; range="${range#decode:}"; }
         for seed in $(seq "${range%-*}" "${range#*-}"); do
-            ids+=("tests/test_fuzz.py::test_fuzz_case[seed$seed]")
+            ids+=("tests/test_fuzz.py::$test[seed$seed]")
             (( seed < first )) && first=$seed
             (( seed > last )) && last=$seed
         done
     done
     [ ${#ids[@]} -gt 0 ] || { echo "no fuzz ranges given"; exit 0; }
-    timeout -s INT -k 30 $(( 570 - ($(date +%s) - start) )) python -m pytest -p no:cacheprovider -n 8 --dist worksteal \
+    timeout -s INT -k 30 $(( ${FUZZ_LIMIT:-570} - ($(date +%s) - start) )) python -m pytest -p no:cacheprovider -n 8 --dist worksteal \
         -v --gpu-profile auto -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" \
         --fuzz-seed "$first" --fuzz-cases $(( last - first + 1 )) "${ids[@]}" > "$OUT/fuzz.txt" 2>&1
     echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"

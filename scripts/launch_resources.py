@@ -25,6 +25,15 @@ markdown table: kernel, warps, stages, shared memory (flagged where it passes th
 ``cuobjdump``'s registers and stack a thread, and the compile time (from an empty Triton cache).
 Session 26 sized the float32 tensor-core launches with it (``docs/perf/float32.md``), session 27
 the launches of the A100 and the consumer GPUs (``docs/perf/other_gpus.md``).
+
+A third step tells whether a change to the kernels' source changed what they compile to: record and
+compile the same launches from both trees (``--tmp`` folders A and B), then ::
+
+    python scripts/launch_resources.py same A B
+
+prints, for each launch, whether its Triton GPU IR is the same once source locations are left out
+(and its SASS, which can differ by register numbers alone where only line numbers moved). Session
+80 checked with it that the selected kernels' key tiles left every tuned launch as it was.
 """
 
 from __future__ import annotations
@@ -154,6 +163,42 @@ def compile_all(args: argparse.Namespace) -> None:
               f"{usage} | {seconds:.1f} |", flush=True)
 
 
+def _without_locations(text: str) -> str:
+    """MLIR text with its source locations (``loc(...)``, ``#locN = ...``) left out."""
+    import re
+
+    nested = r"\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
+    text = re.sub(r"\s*loc" + nested, "", text)
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("#loc"))
+
+
+def same(args: argparse.Namespace) -> int:
+    """Compare the compiles of two ``compile --tmp`` folders launch by launch; 1 if any IR differs."""
+    import pathlib
+
+    first, second = pathlib.Path(args.first), pathlib.Path(args.second)
+    names = sorted((p.stem for p in first.glob("k*.ttgir")), key=lambda stem: int(stem[1:]))
+    if not names:
+        raise SystemExit(f"no compiled launches (k*.ttgir) in {first}")
+    print(f"| launch | kernel | Triton GPU IR | SASS |\n|---|---|---|---|")
+    differs = 0
+    for stem in names:
+        a, b = first / f"{stem}.ttgir", second / f"{stem}.ttgir"
+        if not b.exists():
+            print(f"| {stem} | | only in {first} | |")
+            differs += 1
+            continue
+        text = a.read_text()
+        kernel = next((line.split("@")[1].split("(")[0] for line in text.splitlines() if "tt.func" in line), "?")
+        ir_same = _without_locations(text) == _without_locations(b.read_text())
+        sass = [first / f"{stem}.sass", second / f"{stem}.sass"]
+        sass_same = (sass[0].read_text() == sass[1].read_text()) if all(x.exists() for x in sass) else None
+        differs += not ir_same
+        print(f"| {stem} | {kernel} | {'same' if ir_same else '**differs**'} | "
+              f"{'-' if sass_same is None else 'same' if sass_same else 'differs'} |")
+    return 1 if differs else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -174,7 +219,12 @@ def main() -> None:
     com.add_argument("--tmp", default="/tmp", help="folder for the cubins")
     com.add_argument("--gpu", default="h100", choices=sorted(SHIPPED_GPUS),
                      help="compile for this GPU's compute capability, flag launches past its shared memory")
+    cmp = sub.add_parser("same", help="whether two compile folders' launches compile to the same IR")
+    cmp.add_argument("first")
+    cmp.add_argument("second")
     args = parser.parse_args()
+    if args.step == "same":
+        sys.exit(same(args))
     record(args) if args.step == "record" else compile_all(args)
 
 

@@ -210,3 +210,28 @@ def test_fuzz_case_runs_a_case_and_its_variants(capsys, nsa_device):
                                                       "ok    dtype=float16;grad=True"]
     assert "float16" in lines[1] and "ValueError: query heads HQ=0" in lines[2] and code == 1
     assert "float16" in lines[3] and lines[3].endswith(" grad") and not lines[1].endswith(" grad")
+
+
+def test_launch_resources_tells_ir_that_moved_lines_from_ir_that_changed(tmp_path, capsys):
+    """``scripts/launch_resources.py same A B``: a launch whose Triton GPU IR differs only in its
+    source locations (the kernel's lines moved) is the same; one whose operations differ is not,
+    and the exit status says so."""
+    import sys
+
+    module = _script("launch_resources")
+    ir = ('#loc = loc("/src/a.py":10:0)\nmodule {\n  tt.func public @selected_fwd_kernel(%arg0: i32 loc("a"(#loc))) {\n'
+          '    %0 = arith.addi %arg0, %arg0 : i32 loc(callsite(#loc1 at #loc2))\n'
+          '  ^bb0(%m: i32 loc(callsite(#loc1 at #loc7)), %n: i32 loc(callsite(#loc1 at #loc7))):\n  }\n}\n')
+    for name, text in (("a", ir), ("b", ir.replace("10:0", "12:0").replace("#loc7", "#loc9")),
+                       ("c", ir.replace("addi", "muli"))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "k0.ttgir").write_text(text)
+    args = [sys.argv[0], "same", str(tmp_path / "a"), str(tmp_path / "b")]
+    for second, code, verdict in (("b", 0, "| k0 | selected_fwd_kernel | same | - |"),
+                                  ("c", 1, "| k0 | selected_fwd_kernel | **differs** | - |")):
+        args[-1] = str(tmp_path / second)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", args)
+            with pytest.raises(SystemExit) as stop:
+                module.main()
+        assert stop.value.code == code and verdict in capsys.readouterr().out

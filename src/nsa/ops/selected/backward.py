@@ -21,11 +21,12 @@ from nsa.ops.selected.tiles import (
     block_rows,
     entry_keys,
     entry_kv,
-    entry_step,
     forced_kv,
     forced_range,
     forced_tile,
     query_tile,
+    step_entry,
+    step_keys,
     store_rows,
     tile_selection,
 )
@@ -92,21 +93,23 @@ def selected_bwd_dq_ds_kernel(
     o_i, o_hq, m_g, _, _ = query_tile(i_t, i_h, T, q_offset, G, GP, 1)
     o_dk = tl.arange(0, BK)
     m_dk = o_dk < DK
-    o_g, o_e = tl.arange(0, GP), tl.arange(0, NP)
+    o_g, o_c, o_e = tl.arange(0, GP), tl.arange(0, BSP), tl.arange(0, NP)
     b_rank, b_blk, _, n_entries = tile_selection(block_idx, i_b, i_h, i_t, T, q_offset, H, N, NP, 1, BS, INIT, LOCAL)
     p_k = k + i_b.to(tl.int64) * skb + i_h.to(tl.int64) * skh
     p_ds = ds + ((i_b.to(tl.int64) * T + i_t) * H + i_h) * N * G * BS
-    if KEY_TILES == 1:  # the same mask every step
-        m_ds = (o_g < G)[:, None] & (tl.arange(0, BSP) < BS)[None, :]
+    m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
     b_dq = tl.zeros([GP, BK], dtype=tl.float32)
     for i in range(n_entries * KEY_TILES):
-        e, o_c = entry_step(i, BSP, KEY_TILES)
-        blk, o_s, m_s = entry_keys(b_rank, b_blk, e, o_c, q_offset + i_t, BS, LOCAL)
+        o_t = step_keys(i, BSP, KEY_TILES)
+        e = step_entry(i, KEY_TILES)
+        blk, o_s, m_s = entry_keys(b_rank, b_blk, e, o_t, q_offset + i_t, BS, LOCAL)
         b_k = block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, KV_DESC)
         n = tl.sum(tl.where(b_rank == e, o_e, 0), 0)  # the entry's place in the query's list
-        if KEY_TILES > 1:
-            m_ds = (o_g < G)[:, None] & (o_c < BS)[None, :]
-        b_ds = tl.load(p_ds + (n * G + o_g)[:, None] * BS + o_c[None, :], mask=m_ds, other=0.0)  # [GP, BKT]
+        if KEY_TILES == 1:  # the whole block's columns of dS, their mask the same every step
+            b_ds = tl.load(p_ds + (n * G + o_g)[:, None] * BS + o_c[None, :], mask=m_ds, other=0.0)  # [GP, BSP]
+        else:  # the tile's
+            b_ds = tl.load(p_ds + (n * G + o_g)[:, None] * BS + o_t[None, :], mask=(o_g < G)[:, None] & (o_t < BS)[None, :],
+                           other=0.0)
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC)
     p_dq = dq + row_offsets(i_b, o_i, o_hq, T * HQ * DK, HQ * DK, DK)[:, None] + o_dk[None, :]
     store_scaled(p_dq, b_dq, scale, m_g[:, None] & m_dk[None, :], INIT + LOCAL > 0 or ACC)
@@ -171,7 +174,7 @@ def selected_bwd_dkdv_kernel(
     for :func:`selected_bwd_dq_ds_kernel`. ``CAUSAL`` False: the lists hold no block that
     reaches its query (each query's own block is left out, ``skip_local``), so no key needs
     the causal mask. ``KEY_TILES`` > 1: the program walks its queries once for each tile of
-    ``BSP // KEY_TILES`` keys of the block (:func:`~nsa.ops.selected.tiles.entry_step`), whose
+    ``BSP // KEY_TILES`` keys of the block (:func:`~nsa.ops.selected.tiles.step_keys`), whose
     rows of ``dK``/``dV`` depend on no other tile's keys.
     """
     i_p = tl.program_id(0)
@@ -184,8 +187,8 @@ def selected_bwd_dkdv_kernel(
         e_lo = i_start + (i_p - tl.load(seg_first + i_o)) * QSEG
         e_hi = tl.minimum(e_lo + QSEG, i_start + tl.load(counts + i_o))
         for part in tl.static_range(KEY_TILES):
-            _, o_c = entry_step(part, BSP, KEY_TILES)  # the tile's keys in the block
-            o_s = i_j * BS + o_c  # [BSP] key positions of the block
+            o_c = step_keys(part, BSP, KEY_TILES)  # the tile's keys in the block
+            o_s = i_j * BS + o_c  # [BSP // KEY_TILES] their positions
             m_s = (o_c < BS) & (o_s < TK)
             o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
             b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]

@@ -31,7 +31,7 @@ def selected_fwd_kernel(
     starting state. With ``SUMMED``, ``o_sum`` receives the gated sum of the three branches
     (``gates [B, T, HQ, 3]``, ``o_cmp``/``o_win`` contiguous like ``o``), and ``o``/``lse``
     are written only with ``KEEP`` (training keeps them for the backward). ``KEY_TILES``: tiles a
-    block is read in (:func:`~nsa.ops.selected.tiles.entry_step`).
+    block is read in (:func:`~nsa.ops.selected.tiles.step_entry`).
     """
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H

@@ -47,24 +47,32 @@ def _selection(p_idx, t0, n_q, stride_q, N: tl.constexpr, NP: tl.constexpr, BQ: 
 
 
 @triton.jit
-def entry_step(i, BSP: tl.constexpr, KEY_TILES: tl.constexpr):
-    """Step ``i`` of a loop that reads each entry's block in ``KEY_TILES`` tiles of ``BSP //
-    KEY_TILES`` keys (1: the whole block at once): the entry's rank and the tile's key offsets
-    ``o_c`` within the block. More tiles hold less of a block in shared memory at a time, for
-    launches that do not fit it otherwise (exact float32 with 128-key blocks and wide heads)."""
+def step_entry(i, KEY_TILES: tl.constexpr):
+    """The rank of the entry (or forced block) that step ``i`` of a loop reads a tile of: a loop
+    reads each block in ``KEY_TILES`` tiles of ``BSP // KEY_TILES`` keys (1: the whole block at
+    once). More tiles hold less of a block in shared memory at a time, for launches that do not
+    fit it otherwise (exact float32 with 128-key blocks and wide heads)."""
     if KEY_TILES == 1:
         e = i
-        o_c = tl.arange(0, BSP)
     else:
         e = i // KEY_TILES
+    return e
+
+
+@triton.jit
+def step_keys(i, BSP: tl.constexpr, KEY_TILES: tl.constexpr):
+    """The keys within its block that step ``i`` reads (:func:`step_entry`): ``[BSP // KEY_TILES]``."""
+    if KEY_TILES == 1:
+        o_c = tl.arange(0, BSP)
+    else:
         o_c = (i % KEY_TILES) * (BSP // KEY_TILES) + tl.arange(0, BSP // KEY_TILES)
-    return e, o_c
+    return o_c
 
 
 @triton.jit
 def entry_keys(b_rank, b_blk, e, o_c, t_last, BS: tl.constexpr, LOCAL: tl.constexpr):
     """The block of the entry of rank ``e`` in ``b_blk``, the positions ``o_s`` of its keys
-    ``o_c`` (:func:`entry_step`) and which of them to read: with ``LOCAL > 0`` each query's own
+    ``o_c`` (:func:`step_keys`) and which of them to read: with ``LOCAL > 0`` each query's own
     block is forced, so every entry lies wholly before its queries and only the padding past
     ``BS`` is masked; else also the keys past ``t_last``."""
     blk = tl.sum(tl.where(b_rank == e, b_blk, 0), 0)
@@ -96,13 +104,14 @@ def block_rows(p, stride_t, d, blk, o_s, m_s, o_d, m_d, i_b, i_h, BS: tl.constex
 def entry_kv(p_k, p_v, skt, svt, b_rank, b_blk, b_who, i, t_last, o_pos, o_rq, o_dk, o_dv, m_dk, m_dv,
              BS: tl.constexpr, BSP: tl.constexpr, LOCAL: tl.constexpr, BQ: tl.constexpr,
              d_k, d_v, i_b, i_h, DESC: tl.constexpr, KEY_TILES: tl.constexpr = 1):
-    """K ``[BKT, BK]``, V ``[BKT, BV]`` of step ``i`` (:func:`entry_step`: ``BKT = BSP //
+    """K ``[BKT, BK]``, V ``[BKT, BV]`` of step ``i`` (:func:`step_entry`: ``BKT = BSP //
     KEY_TILES`` keys of the block of an entry of ``b_blk``) and their visibility: ``[1, BKT]``
     (the keys :func:`entry_keys` reads) for one query, ``[BQ * GP, BKT]`` for a tile (rows
     ``o_rq`` of the queries that count the block, ``s <= o_pos``). With ``DESC`` the block
     comes by one bulk copy through the tensor descriptors ``d_k``/``d_v`` (blocks ``[1, BSP,
     1, BK|BV]``) instead of ``p_k``/``p_v``."""
-    e, o_c = entry_step(i, BSP, KEY_TILES)
+    o_c = step_keys(i, BSP, KEY_TILES)
+    e = step_entry(i, KEY_TILES)
     blk, o_s, m_s = entry_keys(b_rank, b_blk, e, o_c, t_last, BS, LOCAL)
     b_k = block_rows(p_k, skt, d_k, blk, o_s, m_s, o_dk, m_dk, i_b, i_h, BS, BSP, LOCAL, DESC)
     b_v = block_rows(p_v, svt, d_v, blk, o_s, m_s, o_dv, m_dv, i_b, i_h, BS, BSP, LOCAL, DESC)
@@ -140,7 +149,7 @@ def forced_kv(
     p_k, p_v, skt, svt, b_list, i, l_lo, o_j, o_pos, m_r, o_dk, o_dv, m_dk, m_dv,  #
     BS: tl.constexpr, BSP: tl.constexpr, INIT: tl.constexpr, LOCAL: tl.constexpr, KEY_TILES: tl.constexpr = 1,
 ):
-    """K ``[BKT, BK]``, V ``[BKT, BV]`` of step ``i`` (:func:`entry_step`: ``BKT = BSP //
+    """K ``[BKT, BK]``, V ``[BKT, BV]`` of step ``i`` (:func:`step_entry`: ``BKT = BSP //
     KEY_TILES`` keys of the tile's forced block of rank ``i // KEY_TILES``, ``i_f``: the initial
     ones, then the local ones from ``l_lo``, :func:`forced_range`) and its ``[BM, BKT]``
     visibility for rows whose selection lists are ``b_list [BM, NP]``.
@@ -148,10 +157,11 @@ def forced_kv(
     A row counts the block only if its list holds it and it is forced for the row's
     own block ``o_j`` (always for an initial block, ``i_f < INIT``; for the ``LOCAL``
     last ones else)."""
-    e, o_c = entry_step(i, BSP, KEY_TILES)
+    e = step_entry(i, KEY_TILES)
     i_f = tl.where(e < INIT, e, l_lo + e - INIT)
     m_rows = (tl.max((b_list == i_f).to(tl.int32), 1) > 0) & m_r  # [BM]
     m_rows = m_rows & ((i_f < INIT) | ((o_j - LOCAL < i_f) & (i_f <= o_j)))
+    o_c = step_keys(i, BSP, KEY_TILES)
     o_s = o_c.to(tl.int64) + i_f * BS  # i_f * BS is a position: int32 is enough
     t_use = tl.max(tl.where(m_rows, o_pos, -1), 0)  # last position that needs the block, -1 if none
     m_s = (o_c < BS) & (o_s <= t_use)
