@@ -29,6 +29,10 @@ Where the memory allows (:func:`ds_buffer`), the dK/dV kernel runs first and lea
 (query, block) pair's ``dS`` in a buffer; the ``dQ`` kernel then reads ``K`` and ``dS``
 (2 KiB a pair) instead of ``K`` and ``V`` and recomputing the softmax. Its loads, which bound
 it, fall by almost half.
+
+Every kernel holds a whole selection block a pipeline stage. A launch that the GPU's shared memory
+cannot hold takes fewer stages, then reads each block in 2, 4 or 8 tiles of keys
+(:func:`smaller_launch`; exact float32 with 128-key blocks and 192-wide heads needs 2).
 """
 
 from __future__ import annotations
