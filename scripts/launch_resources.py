@@ -23,6 +23,9 @@ entry per distinct launch; ``--dry`` records the launches without running them, 
 interpreter would take hours over (some launches depend on the length). ``compile`` prints a
 markdown table: kernel, warps, stages, shared memory (flagged where it passes the GPU's limit),
 ``cuobjdump``'s registers and stack a thread, and the compile time (from an empty Triton cache).
+With ``--fallback``, a selected kernel's launch past the GPU's shared memory is followed by the
+smaller launches the library makes of it then (fewer stages, then key tiles:
+:func:`nsa.ops.selected.kernel.smaller_launch`), up to the first that fits.
 Session 26 sized the float32 tensor-core launches with it (``docs/perf/float32.md``), session 27
 the launches of the A100 and the consumer GPUs (``docs/perf/other_gpus.md``).
 
@@ -148,19 +151,47 @@ def compile_all(args: argparse.Namespace) -> None:
     for i, entry in enumerate(launches):
         name = entry["kernel"].split(":")[1]
         opts = {"num_warps": 4, "num_stages": 3, "maxnreg": 0, **entry["options"]}
-        start = time.perf_counter()
-        try:
-            shared = compile_kernel(entry["kernel"], f"{args.tmp}/k{i}", entry["values"], opts["num_warps"],
-                                    opts["num_stages"], opts["maxnreg"], capability=cap)
-        except Exception as err:  # noqa: BLE001 - a launch that does not compile is a finding
-            print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | | | failed: {str(err)[:80]} | |")
-            continue
-        seconds = time.perf_counter() - start
-        cubin = f"{args.tmp}/k{i}.cubin"
-        usage = resource_usage(cubin)
-        fits = "yes" if shared <= limit else "**no**"
-        print(f"| {name} | {opts['num_warps']} | {opts['num_stages']} | {shared / 1024:.1f} | {fits} | "
-              f"{usage} | {seconds:.1f} |", flush=True)
+        values, out, label = entry["values"], f"{args.tmp}/k{i}", name
+        for smaller in range(64):
+            start = time.perf_counter()
+            try:
+                shared = compile_kernel(entry["kernel"], out, values, opts["num_warps"], opts["num_stages"],
+                                        opts["maxnreg"], capability=cap)
+            except Exception as err:  # noqa: BLE001 - a launch that does not compile is a finding
+                print(f"| {label} | {opts['num_warps']} | {opts['num_stages']} | | | failed: {str(err)[:80]} | |")
+                break
+            seconds = time.perf_counter() - start
+            fits = "yes" if shared <= limit else "**no**"
+            print(f"| {label} | {opts['num_warps']} | {opts['num_stages']} | {shared / 1024:.1f} | {fits} | "
+                  f"{resource_usage(out + '.cubin')} | {seconds:.1f} |", flush=True)
+            if shared <= limit or not args.fallback:
+                break
+            nxt = _smaller(values, opts)
+            if nxt is None:
+                print(f"| &#8627; {name}: nothing smaller | | | | **no** | | |")
+                break
+            values, opts = nxt
+            out, label = f"{args.tmp}/k{i}_{smaller + 1}", f"&#8627; {name}, KEY_TILES={values['KEY_TILES']}"
+
+
+def _smaller(values: Dict[str, str], opts: Dict[str, Any]):
+    """The next launch that the library makes of a selected kernel that shared memory does not hold
+    (:func:`nsa.ops.selected.kernel.smaller_launch`), as ``(values, options)``; None for any other
+    kernel, or where there is none."""
+    if "KEY_TILES" not in values:
+        return None
+    from nsa.ops.selected.kernel import smaller_launch
+
+    launch = {"num_stages": opts["num_stages"], "BSP": int(values["BSP"]), "KEY_TILES": int(values["KEY_TILES"])}
+    if values.get("KV_DESC") == "True":
+        launch.update(KV_DESC=True, d_k=values.get("d_k"), d_v=values.get("d_v"))
+    nxt = smaller_launch(launch)
+    if nxt is None:
+        return None
+    values = dict(values, KEY_TILES=str(nxt["KEY_TILES"]))
+    if launch.get("KV_DESC") and "d_k" not in nxt:  # bulk copies off: the descriptors are not passed
+        values.update(KV_DESC="False", **{name: "None" for name in ("d_k", "d_v") if name in values})
+    return values, dict(opts, num_stages=nxt["num_stages"])
 
 
 def _without_locations(text: str) -> str:
@@ -177,10 +208,11 @@ def same(args: argparse.Namespace) -> int:
     import pathlib
 
     first, second = pathlib.Path(args.first), pathlib.Path(args.second)
-    names = sorted((p.stem for p in first.glob("k*.ttgir")), key=lambda stem: int(stem[1:]))
+    names = sorted((p.stem for p in first.glob("k*.ttgir")),
+                   key=lambda stem: tuple(int(n) for n in stem[1:].split("_")))
     if not names:
         raise SystemExit(f"no compiled launches (k*.ttgir) in {first}")
-    print(f"| launch | kernel | Triton GPU IR | SASS |\n|---|---|---|---|")
+    print("| launch | kernel | Triton GPU IR | SASS |\n|---|---|---|---|")
     differs = 0
     for stem in names:
         a, b = first / f"{stem}.ttgir", second / f"{stem}.ttgir"
@@ -219,6 +251,9 @@ def main() -> None:
     com.add_argument("--tmp", default="/tmp", help="folder for the cubins")
     com.add_argument("--gpu", default="h100", choices=sorted(SHIPPED_GPUS),
                      help="compile for this GPU's compute capability, flag launches past its shared memory")
+    com.add_argument("--fallback", action="store_true",
+                     help="where a selected kernel's launch is past shared memory, also compile the smaller "
+                          "launches that the library falls back to (smaller_launch), until one fits")
     cmp = sub.add_parser("same", help="whether two compile folders' launches compile to the same IR")
     cmp.add_argument("first")
     cmp.add_argument("second")

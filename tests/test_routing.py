@@ -165,7 +165,7 @@ def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits
         assert resolve("window", "cuda", torch.float32).backend == "triton"
         if too_wide is None:
             return
-        assert resolve("window", "cuda", torch.bfloat16, head_dim=too_wide).backend == "triton"
+        assert resolve("window", "cuda", torch.bfloat16, head_dim=(too_wide, 128)).backend == "triton"
         why = (f"float32 tiles of heads {too_wide} wide ask more shared memory than this GPU's "
                f"{facts.shared_memory // 1024} KiB a program (heads up to {fits} fit; docs/perf/float32.md); "
                f"use bfloat16/float16 inputs")
@@ -178,9 +178,41 @@ def test_float32_routes_by_head_width_and_shared_memory(gpu, gpu_name, cap, fits
         assert table[1 + list(flags.OPS).index("window")].split()[1] == "reference"
 
 
+@pytest.mark.parametrize("gpu_name, cap, small", [("rtx4090", (8, 9), True), ("rtx3090", (8, 6), True),
+                                                  ("a100", (8, 0), False), ("h100", (9, 0), False)])
+def test_routes_of_wide_heads_by_shared_memory(gpu, gpu_name, cap, small):
+    """The window's kernels and the compressed branch's ask more shared memory than any GPU has at
+    heads wider than 256 (512: 320-393 KiB of an H200's 227), and than a consumer GPU's 99 KiB
+    where both the key and the value heads are wider than 128 (192/192, 256/256: 100.5-112 KiB;
+    sm_89 and sm_90 compiles): those two ops take the reference there, with the reason, and an
+    explicit Triton request raises it. Heads of 192/128 or 128/256 fit everywhere, 256/256 on the
+    A100 and Hopper; the selected kernels read their blocks in key tiles instead and keep Triton,
+    as do the ops whose launches fit."""
+    from nsa.ops._triton.device import sized_as
+
+    gpu[0] = cap
+    with sized_as(gpu_name) as facts:
+        for op in ("compressed", "window", "selected", "select", "decode"):
+            limited = op in ("compressed", "window")
+            for widths in ((192, 128), (128, 256), 128):
+                assert resolve(op, "cuda", torch.bfloat16, head_dim=widths).backend == "triton", (op, widths)
+            for widths in ((192, 192), (256, 256), 256):
+                wide = resolve(op, "cuda", torch.float16, head_dim=widths)
+                assert wide.backend == ("reference" if small and limited else "triton"), (op, widths)
+            widest = resolve(op, "cuda", torch.bfloat16, head_dim=(512, 128))
+            assert widest.backend == ("reference" if limited else "triton"), op
+        dims = (256, 192) if small else (512, 128)
+        why = (f"tiles of key and value heads {dims[0]}/{dims[1]} wide ask more shared memory than this GPU's "
+               f"{facts.shared_memory // 1024} KiB a program in the window kernels (heads up to 256 fit, and on "
+               f"GPUs under 128 KiB one of the two at most 128 wide, as 192/128; docs/perf/other_gpus.md)")
+        assert resolve("window", "cuda", torch.bfloat16, head_dim=dims).reason == f"auto: {why}"
+        with pytest.raises(BackendUnavailableError, match=re.escape(why)):
+            resolve("window", "cuda", torch.bfloat16, backend="triton", head_dim=dims)
+
+
 def test_public_ops_tell_the_router_their_widest_head(monkeypatch):
-    """Each op with tile products routes with the wider of its key and value heads, so a narrow
-    ``q`` with wide values is judged by the values' width."""
+    """Each op with tile products routes with its key and value heads' widths ``(Dk, Dv)``, so a
+    narrow ``q`` with wide values is judged by the values' width too."""
     seen = {}
 
     def spy(op, device, dtype, backend=None, head_dim=None):
@@ -195,7 +227,7 @@ def test_public_ops_tell_the_router_their_widest_head(monkeypatch):
     idx = ops.select_blocks(q, k_cmp, cfg)
     ops.selected_attention(q, k, v, idx, cfg)
     ops.sliding_window_attention(q, k, v, cfg)
-    assert seen == {"compress": None, "compressed": 48, "select": 16, "selected": 48, "window": 48}
+    assert seen == {"compress": None, "compressed": (16, 48), "select": 16, "selected": (16, 48), "window": (16, 48)}
 
 
 def test_bad_flag_value_raises_from_resolve(monkeypatch):
@@ -298,3 +330,14 @@ def test_cli_prints_the_route_of_every_branch():
         assert reason.startswith(want), line
     assert "flags set: NSA_BACKEND_SELECT=reference" in lines
     assert "warning: unknown NSA_BACKEND_COMPRES is ignored (did you mean NSA_BACKEND_COMPRESS?)" in lines
+
+
+def test_cli_takes_one_head_width_or_both(capsys):
+    """``--head-dim`` takes ``D`` (key and value heads alike) or ``DK:DV``, and names them back."""
+    routing._main(["--device", "cpu", "--dtype", "bfloat16", "--head-dim", "192:128"])
+    assert capsys.readouterr().out.splitlines()[0] == "nsa routing for device=cpu dtype=bfloat16 head_dim=192:128"
+    routing._main(["--device", "cpu", "--head-dim", "64"])
+    assert capsys.readouterr().out.splitlines()[0] == "nsa routing for device=cpu dtype=bfloat16 head_dim=64"
+    with pytest.raises(SystemExit):
+        routing._main(["--device", "cpu", "--head-dim", "192:128:64"])
+    assert "expected D or DK:DV (e.g. 128 or 192:128), got '192:128:64'" in capsys.readouterr().err

@@ -235,3 +235,21 @@ def test_launch_resources_tells_ir_that_moved_lines_from_ir_that_changed(tmp_pat
             with pytest.raises(SystemExit) as stop:
                 module.main()
         assert stop.value.code == code and verdict in capsys.readouterr().out
+
+
+def test_launch_resources_follows_the_selected_kernels_fallback():
+    """``launch_resources.py compile --fallback`` compiles, after a selected launch past shared
+    memory, the launches the library makes instead (``smaller_launch``), in the recorded values'
+    notation: one stage fewer, then key tiles by plain loads (the descriptors no longer passed);
+    other kernels have none."""
+    module = _script("launch_resources")
+    values = {"BSP": "128", "KEY_TILES": "1", "KV_DESC": "True", "d_k": "tensordesc<fp32[1,128,1,256]>",
+              "d_v": "tensordesc<fp32[1,128,1,256]>", "BK": "256"}
+    seen, step = [], (values, {"num_stages": 2, "num_warps": 8})
+    while step is not None:
+        values, opts = step
+        seen.append((opts["num_stages"], values["KEY_TILES"], values["KV_DESC"], values["d_k"][:10]))
+        step = module._smaller(values, opts)
+    assert seen == [(2, "1", "True", "tensordesc"), (1, "1", "True", "tensordesc"), (1, "2", "False", "None"),
+                    (1, "4", "False", "None"), (1, "8", "False", "None")]
+    assert module._smaller({"BSP": "64", "BT": "16"}, {"num_stages": 2}) is None  # not a selected kernel

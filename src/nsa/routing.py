@@ -99,10 +99,23 @@ def triton_interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+#: The widths of an op's heads, as routing takes them: ``(Dk, Dv)``, or one width for both (or
+#: for the wider, where only that is known), or None where the op's tiles do not depend on them.
+HeadDims = Optional[Union[int, Tuple[int, int]]]
+
+
+def _head_widths(head_dim: HeadDims) -> Optional[Tuple[int, int]]:
+    """``(Dk, Dv)`` of :data:`HeadDims`: one width stands for both."""
+    if head_dim is None:
+        return None
+    return (head_dim, head_dim) if isinstance(head_dim, int) else (int(head_dim[0]), int(head_dim[1]))
+
+
 def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
-                  head_dim: Optional[int] = None) -> Tuple[bool, str]:
+                  head_dim: HeadDims = None) -> Tuple[bool, str]:
     """``(ok, reason)``: can the Triton kernel of ``op`` run on ``device`` with ``dtype``, for
-    heads ``head_dim`` wide (the wider of the key and value heads; None: not asked)?"""
+    heads ``head_dim`` wide (``(Dk, Dv)``, or one width for both; None: not asked)?"""
+    widths = _head_widths(head_dim)
     device = torch.device(device)
     if not has_kernel(op):
         return False, f"no Triton kernel for '{op}' yet"
@@ -116,15 +129,25 @@ def triton_status(op: str, device: DeviceLike, dtype: torch.dtype,
         cap = torch.cuda.get_device_capability(device)
         if cap < MIN_CUDA_CAPABILITY:
             return False, f"needs SM >= {MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}, have {cap[0]}.{cap[1]}"
-        if dtype == torch.float32 and head_dim is not None:
+        if dtype == torch.float32 and widths is not None:
             from nsa.ops._triton.device import float32_head_dim_limit, shared_memory_per_program
 
             limit = float32_head_dim_limit(device)
-            if limit is not None and head_dim > limit:
+            if limit is not None and max(widths) > limit:
                 return False, (
-                    f"float32 tiles of heads {head_dim} wide ask more shared memory than this GPU's "
+                    f"float32 tiles of heads {max(widths)} wide ask more shared memory than this GPU's "
                     f"{shared_memory_per_program(device) // 1024} KiB a program (heads up to {limit} fit; "
                     f"docs/perf/float32.md); use bfloat16/float16 inputs"
+                )
+        if widths is not None:
+            from nsa.ops._triton.device import WIDE_HEAD_OPS, WIDEST_HEADS, heads_fit, shared_memory_per_program
+
+            if op in WIDE_HEAD_OPS and not heads_fit(*widths, device):
+                return False, (
+                    f"tiles of key and value heads {widths[0]}/{widths[1]} wide ask more shared memory than "
+                    f"this GPU's {shared_memory_per_program(device) // 1024} KiB a program in the {op} kernels "
+                    f"(heads up to {WIDEST_HEADS} fit, and on GPUs under 128 KiB one of the two at most 128 wide, "
+                    f"as 192/128; docs/perf/other_gpus.md)"
                 )
         return True, f"Triton kernel on SM {cap[0]}.{cap[1]}"
     if device.type == "cpu":
@@ -148,15 +171,17 @@ def _log_once(route: Route) -> Route:
 
 
 def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None,
-            head_dim: Optional[int] = None) -> Route:
+            head_dim: HeadDims = None) -> Route:
     """Decide the backend of ``op`` for tensors on ``device`` of ``dtype``.
 
     Args:
         op: one of :data:`nsa.flags.OPS`.
         backend: ``None``/``"auto"`` to let flags and the device decide, or
             ``"reference"``/``"triton"`` to insist.
-        head_dim: the wider of the op's key and value heads, where its tiles depend on it
-            (float32 tiles of wide heads do not fit every GPU's shared memory).
+        head_dim: the op's key and value head widths ``(Dk, Dv)`` (or one width for both),
+            where its tiles depend on them: float32 tiles of wide heads, the window's and the
+            compressed branch's tiles of heads wider than 256, and on consumer GPUs theirs where
+            both are wider than 128, do not fit the GPU's shared memory.
 
     Raises:
         ValueError: unknown ``op`` or ``backend``.
@@ -191,15 +216,15 @@ def resolve(op: str, device: DeviceLike, dtype: torch.dtype, backend: Optional[s
 
 
 def all_triton(ops: Sequence[str], device: DeviceLike, dtype: torch.dtype, backend: Optional[str] = None,
-               head_dim: Optional[int] = None) -> bool:
+               head_dim: HeadDims = None) -> bool:
     """Whether every op of ``ops`` routes to its Triton kernel (a launch fusing several needs all)."""
     return all(resolve(op, device, dtype, backend, head_dim).backend == "triton" for op in ops)
 
 
-def explain(device: DeviceLike, dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
+def explain(device: DeviceLike, dtype: torch.dtype, head_dim: HeadDims = None) -> str:
     """A table of every op's route for ``device``/``dtype`` and heads ``head_dim`` wide (errors
     shown, not raised)."""
-    width = f" head_dim={head_dim}" if head_dim is not None else ""
+    width = "" if head_dim is None else f" head_dim={head_dim if isinstance(head_dim, int) else '%d:%d' % tuple(head_dim)}"
     lines = [f"nsa routing for device={torch.device(device)} dtype={str(dtype).replace('torch.', '')}{width}"]
     for op in flags.OPS:
         try:
@@ -214,12 +239,21 @@ def explain(device: DeviceLike, dtype: torch.dtype, head_dim: Optional[int] = No
     return "\n".join(lines)
 
 
+def _head_dims_arg(text: str) -> Union[int, Tuple[int, int]]:
+    """``--head-dim``: ``D`` (both heads) or ``DK:DV``."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected D or DK:DV (e.g. 128 or 192:128), got {text!r}")
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
 def _main(argv: Optional[list] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m nsa.routing", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32", "float64"])
-    parser.add_argument("--head-dim", type=int, default=None,
-                        help="the wider of the key and value heads (float32 routes depend on it)")
+    parser.add_argument("--head-dim", type=_head_dims_arg, default=None, metavar="D|DK:DV",
+                        help="the key and value heads' widths, or one for both (float32 routes, and 16-bit "
+                             "ones on GPUs with less shared memory, depend on them)")
     args = parser.parse_args(argv)
     print(explain(args.device, getattr(torch, args.dtype), args.head_dim))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
 import torch
 
@@ -89,15 +89,15 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
 
 
 def implementation(op: str, fn: str, like: torch.Tensor, backend: Optional[str],
-                   head_dim: Optional[int] = None) -> Callable:
+                   head_dim: Optional[Union[int, Tuple[int, int]]] = None) -> Callable:
     """The function ``fn`` of the backend that routing picks for ``op`` on ``like``'s device and
-    dtype, for heads ``head_dim`` wide (the wider of its key and value heads, where its tiles
-    depend on it)."""
+    dtype, for heads ``head_dim`` wide (``(Dk, Dv)``, or one width for both, where its tiles
+    depend on them; :data:`nsa.routing.HeadDims`)."""
     return route(op, fn, like.device, like.dtype, backend, head_dim)
 
 
 def route(op: str, fn: str, device: torch.device, dtype: torch.dtype, backend: Optional[str],
-          head_dim: Optional[int] = None) -> Callable:
+          head_dim: Optional[Union[int, Tuple[int, int]]] = None) -> Callable:
     """:func:`implementation` for an op whose inputs do not carry the routed dtype (the rotary
     tables: integer positions in, ``dtype`` out)."""
     # Imported here, not at module level: ``import nsa`` must not load nsa.routing, or

@@ -36,10 +36,10 @@ TRAINING_OPS = ("compressed", "select", "selected", "window", "gates")
 
 def _on_triton(ops: Tuple[str, ...], q: torch.Tensor, v: torch.Tensor, backend: Optional[str]) -> bool:
     """Whether every op of ``ops`` routes to its Triton kernel for queries ``q`` and values ``v``
-    (a fused launch needs all; float32 routes depend on the wider of their heads)."""
+    (a fused launch needs all; routes depend on the widths of their heads)."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
 
-    return routing.all_triton(ops, q.device, q.dtype, backend, max(q.shape[-1], v.shape[-1]))
+    return routing.all_triton(ops, q.device, q.dtype, backend, (q.shape[-1], v.shape[-1]))
 
 
 def _compressed_and_blocks(

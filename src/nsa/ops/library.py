@@ -257,7 +257,8 @@ _rotary.register_autograd(_rotary_grads, setup_context=_rotary_setup)
 
 
 @torch.compiler.assume_constant_result
-def _on_triton(ops: Tuple[str, ...], device: torch.device, dtype: torch.dtype, head_dim: Optional[int],
+def _on_triton(ops: Tuple[str, ...], device: torch.device, dtype: torch.dtype,
+               head_dim: Optional[Tuple[int, int]],
                backend: Optional[str]) -> bool:
     """:func:`nsa.routing.all_triton`, read once, when the graph is traced."""
     from nsa import routing  # lazily, like nsa.ops._dispatch
@@ -285,7 +286,7 @@ def nsa_attention(q, k, v, gates, config, *, kv_cmp=None, kv_win=None, q_offset=
     tensors, geometry = (q, k, v, gates, k_cmp, v_cmp, k_win, v_win), _geometry(config)
     if not _needs_grad(*tensors):
         o, block_idx = _attention(*tensors, geometry, config.scale, q_offset, backend)
-    elif q.shape[1] > 0 and _on_triton(TRAINING_OPS, q.device, q.dtype, max(q.shape[-1], v.shape[-1]), backend):
+    elif q.shape[1] > 0 and _on_triton(TRAINING_OPS, q.device, q.dtype, (q.shape[-1], v.shape[-1]), backend):
         o, block_idx, *_ = _attention_train(*tensors, geometry, config.scale, q_offset)
     else:
         return NotImplemented

@@ -132,6 +132,28 @@ def float32_head_dim_limit(device: torch.device) -> Optional[int]:
     return None if shared_memory_per_program(device) >= LARGE_SHARED_MEMORY else 128
 
 
+#: Ops whose launches do not fit some GPUs' shared memory for some head widths (:func:`heads_fit`):
+#: the window's forward and backward and the compressed branch's kernels. The selected kernels read
+#: their blocks in key tiles instead (:func:`nsa.ops.selected.kernel.smaller_launch`), and the
+#: others fit (sm_80, sm_89 and sm_90 compiles, session 80, docs/perf/other_gpus.md).
+WIDE_HEAD_OPS = ("compressed", "window")
+#: The widest heads whose launches of :data:`WIDE_HEAD_OPS` fit any GPU: heads of 512 ask 320-393 KiB
+#: of an H200's 227 (bf16, sm_90 compiles, session 80).
+WIDEST_HEADS = 256
+
+
+def heads_fit(dk: int, dv: int, device: torch.device) -> bool:
+    """Whether the launches of :data:`WIDE_HEAD_OPS` with key heads ``dk`` and value heads ``dv``
+    wide fit ``device``'s shared memory (16-bit inputs; float32 has its own limit,
+    :func:`float32_head_dim_limit`): heads up to :data:`WIDEST_HEADS`, and below
+    :data:`SMALL_SHARED_MEMORY` one of the two at most 128 wide. On an RTX 4090, 192/128 fits
+    (session 27); 192/192 and 256/256 ask 100.5-112 KiB of its 99 in the window's kernels and the
+    compressed backward, even in one stage where they take it (session 80)."""
+    if max(dk, dv) > WIDEST_HEADS:
+        return False
+    return not small_shared_memory(device) or min(dk, dv) <= 128
+
+
 def capability_major(device: torch.device) -> int:
     """Major compute capability of ``device`` (9 for Hopper); the CPU counts as Hopper."""
     return gpu_facts(device).capability[0]

@@ -48,5 +48,5 @@ def compressed_attention(
     _guards.check_attention_inputs(q, k_cmp, v_cmp, ("q", "k_cmp", "v_cmp"))
     _guards.check_q_offset(q_offset, q, None)
     scale = config.softmax_scale(q.shape[-1])
-    fn = implementation("compressed", "compressed_attention", q, backend, max(q.shape[-1], v_cmp.shape[-1]))
+    fn = implementation("compressed", "compressed_attention", q, backend, (q.shape[-1], v_cmp.shape[-1]))
     return fn(q, k_cmp, v_cmp, config, scale, q_offset)

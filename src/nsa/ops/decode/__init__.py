@@ -131,7 +131,7 @@ def nsa_decode(
     if needs_grad(q, k, v, *gate_tensors, k_cmp, v_cmp, k_win, v_win):
         raise RuntimeError("nsa_decode has no backward; call it under torch.no_grad() or torch.inference_mode()")
     scale = config.softmax_scale(Dk)
-    fn = implementation("decode", "nsa_decode", q, backend, max(Dk, Dv))
+    fn = implementation("decode", "nsa_decode", q, backend, (Dk, Dv))
     o, block_idx = fn(q, k, v, gates, seq_lens, k_cmp, v_cmp, k_win, v_win, config, scale)
     return (o, block_idx) if return_block_idx else o
 

@@ -48,5 +48,5 @@ def selected_attention(
     _guards.check_q_offset(q_offset, q, k.shape[1])
     _guards.check_block_idx(block_idx, q, k, config)
     scale = config.softmax_scale(q.shape[-1])
-    fn = implementation("selected", "selected_attention", q, backend, max(q.shape[-1], v.shape[-1]))
+    fn = implementation("selected", "selected_attention", q, backend, (q.shape[-1], v.shape[-1]))
     return fn(q, k, v, block_idx, config, scale, q_offset)

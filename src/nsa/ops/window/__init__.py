@@ -40,5 +40,5 @@ def sliding_window_attention(
     _guards.check_attention_inputs(q, k, v)
     _guards.check_q_offset(q_offset, q, k.shape[1])
     scale = config.softmax_scale(q.shape[-1])
-    fn = implementation("window", "sliding_window_attention", q, backend, max(q.shape[-1], v.shape[-1]))
+    fn = implementation("window", "sliding_window_attention", q, backend, (q.shape[-1], v.shape[-1]))
     return fn(q, k, v, config, scale, q_offset)
