@@ -144,7 +144,7 @@ WIDEST_HEADS = 256
 
 def heads_fit(dk: int, dv: int, device: torch.device) -> bool:
     """Whether the launches of :data:`WIDE_HEAD_OPS` with key heads ``dk`` and value heads ``dv``
-    wide fit ``device``'s shared memory (16-bit inputs; float32 has its own limit,
+    wide fit ``device``'s shared memory (float32 below Hopper has a narrower limit,
     :func:`float32_head_dim_limit`): heads up to :data:`WIDEST_HEADS`, and below
     :data:`SMALL_SHARED_MEMORY` one of the two at most 128 wide. On an RTX 4090, 192/128 fits
     (session 27); 192/192 and 256/256 ask 100.5-112 KiB of its 99 in the window's kernels and the
