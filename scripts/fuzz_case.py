@@ -4,7 +4,8 @@ for a failure the fuzzer found, which of the case's features it needs.
     python scripts/fuzz_case.py decode 12 --scale gpu --vary group=4 new_tokens=1 "lengths=(2350,)" dtype=float32
 
 Each ``--vary`` runs the case again with a field replaced (a Python literal; several fields at once
-separated by ``;``, e.g. ``"dtype=float32;grad=True"``); the device is CUDA where there is one. Tolerances are a shipped profile's (``--profile``).
+separated by ``;``, e.g. ``"dtype=float32;grad=True"``); the device is CUDA where there is one.
+Tolerances are a shipped profile's (``--profile``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import _fuzz  # noqa: E402
 from pytest_nsa.profiles import SHIPPED_DIR, Catalog  # noqa: E402
-
 
 
 def _field(item: str):

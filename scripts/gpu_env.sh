@@ -326,3 +326,20 @@ gluon_tests() {
     [ "$rc" = 0 ] || { echo "== tests failed (rc $rc): no timing"; exit 1; }
     echo "== tests after $(( $(date +%s) - start )) s"
 }
+
+# The differential fuzzer's tests (tests/test_fuzz.py) on 8 xdist workers with a report in $OUT named
+# after REV, stopped by SIGINT (its summary still printed) LIMIT seconds after the sourcing script's
+# start; the output in $OUT/fuzz.txt, its failures and summary shown, the report tarred:
+#   fuzz_tests REV LIMIT PYTEST_ARGS...   (--fuzz-seed/--fuzz-cases, node ids)
+fuzz_tests() {
+    local rev="${1:?fuzz_tests needs the commit}" limit="${2:?fuzz_tests needs a limit}"
+    shift 2
+    timeout -s INT -k 30 $(( limit - ($(date +%s) - start) )) python -m pytest -p no:cacheprovider -n 8 \
+        --dist worksteal -v --gpu-profile auto -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" \
+        "$@" > "$OUT/fuzz.txt" 2>&1
+    echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
+    grep -cE "PASSED" "$OUT/fuzz.txt" | sed 's/^/== passed lines: /'
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
+    tail -3 "$OUT/fuzz.txt"
+    tar_reports
+}

@@ -17,14 +17,8 @@ step="${1:-}"
 
 fuzz_run() {
     local first="${1:?fuzz needs the first seed}" count="${2:?fuzz needs the number of cases}" rev="${3:?fuzz needs the commit}"
-    timeout -s INT -k 30 "${FUZZ_LIMIT:-540}" python -m pytest -p no:cacheprovider -n 8 --dist worksteal -v --gpu-profile auto \
-        -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" tests/test_fuzz.py \
-        --fuzz-seed "$first" --fuzz-cases "$count" > "$OUT/fuzz.txt" 2>&1
-    echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
-    grep -cE "PASSED" "$OUT/fuzz.txt" | sed 's/^/== passed lines: /'
-    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
-    tail -3 "$OUT/fuzz.txt"
-    tar_reports
+    fuzz_tests "$rev" "${FUZZ_LIMIT:-$(( $(date +%s) - start + 540 ))}" tests/test_fuzz.py --fuzz-seed "$first" \
+        --fuzz-cases "$count"
 }
 
 case "$step" in
@@ -36,7 +30,7 @@ case)
     variants=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
     timeout 240 python scripts/fuzz_case.py "${variants[@]:0:2}" --vary "${variants[@]:2}" 2>&1 | tee -a "$OUT/case.txt"
-    if [ "${1:-}" = "--" ]; then shift; FUZZ_LIMIT=$(( 570 - ($(date +%s) - start) )) fuzz_run "$@"; fi
+    if [ "${1:-}" = "--" ]; then shift; FUZZ_LIMIT=570 fuzz_run "$@"; fi
     ;;
 *)
     echo "usage: bash scripts/gpu_session79.sh fuzz FIRST COUNT REV | case KIND SEED VARY... [-- FIRST COUNT REV]" >&2

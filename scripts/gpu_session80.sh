@@ -37,14 +37,7 @@ keytiles)
         done
     done
     [ ${#ids[@]} -gt 0 ] || { echo "no fuzz ranges given"; exit 0; }
-    timeout -s INT -k 30 $(( ${FUZZ_LIMIT:-570} - ($(date +%s) - start) )) python -m pytest -p no:cacheprovider -n 8 --dist worksteal \
-        -v --gpu-profile auto -rfEs --tb=short --nsa-report="$OUT" --nsa-report-commit "$rev" \
-        --fuzz-seed "$first" --fuzz-cases $(( last - first + 1 )) "${ids[@]}" > "$OUT/fuzz.txt" 2>&1
-    echo "== fuzz: rc $? after $(( $(date +%s) - start )) s"
-    grep -cE "PASSED" "$OUT/fuzz.txt" | sed 's/^/== passed lines: /'
-    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/fuzz.txt" | head -40
-    tail -3 "$OUT/fuzz.txt"
-    tar_reports
+    fuzz_tests "$rev" "${FUZZ_LIMIT:-570}" --fuzz-seed "$first" --fuzz-cases $(( last - first + 1 )) "${ids[@]}"
     ;;
 *)
     echo "usage: bash scripts/gpu_session80.sh keytiles REV RANGE..." >&2

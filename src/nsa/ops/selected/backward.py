@@ -191,8 +191,8 @@ def selected_bwd_dkdv_kernel(
             o_s = i_j * BS + o_c  # [BSP // KEY_TILES] their positions
             m_s = (o_c < BS) & (o_s < TK)
             o_dk, o_dv, m_dk, m_dv = head_columns(DK, DV, BK, BV)
-            b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BSP, BK]
-            b_v = tl.load(v + row_offsets(i_b, o_s, i_h, svb, svt, svh)[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BSP, BV]
+            b_k = tl.load(k + row_offsets(i_b, o_s, i_h, skb, skt, skh)[:, None] + o_dk[None, :], mask=m_s[:, None] & m_dk[None, :], other=0.0)  # [BKT, BK]
+            b_v = tl.load(v + row_offsets(i_b, o_s, i_h, svb, svt, svh)[:, None] + o_dv[None, :], mask=m_s[:, None] & m_dv[None, :], other=0.0)  # [BKT, BV]
 
             o_r = tl.arange(0, BM)
             o_hq = i_h * G + o_r % GP
